@@ -1,0 +1,333 @@
+/* Batches and tasks: the caller-facing half (submit, status, cancel, wait) and the task state
+ * machine shared with the scheduler. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_int.h"
+
+int mc_batch_create(mc_engine_t *e, size_t max_tasks, mc_batch_t **batch_p)
+{
+    mc_batch_t *b;
+
+    if (!e || !batch_p || max_tasks == 0 || max_tasks > (1u << 26))
+        return mc_set_error(-EINVAL, "mc_batch_create: need an engine and 1..2^26 tasks");
+    b = calloc(1, sizeof(*b));
+    if (!b)
+        return mc_set_error(-ENOMEM, "out of memory");
+    b->tasks = calloc(max_tasks, sizeof(*b->tasks));
+    if (!b->tasks) {
+        free(b);
+        return mc_set_error(-ENOMEM, "out of memory for %zu tasks", max_tasks);
+    }
+    b->engine = e;
+    b->cap = max_tasks;
+    *batch_p = b;
+    return 0;
+}
+
+int mc_batch_destroy(mc_batch_t *b)
+{
+    if (!b)
+        return 0;
+    if (atomic_load(&b->busy))
+        return mc_set_error(-EBUSY, "batch has %zu tasks still in flight",
+                            atomic_load(&b->busy));
+    for (size_t i = 0; i < atomic_load(&b->n); i++)
+        free(b->tasks[i].reason);
+    free(b->tasks);
+    free(b);
+    return 0;
+}
+
+bool mc__task_finish(mc_task_t *t, int state, const char *fmt, ...)
+{
+    int cur = atomic_load(&t->state);
+    va_list ap;
+
+    do {
+        if (cur >= MC_TASK_COMPLETED)
+            return false;
+    } while (!atomic_compare_exchange_weak(&t->state, &cur, MC_TASK_FINISHING));
+    if (fmt) {
+        va_start(ap, fmt);
+        if (vasprintf(&t->reason, fmt, ap) < 0)
+            t->reason = NULL;
+        va_end(ap);
+    }
+    atomic_store_explicit(&t->state, state, memory_order_release);
+    atomic_fetch_add(&t->batch->n_final, 1);
+    atomic_store(&t->batch->engine->finished_any, true);
+    return true;
+}
+
+static void notify_group_done(mc_engine_t *e, mc_task_t *t)
+{
+    mc_notify_group_t *g = t->group;
+
+    if (atomic_load(&t->state) != MC_TASK_COMPLETED)
+        g->failed = true;
+    if (--g->left)
+        return;
+    if (!g->failed && mc__msg_enqueue(e, g->target, 0, g->msg, g->len))
+        mc_warn("notification to segment %u lost: %s", g->target, mc_last_error());
+    free(g);
+}
+
+static void task_status_fill(mc_task_t *t, int state, mc_task_status_t *st)
+{
+    st->state = state == MC_TASK_FINISHING ? MC_TASK_PENDING : (mc_task_state_t)state;
+    st->bytes = atomic_load(&t->bytes);
+    st->reason = state > MC_TASK_COMPLETED && state != MC_TASK_FINISHING ? t->reason : NULL;
+}
+
+void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
+{
+    int state = atomic_load_explicit(&t->state, memory_order_acquire);
+    mc_task_status_t st;
+
+    if (t->released || t->queued || t->inflight || state < MC_TASK_COMPLETED ||
+        state == MC_TASK_FINISHING)
+        return;
+    t->released = true;
+    mc_list_del(&t->alink);
+    if (t->group)
+        notify_group_done(e, t);
+    if (t->req.cb) {
+        task_status_fill(t, state, &st);
+        t->req.cb(t->req.cb_arg, &st);
+    }
+    mc__mem_put(e, t->lbuf);
+    atomic_fetch_sub(&t->peer->busy_tasks, 1);
+    /* Last: once busy drops to zero the caller may destroy the batch. */
+    atomic_fetch_sub(&t->batch->busy, 1);
+}
+
+static int validate_request(mc_engine_t *e, const mc_request_t *r, size_t i, mc_task_t *t)
+{
+    if (r->opcode != MC_READ && r->opcode != MC_WRITE)
+        return mc_set_error(-EINVAL, "request %zu: opcode %d is neither READ nor WRITE", i,
+                            (int)r->opcode);
+    if (r->length == 0 || r->target_offset + r->length < r->target_offset)
+        return mc_set_error(-EINVAL, "request %zu: length %llu is zero or wraps", i,
+                            (unsigned long long)r->length);
+    pthread_rwlock_rdlock(&e->peers_lock);
+    t->peer = mc__peer_get(e, r->target);
+    if (t->peer)
+        atomic_fetch_add(&t->peer->busy_tasks, 1);
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (!t->peer)
+        return mc_set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
+                            r->target);
+    t->lbuf = mc__mem_get(e, (uint64_t)(uintptr_t)r->local, r->length);
+    if (!t->lbuf) {
+        atomic_fetch_sub(&t->peer->busy_tasks, 1);
+        return mc_set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
+                            r->local, (unsigned long long)r->length);
+    }
+    return 0;
+}
+
+static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        mc__mem_put(e, tasks[i].lbuf);
+        atomic_fetch_sub(&tasks[i].peer->busy_tasks, 1);
+    }
+}
+
+static int make_group(mc_engine_t *e, const mc_notify_req_t *n, size_t count,
+                      mc_notify_group_t **g_p)
+{
+    mc_notify_group_t *g;
+
+    *g_p = NULL;
+    if (!n)
+        return 0;
+    if (n->len > MC_MSG_MAX || (n->len && !n->msg))
+        return mc_set_error(-EINVAL, "notification of %zu bytes (max %d)", n->len, MC_MSG_MAX);
+    pthread_rwlock_rdlock(&e->peers_lock);
+    bool ok = mc__peer_get(e, n->target) != NULL;
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (!ok)
+        return mc_set_error(-MC_ENOSEGMENT, "notification target %u is not open", n->target);
+    g = malloc(sizeof(*g) + n->len);
+    if (!g)
+        return mc_set_error(-ENOMEM, "out of memory");
+    g->target = n->target;
+    g->left = (unsigned)count;
+    g->failed = false;
+    g->len = n->len;
+    if (n->len)
+        memcpy(g->msg, n->msg, n->len);
+    *g_p = g;
+    return 0;
+}
+
+int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
+                    const mc_notify_req_t *notify)
+{
+    mc_engine_t *e;
+    mc_notify_group_t *g;
+    size_t first, i;
+    uint64_t deadline;
+    int rc = 0;
+
+    if (!b || (!reqs && count))
+        return mc_set_error(-EINVAL, "mc_batch_submit: NULL argument");
+    e = b->engine;
+    first = atomic_load(&b->n);
+    if (count == 0 || count > b->cap - first)
+        return mc_set_error(-EINVAL, "mc_batch_submit: %zu requests, %zu slots left", count,
+                            b->cap - first);
+    mc_task_t *tasks = &b->tasks[first];
+    for (i = 0; i < count; i++) {
+        memset(&tasks[i], 0, sizeof(tasks[i]));
+        rc = validate_request(e, &reqs[i], i, &tasks[i]);
+        if (rc)
+            break;
+    }
+    if (!rc)
+        rc = make_group(e, notify, count, &g);
+    if (rc) {
+        unwind_requests(e, tasks, i); /* the i requests validated so far */
+        return rc;
+    }
+    deadline = mc_now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
+    for (i = 0; i < count; i++) {
+        mc_task_t *t = &tasks[i];
+        t->batch = b;
+        t->req = reqs[i];
+        t->group = g;
+        t->deadline_ns = deadline;
+        t->queued = true;
+        mc_list_init(&t->alink);
+    }
+    atomic_fetch_add(&b->busy, count);
+    atomic_store_explicit(&b->n, first + count, memory_order_release);
+    pthread_mutex_lock(&e->sub_lock);
+    for (i = 0; i < count; i++)
+        mc_list_push_back(&e->subq, &tasks[i].qlink);
+    pthread_mutex_unlock(&e->sub_lock);
+    mc__doorbell(e);
+    if (!e->has_thread)
+        mc__progress_try(e);
+    return 0;
+}
+
+int mc_task_status(mc_batch_t *b, size_t index, mc_task_status_t *st)
+{
+    if (!b || !st)
+        return mc_set_error(-EINVAL, "mc_task_status: NULL argument");
+    if (index >= atomic_load_explicit(&b->n, memory_order_acquire))
+        return mc_set_error(-EINVAL, "mc_task_status: no task %zu", index);
+    if (!b->engine->has_thread)
+        mc__progress_try(b->engine);
+    mc_task_t *t = &b->tasks[index];
+    task_status_fill(t, atomic_load_explicit(&t->state, memory_order_acquire), st);
+    return 0;
+}
+
+int mc_batch_status(mc_batch_t *b, mc_batch_status_t *st)
+{
+    mc_task_state_t first_bad = MC_TASK_COMPLETED;
+    size_t n;
+
+    if (!b || !st)
+        return mc_set_error(-EINVAL, "mc_batch_status: NULL argument");
+    if (!b->engine->has_thread)
+        mc__progress_try(b->engine);
+    n = atomic_load_explicit(&b->n, memory_order_acquire);
+    memset(st, 0, sizeof(*st));
+    st->tasks = n;
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        task_status_fill(&b->tasks[i], atomic_load_explicit(&b->tasks[i].state,
+                                                            memory_order_acquire), &ts);
+        st->bytes += ts.bytes;
+        if (ts.state == MC_TASK_COMPLETED)
+            st->completed++;
+        else if (ts.state > MC_TASK_COMPLETED) {
+            st->failed++;
+            if (first_bad == MC_TASK_COMPLETED)
+                first_bad = ts.state;
+        }
+    }
+    if (st->completed + st->failed < n || n == 0)
+        st->state = MC_TASK_PENDING;
+    else
+        st->state = first_bad;
+    return 0;
+}
+
+int mc_batch_cancel(mc_batch_t *b)
+{
+    mc_engine_t *e;
+    size_t n;
+
+    if (!b)
+        return mc_set_error(-EINVAL, "mc_batch_cancel: NULL batch");
+    e = b->engine;
+    n = atomic_load_explicit(&b->n, memory_order_acquire);
+    for (size_t i = 0; i < n; i++)
+        mc__task_finish(&b->tasks[i], MC_TASK_CANCELED, "canceled by the caller");
+    /* Hand the batch to progress so it drops queued tasks; the kick counts as busy so the
+     * batch cannot be destroyed while it sits in the queue. */
+    pthread_mutex_lock(&e->sub_lock);
+    if (!atomic_exchange(&b->cancel_kick, true)) {
+        atomic_fetch_add(&b->busy, 1);
+        mc_list_push_back(&e->cancelq, &b->cancel_link);
+    }
+    pthread_mutex_unlock(&e->sub_lock);
+    mc__doorbell(e);
+    if (!e->has_thread)
+        mc__progress_try(e);
+    return 0;
+}
+
+static bool batch_final(mc_batch_t *b)
+{
+    return atomic_load(&b->n_final) >= atomic_load(&b->n);
+}
+
+int mc_batch_wait(mc_batch_t *b, int timeout_ms)
+{
+    mc_engine_t *e;
+    uint64_t deadline;
+
+    if (!b)
+        return mc_set_error(-EINVAL, "mc_batch_wait: NULL batch");
+    e = b->engine;
+    if (timeout_ms < 0)
+        timeout_ms = (int)e->cfg.transfer_timeout_ms + 5000;
+    deadline = mc_now_ns() + (uint64_t)timeout_ms * MC_MS;
+    while (!batch_final(b)) {
+        uint64_t now = mc_now_ns();
+        if (now >= deadline)
+            return mc_set_error(-MC_ETIMEOUT, "batch not final after %d ms", timeout_ms);
+        if (!e->has_thread) {
+            struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
+            if (!mc__progress_try(e))
+                poll(&pfd, 1, 10);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000 * 1000; /* bounded: guards against a missed wake-up */
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        atomic_fetch_add(&e->waiters, 1);
+        pthread_mutex_lock(&e->done_lock);
+        if (!batch_final(b))
+            pthread_cond_timedwait(&e->done_cond, &e->done_lock, &ts);
+        pthread_mutex_unlock(&e->done_lock);
+        atomic_fetch_sub(&e->waiters, 1);
+    }
+    return 0;
+}

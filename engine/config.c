@@ -1,0 +1,166 @@
+/* Engine configuration: defaults and MC_* environment variables. Invalid values are errors
+ * that name the variable, never silent defaults. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+
+static void config_defaults(mc_config_t *c)
+{
+    const char *rt = getenv("XDG_RUNTIME_DIR");
+
+    memset(c, 0, sizeof(*c));
+    snprintf(c->listen, sizeof(c->listen), "127.0.0.1:0");
+    if (rt && *rt)
+        snprintf(c->metadata, sizeof(c->metadata), "file://%s/mooncake-metadata", rt);
+    else
+        snprintf(c->metadata, sizeof(c->metadata), "file:///tmp/mooncake-metadata-%u",
+                 (unsigned)getuid());
+    c->log_level = MC_LOG_WARN;
+    c->progress_thread = 1;
+    c->slice_size = 64 * 1024;
+    c->retry_cnt = 9;
+    c->transfer_timeout_ms = 30000;
+    c->io_timeout_ms = 5000;
+    c->connect_timeout_ms = 3000;
+    c->tcp_conns = 2;
+    c->tcp_window = 16;
+    c->max_conns = 256;
+    c->metadata_ttl_s = 10;
+    c->handshake_max = 1 << 20;
+}
+
+static int env_u64(const char *var, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    const char *v = getenv(var);
+    char *end;
+
+    if (!v || !*v)
+        return 0;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (errno || *end || v[0] == '-' || x < lo || x > hi)
+        return mc_set_error(-MC_ECONFIG, "%s=%s: expected an integer in [%llu, %llu]", var, v,
+                            (unsigned long long)lo, (unsigned long long)hi);
+    *out = x;
+    return 0;
+}
+
+static int env_uint(const char *var, uint64_t lo, uint64_t hi, unsigned *out)
+{
+    uint64_t x = *out;
+    int rc = env_u64(var, lo, hi, &x);
+
+    *out = (unsigned)x;
+    return rc;
+}
+
+static int env_bool(const char *var, int *out)
+{
+    const char *v = getenv(var);
+
+    if (!v || !*v)
+        return 0;
+    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+        !strcasecmp(v, "on"))
+        *out = 1;
+    else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+             !strcasecmp(v, "off"))
+        *out = 0;
+    else
+        return mc_set_error(-MC_ECONFIG, "%s=%s: expected 0/1/true/false/yes/no/on/off", var, v);
+    return 0;
+}
+
+static int env_str(const char *var, char *out, size_t size)
+{
+    const char *v = getenv(var);
+
+    if (!v)
+        return 0;
+    if (strlen(v) >= size)
+        return mc_set_error(-MC_ECONFIG, "%s: value longer than %zu bytes", var, size - 1);
+    memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
+
+static int env_ip_port(const char *var, char *out, size_t size)
+{
+    struct sockaddr_storage sa;
+    socklen_t len;
+    int rc = env_str(var, out, size);
+
+    if (rc || !getenv(var))
+        return rc;
+    if (mc__parse_ip_port(out, &sa, &len))
+        return mc_set_error(-MC_ECONFIG, "%s=%s: expected IPv4:port or [IPv6]:port", var, out);
+    return 0;
+}
+
+static int env_metadata(mc_config_t *c)
+{
+    int rc = env_str("MC_METADATA", c->metadata, sizeof(c->metadata));
+
+    if (rc)
+        return rc;
+    if (strcmp(c->metadata, "none") && strncmp(c->metadata, "file://", 7) &&
+        strncmp(c->metadata, "etcd://", 7))
+        return mc_set_error(-MC_ECONFIG, "MC_METADATA=%s: expected file://DIR, etcd://HOST:PORT "
+                                         "or none", c->metadata);
+    return 0;
+}
+
+int mc_config_init(mc_config_t *c)
+{
+    unsigned timeout_s;
+    int rc;
+
+    config_defaults(c);
+    timeout_s = c->transfer_timeout_ms / 1000;
+    rc = mc__log_init_from_env();
+    if (!rc)
+        rc = env_ip_port("MC_LISTEN", c->listen, sizeof(c->listen));
+    if (!rc)
+        rc = env_str("MC_SEGMENT_NAME", c->segment_name, sizeof(c->segment_name));
+    if (!rc)
+        rc = env_metadata(c);
+    if (!rc)
+        rc = env_str("MC_METADATA_CLUSTER_ID", c->cluster_id, sizeof(c->cluster_id));
+    if (!rc)
+        rc = env_str("MC_AUTH_TOKEN", c->auth_token, sizeof(c->auth_token));
+    if (!rc)
+        rc = env_bool("MC_FORCE_TCP", &c->force_tcp);
+    if (!rc)
+        rc = env_bool("MC_PROGRESS_THREAD", &c->progress_thread);
+    if (!rc)
+        rc = env_u64("MC_SLICE_SIZE", 4096, MC_PROTO_MAX_DATA, &c->slice_size);
+    if (!rc)
+        rc = env_uint("MC_RETRY_CNT", 0, 100, &c->retry_cnt);
+    if (!rc)
+        rc = env_uint("MC_TRANSFER_TIMEOUT", 1, 86400, &timeout_s);
+    if (!rc)
+        rc = env_uint("MC_IO_TIMEOUT_MS", 100, 3600000, &c->io_timeout_ms);
+    if (!rc)
+        rc = env_uint("MC_CONNECT_TIMEOUT_MS", 100, 600000, &c->connect_timeout_ms);
+    if (!rc)
+        rc = env_uint("MC_TCP_CONNS", 1, 64, &c->tcp_conns);
+    if (!rc)
+        rc = env_uint("MC_TCP_WINDOW", 1, 1024, &c->tcp_window);
+    if (!rc)
+        rc = env_uint("MC_MAX_CONNS", 1, 65536, &c->max_conns);
+    if (!rc)
+        rc = env_uint("MC_METADATA_TTL", 2, 3600, &c->metadata_ttl_s);
+    if (!rc)
+        rc = env_u64("MC_HANDSHAKE_MAX_LENGTH", 4096, 64 << 20, &c->handshake_max);
+    if (rc) {
+        config_defaults(c);
+        return rc;
+    }
+    c->transfer_timeout_ms = timeout_s * 1000;
+    c->log_level = mc__log_level;
+    return 0;
+}

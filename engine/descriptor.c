@@ -1,0 +1,172 @@
+/* Segment descriptors: what a peer needs to reach this engine, as JSON text. The same text is
+ * stored in metadata (mooncake/ram/<name>), exported as a blob, and sent in DESC_REPLY.
+ *
+ *   {"name": "127.0.0.1:4000", "version": 1, "host": "<boot id>/net:<inode>", "pid": 42,
+ *    "endpoints": [{"transport": "tcp", "addr": "127.0.0.1:4000"}],
+ *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0"}]}
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "engine_int.h"
+
+#define DESC_MAX_BUFFERS (1u << 20)
+
+int mc__host_id(char *buf, size_t size)
+{
+    char boot[64] = "";
+    struct stat st;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+
+    if (!f || !fgets(boot, sizeof(boot), f)) {
+        if (f)
+            fclose(f);
+        return mc_set_error(-EIO, "cannot read /proc/sys/kernel/random/boot_id");
+    }
+    fclose(f);
+    boot[strcspn(boot, "\n")] = 0;
+    if (stat("/proc/self/ns/net", &st) < 0)
+        return mc_set_error(-errno, "cannot stat /proc/self/ns/net");
+    snprintf(buf, size, "%s/net:%llu", boot, (unsigned long long)st.st_ino);
+    return 0;
+}
+
+static json_t *buffers_json(mc_engine_t *e)
+{
+    json_t *arr = json_array();
+
+    pthread_rwlock_rdlock(&e->mem.lock);
+    for (size_t i = 0; arr && i < e->mem.n; i++) {
+        const mc_buffer_t *b = e->mem.v[i];
+        json_array_append_new(arr, json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr,
+                                             "length", (json_int_t)b->len, "location",
+                                             b->location));
+    }
+    pthread_rwlock_unlock(&e->mem.lock);
+    return arr;
+}
+
+int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
+{
+    json_t *root = json_pack("{s:s,s:i,s:s,s:i,s:[{s:s,s:s}],s:o}", "name", e->name, "version",
+                             MC_PROTO_VERSION, "host", e->host_id, "pid", (int)getpid(),
+                             "endpoints", "transport", "tcp", "addr", e->listen_addr, "buffers",
+                             buffers_json(e));
+    char *text;
+
+    if (!root)
+        return mc_set_error(-ENOMEM, "cannot build the segment descriptor");
+    text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text)
+        return mc_set_error(-ENOMEM, "cannot encode the segment descriptor");
+    *json_p = text;
+    *len_p = strlen(text);
+    return 0;
+}
+
+static int copy_str(json_t *v, const char *field, char *out, size_t size)
+{
+    const char *s = json_string_value(json_object_get(v, field));
+
+    if (!s || strlen(s) >= size || !*s)
+        return mc_set_error(-MC_EPROTO, "descriptor: \"%s\" missing, empty or too long", field);
+    memcpy(out, s, strlen(s) + 1);
+    return 0;
+}
+
+static int decode_endpoints(json_t *root, mc_desc_t *d)
+{
+    json_t *eps = json_object_get(root, "endpoints"), *ep;
+    size_t i;
+
+    if (!json_is_array(eps))
+        return mc_set_error(-MC_EPROTO, "descriptor: \"endpoints\" is not an array");
+    json_array_foreach(eps, i, ep)
+    {
+        const char *t = json_string_value(json_object_get(ep, "transport"));
+        if (t && !strcmp(t, "tcp"))
+            return copy_str(ep, "addr", d->tcp_addr, sizeof(d->tcp_addr));
+    }
+    return mc_set_error(-MC_EPROTO, "descriptor of %s has no tcp endpoint", d->name);
+}
+
+static int decode_buffer(json_t *jb, mc_desc_buffer_t *b)
+{
+    json_t *a = json_object_get(jb, "addr"), *l = json_object_get(jb, "length");
+
+    if (!json_is_integer(a) || !json_is_integer(l) || json_integer_value(a) < 0 ||
+        json_integer_value(l) <= 0)
+        return mc_set_error(-MC_EPROTO, "descriptor: buffer without a valid addr/length");
+    b->addr = (uint64_t)json_integer_value(a);
+    b->len = (uint64_t)json_integer_value(l);
+    if (b->addr + b->len < b->addr)
+        return mc_set_error(-MC_EPROTO, "descriptor: buffer wraps around");
+    return copy_str(jb, "location", b->location, sizeof(b->location));
+}
+
+static int decode_buffers(json_t *root, mc_desc_t *d)
+{
+    json_t *arr = json_object_get(root, "buffers"), *jb;
+    size_t i;
+
+    if (!json_is_array(arr) || json_array_size(arr) > DESC_MAX_BUFFERS)
+        return mc_set_error(-MC_EPROTO, "descriptor: \"buffers\" is not an array of sane size");
+    d->n_buffers = json_array_size(arr);
+    d->buffers = calloc(d->n_buffers ? d->n_buffers : 1, sizeof(*d->buffers));
+    if (!d->buffers)
+        return mc_set_error(-ENOMEM, "out of memory decoding a descriptor");
+    json_array_foreach(arr, i, jb)
+    {
+        int rc = decode_buffer(jb, &d->buffers[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
+{
+    json_error_t jerr;
+    mc_desc_t d = {0};
+    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *pid;
+    int rc;
+
+    if (!root)
+        return mc_set_error(-MC_EPROTO, "descriptor is not JSON: %s (offset %d)", jerr.text,
+                            jerr.position);
+    rc = json_is_object(root) ? 0 : mc_set_error(-MC_EPROTO, "descriptor is not an object");
+    if (!rc)
+        rc = copy_str(root, "name", d.name, sizeof(d.name));
+    if (!rc)
+        rc = copy_str(root, "host", d.host_id, sizeof(d.host_id));
+    if (!rc && json_integer_value(json_object_get(root, "version")) != MC_PROTO_VERSION)
+        rc = mc_set_error(-MC_EVERSION, "descriptor version is not %d", MC_PROTO_VERSION);
+    if (!rc)
+        rc = decode_endpoints(root, &d);
+    if (!rc)
+        rc = decode_buffers(root, &d);
+    pid = json_object_get(root, "pid");
+    d.pid = json_is_integer(pid) ? (int)json_integer_value(pid) : 0;
+    json_decref(root);
+    if (rc) {
+        mc_desc_free(&d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void mc_desc_free(mc_desc_t *d)
+{
+    free(d->buffers);
+    d->buffers = NULL;
+    d->n_buffers = 0;
+}

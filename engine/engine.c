@@ -1,0 +1,394 @@
+/* Engine lifecycle and the progress loop. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "util/sha256.h"
+
+#define MAX_EVENTS 64
+#define TICK_BUSY_MS 50   /* timer granularity while tasks are active */
+#define TICK_IDLE_MS 1000 /* while connections exist but nothing is submitted */
+
+static __thread bool in_pass;
+
+uint64_t mc_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool mc__in_progress(void)
+{
+    return in_pass;
+}
+
+void mc__doorbell(mc_engine_t *e)
+{
+    uint64_t one = 1;
+
+    if (write(e->doorbell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        mc_error("doorbell write: %s", strerror(errno));
+}
+
+int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    struct epoll_event ev = {.events = events, .data.ptr = p};
+
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, p->fd, &ev) < 0)
+        return mc_set_error(-errno, "epoll_ctl ADD fd %d: %s", p->fd, strerror(errno));
+    return 0;
+}
+
+int mc__epoll_mod(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    struct epoll_event ev = {.events = events, .data.ptr = p};
+
+    if (epoll_ctl(e->epfd, EPOLL_CTL_MOD, p->fd, &ev) < 0)
+        return mc_set_error(-errno, "epoll_ctl MOD fd %d: %s", p->fd, strerror(errno));
+    return 0;
+}
+
+void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p)
+{
+    epoll_ctl(e->epfd, EPOLL_CTL_DEL, p->fd, NULL);
+}
+
+/* Move everything other threads queued into the progress context. */
+static void drain_submissions(mc_engine_t *e)
+{
+    mc_list_t tasks, msgs, cancels, *pos, *tmp;
+
+    mc_list_init(&tasks);
+    mc_list_init(&msgs);
+    mc_list_init(&cancels);
+    pthread_mutex_lock(&e->sub_lock);
+    mc_list_splice_back(&tasks, &e->subq);
+    mc_list_splice_back(&msgs, &e->msgq_in);
+    mc_list_splice_back(&cancels, &e->cancelq);
+    pthread_mutex_unlock(&e->sub_lock);
+
+    mc_list_for_each_safe(pos, tmp, &tasks)
+    {
+        mc_list_del(pos);
+        mc__sched_route(e, mc_container_of(pos, mc_task_t, qlink));
+    }
+    mc_list_for_each_safe(pos, tmp, &msgs)
+    {
+        mc_list_del(pos);
+        mc__msg_route(e, mc_container_of(pos, mc_msg_t, link));
+    }
+    mc_list_for_each_safe(pos, tmp, &cancels)
+    {
+        mc_list_del(pos);
+        mc__sched_cancel(e, mc_container_of(pos, mc_batch_t, cancel_link));
+    }
+}
+
+static int tick_ms(mc_engine_t *e)
+{
+    if (!mc_list_empty(&e->active_tasks))
+        return TICK_BUSY_MS;
+    if (e->n_outbound || !mc_list_empty(&e->inbound))
+        return TICK_IDLE_MS;
+    return -1;
+}
+
+/* In caller-progress mode the event fd must also wake the caller for timeouts. */
+static void arm_timer(mc_engine_t *e)
+{
+    static const struct itimerspec off;
+    struct itimerspec its = {0};
+    int ms = tick_ms(e);
+
+    if (e->has_thread || ms == e->armed_ms)
+        return;
+    e->armed_ms = ms;
+    if (ms > 0) {
+        its.it_value.tv_sec = ms / 1000;
+        its.it_value.tv_nsec = (long)(ms % 1000) * 1000000;
+        its.it_interval = its.it_value;
+    }
+    timerfd_settime(e->timerfd, 0, ms > 0 ? &its : &off, NULL);
+}
+
+static void drain_fd(int fd)
+{
+    uint64_t v;
+
+    while (read(fd, &v, sizeof(v)) > 0)
+        ;
+}
+
+/* One pass over ready events. Caller holds e->lock. */
+static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
+{
+    uint64_t now;
+
+    in_pass = true;
+    for (int i = 0; i < n; i++) {
+        mc_pollable_t *p = evs[i].data.ptr;
+        if (p == NULL)
+            drain_fd(e->doorbell);
+        else if (p == (mc_pollable_t *)&e->timerfd)
+            drain_fd(e->timerfd);
+        else
+            p->handler(e, p, evs[i].events);
+    }
+    drain_submissions(e);
+    mc__sched_run(e);
+    now = mc_now_ns();
+    if (now >= e->next_timer_ns) {
+        mc__sched_timers(e, now);
+        mc__tcp_timers(e, now);
+        e->next_timer_ns = now + TICK_BUSY_MS * MC_MS;
+        mc__sched_run(e);
+    }
+    mc__tcp_reap(e);
+    arm_timer(e);
+    in_pass = false;
+    if (atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
+        pthread_mutex_lock(&e->done_lock);
+        pthread_cond_broadcast(&e->done_cond);
+        pthread_mutex_unlock(&e->done_lock);
+    }
+    return n;
+}
+
+int mc__progress_try(mc_engine_t *e)
+{
+    struct epoll_event evs[MAX_EVENTS];
+    int n, rc;
+
+    if (in_pass || pthread_mutex_trylock(&e->lock))
+        return 0;
+    n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
+    rc = progress_pass(e, evs, n < 0 ? 0 : n);
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+int mc_engine_progress(mc_engine_t *e)
+{
+    if (!e)
+        return mc_set_error(-EINVAL, "mc_engine_progress: NULL engine");
+    if (e->has_thread)
+        return 0;
+    return mc__progress_try(e);
+}
+
+int mc_engine_event_fd(const mc_engine_t *e)
+{
+    return e ? e->epfd : mc_set_error(-EINVAL, "mc_engine_event_fd: NULL engine");
+}
+
+/* The internal progress thread: sleeps in epoll_wait (never spins), then handles the events it
+ * got under the lock. Conns are freed only at the end of a pass, so the events stay valid. */
+static void *progress_thread(void *arg)
+{
+    mc_engine_t *e = arg;
+    struct epoll_event evs[MAX_EVENTS];
+
+    while (!atomic_load(&e->stop)) {
+        int n = epoll_wait(e->epfd, evs, MAX_EVENTS, tick_ms(e));
+        if (n < 0 && errno != EINTR) {
+            mc_error("epoll_wait: %s", strerror(errno));
+            break;
+        }
+        pthread_mutex_lock(&e->lock);
+        progress_pass(e, evs, n < 0 ? 0 : n);
+        pthread_mutex_unlock(&e->lock);
+    }
+    return NULL;
+}
+
+static int engine_fds(mc_engine_t *e)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+
+    e->epfd = epoll_create1(EPOLL_CLOEXEC);
+    e->doorbell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    e->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (e->epfd < 0 || e->doorbell < 0 || e->timerfd < 0)
+        return mc_set_error(-errno, "cannot create engine descriptors: %s", strerror(errno));
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->doorbell, &ev) < 0)
+        return mc_set_error(-errno, "epoll_ctl doorbell: %s", strerror(errno));
+    ev.data.ptr = &e->timerfd;
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->timerfd, &ev) < 0)
+        return mc_set_error(-errno, "epoll_ctl timerfd: %s", strerror(errno));
+    return 0;
+}
+
+static void engine_init_state(mc_engine_t *e)
+{
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->sub_lock, NULL);
+    pthread_mutex_init(&e->done_lock, NULL);
+    pthread_cond_init(&e->done_cond, NULL);
+    pthread_rwlock_init(&e->peers_lock, NULL);
+    pthread_mutex_init(&e->handlers_lock, NULL);
+    pthread_mutex_init(&e->notify_lock, NULL);
+    pthread_mutex_init(&e->meta_lock, NULL);
+    pthread_cond_init(&e->meta_cond, NULL);
+    mc_list_init(&e->subq);
+    mc_list_init(&e->msgq_in);
+    mc_list_init(&e->cancelq);
+    mc_list_init(&e->active_peers);
+    mc_list_init(&e->active_tasks);
+    mc_list_init(&e->graveyard);
+    mc_list_init(&e->inbound);
+    mc_list_init(&e->notifyq);
+    e->epfd = e->doorbell = e->timerfd = -1;
+    e->listen.fd = -1;
+    e->armed_ms = -2;
+    mc__memtab_init(&e->mem);
+}
+
+static int engine_start(mc_engine_t *e)
+{
+    int rc;
+
+    rc = mc__host_id(e->host_id, sizeof(e->host_id));
+    if (!rc)
+        rc = mc_random_bytes(&e->instance, sizeof(e->instance));
+    if (!rc)
+        rc = engine_fds(e);
+    if (!rc)
+        rc = mc__tcp_init(e);
+    if (rc)
+        return rc;
+    snprintf(e->name, sizeof(e->name), "%s",
+             e->cfg.segment_name[0] ? e->cfg.segment_name : e->listen_addr);
+    rc = mc__publish_start(e);
+    if (rc)
+        return rc;
+    if (e->cfg.progress_thread) {
+        rc = pthread_create(&e->progress_tid, NULL, progress_thread, e);
+        if (rc)
+            return mc_set_error(-rc, "cannot start the progress thread: %s", strerror(rc));
+        e->has_thread = true;
+    }
+    return 0;
+}
+
+int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p)
+{
+    mc_engine_t *e;
+    int rc;
+
+    if (!cfg || !engine_p)
+        return mc_set_error(-EINVAL, "mc_engine_create: NULL argument");
+    if (cfg->slice_size < 4096 || cfg->slice_size > MC_PROTO_MAX_DATA || !cfg->tcp_conns ||
+        !cfg->tcp_window || !cfg->max_conns)
+        return mc_set_error(-MC_ECONFIG, "mc_engine_create: slice size, tcp_conns, tcp_window "
+                                         "and max_conns must be positive and in range");
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return mc_set_error(-ENOMEM, "out of memory");
+    e->cfg = *cfg;
+    mc__log_level = cfg->log_level;
+    engine_init_state(e);
+    rc = engine_start(e);
+    if (rc) {
+        char reason[512];
+        snprintf(reason, sizeof(reason), "%s", mc_last_error());
+        mc_engine_destroy(e);
+        return mc_set_error(rc, "%s", reason);
+    }
+    mc_info("engine %s started (metadata %s, %s progress)", e->name, e->cfg.metadata,
+            e->has_thread ? "thread" : "caller");
+    *engine_p = e;
+    return 0;
+}
+
+/* Fail whatever is still active: the engine is going away. */
+static void engine_abort_tasks(mc_engine_t *e)
+{
+    mc_list_t *pos, *tmp;
+
+    drain_submissions(e);
+    mc_list_for_each_safe(pos, tmp, &e->active_tasks)
+    {
+        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+        mc__task_finish(t, MC_TASK_FAILED, "engine destroyed");
+    }
+}
+
+void mc_engine_destroy(mc_engine_t *e)
+{
+    if (!e)
+        return;
+    if (e->has_thread) {
+        atomic_store(&e->stop, true);
+        mc__doorbell(e);
+        pthread_join(e->progress_tid, NULL);
+    }
+    mc__publish_stop(e);
+    pthread_mutex_lock(&e->lock);
+    in_pass = true;
+    engine_abort_tasks(e);
+    mc__tcp_fini(e); /* fails in-flight slices, so tasks release */
+    mc__sched_fini(e);
+    in_pass = false;
+    pthread_mutex_unlock(&e->lock);
+    mc__peers_fini(e);
+    mc__msgs_fini(e);
+    mc__memtab_fini(e);
+    if (e->meta)
+        mc_meta_close(e->meta);
+    if (e->epfd >= 0)
+        close(e->epfd);
+    if (e->doorbell >= 0)
+        close(e->doorbell);
+    if (e->timerfd >= 0)
+        close(e->timerfd);
+    free(e);
+}
+
+const char *mc_engine_segment_name(const mc_engine_t *e)
+{
+    return e ? e->name : "";
+}
+
+static void counters_load(_Atomic uint64_t *c, mc_counters_t *out)
+{
+    out->bytes_read = atomic_load(&c[MC_CNT_READ]);
+    out->bytes_written = atomic_load(&c[MC_CNT_WRITTEN]);
+    out->bytes_served = atomic_load(&c[MC_CNT_SERVED]);
+    out->requests = atomic_load(&c[MC_CNT_REQUESTS]);
+    out->errors = atomic_load(&c[MC_CNT_ERRORS]);
+    out->retries = atomic_load(&c[MC_CNT_RETRIES]);
+}
+
+int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out)
+{
+    if (!e || !transport || !out)
+        return mc_set_error(-EINVAL, "mc_stats_transport: NULL argument");
+    if (strcmp(transport, "tcp"))
+        return mc_set_error(-ENOENT, "no transport \"%s\" in this engine", transport);
+    counters_load(e->tcp_c, out);
+    return 0;
+}
+
+int mc_stats_peer(mc_engine_t *e, mc_segment_id_t id, mc_counters_t *out)
+{
+    mc_peer_t *p;
+
+    if (!e || !out)
+        return mc_set_error(-EINVAL, "mc_stats_peer: NULL argument");
+    pthread_rwlock_rdlock(&e->peers_lock);
+    p = mc__peer_get(e, id);
+    if (p)
+        counters_load(p->c, out);
+    pthread_rwlock_unlock(&e->peers_lock);
+    return p ? 0 : mc_set_error(-ENOENT, "no open segment with id %u", id);
+}

@@ -1,0 +1,343 @@
+/*
+ * Engine internals shared by the files of engine/.
+ *
+ * Threads and locks
+ * -----------------
+ * All connection, slice and scheduling state is owned by the progress context: the one thread
+ * that currently holds e->lock inside a progress pass (the internal progress thread, or a caller
+ * of mc_engine_progress). It needs no further locks. Other threads reach it only through:
+ *   - e->sub_lock: the submission queue (tasks, messages, cancel kicks) + the doorbell eventfd;
+ *   - e->mem.lock: the registration table (read by submit and by the target side);
+ *   - atomics in tasks and batches (state, bytes, counters) read by pollers.
+ * Peers are created under e->peers_lock; they are destroyed only with e->lock held too.
+ * Connections are freed only at the end of a progress pass (e->graveyard), so an event fetched
+ * outside the lock can never point at freed memory.
+ */
+#ifndef MC_ENGINE_INT_H
+#define MC_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <mooncake/engine.h>
+
+#include "metadata/meta.h"
+#include "proto.h"
+#include "util/list.h"
+#include "util/log.h"
+
+typedef struct mc_peer mc_peer_t;
+typedef struct mc_task mc_task_t;
+typedef struct mc_slice mc_slice_t;
+typedef struct mc_tcp_conn mc_tcp_conn_t;
+
+/* ---- time ---- */
+uint64_t mc_now_ns(void);
+#define MC_MS (1000000ull)
+
+/* ---- registered memory (memory.c) ---- */
+
+typedef struct mc_buffer {
+    uint64_t addr, len;
+    char location[MC_LOCATION_MAX];
+    int memfd;          /* >= 0 for mc_mem_alloc() memory */
+    atomic_uint refs;   /* requests in flight that touch this buffer */
+    atomic_bool dead;   /* unregistered: waiting for refs to drain */
+} mc_buffer_t;
+
+typedef struct mc_memtab {
+    pthread_rwlock_t lock;
+    mc_buffer_t **v; /* sorted by addr, non-overlapping */
+    size_t n, cap;
+    pthread_mutex_t drain_lock; /* with drain_cond: unregister waits for refs == 0 */
+    pthread_cond_t drain_cond;
+} mc_memtab_t;
+
+int mc__memtab_init(mc_memtab_t *t);
+void mc__memtab_fini(mc_engine_t *e);
+/* Find the buffer holding [addr, addr+len) and take a reference; NULL if none. */
+mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len);
+void mc__mem_put(mc_engine_t *e, mc_buffer_t *b);
+
+/* ---- descriptors (descriptor.c) ---- */
+
+typedef struct mc_desc_buffer {
+    uint64_t addr, len;
+    char location[MC_LOCATION_MAX];
+} mc_desc_buffer_t;
+
+typedef struct mc_desc {
+    char name[MC_NAME_MAX];
+    char host_id[96];      /* boot id + network namespace: equal means same host */
+    char tcp_addr[MC_NAME_MAX]; /* "ip:port" */
+    int pid;
+    size_t n_buffers;
+    mc_desc_buffer_t *buffers;
+} mc_desc_t;
+
+/* Encode the local engine's descriptor (malloc'ed JSON text, *len_p without the NUL). */
+int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p);
+/* Decode a peer descriptor; bounded, strict; -MC_EPROTO with a reason on bad input. */
+int mc_desc_decode(const void *buf, size_t len, mc_desc_t *d);
+void mc_desc_free(mc_desc_t *d);
+
+/* ---- host identity ---- */
+int mc__host_id(char *buf, size_t size);
+
+/* ---- peers (segment.c) ---- */
+
+struct mc_peer {
+    mc_segment_id_t id;
+    char name[MC_NAME_MAX];
+    int refcnt;                 /* protected by e->peers_lock */
+    mc_desc_t desc;             /* protected by e->lock (refreshed on failure) */
+    struct sockaddr_storage sa; /* tcp endpoint */
+    socklen_t sa_len;
+    bool local_host;
+    bool by_metadata;           /* opened by name through metadata: may be refreshed */
+    atomic_uint busy_tasks;     /* tasks to this peer not yet released */
+    atomic_uint queued_msgs;
+    _Atomic uint64_t c[6]; /* counters in MC_CNT_* order: written by progress */
+
+    /* Progress-owned scheduling state. */
+    mc_list_t pending;     /* tasks with bytes not yet sliced (mc_task_t.qlink) */
+    mc_list_t retry;       /* slices to resend first (mc_slice_t.link) */
+    mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
+    mc_list_t active_link; /* in e->active_peers while it has queued work */
+    bool active;
+    mc_list_t conns;       /* outbound tcp connections (mc_tcp_conn_t.peer_link) */
+    unsigned n_conns;
+    unsigned connect_failures; /* consecutive */
+    uint64_t next_connect_ns;  /* back-off after a failure */
+    uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
+    uint64_t retired_at[MC_PROTO_MAX_RETIRE];
+    unsigned n_retired;
+};
+
+mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id);
+/* Mark a peer as having work; the scheduler visits active peers each pass. */
+void mc__peer_activate(mc_engine_t *e, mc_peer_t *p);
+/* Re-read a metadata-opened peer's descriptor after connection failures. */
+void mc__peer_refresh(mc_engine_t *e, mc_peer_t *p);
+
+/* ---- batches, tasks, slices (batch.c, sched.c) ---- */
+
+/* Internal state between "not final" and a final state, held while the reason is written. */
+#define MC_TASK_FINISHING 100
+
+typedef struct mc_notify_group {
+    mc_segment_id_t target;
+    unsigned left;
+    bool failed;
+    size_t len;
+    char msg[];
+} mc_notify_group_t;
+
+struct mc_task {
+    mc_list_t qlink;      /* in peer->pending (progress-owned) */
+    mc_list_t alink;      /* in e->active_tasks until released (progress-owned) */
+    mc_batch_t *batch;
+    mc_request_t req;
+    mc_peer_t *peer;
+    mc_buffer_t *lbuf;    /* reference on the local buffer, held until release */
+    mc_notify_group_t *group;
+    uint64_t carved;      /* bytes cut into slices so far (progress-owned) */
+    uint64_t deadline_ns;
+    unsigned inflight;    /* slices on the wire (progress-owned) */
+    bool queued, released;
+    atomic_int state;     /* mc_task_state_t or MC_TASK_FINISHING */
+    _Atomic uint64_t bytes;
+    char *reason;         /* written by the finisher before the final state is published */
+};
+
+struct mc_batch {
+    mc_engine_t *engine;
+    size_t cap;
+    atomic_size_t n;       /* tasks submitted */
+    atomic_size_t n_final; /* tasks in a final state */
+    atomic_size_t busy;    /* tasks still referenced by the engine */
+    atomic_bool cancel_kick;
+    mc_list_t cancel_link; /* in e->cancelq (under sub_lock) */
+    mc_task_t *tasks;
+};
+
+/* A piece of a task on the wire, or a control frame. From a progress-owned pool. */
+enum mc_slice_kind { MC_SL_DATA, MC_SL_CTRL, MC_SL_RESP };
+
+struct mc_slice {
+    mc_list_t link;
+    mc_slice_t *next_free;
+    uint8_t kind;
+    uint8_t opcode;      /* MC_READ / MC_WRITE for data slices */
+    uint8_t hdr[MC_FRAME_HDR_LEN];
+    mc_task_t *task;
+    uint64_t offset;     /* within the task */
+    uint32_t len;
+    uint32_t cookie;
+    unsigned attempts;
+    void *payload;       /* bytes after the header (data, or owned ctrl bytes) */
+    uint32_t payload_len;
+    bool payload_owned;  /* free(payload) when done */
+    mc_buffer_t *ref;    /* target side: buffer reference held while the response is sent */
+};
+
+mc_slice_t *mc__slice_alloc(mc_engine_t *e);
+void mc__slice_free(mc_engine_t *e, mc_slice_t *s);
+
+/* Finish a task with a final state; returns true if this call won (first final state). */
+bool mc__task_finish(mc_task_t *t, int state, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Release the engine's hold on a task once it is final, unqueued and has nothing in flight. */
+void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t);
+
+/* Scheduler entry points (sched.c). */
+void mc__sched_route(mc_engine_t *e, mc_task_t *t);       /* new task from the queue */
+void mc__sched_run(mc_engine_t *e);                       /* fill connections */
+void mc__slice_done(mc_engine_t *e, mc_slice_t *s);       /* data confirmed */
+/* A slice failed. retryable: resend elsewhere (after its connection was torn down). */
+void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable,
+                      const char *reason);
+/* Fail every task queued to a peer (it cannot be reached). */
+void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reason);
+void mc__sched_timers(mc_engine_t *e, uint64_t now);
+/* Apply a batch cancel: drop its queued tasks. */
+void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b);
+/* Next slice for a peer's connection: retries first, then carved from queued tasks. */
+mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p);
+void mc__sched_fini(mc_engine_t *e);
+void mc__peers_fini(mc_engine_t *e);
+
+/* ---- messages (msg.c) ---- */
+
+typedef struct mc_msg {
+    mc_list_t link;
+    mc_segment_id_t target;
+    uint8_t id;
+    uint32_t len;
+    char data[];
+} mc_msg_t;
+
+typedef struct mc_notify_item {
+    mc_list_t link;
+    char sender[MC_NAME_MAX];
+    size_t len;
+    char msg[];
+} mc_notify_item_t;
+
+void mc__msg_route(mc_engine_t *e, mc_msg_t *m);
+void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data,
+                     size_t len);
+int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
+                    size_t len);
+void mc__msgs_fini(mc_engine_t *e);
+
+/* ---- tcp transport (transport/tcp*.c) ---- */
+
+typedef struct mc_pollable {
+    int fd;
+    void (*handler)(mc_engine_t *e, struct mc_pollable *p, uint32_t events);
+} mc_pollable_t;
+
+int mc__tcp_init(mc_engine_t *e);
+void mc__tcp_fini(mc_engine_t *e);
+/* Give outbound connections of p as many slices as their windows allow; opens connections. */
+void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p);
+void mc__tcp_peer_close(mc_engine_t *e, mc_peer_t *p);
+void mc__tcp_timers(mc_engine_t *e, uint64_t now);
+void mc__tcp_reap(mc_engine_t *e); /* free the graveyard: end of a progress pass */
+/* Blocking one-shot exchange used to fetch a descriptor by handshake. */
+int mc__tcp_fetch_desc(mc_engine_t *e, const char *ip_port, char **json_p, size_t *len_p);
+int mc__parse_ip_port(const char *s, struct sockaddr_storage *sa, socklen_t *len_p);
+
+int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
+int mc__epoll_mod(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
+void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
+
+/* ---- the engine ---- */
+
+struct mc_engine {
+    mc_config_t cfg;
+    char name[MC_NAME_MAX];
+    char host_id[96];
+    uint64_t instance;
+    int epfd, doorbell, timerfd;
+
+    pthread_mutex_t lock; /* the progress context */
+    pthread_t progress_tid;
+    bool has_thread;
+    atomic_bool stop;
+
+    pthread_mutex_t sub_lock; /* protects subq, msgq_in, cancelq */
+    mc_list_t subq;           /* mc_task_t.qlink */
+    mc_list_t msgq_in;        /* mc_msg_t.link */
+    mc_list_t cancelq;        /* mc_batch_t.cancel_link */
+
+    pthread_mutex_t done_lock; /* with done_cond: mc_batch_wait sleepers */
+    pthread_cond_t done_cond;
+    atomic_int waiters;
+    atomic_bool finished_any; /* a task became final: wake mc_batch_wait sleepers */
+
+    pthread_rwlock_t peers_lock;
+    mc_peer_t **peers;
+    size_t n_peers;
+
+    mc_memtab_t mem;
+
+    /* Progress-owned. */
+    mc_list_t active_peers;
+    mc_list_t active_tasks;
+    mc_slice_t *slice_free;   /* free list */
+    mc_slice_t *slice_chunks; /* allocations, linked through their first slot */
+    mc_list_t graveyard;
+    uint64_t next_timer_ns;
+    uint32_t next_cookie;
+    int armed_ms;      /* current timerfd interval (caller-progress mode) */
+
+    /* tcp transport */
+    mc_pollable_t listen;
+    char listen_addr[MC_NAME_MAX];
+    mc_list_t inbound;        /* inbound connections */
+    unsigned n_outbound;
+    uint32_t next_conn_id;
+    _Atomic uint64_t tcp_c[6]; /* mc_counters_t order */
+
+    /* messages and notifications */
+    pthread_mutex_t handlers_lock;
+    mc_msg_cb handlers[256];
+    void *handler_args[256];
+    pthread_mutex_t notify_lock;
+    mc_list_t notifyq;
+    size_t n_notify;
+
+    /* metadata */
+    mc_meta_t *meta;
+    pthread_t meta_tid;
+    bool has_meta_thread;
+    pthread_mutex_t meta_lock; /* with meta_cond: wakes the publisher */
+    pthread_cond_t meta_cond;
+    bool meta_dirty, meta_stop;
+    int64_t lease;
+};
+
+enum { MC_CNT_READ, MC_CNT_WRITTEN, MC_CNT_SERVED, MC_CNT_REQUESTS, MC_CNT_ERRORS, MC_CNT_RETRIES };
+
+static inline void mc__count(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+/* Wake the progress context (one eventfd write). */
+void mc__doorbell(mc_engine_t *e);
+/* True on a thread that is running a progress pass (inside callbacks). */
+bool mc__in_progress(void);
+/* Run one progress pass if nobody else is (caller-progress mode). */
+int mc__progress_try(mc_engine_t *e);
+/* Metadata publishing (publish.c). */
+int mc__publish_start(mc_engine_t *e);
+void mc__publish_stop(mc_engine_t *e);
+void mc__publish_kick(mc_engine_t *e);
+
+#endif

@@ -1,0 +1,379 @@
+/* Registered memory: the table peers' requests are checked against, locations, and the
+ * memfd-backed allocator. */
+#include <errno.h>
+#include <numaif.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#if MC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "engine_int.h"
+
+int mc__memtab_init(mc_memtab_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    pthread_rwlock_init(&t->lock, NULL);
+    pthread_mutex_init(&t->drain_lock, NULL);
+    pthread_cond_init(&t->drain_cond, NULL);
+    return 0;
+}
+
+void mc__memtab_fini(mc_engine_t *e)
+{
+    mc_memtab_t *t = &e->mem;
+
+    for (size_t i = 0; i < t->n; i++) {
+        if (t->v[i]->memfd >= 0) {
+            munmap((void *)(uintptr_t)t->v[i]->addr, t->v[i]->len);
+            close(t->v[i]->memfd);
+        }
+        free(t->v[i]);
+    }
+    free(t->v);
+    pthread_rwlock_destroy(&t->lock);
+    pthread_mutex_destroy(&t->drain_lock);
+    pthread_cond_destroy(&t->drain_cond);
+}
+
+/* Index of the last buffer with addr <= a, or -1. Caller holds t->lock. */
+static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
+{
+    ssize_t lo = 0, hi = (ssize_t)t->n - 1, ans = -1;
+
+    while (lo <= hi) {
+        ssize_t mid = (lo + hi) / 2;
+        if (t->v[mid]->addr <= a) {
+            ans = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return ans;
+}
+
+mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
+{
+    mc_memtab_t *t = &e->mem;
+    mc_buffer_t *b = NULL;
+
+    pthread_rwlock_rdlock(&t->lock);
+    ssize_t i = memtab_floor(t, addr);
+    if (i >= 0 && len <= t->v[i]->len && addr - t->v[i]->addr <= t->v[i]->len - len) {
+        b = t->v[i];
+        atomic_fetch_add(&b->refs, 1);
+    }
+    pthread_rwlock_unlock(&t->lock);
+    return b;
+}
+
+void mc__mem_put(mc_engine_t *e, mc_buffer_t *b)
+{
+    if (atomic_fetch_sub(&b->refs, 1) == 1 && atomic_load(&b->dead)) {
+        pthread_mutex_lock(&e->mem.drain_lock);
+        pthread_cond_broadcast(&e->mem.drain_cond);
+        pthread_mutex_unlock(&e->mem.drain_lock);
+    }
+}
+
+static int location_parse(const char *loc, int *kind_p, int *index_p)
+{
+    char kind[8];
+    int idx, n = 0;
+
+    if (sscanf(loc, "%7[a-z]:%d%n", kind, &idx, &n) != 2 || loc[n] || idx < 0)
+        return mc_set_error(-EINVAL, "location \"%s\": expected cpu:N, cuda:N or *", loc);
+    if (!strcmp(kind, "cpu"))
+        *kind_p = 0;
+    else if (!strcmp(kind, "cuda"))
+        *kind_p = 1;
+    else
+        return mc_set_error(-EINVAL, "location \"%s\": unknown kind \"%s\"", loc, kind);
+    *index_p = idx;
+    return 0;
+}
+
+#if MC_HAVE_CUDA
+/* The CUDA device of a pointer, or -1 for host memory / no CUDA device. */
+static int cuda_device_of(const void *addr)
+{
+    struct cudaPointerAttributes attr;
+    int count = 0;
+
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+        return -1;
+    if (cudaPointerGetAttributes(&attr, addr) != cudaSuccess)
+        return -1;
+    return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+}
+
+static int cuda_device_count(void)
+{
+    int count = 0;
+
+    if (cudaGetDeviceCount(&count) != cudaSuccess)
+        return 0;
+    return count;
+}
+#else
+static int cuda_device_of(const void *addr)
+{
+    (void)addr;
+    return -1;
+}
+
+static int cuda_device_count(void)
+{
+    return 0;
+}
+#endif
+
+/* Resolve "*" to a concrete location; check explicit ones exist. */
+static int location_resolve(const void *addr, const char *loc, char *out)
+{
+    int kind, idx;
+
+    if (!strcmp(loc, "*")) {
+        void *page = (void *)((uintptr_t)addr & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1));
+        int status = -1, dev = cuda_device_of(addr);
+
+        if (dev >= 0) {
+            snprintf(out, MC_LOCATION_MAX, "cuda:%d", dev);
+            return 0;
+        }
+        /* move_pages with no target nodes reports where each page lives; an untouched page
+         * has no node yet (-ENOENT): call it node 0. */
+        if (move_pages(0, 1, &page, NULL, &status, 0) != 0 || status < 0)
+            status = 0;
+        snprintf(out, MC_LOCATION_MAX, "cpu:%d", status);
+        return 0;
+    }
+    int rc = location_parse(loc, &kind, &idx);
+    if (rc)
+        return rc;
+    if (kind == 1 && idx >= cuda_device_count())
+        return mc_set_error(-MC_ENODEV, "location %s: no CUDA device %d (%d found)", loc, idx,
+                            cuda_device_count());
+    snprintf(out, MC_LOCATION_MAX, "%s", loc);
+    return 0;
+}
+
+static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
+{
+    ssize_t i = memtab_floor(t, b->addr);
+
+    if (i >= 0 && b->addr - t->v[i]->addr < t->v[i]->len)
+        return mc_set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
+                            (unsigned long long)b->addr, (unsigned long long)b->len,
+                            (unsigned long long)t->v[i]->addr, (unsigned long long)t->v[i]->len);
+    if ((size_t)(i + 1) < t->n && t->v[i + 1]->addr - b->addr < b->len)
+        return mc_set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
+                            (unsigned long long)b->addr, (unsigned long long)b->len,
+                            (unsigned long long)t->v[i + 1]->addr,
+                            (unsigned long long)t->v[i + 1]->len);
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 16;
+        mc_buffer_t **v = realloc(t->v, cap * sizeof(*v));
+        if (!v)
+            return mc_set_error(-ENOMEM, "out of memory growing the registration table");
+        t->v = v;
+        t->cap = cap;
+    }
+    memmove(&t->v[i + 2], &t->v[i + 1], (t->n - (size_t)(i + 1)) * sizeof(*t->v));
+    t->v[i + 1] = b;
+    t->n++;
+    return 0;
+}
+
+static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *location, int memfd)
+{
+    mc_buffer_t *b;
+    int rc;
+
+    if (!e || !addr || !location)
+        return mc_set_error(-EINVAL, "mc_mem_register: NULL argument");
+    if (len == 0)
+        return mc_set_error(-EINVAL, "mc_mem_register: zero length at %p", addr);
+    if ((uint64_t)(uintptr_t)addr + len < (uint64_t)(uintptr_t)addr)
+        return mc_set_error(-EINVAL, "mc_mem_register: %p+%zu wraps around", addr, len);
+    b = calloc(1, sizeof(*b));
+    if (!b)
+        return mc_set_error(-ENOMEM, "out of memory");
+    b->addr = (uint64_t)(uintptr_t)addr;
+    b->len = len;
+    b->memfd = memfd;
+    rc = location_resolve(addr, location, b->location);
+    if (rc)
+        goto err_free;
+    pthread_rwlock_wrlock(&e->mem.lock);
+    rc = memtab_insert(&e->mem, b);
+    pthread_rwlock_unlock(&e->mem.lock);
+    if (rc)
+        goto err_free;
+    mc__publish_kick(e);
+    return 0;
+
+err_free:
+    free(b);
+    return rc;
+}
+
+int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location)
+{
+    return mem_register(e, addr, len, location, -1);
+}
+
+static mc_buffer_t *memtab_remove(mc_memtab_t *t, uint64_t addr)
+{
+    mc_buffer_t *b = NULL;
+
+    pthread_rwlock_wrlock(&t->lock);
+    ssize_t i = memtab_floor(t, addr);
+    if (i >= 0 && t->v[i]->addr == addr) {
+        b = t->v[i];
+        memmove(&t->v[i], &t->v[i + 1], (t->n - (size_t)i - 1) * sizeof(*t->v));
+        t->n--;
+        atomic_store(&b->dead, true);
+    }
+    pthread_rwlock_unlock(&t->lock);
+    return b;
+}
+
+/* Wait until nothing in flight references b. In caller-progress mode we drive progress
+ * ourselves, since nobody else will. */
+static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
+{
+    uint64_t deadline = mc_now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
+
+    while (atomic_load(&b->refs) > 0) {
+        if (mc_now_ns() > deadline)
+            return mc_set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
+                                (unsigned long long)b->addr, atomic_load(&b->refs));
+        if (!e->has_thread) {
+            mc__progress_try(e);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_mutex_lock(&e->mem.drain_lock);
+        if (atomic_load(&b->refs) > 0)
+            pthread_cond_timedwait(&e->mem.drain_cond, &e->mem.drain_lock, &ts);
+        pthread_mutex_unlock(&e->mem.drain_lock);
+    }
+    return 0;
+}
+
+static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *len_p)
+{
+    mc_buffer_t *b;
+    int rc;
+
+    if (!e)
+        return mc_set_error(-EINVAL, "mc_mem_unregister: NULL engine");
+    if (mc__in_progress())
+        return mc_set_error(-EDEADLK, "memory cannot be unregistered from a callback");
+    b = memtab_remove(&e->mem, (uint64_t)(uintptr_t)addr);
+    if (!b)
+        return mc_set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
+    mc__publish_kick(e);
+    rc = mem_drain(e, b);
+    if (rc)
+        return rc; /* b stays allocated: refs still point at it */
+    *memfd_p = b->memfd;
+    *len_p = b->len;
+    free(b);
+    return 0;
+}
+
+int mc_mem_unregister(mc_engine_t *e, void *addr)
+{
+    int memfd;
+    uint64_t len;
+    mc_buffer_t *b = e ? mc__mem_get(e, (uint64_t)(uintptr_t)addr, 1) : NULL;
+
+    if (b) {
+        bool allocated = b->memfd >= 0 && b->addr == (uint64_t)(uintptr_t)addr;
+        mc__mem_put(e, b);
+        if (allocated)
+            return mc_set_error(-EINVAL, "%p comes from mc_mem_alloc: free it with mc_mem_free",
+                                addr);
+    }
+    return mem_unregister(e, addr, &memfd, &len);
+}
+
+int mc_mem_alloc(mc_engine_t *e, size_t len, const char *location, void **addr_p)
+{
+    char where[MC_LOCATION_MAX];
+    int kind = 0, node = -1, fd, rc;
+    void *p;
+
+    if (!e || !len || !location || !addr_p)
+        return mc_set_error(-EINVAL, "mc_mem_alloc: invalid argument");
+    if (strcmp(location, "*")) {
+        rc = location_parse(location, &kind, &node);
+        if (rc)
+            return rc;
+        if (kind != 0)
+            return mc_set_error(-EINVAL, "mc_mem_alloc: %s: only cpu:N or * is supported",
+                                location);
+    }
+    fd = memfd_create("mooncake", MFD_CLOEXEC);
+    if (fd < 0)
+        return mc_set_error(-errno, "memfd_create: %s", strerror(errno));
+    if (ftruncate(fd, (off_t)len) < 0) {
+        rc = mc_set_error(-errno, "ftruncate memfd to %zu: %s", len, strerror(errno));
+        goto err_close;
+    }
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = mc_set_error(-errno, "mmap %zu bytes: %s", len, strerror(errno));
+        goto err_close;
+    }
+    if (node >= 0) {
+        unsigned long mask = 1ul << node;
+        if (node >= (int)(8 * sizeof(mask)) ||
+            mbind(p, len, MPOL_BIND, &mask, 8 * sizeof(mask), 0) < 0) {
+            rc = mc_set_error(node >= 64 ? -EINVAL : -errno, "mc_mem_alloc: cannot place on %s",
+                              location);
+            goto err_unmap;
+        }
+    }
+    snprintf(where, sizeof(where), node >= 0 ? "cpu:%d" : "*", node);
+    rc = mem_register(e, p, len, where, fd);
+    if (rc)
+        goto err_unmap;
+    *addr_p = p;
+    return 0;
+
+err_unmap:
+    munmap(p, len);
+err_close:
+    close(fd);
+    return rc;
+}
+
+void mc_mem_free(mc_engine_t *e, void *addr)
+{
+    int memfd = -1;
+    uint64_t len = 0;
+
+    if (!addr)
+        return;
+    if (mem_unregister(e, addr, &memfd, &len) == 0) {
+        munmap(addr, len);
+        if (memfd >= 0)
+            close(memfd);
+    } else {
+        mc_error("mc_mem_free(%p): %s", addr, mc_last_error());
+    }
+}

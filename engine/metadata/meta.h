@@ -1,0 +1,121 @@
+/*
+ * Metadata interface (internal to the engine and the P2P store).
+ *
+ * A small key-value store with revisions, leases and watches. Backends: "file://DIR" (embedded,
+ * single machine, the default) and later "etcd://host:port[,host:port]". Keys are byte strings
+ * (binary allowed, given with an explicit length); values are byte strings (JSON by convention).
+ *
+ * Revisions: every successful put/delete raises the store's revision by one; a key's mod_revision
+ * is the revision of its last put. Compare-and-swap compares a key's mod_revision (0 = the key
+ * must not exist).
+ *
+ * Leases: a key put with a lease disappears when the lease expires (not kept alive) or is revoked.
+ *
+ * Thread safety: one mc_meta_t may be used from several threads at once.
+ */
+#ifndef MC_META_H
+#define MC_META_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct mc_meta mc_meta_t;
+typedef struct mc_meta_watch mc_meta_watch_t;
+
+typedef struct mc_meta_kv {
+    char *key;           /* malloc'ed, NUL-terminated for convenience; key_len is authoritative */
+    size_t key_len;
+    char *value;         /* malloc'ed, NUL-terminated for convenience */
+    size_t value_len;
+    int64_t mod_revision;
+    int64_t lease;       /* 0 = none */
+} mc_meta_kv_t;
+
+typedef enum mc_meta_event_type { MC_META_PUT = 0, MC_META_DELETE = 1 } mc_meta_event_type_t;
+
+typedef struct mc_meta_event {
+    mc_meta_event_type_t type;
+    mc_meta_kv_t kv; /* for DELETE: key set, value empty, mod_revision = revision of deletion */
+} mc_meta_event_t;
+
+/* Backend operations. Starts with size and version; new entries go at the end only. */
+typedef struct mc_meta_ops {
+    size_t size;
+    unsigned version;
+    const char *scheme; /* "file", "etcd" */
+    int (*open)(const char *rest_of_url, mc_meta_t **meta_p);
+    void (*close)(mc_meta_t *meta);
+    int (*get)(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
+    int (*put)(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
+               int64_t lease, int64_t *revision_p);
+    int (*del)(mc_meta_t *meta, const void *key, size_t key_len);
+    int (*list)(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
+                size_t *count_p);
+    int (*cas)(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
+               const void *val, size_t val_len, int64_t lease, int64_t *revision_p);
+    int (*lease_grant)(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p);
+    int (*lease_keepalive)(mc_meta_t *meta, int64_t lease);
+    int (*lease_revoke)(mc_meta_t *meta, int64_t lease);
+    int (*watch_create)(mc_meta_t *meta, const void *prefix, size_t prefix_len,
+                        int64_t start_revision, mc_meta_watch_t **watch_p);
+    int (*watch_next)(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p);
+    void (*watch_destroy)(mc_meta_watch_t *watch);
+} mc_meta_ops_t;
+
+/* Every backend object starts with this. */
+struct mc_meta {
+    const mc_meta_ops_t *ops;
+};
+
+/* Every backend watch starts with this, so that mc_meta_watch_next() can find the ops. */
+struct mc_meta_watch {
+    mc_meta_t *meta;
+};
+
+/* Open a backend from a URL ("file:///dir", "etcd://127.0.0.1:2379"). Errors: -EINVAL for an
+ * unknown scheme or a malformed URL (reason in mc_last_error()), backend errors otherwise. */
+int mc_meta_open(const char *url, mc_meta_t **meta_p);
+void mc_meta_close(mc_meta_t *meta);
+
+/* Get one key. -ENOENT if absent (or its lease expired). Free with mc_meta_kv_free(). */
+int mc_meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
+
+/* Put a key (lease 0 = none). *revision_p (may be NULL) gets the new store revision. */
+int mc_meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val,
+                size_t val_len, int64_t lease, int64_t *revision_p);
+
+/* Delete a key. -ENOENT if absent. */
+int mc_meta_del(mc_meta_t *meta, const void *key, size_t key_len);
+
+/* All keys starting with prefix (empty prefix = every key), sorted by key bytes. Free with
+ * mc_meta_kvs_free(). */
+int mc_meta_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
+                 size_t *count_p);
+
+/* Put only if the key's mod_revision equals expected (0 = key absent). -MC_ECONFLICT if not. */
+int mc_meta_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
+                const void *val, size_t val_len, int64_t lease, int64_t *revision_p);
+
+/* Leases: grant with a TTL in seconds (>= 1), keep alive (-ENOENT once expired), revoke
+ * (deletes its keys). */
+int mc_meta_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p);
+int mc_meta_lease_keepalive(mc_meta_t *meta, int64_t lease);
+int mc_meta_lease_revoke(mc_meta_t *meta, int64_t lease);
+
+/* Watch keys under prefix from start_revision (0 = from now). watch_next waits up to
+ * timeout_ms (-1 = forever) for the next event: 0 and *event_p filled (free its kv with
+ * mc_meta_kv_free), or -ETIMEDOUT. Events of one key arrive in revision order. */
+int mc_meta_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,
+                         int64_t start_revision, mc_meta_watch_t **watch_p);
+int mc_meta_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p);
+void mc_meta_watch_destroy(mc_meta_watch_t *watch);
+
+void mc_meta_kv_free(mc_meta_kv_t *kv);
+void mc_meta_kvs_free(mc_meta_kv_t *kvs, size_t count);
+
+/* Build "mooncake/[cluster/]<kind>/<name>" into buf (NUL-terminated). Returns its length, or
+ * -ENAMETOOLONG. */
+int mc_meta_key(char *buf, size_t size, const char *cluster_id, const char *kind,
+                const char *name);
+
+#endif

@@ -1,0 +1,184 @@
+/* Frame header and hello codecs. Pure functions: fuzzed by fuzz/fuzz_frame.c. */
+#include <string.h>
+
+#include <mooncake/error.h>
+
+#include "proto.h"
+#include "util/log.h"
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+void mc_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
+{
+    put32(out, MC_PROTO_MAGIC);
+    out[4] = MC_PROTO_VERSION;
+    out[5] = f->type;
+    put16(out + 6, f->flags);
+    put32(out + 8, f->length);
+    put32(out + 12, f->id);
+    put64(out + 16, f->addr);
+    put64(out + 24, f->aux);
+}
+
+static const char *const type_names[MC_FR_TYPE_MAX] = {
+    [MC_FR_HELLO] = "HELLO",         [MC_FR_HELLO_REPLY] = "HELLO_REPLY",
+    [MC_FR_AUTH] = "AUTH",           [MC_FR_READY] = "READY",
+    [MC_FR_ERROR] = "ERROR",         [MC_FR_WRITE] = "WRITE",
+    [MC_FR_WRITE_ACK] = "WRITE_ACK", [MC_FR_READ] = "READ",
+    [MC_FR_READ_RESP] = "READ_RESP", [MC_FR_MSG] = "MSG",
+    [MC_FR_DESC_REQ] = "DESC_REQ",   [MC_FR_DESC_REPLY] = "DESC_REPLY",
+    [MC_FR_RETIRE] = "RETIRE",
+};
+
+const char *mc_frame_type_name(unsigned type)
+{
+    if (type == 0 || type >= MC_FR_TYPE_MAX)
+        return "UNKNOWN";
+    return type_names[type];
+}
+
+/* Largest payload each frame type may carry. */
+static uint64_t frame_limit(uint8_t type, uint64_t desc_max)
+{
+    switch (type) {
+    case MC_FR_AUTH:
+        return 32;
+    case MC_FR_READY:
+    case MC_FR_READ:
+    case MC_FR_DESC_REQ:
+        return 0;
+    case MC_FR_WRITE:
+    case MC_FR_READ_RESP:
+        return MC_PROTO_MAX_DATA;
+    case MC_FR_MSG:
+        return 64 * 1024;
+    case MC_FR_DESC_REPLY:
+        return desc_max;
+    case MC_FR_RETIRE:
+        return MC_PROTO_MAX_RETIRE * 4;
+    default:
+        return MC_PROTO_MAX_CTRL;
+    }
+}
+
+int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *f)
+{
+    if (get32(in) != MC_PROTO_MAGIC)
+        return mc_set_error(-MC_EPROTO, "bad frame magic 0x%08x", get32(in));
+    if (in[4] != MC_PROTO_VERSION)
+        return mc_set_error(-MC_EVERSION, "protocol version %u, expected %u", in[4],
+                            MC_PROTO_VERSION);
+    if (in[5] == 0 || in[5] >= MC_FR_TYPE_MAX)
+        return mc_set_error(-MC_EPROTO, "unknown frame type %u", in[5]);
+    f->type = in[5];
+    f->flags = get16(in + 6);
+    f->length = get32(in + 8);
+    f->id = get32(in + 12);
+    f->addr = get64(in + 16);
+    f->aux = get64(in + 24);
+    if (f->length > frame_limit(f->type, desc_max))
+        return mc_set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
+                            mc_frame_type_name(f->type), f->length,
+                            (unsigned long long)frame_limit(f->type, desc_max));
+    if (f->type == MC_FR_READ && f->aux > MC_PROTO_MAX_DATA)
+        return mc_set_error(-MC_EPROTO, "READ of %llu bytes exceeds the slice limit",
+                            (unsigned long long)f->aux);
+    if (f->type == MC_FR_RETIRE && f->length % 4)
+        return mc_set_error(-MC_EPROTO, "RETIRE payload of %u bytes", f->length);
+    return 0;
+}
+
+/* Hello layout: u64 instance, nonce, proof, u8 name_len, name, u8 peer_len, peer_name,
+ * u8 n_retired, u32 ids. */
+size_t mc_hello_encode(const mc_hello_t *h, uint8_t *buf)
+{
+    size_t nl = strnlen(h->name, sizeof(h->name) - 1);
+    size_t pl = strnlen(h->peer_name, sizeof(h->peer_name) - 1);
+    unsigned nr = h->n_retired > MC_PROTO_MAX_RETIRE ? MC_PROTO_MAX_RETIRE : h->n_retired;
+    uint8_t *p = buf;
+
+    put64(p, h->instance);
+    p += 8;
+    memcpy(p, h->nonce, MC_PROTO_NONCE_LEN);
+    p += MC_PROTO_NONCE_LEN;
+    memcpy(p, h->proof, sizeof(h->proof));
+    p += sizeof(h->proof);
+    *p++ = (uint8_t)nl;
+    memcpy(p, h->name, nl);
+    p += nl;
+    *p++ = (uint8_t)pl;
+    memcpy(p, h->peer_name, pl);
+    p += pl;
+    *p++ = (uint8_t)nr;
+    for (unsigned i = 0; i < nr; i++, p += 4)
+        put32(p, (uint32_t)h->retired[i]);
+    return (size_t)(p - buf);
+}
+
+static int take_str(const uint8_t **p, const uint8_t *end, char *out, size_t size)
+{
+    if (*p >= end)
+        return -1;
+    size_t n = **p;
+    (*p)++;
+    if (n >= size || (size_t)(end - *p) < n || memchr(*p, 0, n))
+        return -1;
+    memcpy(out, *p, n);
+    out[n] = 0;
+    *p += n;
+    return 0;
+}
+
+int mc_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
+{
+    const uint8_t *p = buf, *end = buf + len;
+    const size_t fixed = 8 + MC_PROTO_NONCE_LEN + sizeof(h->proof);
+
+    memset(h, 0, sizeof(*h));
+    if (len < fixed)
+        return mc_set_error(-MC_EPROTO, "hello of %zu bytes is truncated", len);
+    h->instance = get64(p);
+    memcpy(h->nonce, p + 8, MC_PROTO_NONCE_LEN);
+    memcpy(h->proof, p + 8 + MC_PROTO_NONCE_LEN, sizeof(h->proof));
+    p += fixed;
+    if (take_str(&p, end, h->name, sizeof(h->name)) ||
+        take_str(&p, end, h->peer_name, sizeof(h->peer_name)) || p >= end)
+        return mc_set_error(-MC_EPROTO, "hello names are malformed");
+    h->n_retired = *p++;
+    if (h->n_retired > MC_PROTO_MAX_RETIRE || (size_t)(end - p) != 4 * (size_t)h->n_retired)
+        return mc_set_error(-MC_EPROTO, "hello retire list is malformed");
+    for (unsigned i = 0; i < h->n_retired; i++, p += 4)
+        h->retired[i] = get32(p);
+    return 0;
+}

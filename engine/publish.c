@@ -1,0 +1,131 @@
+/* Publishing the local segment in metadata: the descriptor under mooncake/ram/<name> and the
+ * endpoint under mooncake/rpc_meta/<name>, both tied to a lease that a background thread keeps
+ * alive. A dead process's entries expire with its lease; a lost lease is re-granted and the
+ * entries re-published. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_int.h"
+
+static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len)
+{
+    char key[512];
+    int n = mc_meta_key(key, sizeof(key), e->cfg.cluster_id, kind, e->name);
+
+    if (n < 0)
+        return mc_set_error(-ENAMETOOLONG, "segment name too long for a metadata key");
+    return mc_meta_put(e->meta, key, (size_t)n, val, len, e->lease, NULL);
+}
+
+/* Called without meta_lock. */
+static int publish_once(mc_engine_t *e)
+{
+    char *json, endpoint[MC_NAME_MAX + 32];
+    size_t len;
+    int rc;
+
+    if (!e->lease) {
+        rc = mc_meta_lease_grant(e->meta, e->cfg.metadata_ttl_s, &e->lease);
+        if (rc)
+            return rc;
+    }
+    rc = mc__desc_encode_local(e, &json, &len);
+    if (rc)
+        return rc;
+    rc = put_key(e, "ram", json, len);
+    free(json);
+    if (rc)
+        return rc;
+    len = (size_t)snprintf(endpoint, sizeof(endpoint), "{\"tcp\":\"%s\"}", e->listen_addr);
+    return put_key(e, "rpc_meta", endpoint, len);
+}
+
+static void deadline_in(struct timespec *ts, unsigned ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts->tv_nsec >= 1000000000) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000;
+    }
+}
+
+/* Keep the lease alive every ttl/3; republish when the descriptor changed or the lease was
+ * lost (for example while the metadata service was unreachable). */
+static void *publish_thread(void *arg)
+{
+    mc_engine_t *e = arg;
+    unsigned period_ms = e->cfg.metadata_ttl_s * 1000 / 3;
+    struct timespec ts;
+
+    pthread_mutex_lock(&e->meta_lock);
+    while (!e->meta_stop) {
+        bool dirty = e->meta_dirty;
+        e->meta_dirty = false;
+        pthread_mutex_unlock(&e->meta_lock);
+        int rc = dirty ? 0 : mc_meta_lease_keepalive(e->meta, e->lease);
+        if (rc == -ENOENT)
+            e->lease = 0;
+        if (dirty || rc)
+            rc = publish_once(e);
+        pthread_mutex_lock(&e->meta_lock);
+        if (rc) {
+            mc_warn("publishing segment %s failed: %s (will retry)", e->name, mc_last_error());
+            e->meta_dirty = true;
+        }
+        deadline_in(&ts, rc ? 500 : period_ms);
+        if (!e->meta_stop && (rc || !e->meta_dirty))
+            pthread_cond_timedwait(&e->meta_cond, &e->meta_lock, &ts);
+    }
+    pthread_mutex_unlock(&e->meta_lock);
+    return NULL;
+}
+
+int mc__publish_start(mc_engine_t *e)
+{
+    int rc;
+
+    if (!strcmp(e->cfg.metadata, "none"))
+        return 0;
+    rc = mc_meta_open(e->cfg.metadata, &e->meta);
+    if (rc)
+        return mc_set_error(rc, "metadata %s: %s", e->cfg.metadata, mc_last_error());
+    rc = publish_once(e);
+    if (rc)
+        return mc_set_error(rc, "publishing segment %s in %s: %s", e->name, e->cfg.metadata,
+                            mc_last_error());
+    rc = pthread_create(&e->meta_tid, NULL, publish_thread, e);
+    if (rc)
+        return mc_set_error(-rc, "cannot start the metadata thread: %s", strerror(rc));
+    e->has_meta_thread = true;
+    return 0;
+}
+
+void mc__publish_kick(mc_engine_t *e)
+{
+    if (!e->has_meta_thread)
+        return;
+    pthread_mutex_lock(&e->meta_lock);
+    e->meta_dirty = true;
+    pthread_cond_signal(&e->meta_cond);
+    pthread_mutex_unlock(&e->meta_lock);
+}
+
+void mc__publish_stop(mc_engine_t *e)
+{
+    if (e->has_meta_thread) {
+        pthread_mutex_lock(&e->meta_lock);
+        e->meta_stop = true;
+        pthread_cond_signal(&e->meta_cond);
+        pthread_mutex_unlock(&e->meta_lock);
+        pthread_join(e->meta_tid, NULL);
+        e->has_meta_thread = false;
+    }
+    if (e->meta && e->lease && mc_meta_lease_revoke(e->meta, e->lease))
+        mc_warn("revoking the lease of segment %s: %s", e->name, mc_last_error());
+    e->lease = 0;
+}

@@ -1,0 +1,234 @@
+/* The scheduler: cuts tasks into slices lazily, as connections have room, so memory follows
+ * what is in flight rather than what was submitted; completes, retries and times out work.
+ * Everything here runs in the progress context. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_int.h"
+
+#define SLICE_CHUNK 256
+
+mc_slice_t *mc__slice_alloc(mc_engine_t *e)
+{
+    mc_slice_t *s = e->slice_free;
+
+    if (!s) {
+        /* Out-of-line growth; the fast path is a pop from the free list. The first slot of
+         * each chunk links the chunks together for mc__sched_fini. */
+        mc_slice_t *chunk = calloc(SLICE_CHUNK, sizeof(*chunk));
+        if (!chunk)
+            return NULL;
+        chunk[0].next_free = e->slice_chunks;
+        e->slice_chunks = chunk;
+        for (int i = 1; i < SLICE_CHUNK; i++) {
+            chunk[i].next_free = e->slice_free;
+            e->slice_free = &chunk[i];
+        }
+        s = e->slice_free;
+    }
+    e->slice_free = s->next_free;
+    memset(s, 0, sizeof(*s));
+    mc_list_init(&s->link);
+    return s;
+}
+
+void mc__slice_free(mc_engine_t *e, mc_slice_t *s)
+{
+    if (s->payload_owned)
+        free(s->payload);
+    s->next_free = e->slice_free;
+    e->slice_free = s;
+}
+
+void mc__sched_fini(mc_engine_t *e)
+{
+    while (e->slice_chunks) {
+        mc_slice_t *chunk = e->slice_chunks;
+        e->slice_chunks = chunk[0].next_free;
+        free(chunk);
+    }
+    e->slice_free = NULL;
+}
+
+void mc__peer_activate(mc_engine_t *e, mc_peer_t *p)
+{
+    if (!p->active) {
+        p->active = true;
+        mc_list_push_back(&e->active_peers, &p->active_link);
+    }
+}
+
+void mc__sched_route(mc_engine_t *e, mc_task_t *t)
+{
+    mc_list_push_back(&e->active_tasks, &t->alink);
+    if (atomic_load(&t->state) >= MC_TASK_COMPLETED) { /* canceled before we saw it */
+        t->queued = false;
+        mc__task_maybe_release(e, t);
+        return;
+    }
+    mc_list_push_back(&t->peer->pending, &t->qlink);
+    mc__peer_activate(e, t->peer);
+}
+
+static void task_dequeue(mc_engine_t *e, mc_task_t *t)
+{
+    if (t->queued) {
+        mc_list_del(&t->qlink);
+        t->queued = false;
+    }
+    mc__task_maybe_release(e, t);
+}
+
+mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *n = mc_list_pop_front(&p->retry);
+    mc_slice_t *s;
+    mc_task_t *t;
+
+    if (n)
+        return mc_container_of(n, mc_slice_t, link);
+    while (!mc_list_empty(&p->pending)) {
+        t = mc_container_of(p->pending.next, mc_task_t, qlink);
+        if (atomic_load(&t->state) >= MC_TASK_COMPLETED) {
+            task_dequeue(e, t);
+            continue;
+        }
+        s = mc__slice_alloc(e);
+        if (!s)
+            return NULL;
+        s->kind = MC_SL_DATA;
+        s->opcode = (uint8_t)t->req.opcode;
+        s->task = t;
+        s->offset = t->carved;
+        s->len = (uint32_t)(t->req.length - t->carved < e->cfg.slice_size
+                                ? t->req.length - t->carved
+                                : e->cfg.slice_size);
+        t->carved += s->len;
+        t->inflight++;
+        int waiting = MC_TASK_WAITING;
+        atomic_compare_exchange_strong(&t->state, &waiting, MC_TASK_PENDING);
+        if (t->carved == t->req.length)
+            task_dequeue(e, t);
+        return s;
+    }
+    return NULL;
+}
+
+static bool peer_has_work(mc_peer_t *p)
+{
+    return !mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) ||
+           !mc_list_empty(&p->msgq);
+}
+
+void mc__sched_run(mc_engine_t *e)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &e->active_peers)
+    {
+        mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
+        if (peer_has_work(p))
+            mc__tcp_fill(e, p);
+        if (!peer_has_work(p)) {
+            mc_list_del(&p->active_link);
+            p->active = false;
+        }
+    }
+}
+
+static void slice_release(mc_engine_t *e, mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+
+    t->inflight--;
+    mc__slice_free(e, s);
+    mc__task_maybe_release(e, t);
+}
+
+void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+    mc_peer_t *p = t->peer;
+    int cnt = s->opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
+
+    mc__count(&p->c[cnt], s->len);
+    mc__count(&p->c[MC_CNT_REQUESTS], 1);
+    mc__count(&e->tcp_c[cnt], s->len);
+    mc__count(&e->tcp_c[MC_CNT_REQUESTS], 1);
+    if (atomic_fetch_add(&t->bytes, s->len) + s->len == t->req.length)
+        mc__task_finish(t, MC_TASK_COMPLETED, NULL);
+    slice_release(e, s);
+}
+
+void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable,
+                      const char *reason)
+{
+    mc_task_t *t = s->task;
+    mc_peer_t *p = t->peer;
+
+    mc__count(&p->c[MC_CNT_ERRORS], 1);
+    mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
+    if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable &&
+        s->attempts < e->cfg.retry_cnt) {
+        s->attempts++;
+        mc__count(&p->c[MC_CNT_RETRIES], 1);
+        mc__count(&e->tcp_c[MC_CNT_RETRIES], 1);
+        mc_list_push_back(&p->retry, &s->link);
+        mc__peer_activate(e, p);
+        return;
+    }
+    if (retryable)
+        mc__task_finish(t, MC_TASK_FAILED, "%s (%s; gave up after %u attempts)", reason,
+                        mc_err_name(err), s->attempts + 1);
+    else
+        mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+    slice_release(e, s);
+}
+
+void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reason)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&p->retry))) {
+        mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
+        mc__task_finish(s->task, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+        slice_release(e, s);
+    }
+    while (!mc_list_empty(&p->pending)) {
+        mc_task_t *t = mc_container_of(p->pending.next, mc_task_t, qlink);
+        mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+        task_dequeue(e, t);
+    }
+}
+
+void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b)
+{
+    size_t n = atomic_load(&b->n);
+
+    for (size_t i = 0; i < n; i++) {
+        mc_task_t *t = &b->tasks[i];
+        if (!t->released && atomic_load(&t->state) >= MC_TASK_COMPLETED)
+            task_dequeue(e, t);
+    }
+    atomic_store(&b->cancel_kick, false);
+    atomic_fetch_sub(&b->busy, 1);
+}
+
+void mc__sched_timers(mc_engine_t *e, uint64_t now)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &e->active_tasks)
+    {
+        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+        if (now < t->deadline_ns)
+            continue;
+        if (mc__task_finish(t, MC_TASK_TIMEOUT, "not completed within %u ms (%llu of %llu "
+                                                "bytes done)",
+                            e->cfg.transfer_timeout_ms,
+                            (unsigned long long)atomic_load(&t->bytes),
+                            (unsigned long long)t->req.length))
+            task_dequeue(e, t);
+    }
+}

@@ -1,0 +1,342 @@
+/* Peer segments: open by name (metadata, or handshake with the peer), by descriptor blob,
+ * close, export. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_int.h"
+
+mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id)
+{
+    return id < e->n_peers ? e->peers[id] : NULL;
+}
+
+int mc__parse_ip_port(const char *s, struct sockaddr_storage *sa, socklen_t *len_p)
+{
+    char host[64];
+    const char *colon;
+    char *end;
+    unsigned long port;
+    struct sockaddr_in *v4 = (struct sockaddr_in *)sa;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)sa;
+
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':' || (size_t)(close - s - 1) >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, s + 1, (size_t)(close - s - 1));
+        host[close - s - 1] = 0;
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || (size_t)(colon - s) >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, s, (size_t)(colon - s));
+        host[colon - s] = 0;
+    }
+    errno = 0;
+    port = strtoul(colon + 1, &end, 10);
+    if (errno || *end || colon[1] == 0 || port > 65535)
+        return -EINVAL;
+    memset(sa, 0, sizeof(*sa));
+    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)port);
+        *len_p = sizeof(*v4);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)port);
+        *len_p = sizeof(*v6);
+        return 0;
+    }
+    return -EINVAL;
+}
+
+static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
+{
+    mc_peer_t *p = calloc(1, sizeof(*p));
+
+    if (!p)
+        return mc_set_error(-ENOMEM, "out of memory");
+    if (mc__parse_ip_port(d->tcp_addr, &p->sa, &p->sa_len)) {
+        free(p);
+        return mc_set_error(-MC_EPROTO, "segment %s: bad tcp endpoint \"%s\"", d->name,
+                            d->tcp_addr);
+    }
+    snprintf(p->name, sizeof(p->name), "%s", d->name);
+    p->desc = *d;
+    p->local_host = !strcmp(d->host_id, e->host_id);
+    p->refcnt = 1;
+    mc_list_init(&p->pending);
+    mc_list_init(&p->retry);
+    mc_list_init(&p->msgq);
+    mc_list_init(&p->conns);
+    mc_list_init(&p->active_link);
+    *p_p = p;
+    return 0;
+}
+
+static void peer_free(mc_peer_t *p)
+{
+    mc_desc_free(&p->desc);
+    free(p);
+}
+
+/* Find an open peer by name and take a reference. Caller holds peers_lock for writing. */
+static mc_peer_t *peer_find_ref(mc_engine_t *e, const char *name)
+{
+    for (size_t i = 0; i < e->n_peers; i++) {
+        if (e->peers[i] && !strcmp(e->peers[i]->name, name)) {
+            e->peers[i]->refcnt++;
+            return e->peers[i];
+        }
+    }
+    return NULL;
+}
+
+/* Insert p (or reuse an equal one opened meanwhile). Takes ownership of p. */
+static int peer_insert(mc_engine_t *e, mc_peer_t *p, mc_segment_id_t *id_p)
+{
+    mc_peer_t *old;
+    int rc = 0;
+
+    pthread_rwlock_wrlock(&e->peers_lock);
+    old = peer_find_ref(e, p->name);
+    if (old) {
+        *id_p = old->id;
+        pthread_rwlock_unlock(&e->peers_lock);
+        peer_free(p);
+        return 0;
+    }
+    mc_peer_t **v = realloc(e->peers, (e->n_peers + 1) * sizeof(*v));
+    if (!v) {
+        rc = mc_set_error(-ENOMEM, "out of memory");
+    } else {
+        e->peers = v;
+        p->id = (mc_segment_id_t)e->n_peers;
+        v[e->n_peers++] = p;
+        *id_p = p->id;
+    }
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (rc)
+        peer_free(p);
+    return rc;
+}
+
+static int open_desc(mc_engine_t *e, const void *blob, size_t len, bool by_meta,
+                     mc_segment_id_t *id_p)
+{
+    mc_desc_t d;
+    mc_peer_t *p = NULL;
+    int rc = mc_desc_decode(blob, len, &d);
+
+    if (rc)
+        return rc;
+    rc = peer_create(e, &d, &p);
+    if (rc) {
+        mc_desc_free(&d);
+        return rc;
+    }
+    p->by_metadata = by_meta;
+    return peer_insert(e, p, id_p);
+}
+
+static int meta_lookup(mc_engine_t *e, const char *name, mc_meta_kv_t *kv)
+{
+    char key[512];
+    int n = mc_meta_key(key, sizeof(key), e->cfg.cluster_id, "ram", name);
+
+    if (n < 0)
+        return mc_set_error(-ENAMETOOLONG, "segment name too long: %s", name);
+    return mc_meta_get(e->meta, key, (size_t)n, kv);
+}
+
+int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
+{
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+    mc_meta_kv_t kv;
+    char *json;
+    size_t len;
+    int rc;
+
+    if (!e || !name || !id_p || !*name || strlen(name) >= MC_NAME_MAX)
+        return mc_set_error(-EINVAL, "mc_segment_open: invalid argument");
+    pthread_rwlock_wrlock(&e->peers_lock);
+    mc_peer_t *p = peer_find_ref(e, name);
+    if (p)
+        *id_p = p->id;
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (p)
+        return 0;
+    if (e->meta) {
+        rc = meta_lookup(e, name, &kv);
+        if (rc == 0) {
+            rc = open_desc(e, kv.value, kv.value_len, true, id_p);
+            mc_meta_kv_free(&kv);
+            return rc;
+        }
+        if (rc != -ENOENT)
+            return rc;
+    }
+    if (mc__parse_ip_port(name, &sa, &sa_len))
+        return mc_set_error(-MC_ENOSEGMENT, "segment %s is not in metadata %s%s", name,
+                            e->cfg.metadata, " and is not an ip:port to ask directly");
+    rc = mc__tcp_fetch_desc(e, name, &json, &len);
+    if (rc)
+        return rc;
+    rc = open_desc(e, json, len, false, id_p);
+    free(json);
+    return rc;
+}
+
+int mc_segment_open_blob(mc_engine_t *e, const void *blob, size_t len, mc_segment_id_t *id_p)
+{
+    if (!e || !blob || !id_p)
+        return mc_set_error(-EINVAL, "mc_segment_open_blob: NULL argument");
+    if (len > e->cfg.handshake_max)
+        return mc_set_error(-EINVAL, "descriptor of %zu bytes exceeds MC_HANDSHAKE_MAX_LENGTH",
+                            len);
+    return open_desc(e, blob, len, false, id_p);
+}
+
+int mc_segment_export(mc_engine_t *e, void *buf, size_t *len_p)
+{
+    char *json;
+    size_t len;
+    int rc;
+
+    if (!e || !len_p || (!buf && *len_p))
+        return mc_set_error(-EINVAL, "mc_segment_export: invalid argument");
+    rc = mc__desc_encode_local(e, &json, &len);
+    if (rc)
+        return rc;
+    if (len > *len_p) {
+        *len_p = len;
+        free(json);
+        return mc_set_error(-ENOSPC, "descriptor needs %zu bytes", len);
+    }
+    memcpy(buf, json, len);
+    *len_p = len;
+    free(json);
+    return 0;
+}
+
+int mc_segment_buffers(mc_engine_t *e, mc_segment_id_t id, mc_buffer_info_t *out, size_t max,
+                       size_t *count_p)
+{
+    int rc = 0;
+
+    if (!e || !count_p || (max && !out))
+        return mc_set_error(-EINVAL, "mc_segment_buffers: invalid argument");
+    pthread_rwlock_rdlock(&e->peers_lock); /* also guards descriptor refreshes */
+    mc_peer_t *p = mc__peer_get(e, id);
+    if (!p) {
+        rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
+    } else {
+        for (size_t i = 0; i < p->desc.n_buffers && i < max; i++) {
+            out[i].addr = p->desc.buffers[i].addr;
+            out[i].length = p->desc.buffers[i].len;
+            memcpy(out[i].location, p->desc.buffers[i].location, MC_LOCATION_MAX);
+        }
+        *count_p = p->desc.n_buffers;
+    }
+    pthread_rwlock_unlock(&e->peers_lock);
+    return rc;
+}
+
+int mc_segment_is_local_host(mc_engine_t *e, mc_segment_id_t id)
+{
+    int rc;
+
+    if (!e)
+        return mc_set_error(-EINVAL, "NULL engine");
+    pthread_rwlock_rdlock(&e->peers_lock);
+    mc_peer_t *p = mc__peer_get(e, id);
+    rc = p ? p->local_host : mc_set_error(-ENOENT, "no open segment with id %u", id);
+    pthread_rwlock_unlock(&e->peers_lock);
+    return rc;
+}
+
+/* Drop a peer entirely. Caller holds e->lock; the peer has no tasks. */
+static void peer_destroy(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *n;
+
+    mc__tcp_peer_close(e, p);
+    while ((n = mc_list_pop_front(&p->msgq)))
+        free(mc_container_of(n, mc_msg_t, link));
+    if (p->active)
+        mc_list_del(&p->active_link);
+    peer_free(p);
+}
+
+int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
+{
+    mc_peer_t *p;
+    bool destroy = false;
+    int rc = 0;
+
+    if (!e)
+        return mc_set_error(-EINVAL, "NULL engine");
+    if (mc__in_progress())
+        return mc_set_error(-EDEADLK, "segments cannot be closed from a callback");
+    pthread_mutex_lock(&e->lock);
+    pthread_rwlock_wrlock(&e->peers_lock);
+    p = mc__peer_get(e, id);
+    if (!p)
+        rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
+    else if (p->refcnt > 1)
+        p->refcnt--;
+    else if (atomic_load(&p->busy_tasks))
+        rc = mc_set_error(-EBUSY, "segment %s has %u tasks in flight", p->name,
+                          atomic_load(&p->busy_tasks));
+    else
+        destroy = true;
+    if (destroy)
+        e->peers[id] = NULL;
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (destroy)
+        peer_destroy(e, p);
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+void mc__peers_fini(mc_engine_t *e)
+{
+    for (size_t i = 0; i < e->n_peers; i++) {
+        if (e->peers[i])
+            peer_destroy(e, e->peers[i]);
+    }
+    free(e->peers);
+    e->peers = NULL;
+    e->n_peers = 0;
+}
+
+void mc__peer_refresh(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_meta_kv_t kv;
+    mc_desc_t d;
+    struct sockaddr_storage sa;
+    socklen_t len;
+
+    if (!p->by_metadata || !e->meta || meta_lookup(e, p->name, &kv))
+        return;
+    if (mc_desc_decode(kv.value, kv.value_len, &d) == 0) {
+        if (mc__parse_ip_port(d.tcp_addr, &sa, &len) == 0) {
+            pthread_rwlock_wrlock(&e->peers_lock);
+            mc_desc_free(&p->desc);
+            p->desc = d;
+            p->sa = sa;
+            p->sa_len = len;
+            pthread_rwlock_unlock(&e->peers_lock);
+        } else {
+            mc_desc_free(&d);
+        }
+    }
+    mc_meta_kv_free(&kv);
+}

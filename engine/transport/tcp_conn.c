@@ -1,0 +1,356 @@
+/* TCP connection mechanics shared by both roles: the receive loop (staging buffer, payloads
+ * into place), the send path (one writev for many queued frames), events and teardown. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "tcp_int.h"
+
+#define RX_ROUNDS 256 /* receive steps per connection per pass */
+
+mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
+{
+    mc_tcp_conn_t *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        return NULL;
+    c->rx = malloc(MC_TCP_RX_BUF);
+    if (!c->rx) {
+        free(c);
+        return NULL;
+    }
+    c->pollable.fd = fd;
+    c->pollable.handler = mc__conn_handler;
+    c->outbound = outbound;
+    c->state = outbound ? CS_CONNECTING : CS_HELLO;
+    c->since_ns = c->last_io_ns = mc_now_ns();
+    mc_list_init(&c->sendq);
+    mc_list_init(&c->ackq);
+    mc_list_init(&c->link);
+    (void)e;
+    return c;
+}
+
+void mc__conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint32_t ev = 0;
+
+    if (c->state == CS_DEAD)
+        return;
+    if (c->outbound || c->n_resp < MC_TCP_RESP_MAX)
+        ev |= EPOLLIN;
+    if (c->state == CS_CONNECTING || !mc_list_empty(&c->sendq))
+        ev |= EPOLLOUT;
+    if (ev != c->events && mc__epoll_mod(e, &c->pollable, ev) == 0)
+        c->events = ev;
+}
+
+int mc__conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len)
+{
+    (void)e;
+    if (len > c->ctrl_cap) {
+        uint8_t *p = realloc(c->ctrl, len);
+        if (!p)
+            return -ENOMEM;
+        c->ctrl = p;
+        c->ctrl_cap = len;
+    }
+    return 0;
+}
+
+int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
+                       const void *payload, uint32_t len)
+{
+    mc_slice_t *s = mc__slice_alloc(e);
+
+    if (!s)
+        return -ENOMEM;
+    s->kind = MC_SL_CTRL;
+    if (len) {
+        s->payload = malloc(len);
+        if (!s->payload) {
+            mc__slice_free(e, s);
+            return -ENOMEM;
+        }
+        memcpy(s->payload, payload, len);
+        s->payload_owned = true;
+        s->payload_len = len;
+    }
+    mc_frame_t fr = *f;
+    fr.length = len;
+    mc_frame_encode(&fr, s->hdr);
+    mc_list_push_back(&c->sendq, &s->link);
+    return 0;
+}
+
+/* ---- teardown ---- */
+
+static void conn_bury(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    c->state = CS_DEAD;
+    mc__epoll_del(e, &c->pollable);
+    close(c->pollable.fd);
+    mc_list_del(&c->link);
+    mc_list_push_back(&e->graveyard, &c->link);
+}
+
+void mc__conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
+{
+    char reason[256];
+    va_list ap;
+
+    if (c->state == CS_DEAD)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof(reason), fmt, ap);
+    va_end(ap);
+    if (c->outbound)
+        mc__out_failed(e, c, err, reason); /* logs, then requeues its slices */
+    else
+        mc__in_failed(e, c);
+    conn_bury(e, c);
+}
+
+void mc__conn_close(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    if (c->state == CS_DEAD)
+        return;
+    if (c->outbound)
+        mc__out_failed(e, c, 0, NULL);
+    else
+        mc__in_failed(e, c);
+    conn_bury(e, c);
+}
+
+void mc__tcp_reap(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&e->graveyard))) {
+        mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, link);
+        free(c->rx);
+        free(c->ctrl);
+        free(c);
+    }
+}
+
+/* ---- sending ---- */
+
+/* Gather up to MC_TCP_IOV_MAX iovecs from the send queue, skipping what was already sent. */
+static int gather(mc_tcp_conn_t *c, struct iovec *iov)
+{
+    mc_list_t *pos;
+    uint32_t skip = c->send_off;
+    int n = 0;
+
+    for (pos = c->sendq.next; pos != &c->sendq && n + 2 <= MC_TCP_IOV_MAX; pos = pos->next) {
+        mc_slice_t *s = mc_container_of(pos, mc_slice_t, link);
+        if (skip < MC_FRAME_HDR_LEN) {
+            iov[n].iov_base = s->hdr + skip;
+            iov[n++].iov_len = MC_FRAME_HDR_LEN - skip;
+            skip = 0;
+        } else {
+            skip -= MC_FRAME_HDR_LEN;
+        }
+        if (s->payload_len > skip) {
+            iov[n].iov_base = (uint8_t *)s->payload + skip;
+            iov[n++].iov_len = s->payload_len - skip;
+        }
+        skip = 0;
+    }
+    return n;
+}
+
+/* A frame left completely: data slices now await their response, the rest is done. */
+static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
+{
+    mc_list_del(&s->link);
+    if (s->kind == MC_SL_DATA) {
+        mc_list_push_back(&c->ackq, &s->link);
+        return;
+    }
+    if (s->kind == MC_SL_RESP) {
+        c->n_resp--;
+        if (s->ref) {
+            mc__count(&e->tcp_c[MC_CNT_SERVED], s->payload_len);
+            mc__mem_put(e, s->ref);
+        }
+    }
+    mc__slice_free(e, s);
+}
+
+static void advance_sent(mc_engine_t *e, mc_tcp_conn_t *c, size_t n)
+{
+    while (n && !mc_list_empty(&c->sendq)) {
+        mc_slice_t *s = mc_container_of(c->sendq.next, mc_slice_t, link);
+        size_t total = MC_FRAME_HDR_LEN + s->payload_len;
+        size_t rest = total - c->send_off;
+        if (n < rest) {
+            c->send_off += (uint32_t)n;
+            return;
+        }
+        n -= rest;
+        c->send_off = 0;
+        sent_one(e, c, s);
+    }
+}
+
+void mc__conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    struct iovec iov[MC_TCP_IOV_MAX];
+
+    while (c->state != CS_DEAD && c->state != CS_CONNECTING && !mc_list_empty(&c->sendq)) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)gather(c, iov)};
+        ssize_t n = sendmsg(c->pollable.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                break;
+            mc__conn_fail(e, c, -MC_EPEERDEAD, "send: %s", strerror(errno));
+            return;
+        }
+        c->last_io_ns = mc_now_ns();
+        advance_sent(e, c, (size_t)n);
+    }
+    mc__conn_update_events(e, c);
+}
+
+/* ---- receiving ---- */
+
+/* Refill the staging buffer. >0 bytes read, 0 would block, <0 the connection failed. */
+static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    if (c->rx_start == c->rx_end)
+        c->rx_start = c->rx_end = 0;
+    else if (c->rx_start > MC_TCP_RX_BUF / 2) {
+        memmove(c->rx, c->rx + c->rx_start, c->rx_end - c->rx_start);
+        c->rx_end -= c->rx_start;
+        c->rx_start = 0;
+    }
+    ssize_t n = recv(c->pollable.fd, c->rx + c->rx_end, MC_TCP_RX_BUF - c->rx_end, 0);
+    if (n > 0) {
+        c->rx_end += (uint32_t)n;
+        c->last_io_ns = mc_now_ns();
+        return (int)n;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    if (n == 0)
+        mc__conn_fail(e, c, -MC_EPEERDEAD, "connection closed by peer");
+    else
+        mc__conn_fail(e, c, -MC_EPEERDEAD, "recv: %s", strerror(errno));
+    return -1;
+}
+
+static void frame_done(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    c->have_hdr = false;
+    if (c->outbound)
+        mc__out_frame(e, c);
+    else
+        mc__in_frame(e, c);
+}
+
+static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    int rc = mc_frame_decode(c->rx + c->rx_start, e->cfg.handshake_max, &c->fr);
+
+    c->rx_start += MC_FRAME_HDR_LEN;
+    if (rc) {
+        mc__conn_fail(e, c, rc, "%s", mc_last_error());
+        return rc;
+    }
+    c->have_hdr = true;
+    c->dst_kind = DST_NONE;
+    c->left = c->fr.length;
+    c->ctrl_len = c->fr.length;
+    rc = c->outbound ? mc__out_header(e, c) : mc__in_header(e, c);
+    if (rc)
+        return rc;
+    if (c->dst_kind == DST_CTRL && mc__conn_ctrl_reserve(e, c, c->fr.length)) {
+        mc__conn_fail(e, c, -ENOMEM, "out of memory for a %u-byte frame", c->fr.length);
+        return -ENOMEM;
+    }
+    if (c->dst_kind == DST_CTRL)
+        c->dst = c->ctrl;
+    if (c->left == 0)
+        frame_done(e, c);
+    return 0;
+}
+
+/* Move payload bytes from the staging buffer, or straight from the socket when a large part
+ * is still to come. Returns >0 progress, 0 would block, <0 failed. */
+static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint32_t avail = c->rx_end - c->rx_start;
+
+    if (avail) {
+        uint32_t n = avail < c->left ? avail : (uint32_t)c->left;
+        if (c->dst_kind != DST_DISCARD)
+            memcpy(c->dst, c->rx + c->rx_start, n);
+        c->dst += c->dst_kind != DST_DISCARD ? n : 0;
+        c->rx_start += n;
+        c->left -= n;
+    } else if (c->left >= MC_TCP_RX_DIRECT && c->dst_kind != DST_DISCARD) {
+        ssize_t n = recv(c->pollable.fd, c->dst, c->left, 0);
+        if (n <= 0) {
+            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return 0;
+            mc__conn_fail(e, c, -MC_EPEERDEAD, n ? "recv: %s" : "connection closed by peer%s",
+                          n ? strerror(errno) : "");
+            return -1;
+        }
+        c->last_io_ns = mc_now_ns();
+        c->dst += n;
+        c->left -= (uint64_t)n;
+    } else {
+        int rc = rx_fill(e, c);
+        if (rc <= 0)
+            return rc;
+    }
+    if (c->left == 0)
+        frame_done(e, c);
+    return 1;
+}
+
+static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    unsigned rounds = 0;
+
+    /* Bounded so that one busy connection cannot starve the others. */
+    while (c->state != CS_DEAD && rounds++ < RX_ROUNDS) {
+        int rc;
+        if (c->have_hdr)
+            rc = rx_payload(e, c);
+        else if (!c->outbound && c->n_resp >= MC_TCP_RESP_MAX)
+            break; /* back-pressure: let the responses drain first */
+        else if (c->rx_end - c->rx_start >= MC_FRAME_HDR_LEN)
+            rc = parse_header(e, c) ? -1 : 1;
+        else
+            rc = rx_fill(e, c);
+        if (rc <= 0)
+            break;
+    }
+}
+
+void mc__conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    mc_tcp_conn_t *c = (mc_tcp_conn_t *)p;
+
+    if (c->state == CS_DEAD)
+        return;
+    if (c->state == CS_CONNECTING) {
+        if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+            mc__out_connected(e, c);
+        return;
+    }
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+        conn_readable(e, c);
+    if (c->state != CS_DEAD)
+        mc__conn_flush(e, c);
+}

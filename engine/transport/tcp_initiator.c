@@ -1,0 +1,444 @@
+/* TCP, initiator role: outbound connections that carry our requests to one peer. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../util/sha256.h"
+#include "tcp_int.h"
+
+#define RETIRE_KEEP_NS(e) ((uint64_t)(2 * (e)->cfg.io_timeout_ms + (e)->cfg.connect_timeout_ms) * MC_MS)
+#define CONNECT_FAILURES_MAX 3
+
+void mc__tcp_sockopts(mc_engine_t *e, int fd)
+{
+    int one = 1;
+    unsigned timeout = e->cfg.io_timeout_ms;
+
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    /* Unacknowledged data older than this fails the socket instead of TCP's minutes-long
+     * retransmission schedule. */
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof(timeout));
+}
+
+static int conn_open(mc_engine_t *e, mc_peer_t *p)
+{
+    int fd = socket(p->sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    mc_tcp_conn_t *c;
+
+    if (fd < 0)
+        return mc_set_error(-errno, "socket: %s", strerror(errno));
+    mc__tcp_sockopts(e, fd);
+    if (connect(fd, (struct sockaddr *)&p->sa, p->sa_len) < 0 && errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        return mc_set_error(-err, "connect to %s: %s", p->name, strerror(err));
+    }
+    c = mc__conn_new(e, fd, true);
+    if (!c) {
+        close(fd);
+        return mc_set_error(-ENOMEM, "out of memory");
+    }
+    c->peer = p;
+    c->id = ++e->next_conn_id;
+    c->events = EPOLLOUT | EPOLLIN;
+    if (mc__epoll_add(e, &c->pollable, c->events)) {
+        close(fd);
+        free(c->rx);
+        free(c);
+        return -EIO;
+    }
+    mc_list_push_back(&p->conns, &c->link);
+    p->n_conns++;
+    e->n_outbound++;
+    return 0;
+}
+
+static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_peer_t *p = c->peer;
+    mc_hello_t h = {.instance = e->instance};
+    uint8_t buf[MC_PROTO_MAX_CTRL];
+    uint64_t now = mc_now_ns();
+    mc_frame_t f = {.type = MC_FR_HELLO, .id = c->id};
+
+    mc_random_bytes(c->nonce, sizeof(c->nonce));
+    memcpy(h.nonce, c->nonce, sizeof(h.nonce));
+    snprintf(h.name, sizeof(h.name), "%s", e->name);
+    snprintf(h.peer_name, sizeof(h.peer_name), "%s", p->name);
+    for (unsigned i = 0; i < p->n_retired; i++)
+        if (now - p->retired_at[i] < RETIRE_KEEP_NS(e))
+            h.retired[h.n_retired++] = p->retired[i];
+    size_t len = mc_hello_encode(&h, buf);
+    if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+}
+
+void mc__out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+
+    getsockopt(c->pollable.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err) {
+        mc__conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->peer->name, strerror(err));
+        return;
+    }
+    c->state = CS_HELLO;
+    c->last_io_ns = mc_now_ns();
+    send_hello(e, c);
+    mc__conn_flush(e, c);
+}
+
+/* ---- retire bookkeeping ---- */
+
+static void retire_remember(mc_engine_t *e, mc_peer_t *p, uint32_t id)
+{
+    if (p->n_retired == MC_PROTO_MAX_RETIRE) {
+        memmove(p->retired, p->retired + 1, (MC_PROTO_MAX_RETIRE - 1) * sizeof(p->retired[0]));
+        memmove(p->retired_at, p->retired_at + 1,
+                (MC_PROTO_MAX_RETIRE - 1) * sizeof(p->retired_at[0]));
+        p->n_retired--;
+    }
+    p->retired[p->n_retired] = id;
+    p->retired_at[p->n_retired++] = mc_now_ns();
+    (void)e;
+}
+
+/* Tell the target, on a live connection, to drop what it has not read of the listed ones.
+ * Queued before any retried slice, so the target drops stale data before applying new. */
+static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, uint64_t after_ns)
+{
+    mc_peer_t *p = c->peer;
+    uint8_t ids[MC_PROTO_MAX_RETIRE * 4];
+    uint32_t n = 0;
+    mc_frame_t f = {.type = MC_FR_RETIRE};
+
+    for (unsigned i = 0; i < p->n_retired; i++) {
+        if (p->retired_at[i] < after_ns || p->retired[i] == c->id)
+            continue;
+        for (int b = 0; b < 4; b++)
+            ids[4 * n + (uint32_t)b] = (uint8_t)(p->retired[i] >> (8 * b));
+        n++;
+    }
+    if (n && mc__conn_send_ctrl(e, c, &f, ids, 4 * n))
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+}
+
+void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason)
+{
+    mc_peer_t *p = c->peer;
+    bool was_ready = c->state == CS_READY, had_data = c->window_used > 0;
+    mc_list_t failed, *n;
+
+    if (reason)
+        mc_warn("connection %u to %s failed: %s", c->id, p->name, reason);
+    /* The socket is closed by our caller right after; collect its slices first. */
+    mc_list_init(&failed);
+    mc_list_splice_back(&failed, &c->ackq);
+    mc_list_splice_back(&failed, &c->sendq);
+    mc_list_del(&c->link);
+    mc_list_init(&c->link);
+    p->n_conns--;
+    e->n_outbound--;
+    if (had_data) {
+        retire_remember(e, p, c->id);
+        mc_list_t *pos;
+        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
+            mc_tcp_conn_t *o = mc_container_of(pos, mc_tcp_conn_t, link);
+            if (o->state == CS_READY)
+                retire_send(e, o, p->retired_at[p->n_retired - 1]);
+        }
+    }
+    while ((n = mc_list_pop_front(&failed))) {
+        mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
+        if (s->kind == MC_SL_DATA)
+            mc__slice_failed(e, s, err, true, reason ? reason : "connection closed");
+        else
+            mc__slice_free(e, s);
+    }
+    c->window_used = 0;
+    if (!reason)
+        return;
+    mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
+    if (was_ready) {
+        p->connect_failures = 0;
+    } else {
+        p->connect_failures++;
+        p->next_connect_ns = mc_now_ns() + (50 * MC_MS << (p->connect_failures < 6 ? p->connect_failures : 6));
+        mc__peer_refresh(e, p);
+        if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT ||
+            p->connect_failures >= CONNECT_FAILURES_MAX) {
+            char why[320];
+            snprintf(why, sizeof(why), "cannot reach segment %s: %s", p->name, reason);
+            mc__sched_fail_peer(e, p, err, why);
+            p->connect_failures = 0;
+        }
+    }
+    mc__peer_activate(e, p);
+}
+
+/* ---- frames from the target ---- */
+
+static int expect_head(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t **s_p)
+{
+    if (c->state != CS_READY || mc_list_empty(&c->ackq)) {
+        mc__conn_fail(e, c, -MC_EPROTO, "unexpected %s", mc_frame_type_name(c->fr.type));
+        return -MC_EPROTO;
+    }
+    mc_slice_t *s = mc_container_of(c->ackq.next, mc_slice_t, link);
+    if (s->cookie != c->fr.id) {
+        mc__conn_fail(e, c, -MC_EPROTO, "%s for request %u, expected %u",
+                      mc_frame_type_name(c->fr.type), c->fr.id, s->cookie);
+        return -MC_EPROTO;
+    }
+    *s_p = s;
+    return 0;
+}
+
+int mc__out_header(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_slice_t *s;
+
+    switch (c->fr.type) {
+    case MC_FR_HELLO_REPLY:
+    case MC_FR_READY:
+        if (c->state != (c->fr.type == MC_FR_READY ? CS_AUTH : CS_HELLO))
+            break;
+        c->dst_kind = DST_CTRL;
+        return 0;
+    case MC_FR_ERROR:
+        c->dst_kind = DST_CTRL;
+        return 0;
+    case MC_FR_WRITE_ACK:
+    case MC_FR_READ_RESP:
+        if (expect_head(e, c, &s))
+            return -MC_EPROTO;
+        if ((c->fr.type == MC_FR_WRITE_ACK) != (s->opcode == MC_WRITE))
+            break;
+        if (c->fr.aux == 0 && c->fr.type == MC_FR_READ_RESP) {
+            if (c->fr.length != s->len)
+                break;
+            c->dst_kind = DST_MEM;
+            c->dst = (uint8_t *)s->task->req.local + s->offset;
+        } else {
+            c->dst_kind = c->fr.aux == 0 && c->fr.length ? DST_DISCARD : DST_CTRL;
+        }
+        return 0;
+    }
+    mc__conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from target",
+                  mc_frame_type_name(c->fr.type));
+    return -MC_EPROTO;
+}
+
+static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    const char *token = e->cfg.auth_token;
+    bool need = c->fr.flags & MC_HELLO_AUTH_REQUIRED;
+    uint8_t proof[32];
+    mc_hello_t h;
+
+    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h))
+        {
+            mc__conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
+            return;
+        }
+    if (strcmp(h.name, c->peer->name))
+        {
+            mc__conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->peer->name,
+                             h.name);
+            return;
+        }
+    if (need != (token[0] != 0))
+        {
+            mc__conn_fail(e, c, -MC_EAUTH, need ? "peer requires MC_AUTH_TOKEN"
+                                                   : "peer does not authenticate (MC_AUTH_TOKEN "
+                                                     "is set here)");
+            return;
+        }
+    if (!need) {
+        c->state = CS_READY;
+        return;
+    }
+    mc__tcp_proof(token, "target", c->nonce, h.nonce, h.name, proof);
+    if (!mc_ct_equal(proof, h.proof, sizeof(proof)))
+        {
+            mc__conn_fail(e, c, -MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
+            return;
+        }
+    mc__tcp_proof(token, "initiator", h.nonce, c->nonce, e->name, proof);
+    mc_frame_t f = {.type = MC_FR_AUTH};
+    if (mc__conn_send_ctrl(e, c, &f, proof, sizeof(proof)))
+        {
+            mc__conn_fail(e, c, -ENOMEM, "out of memory");
+            return;
+        }
+    c->state = CS_AUTH;
+}
+
+static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_slice_t *s = mc_container_of(c->ackq.next, mc_slice_t, link);
+    char reason[300];
+
+    mc_list_del(&s->link);
+    c->window_used--;
+    c->last_io_ns = mc_now_ns();
+    if (c->fr.aux == 0) {
+        mc__slice_done(e, s);
+        return;
+    }
+    /* The target refused: bad address, unregistered memory. Retrying cannot help. */
+    snprintf(reason, sizeof(reason), "segment %s refused: %.*s", c->peer->name,
+             (int)c->ctrl_len, c->ctrl ? (char *)c->ctrl : "");
+    mc__slice_failed(e, s, (int)(int64_t)c->fr.aux, false, reason);
+}
+
+void mc__out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    switch (c->fr.type) {
+    case MC_FR_HELLO_REPLY:
+        on_hello_reply(e, c);
+        break;
+    case MC_FR_READY:
+        c->state = CS_READY;
+        break;
+    case MC_FR_ERROR:
+        mc__conn_fail(e, c, (int)(int64_t)c->fr.aux, "peer: %.*s", (int)c->ctrl_len,
+                      (char *)c->ctrl);
+        return;
+    default:
+        on_response(e, c);
+        return;
+    }
+    if (c->state == CS_READY) {
+        retire_send(e, c, c->since_ns);
+        mc__peer_activate(e, c->peer);
+    }
+}
+
+/* ---- filling connections ---- */
+
+static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+    mc_frame_t f = {.id = ++e->next_cookie, .addr = t->req.target_offset + s->offset};
+
+    s->cookie = f.id;
+    if (s->opcode == MC_WRITE) {
+        f.type = MC_FR_WRITE;
+        f.length = s->len;
+        s->payload = (uint8_t *)t->req.local + s->offset;
+        s->payload_len = s->len;
+    } else {
+        f.type = MC_FR_READ;
+        f.aux = s->len;
+        s->payload_len = 0;
+    }
+    mc_frame_encode(&f, s->hdr);
+    if (c->window_used++ == 0)
+        c->last_io_ns = mc_now_ns(); /* the no-progress clock starts now */
+    mc_list_push_back(&c->sendq, &s->link);
+}
+
+/* Messages ride the peer's first ready connection, which keeps them in order. */
+static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&p->msgq))) {
+        mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
+        mc_frame_t f = {.type = MC_FR_MSG, .flags = m->id};
+        atomic_fetch_sub(&p->queued_msgs, 1);
+        if (mc__conn_send_ctrl(e, c, &f, m->data, m->len))
+            mc_error("message to %s dropped: out of memory", p->name);
+        free(m);
+    }
+}
+
+/* Close one idle outbound connection of any peer to make room under MC_MAX_CONNS. */
+static bool evict_idle(mc_engine_t *e)
+{
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = e->peers[i];
+        mc_list_t *pos;
+        if (!p)
+            continue;
+        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
+            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+            if (c->state == CS_READY && !c->window_used && mc_list_empty(&c->sendq)) {
+                mc__conn_close(e, c);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+static void maybe_open(mc_engine_t *e, mc_peer_t *p, bool all_full)
+{
+    if (p->n_conns >= e->cfg.tcp_conns || (p->n_conns && !all_full))
+        return;
+    if (p->n_conns == 0 && mc_now_ns() < p->next_connect_ns)
+        return;
+    if (e->n_outbound >= e->cfg.max_conns) {
+        pthread_rwlock_rdlock(&e->peers_lock);
+        bool room = evict_idle(e);
+        pthread_rwlock_unlock(&e->peers_lock);
+        if (!room)
+            return;
+    }
+    if (conn_open(e, p)) {
+        char why[300];
+        snprintf(why, sizeof(why), "cannot connect to segment %s: %s", p->name,
+                 mc_last_error());
+        mc_warn("%s", why);
+        mc__sched_fail_peer(e, p, -MC_EPEERDEAD, why);
+    }
+}
+
+void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_tcp_conn_t *first = NULL;
+    bool progress = true, more = true, pending_conn = false;
+    mc_list_t *pos, *tmp;
+
+    /* Round-robin one slice per ready connection with room, so slices run in parallel. */
+    while (progress && more) {
+        progress = false;
+        for (pos = p->conns.next; pos != &p->conns && more; pos = pos->next) {
+            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+            if (c->state != CS_READY) {
+                pending_conn = true;
+                continue;
+            }
+            if (!first)
+                first = c;
+            if (c->window_used >= e->cfg.tcp_window)
+                continue;
+            mc_slice_t *s = mc__sched_next_slice(e, p);
+            if (!s) {
+                more = false;
+                break;
+            }
+            assign(e, c, s);
+            progress = true;
+        }
+    }
+    if (first && !mc_list_empty(&p->msgq))
+        send_msgs(e, p, first);
+    mc_list_for_each_safe(pos, tmp, &p->conns)
+    {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+        if (c->state == CS_READY && !mc_list_empty(&c->sendq))
+            mc__conn_flush(e, c);
+    }
+    if (more && !pending_conn && (!mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) ||
+                                  !mc_list_empty(&p->msgq)))
+        maybe_open(e, p, true);
+}

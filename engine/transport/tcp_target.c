@@ -1,0 +1,330 @@
+/* TCP, target role: inbound connections whose requests we serve against our registrations.
+ * Every request is checked against the registration table before a byte moves; a refused
+ * WRITE's payload is read and dropped so the stream stays in step. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../util/sha256.h"
+#include "tcp_int.h"
+
+/* Queue a response: data from registered memory (zero-copy, ref held) or a status/reason. */
+static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, void *data,
+                    uint32_t len, mc_buffer_t *ref, const char *reason)
+{
+    mc_slice_t *s = mc__slice_alloc(e);
+    mc_frame_t f = {.type = type, .id = c->fr.id, .aux = (uint64_t)(int64_t)status};
+
+    if (!s) {
+        if (ref)
+            mc__mem_put(e, ref);
+        mc__conn_fail(e, c, -ENOMEM, "out of memory for a response");
+        return;
+    }
+    s->kind = MC_SL_RESP;
+    if (status) {
+        size_t rl = strlen(reason);
+        s->payload = strdup(reason);
+        s->payload_owned = s->payload != NULL;
+        s->payload_len = s->payload ? (uint32_t)rl : 0;
+    } else {
+        s->payload = data;
+        s->payload_len = len;
+        s->ref = ref;
+    }
+    f.length = s->payload_len;
+    mc_frame_encode(&f, s->hdr);
+    mc_list_push_back(&c->sendq, &s->link);
+    c->n_resp++;
+}
+
+static void refuse_reason(mc_engine_t *e, const mc_frame_t *f, uint64_t len, char *buf,
+                          size_t size)
+{
+    snprintf(buf, size, "range 0x%llx+%llu is not inside a registered buffer of %s",
+             (unsigned long long)f->addr, (unsigned long long)len, e->name);
+}
+
+/* Fatal handshake problem: tell the initiator why (best effort), then drop the connection. */
+static void reject(mc_engine_t *e, mc_tcp_conn_t *c, int code, const char *reason)
+{
+    uint8_t hdr[MC_FRAME_HDR_LEN];
+    size_t rl = strlen(reason);
+    mc_frame_t f = {.type = MC_FR_ERROR, .length = (uint32_t)rl, .aux = (uint64_t)(int64_t)code};
+    struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)reason, rl}};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+
+    mc_frame_encode(&f, hdr);
+    if (sendmsg(c->pollable.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+        mc_debug("error frame not sent: %s", strerror(errno));
+    mc__conn_fail(e, c, code, "%s", reason);
+}
+
+int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint8_t t = c->fr.type;
+
+    if ((t == MC_FR_HELLO && c->state == CS_HELLO) || (t == MC_FR_AUTH && c->state == CS_AUTH)) {
+        c->dst_kind = DST_CTRL;
+        return 0;
+    }
+    if (c->state != CS_READY) {
+        mc__conn_fail(e, c, -MC_EPROTO, "%s frame before the handshake completed",
+                      mc_frame_type_name(t));
+        return -MC_EPROTO;
+    }
+    switch (t) {
+    case MC_FR_WRITE:
+        c->rx_ref = mc__mem_get(e, c->fr.addr, c->fr.length);
+        c->rx_status = c->rx_ref ? 0 : -MC_EACCESS;
+        c->dst_kind = c->rx_ref ? DST_MEM : DST_DISCARD;
+        c->dst = (uint8_t *)(uintptr_t)c->fr.addr;
+        return 0;
+    case MC_FR_READ:
+    case MC_FR_DESC_REQ:
+        return 0;
+    case MC_FR_MSG:
+    case MC_FR_RETIRE:
+        c->dst_kind = DST_CTRL;
+        return 0;
+    }
+    mc__conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from initiator", mc_frame_type_name(t));
+    return -MC_EPROTO;
+}
+
+/* Drop the inbound connections the initiator gave up on, with whatever they still hold. */
+static void retire(mc_engine_t *e, mc_tcp_conn_t *by, const uint64_t *ids, unsigned n)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &e->inbound)
+    {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+        if (c == by || c->remote_instance != by->remote_instance)
+            continue;
+        for (unsigned i = 0; i < n; i++) {
+            if (c->id == (uint32_t)ids[i]) {
+                mc_info("dropping retired connection %u from %s", c->id, by->remote_name);
+                mc__conn_close(e, c);
+                break;
+            }
+        }
+    }
+}
+
+static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint8_t buf[MC_PROTO_MAX_CTRL];
+    mc_hello_t h, r = {.instance = e->instance};
+    bool auth = e->cfg.auth_token[0] != 0;
+    mc_frame_t f = {.type = MC_FR_HELLO_REPLY, .flags = auth ? MC_HELLO_AUTH_REQUIRED : 0};
+
+    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h))
+        {
+            reject(e, c, -MC_EPROTO, mc_last_error());
+            return;
+        }
+    if (h.peer_name[0] && strcmp(h.peer_name, e->name)) {
+        snprintf((char *)buf, sizeof(buf), "this is segment %s, not %s", e->name, h.peer_name);
+        {
+            reject(e, c, -MC_ENOSEGMENT, (char *)buf);
+            return;
+        }
+    }
+    c->id = c->fr.id;
+    c->remote_instance = h.instance;
+    memcpy(c->peer_nonce, h.nonce, sizeof(c->peer_nonce));
+    snprintf(c->remote_name, sizeof(c->remote_name), "%s", h.name);
+    retire(e, c, h.retired, h.n_retired);
+    mc_random_bytes(c->nonce, sizeof(c->nonce));
+    memcpy(r.nonce, c->nonce, sizeof(r.nonce));
+    snprintf(r.name, sizeof(r.name), "%s", e->name);
+    if (auth)
+        mc__tcp_proof(e->cfg.auth_token, "target", h.nonce, c->nonce, e->name, r.proof);
+    size_t len = mc_hello_encode(&r, buf);
+    if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
+        {
+            mc__conn_fail(e, c, -ENOMEM, "out of memory");
+            return;
+        }
+    c->state = auth ? CS_AUTH : CS_READY;
+}
+
+static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint8_t proof[32];
+    mc_frame_t f = {.type = MC_FR_READY};
+
+    mc__tcp_proof(e->cfg.auth_token, "initiator", c->nonce, c->peer_nonce, c->remote_name,
+                  proof);
+    if (c->ctrl_len != sizeof(proof) || !mc_ct_equal(proof, c->ctrl, sizeof(proof)))
+        {
+            reject(e, c, -MC_EAUTH, "authentication failed: wrong MC_AUTH_TOKEN");
+            return;
+        }
+    if (mc__conn_send_ctrl(e, c, &f, NULL, 0))
+        {
+            mc__conn_fail(e, c, -ENOMEM, "out of memory");
+            return;
+        }
+    c->state = CS_READY;
+}
+
+static void on_read(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_buffer_t *b = mc__mem_get(e, c->fr.addr, c->fr.aux);
+    char reason[200];
+
+    if (b) {
+        respond(e, c, MC_FR_READ_RESP, 0, (void *)(uintptr_t)c->fr.addr, (uint32_t)c->fr.aux, b,
+                NULL);
+        return;
+    }
+    refuse_reason(e, &c->fr, c->fr.aux, reason, sizeof(reason));
+    respond(e, c, MC_FR_READ_RESP, -MC_EACCESS, NULL, 0, NULL, reason);
+}
+
+static void on_write(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    char reason[200];
+
+    if (c->rx_ref) {
+        mc__count(&e->tcp_c[MC_CNT_SERVED], c->fr.length);
+        mc__mem_put(e, c->rx_ref);
+        c->rx_ref = NULL;
+        respond(e, c, MC_FR_WRITE_ACK, 0, NULL, 0, NULL, NULL);
+        return;
+    }
+    refuse_reason(e, &c->fr, c->fr.length, reason, sizeof(reason));
+    respond(e, c, MC_FR_WRITE_ACK, c->rx_status, NULL, 0, NULL, reason);
+}
+
+static void on_desc_req(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    char *json;
+    size_t len;
+    mc_frame_t f = {.type = MC_FR_DESC_REPLY};
+
+    if (mc__desc_encode_local(e, &json, &len) || len > e->cfg.handshake_max)
+        {
+            reject(e, c, -EIO, "cannot encode the segment descriptor");
+            return;
+        }
+    if (mc__conn_send_ctrl(e, c, &f, json, (uint32_t)len))
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    free(json);
+}
+
+static void on_retire(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint64_t ids[MC_PROTO_MAX_RETIRE];
+    unsigned n = c->ctrl_len / 4;
+
+    for (unsigned i = 0; i < n; i++) {
+        const uint8_t *p = c->ctrl + 4 * i;
+        ids[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                 (uint32_t)p[3] << 24;
+    }
+    retire(e, c, ids, n);
+}
+
+void mc__in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    switch (c->fr.type) {
+    case MC_FR_HELLO:
+        on_hello(e, c);
+        return;
+    case MC_FR_AUTH:
+        on_auth(e, c);
+        return;
+    case MC_FR_WRITE:
+        on_write(e, c);
+        return;
+    case MC_FR_READ:
+        on_read(e, c);
+        return;
+    case MC_FR_DESC_REQ:
+        on_desc_req(e, c);
+        return;
+    case MC_FR_RETIRE:
+        on_retire(e, c);
+        return;
+    case MC_FR_MSG:
+        mc__msg_deliver(e, c->remote_name, (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
+        return;
+    }
+}
+
+void mc__in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_list_t *n;
+
+    if (c->rx_ref) {
+        mc__mem_put(e, c->rx_ref);
+        c->rx_ref = NULL;
+    }
+    while ((n = mc_list_pop_front(&c->sendq))) {
+        mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
+        if (s->ref)
+            mc__mem_put(e, s->ref);
+        mc__slice_free(e, s);
+    }
+    c->n_resp = 0;
+}
+
+/* ---- listening ---- */
+
+static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    (void)events;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(p->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                mc_warn("accept: %s", strerror(errno));
+            return;
+        }
+        mc_tcp_conn_t *c = mc__conn_new(e, fd, false);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        mc__tcp_sockopts(e, fd);
+        c->events = EPOLLIN;
+        if (mc__epoll_add(e, &c->pollable, c->events)) {
+            close(fd);
+            free(c->rx);
+            free(c);
+            continue;
+        }
+        mc_list_push_back(&e->inbound, &c->link);
+    }
+}
+
+int mc__tcp_listen(mc_engine_t *e)
+{
+    struct sockaddr_storage sa;
+    socklen_t len;
+    int one = 1, fd;
+
+    if (mc__parse_ip_port(e->cfg.listen, &sa, &len))
+        return mc_set_error(-MC_ECONFIG, "MC_LISTEN=%s: expected ip:port", e->cfg.listen);
+    fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return mc_set_error(-errno, "socket: %s", strerror(errno));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&sa, len) < 0 || listen(fd, 1024) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+        int err = errno;
+        close(fd);
+        return mc_set_error(-err, "cannot listen on %s: %s", e->cfg.listen, strerror(err));
+    }
+    e->listen.fd = fd;
+    e->listen.handler = on_accept;
+    mc__format_ip_port(&sa, e->listen_addr, sizeof(e->listen_addr));
+    return mc__epoll_add(e, &e->listen, EPOLLIN);
+}

@@ -1,0 +1,262 @@
+/*
+ * Mooncake-C transfer engine: public API.
+ *
+ * An engine exposes one segment (the memory this process registers) and moves data to and from
+ * the segments of other engines. Work is submitted in batches of READ/WRITE requests; each
+ * request becomes a task whose status is polled (or reported through a callback).
+ *
+ * Conventions (see error.h): functions return 0 or a negative code; output pointers come last
+ * and are set only on success; mc_last_error() gives the reason of a failure.
+ *
+ * Threads: every function may be called from any thread unless its comment says otherwise.
+ * Callbacks (completion, message handlers) run in the progress context — the internal progress
+ * thread, or whichever thread calls mc_engine_progress(). They may submit, poll, cancel and send
+ * messages, but must not register/unregister memory, open/close segments or destroy anything.
+ */
+#ifndef MOONCAKE_ENGINE_H
+#define MOONCAKE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mooncake/error.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mc_engine mc_engine_t;
+typedef struct mc_batch mc_batch_t;
+typedef uint32_t mc_segment_id_t;
+
+#define MC_SEGMENT_INVALID ((mc_segment_id_t)-1)
+#define MC_NAME_MAX 128     /* segment names, including the terminating NUL */
+#define MC_LOCATION_MAX 32  /* "cpu:0", "cuda:3", ... */
+#define MC_MSG_MAX (64 * 1024) /* largest message or notification payload */
+
+/* ---- configuration ------------------------------------------------------------------------ */
+
+/* Engine configuration. Fill it with mc_config_init() (defaults + MC_* environment), then
+ * override fields as needed. Strings are copied by mc_engine_create(). */
+typedef struct mc_config {
+    char listen[MC_NAME_MAX];        /* MC_LISTEN: "ip:port" to listen on (port 0 = any) */
+    char segment_name[MC_NAME_MAX];  /* MC_SEGMENT_NAME: "" = the listen ip:port */
+    char metadata[512];              /* MC_METADATA: "file://DIR", "etcd://h:p", "none" */
+    char cluster_id[64];             /* MC_METADATA_CLUSTER_ID */
+    char auth_token[128];            /* MC_AUTH_TOKEN: shared secret, "" = no auth */
+    int log_level;                   /* MC_LOG_LEVEL: 0 error, 1 warn, 2 info, 3 debug */
+    int force_tcp;                   /* MC_FORCE_TCP */
+    int progress_thread;             /* MC_PROGRESS_THREAD: 1 = internal thread drives I/O */
+    uint64_t slice_size;             /* MC_SLICE_SIZE (bytes) */
+    unsigned retry_cnt;              /* MC_RETRY_CNT: attempts per slice after the first */
+    unsigned transfer_timeout_ms;    /* MC_TRANSFER_TIMEOUT (seconds in the env): per task */
+    unsigned io_timeout_ms;          /* MC_IO_TIMEOUT_MS: a connection with work that moves
+                                        no byte for this long is torn down */
+    unsigned connect_timeout_ms;     /* MC_CONNECT_TIMEOUT_MS */
+    unsigned tcp_conns;              /* MC_TCP_CONNS: data connections per peer */
+    unsigned tcp_window;             /* MC_TCP_WINDOW: slices in flight per connection */
+    unsigned max_conns;              /* MC_MAX_CONNS: outbound connections, all peers */
+    unsigned metadata_ttl_s;         /* MC_METADATA_TTL: lease of the published descriptor */
+    uint64_t handshake_max;          /* MC_HANDSHAKE_MAX_LENGTH: largest descriptor accepted */
+} mc_config_t;
+
+/* Fill cfg with defaults, then apply MC_* environment variables. Returns -MC_ECONFIG naming the
+ * variable (mc_last_error) if one is invalid; cfg is then left with defaults only. */
+MC_API int mc_config_init(mc_config_t *cfg);
+
+/* ---- engine ------------------------------------------------------------------------------- */
+
+/* Create an engine: listen, publish the segment descriptor under a lease (unless metadata is
+ * "none"), start the progress thread if configured. Free with mc_engine_destroy(). */
+MC_API int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p);
+
+/* Stop the progress thread, close every connection, fail outstanding tasks, unpublish the
+ * segment, unregister all memory. Batches must have been destroyed first. */
+MC_API void mc_engine_destroy(mc_engine_t *engine);
+
+/* The segment name peers use to open this engine ("ip:port" by default). */
+MC_API const char *mc_engine_segment_name(const mc_engine_t *engine);
+
+/* Drive I/O once without blocking. Returns the number of events handled (>= 0). Safe to call
+ * concurrently with the progress thread (one of them wins, the other returns 0). */
+MC_API int mc_engine_progress(mc_engine_t *engine);
+
+/* A file descriptor that becomes readable when mc_engine_progress() has work: poll it, then
+ * call progress. Owned by the engine. */
+MC_API int mc_engine_event_fd(const mc_engine_t *engine);
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+/* Register [addr, addr+len) so that peers may read and write it. location is "cpu:N", "cuda:N"
+ * or "*" (detected: NUMA node of the first page, or the CUDA device). Zero length and overlaps
+ * with registered buffers are refused (-EINVAL / -EEXIST). The memory must stay valid until
+ * mc_mem_unregister() returns. */
+MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const char *location);
+
+/* Unregister the buffer that starts at addr. New remote accesses are refused at once; the call
+ * then waits (bounded by the transfer timeout) until no request in flight still touches the
+ * buffer. After it returns 0 the engine never reads or writes the buffer again. Returns
+ * -ENOENT if addr starts no buffer, -EDEADLK from a callback, -MC_ETIMEOUT if references
+ * did not drain (the buffer stays unusable for new requests, and must not be freed). */
+MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
+
+/* Allocate len bytes of shared (memfd-backed) memory placed on location ("cpu:N" or "*" for the
+ * caller's node), registered with the engine. Free with mc_mem_free(). */
+MC_API int mc_mem_alloc(mc_engine_t *engine, size_t len, const char *location, void **addr_p);
+
+/* Unregister and unmap memory from mc_mem_alloc(). */
+MC_API void mc_mem_free(mc_engine_t *engine, void *addr);
+
+/* ---- segments ----------------------------------------------------------------------------- */
+
+/* Open a peer segment by name: looked up in metadata; if metadata is "none" or has no entry
+ * and name is "ip:port", the descriptor is fetched from the peer itself by handshake. Opening
+ * the same name again returns the same id (reference counted). */
+MC_API int mc_segment_open(mc_engine_t *engine, const char *name, mc_segment_id_t *id_p);
+
+/* Open a peer from a descriptor blob produced by its mc_segment_export(). */
+MC_API int mc_segment_open_blob(mc_engine_t *engine, const void *blob, size_t len,
+                                mc_segment_id_t *id_p);
+
+/* Drop one reference; the peer's connections close with the last one. Returns -EBUSY while
+ * tasks to it are in flight, -ENOENT for an unknown id. */
+MC_API int mc_segment_close(mc_engine_t *engine, mc_segment_id_t id);
+
+/* Export the local segment descriptor. Call with *len_p = buffer size; on success *len_p is the
+ * blob length. -ENOSPC (with *len_p set to the size needed) if buf is too small. */
+MC_API int mc_segment_export(mc_engine_t *engine, void *buf, size_t *len_p);
+
+/* A registered buffer of a peer, as its descriptor lists it. */
+typedef struct mc_buffer_info {
+    uint64_t addr;
+    uint64_t length;
+    char location[MC_LOCATION_MAX];
+} mc_buffer_info_t;
+
+/* Copy up to max of the buffers an open peer published into out; *count_p gets the total
+ * number (which may exceed max). */
+MC_API int mc_segment_buffers(mc_engine_t *engine, mc_segment_id_t id, mc_buffer_info_t *out,
+                              size_t max, size_t *count_p);
+
+/* Whether a peer runs on this host: same boot id and same network namespace. 1, 0 or <0. */
+MC_API int mc_segment_is_local_host(mc_engine_t *engine, mc_segment_id_t id);
+
+/* ---- batches and tasks -------------------------------------------------------------------- */
+
+typedef enum mc_opcode { MC_READ = 0, MC_WRITE = 1 } mc_opcode_t;
+
+typedef enum mc_task_state {
+    MC_TASK_WAITING = 0, /* accepted, nothing sent yet */
+    MC_TASK_PENDING,     /* data moving */
+    MC_TASK_COMPLETED,
+    MC_TASK_FAILED,
+    MC_TASK_TIMEOUT,
+    MC_TASK_CANCELED,
+} mc_task_state_t;
+
+typedef struct mc_task_status {
+    mc_task_state_t state;
+    uint64_t bytes;     /* bytes transferred and confirmed so far */
+    const char *reason; /* why it failed; NULL unless FAILED/TIMEOUT/CANCELED. Owned by the
+                           batch, valid until the batch is destroyed. */
+} mc_task_status_t;
+
+/* Completion callback: called once per task when it reaches a final state, from progress. */
+typedef void (*mc_completion_cb)(void *arg, const mc_task_status_t *status);
+
+typedef struct mc_request {
+    mc_opcode_t opcode;
+    void *local;            /* inside a buffer registered with this engine */
+    mc_segment_id_t target;
+    uint64_t target_offset; /* absolute address in the target's registered memory */
+    uint64_t length;
+    mc_completion_cb cb;    /* optional */
+    void *cb_arg;
+} mc_request_t;
+
+/* A notification delivered to `target` after every task of one submit call is remotely
+ * complete (and only if all succeeded). */
+typedef struct mc_notify_req {
+    mc_segment_id_t target;
+    const void *msg;
+    size_t len; /* <= MC_MSG_MAX */
+} mc_notify_req_t;
+
+/* Create a batch that can hold up to max_tasks tasks. Free with mc_batch_destroy(). */
+MC_API int mc_batch_create(mc_engine_t *engine, size_t max_tasks, mc_batch_t **batch_p);
+
+/* Destroy a batch. -EBUSY while any of its tasks is still referenced by the engine (poll or
+ * progress, then retry); the batch is untouched then. */
+MC_API int mc_batch_destroy(mc_batch_t *batch);
+
+/* Append count requests as tasks (indices continue from the previous submit). All requests are
+ * validated first: on error nothing is submitted and nothing will ever complete for them.
+ * notify may be NULL. One doorbell per call. */
+MC_API int mc_batch_submit(mc_batch_t *batch, const mc_request_t *reqs, size_t count,
+                           const mc_notify_req_t *notify);
+
+/* Status of task `index`. Does not block. In caller-progress mode it also drives progress. */
+MC_API int mc_task_status(mc_batch_t *batch, size_t index, mc_task_status_t *status_p);
+
+/* Summary of the batch: state is COMPLETED when every task completed, FAILED/TIMEOUT/CANCELED
+ * when all are final and one is not COMPLETED (the first such), PENDING otherwise. */
+typedef struct mc_batch_status {
+    mc_task_state_t state;
+    size_t tasks, completed, failed; /* failed counts FAILED, TIMEOUT and CANCELED */
+    uint64_t bytes;
+} mc_batch_status_t;
+
+MC_API int mc_batch_status(mc_batch_t *batch, mc_batch_status_t *status_p);
+
+/* Cancel every task that is not final: they become CANCELED at once. Never blocks. Bytes
+ * already in flight may still land; the batch is destroyable once the engine let go of it. */
+MC_API int mc_batch_cancel(mc_batch_t *batch);
+
+/* Wait until every task is final or timeout_ms passes (-1 = transfer timeout + margin).
+ * Drives progress itself in caller-progress mode. Returns 0 or -MC_ETIMEOUT. */
+MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
+
+/* ---- messages and notifications ----------------------------------------------------------- */
+
+/* Handler for messages with id 1..255, called from progress with the sender's segment name. */
+typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void *data,
+                          size_t len);
+
+/* Set (or clear with cb == NULL) the handler of message id (1..255; 0 is notifications). */
+MC_API int mc_msg_handler_set(mc_engine_t *engine, uint8_t id, mc_msg_cb cb, void *arg);
+
+/* Send a message to a peer. Messages to one peer arrive in the order sent. The data is copied.
+ * -EAGAIN if too many messages to that peer are queued; -EINVAL if len > MC_MSG_MAX. */
+MC_API int mc_msg_send(mc_engine_t *engine, mc_segment_id_t target, uint8_t id, const void *data,
+                       size_t len);
+
+typedef struct mc_notify {
+    char sender[MC_NAME_MAX];
+    size_t len;
+    char msg[MC_MSG_MAX];
+} mc_notify_t;
+
+/* Pop one received notification. Returns 1 if *out was filled, 0 if none is queued. */
+MC_API int mc_notify_pop(mc_engine_t *engine, mc_notify_t *out);
+
+/* ---- statistics --------------------------------------------------------------------------- */
+
+typedef struct mc_counters {
+    uint64_t bytes_read;    /* initiated READ bytes completed */
+    uint64_t bytes_written; /* initiated WRITE bytes completed */
+    uint64_t bytes_served;  /* bytes moved on behalf of peers (as target) */
+    uint64_t requests;      /* slices completed as initiator */
+    uint64_t errors;        /* slice or connection failures */
+    uint64_t retries;       /* slices resubmitted after a failure */
+} mc_counters_t;
+
+/* Counters of one transport ("tcp", ...) summed over peers. -ENOENT if unknown. */
+MC_API int mc_stats_transport(mc_engine_t *engine, const char *transport, mc_counters_t *out);
+
+/* Counters of traffic with one peer. */
+MC_API int mc_stats_peer(mc_engine_t *engine, mc_segment_id_t id, mc_counters_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,501 @@
+/*
+ * mooncake-bench: throughput of the transfer engine between two processes, in the spirit of
+ * Mooncake's transfer_engine_bench.
+ *
+ *   mooncake-bench --mode local --operation write --block_size 1048576 --json
+ *   mooncake-bench --mode target                     # prints "segment: <name>"
+ *   mooncake-bench --mode initiator --segment_id 127.0.0.1:4000
+ *
+ * The target exposes one buffer of --buffer_size bytes; the initiator moves --block_size
+ * requests, --batch_size per batch, from --threads threads, for --duration seconds. With
+ * --json the last stdout line is the initiator's summary object.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mooncake/engine.h>
+
+typedef struct opts {
+    const char *mode, *segment_id, *operation, *protocol, *memory, *pattern, *metadata;
+    uint64_t block_size, batch_size, threads, buffer_size;
+    double duration;
+    int verify, json, progress_thread;
+} opts_t;
+
+static opts_t o = {
+    .mode = "local", .operation = "write", .protocol = "auto", .memory = "engine",
+    .pattern = "seq", .block_size = 65536, .batch_size = 128, .threads = 1,
+    .buffer_size = 1ull << 30, .duration = 5, .progress_thread = -1,
+};
+
+static volatile sig_atomic_t stop_target;
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "mooncake-bench: %s: %s (%s)\n", what, mc_last_error(), mc_err_name(rc));
+    exit(1);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void usage(int code)
+{
+    fprintf(code ? stderr : stdout,
+            "usage: mooncake-bench [--mode target|initiator|local] [--segment_id NAME]\n"
+            "  [--operation read|write] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
+            "  [--batch_size N] [--threads N] [--duration S] [--buffer_size B]\n"
+            "  [--memory engine|malloc] [--pattern seq|random] [--metadata URL]\n"
+            "  [--progress thread|caller] [--verify] [--json]\n");
+    exit(code);
+}
+
+static uint64_t parse_size(const char *s, const char *name)
+{
+    char *end;
+    errno = 0;
+    uint64_t v = strtoull(s, &end, 0);
+    if (errno || end == s)
+        goto bad;
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    }
+    if (*end || v == 0)
+        goto bad;
+    return v;
+bad:
+    fprintf(stderr, "mooncake-bench: --%s=%s: expected a positive size\n", name, s);
+    exit(2);
+}
+
+static void parse_args(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"mode", 1, 0, 'm'},        {"segment_id", 1, 0, 's'}, {"operation", 1, 0, 'o'},
+        {"protocol", 1, 0, 'p'},    {"block_size", 1, 0, 'b'}, {"batch_size", 1, 0, 'n'},
+        {"threads", 1, 0, 't'},     {"duration", 1, 0, 'd'},   {"buffer_size", 1, 0, 'w'},
+        {"memory", 1, 0, 'M'},      {"pattern", 1, 0, 'P'},    {"metadata", 1, 0, 'D'},
+        {"progress", 1, 0, 'g'},    {"verify", 0, 0, 'v'},     {"json", 0, 0, 'j'},
+        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+    int c;
+
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.mode = optarg; break;
+        case 's': o.segment_id = optarg; break;
+        case 'o': o.operation = optarg; break;
+        case 'p': o.protocol = optarg; break;
+        case 'b': o.block_size = parse_size(optarg, "block_size"); break;
+        case 'n': o.batch_size = parse_size(optarg, "batch_size"); break;
+        case 't': o.threads = parse_size(optarg, "threads"); break;
+        case 'd': o.duration = atof(optarg); break;
+        case 'w': o.buffer_size = parse_size(optarg, "buffer_size"); break;
+        case 'M': o.memory = optarg; break;
+        case 'P': o.pattern = optarg; break;
+        case 'D': o.metadata = optarg; break;
+        case 'g': o.progress_thread = !strcmp(optarg, "thread"); break;
+        case 'v': o.verify = 1; break;
+        case 'j': o.json = 1; break;
+        case 'h': usage(0); break;
+        default: usage(2);
+        }
+    }
+    if (strcmp(o.operation, "read") && strcmp(o.operation, "write"))
+        usage(2);
+    if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "auto")) {
+        fprintf(stderr, "mooncake-bench: protocol %s is not available in this build (tcp only)\n",
+                o.protocol);
+        exit(2);
+    }
+    if (o.block_size * o.threads > o.buffer_size || o.duration <= 0) {
+        fprintf(stderr, "mooncake-bench: need block_size * threads <= buffer_size and a "
+                        "positive duration\n");
+        exit(2);
+    }
+}
+
+static mc_engine_t *make_engine(int progress_thread)
+{
+    mc_config_t cfg;
+    mc_engine_t *e;
+    int rc = mc_config_init(&cfg);
+
+    if (rc)
+        die("configuration", rc);
+    if (o.metadata)
+        snprintf(cfg.metadata, sizeof(cfg.metadata), "%s", o.metadata);
+    if (progress_thread >= 0)
+        cfg.progress_thread = progress_thread;
+    rc = mc_engine_create(&cfg, &e);
+    if (rc)
+        die("mc_engine_create", rc);
+    return e;
+}
+
+static void *alloc_buffer(mc_engine_t *e, uint64_t len)
+{
+    void *p;
+    int rc;
+
+    if (!strcmp(o.memory, "engine")) {
+        rc = mc_mem_alloc(e, len, "*", &p);
+        if (rc)
+            die("mc_mem_alloc", rc);
+        return p;
+    }
+    p = aligned_alloc(4096, len);
+    if (!p) {
+        fprintf(stderr, "mooncake-bench: out of memory\n");
+        exit(1);
+    }
+    memset(p, 0, len);
+    rc = mc_mem_register(e, p, len, "*");
+    if (rc)
+        die("mc_mem_register", rc);
+    return p;
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_target = 1;
+}
+
+/* ---- target ---- */
+
+static int run_target(void)
+{
+    mc_engine_t *e = make_engine(o.progress_thread < 0 ? 1 : o.progress_thread);
+    void *buf = alloc_buffer(e, o.buffer_size);
+
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    printf("segment: %s\n", mc_engine_segment_name(e));
+    fflush(stdout);
+    /* Serve until told to stop, or until our parent (local mode) goes away. */
+    while (!stop_target && getppid() != 1) {
+        if (o.progress_thread == 0)
+            mc_engine_progress(e);
+        else
+            usleep(100 * 1000);
+    }
+    if (!strcmp(o.memory, "engine")) {
+        mc_mem_free(e, buf);
+    } else {
+        mc_mem_unregister(e, buf);
+        free(buf);
+    }
+    mc_engine_destroy(e);
+    return 0;
+}
+
+/* ---- initiator ---- */
+
+typedef struct worker {
+    pthread_t tid;
+    mc_engine_t *e;
+    mc_segment_id_t seg;
+    uint8_t *local;
+    uint64_t remote, region, nblocks; /* this worker's slice of the working set */
+    uint64_t *order;                  /* block order */
+    uint64_t bytes, requests;
+    double end;
+    int failed;
+    uint8_t *touched; /* per block: moved at least once (for --verify) */
+} worker_t;
+
+static void fill_order(worker_t *w, unsigned seed)
+{
+    for (uint64_t i = 0; i < w->nblocks; i++)
+        w->order[i] = i;
+    if (strcmp(o.pattern, "random"))
+        return;
+    for (uint64_t i = w->nblocks - 1; i > 0; i--) { /* Fisher-Yates */
+        uint64_t j = (uint64_t)rand_r(&seed) % (i + 1), t = w->order[i];
+        w->order[i] = w->order[j];
+        w->order[j] = t;
+    }
+}
+
+static int run_batch(worker_t *w, mc_opcode_t op, uint64_t *next, mc_request_t *reqs)
+{
+    mc_batch_t *b;
+    mc_batch_status_t st;
+    int rc = mc_batch_create(w->e, o.batch_size, &b);
+
+    if (rc)
+        die("mc_batch_create", rc);
+    for (uint64_t i = 0; i < o.batch_size; i++) {
+        uint64_t blk = w->order[(*next)++ % w->nblocks];
+        reqs[i] = (mc_request_t){.opcode = op,
+                                 .local = w->local + blk * o.block_size,
+                                 .target = w->seg,
+                                 .target_offset = w->remote + blk * o.block_size,
+                                 .length = o.block_size};
+        if (w->touched)
+            w->touched[blk] = 1;
+    }
+    rc = mc_batch_submit(b, reqs, o.batch_size, NULL);
+    if (rc)
+        die("mc_batch_submit", rc);
+    mc_batch_wait(b, -1);
+    mc_batch_status(b, &st);
+    if (st.state != MC_TASK_COMPLETED) {
+        for (uint64_t i = 0; i < o.batch_size; i++) {
+            mc_task_status_t ts;
+            mc_task_status(b, i, &ts);
+            if (ts.state != MC_TASK_COMPLETED) {
+                fprintf(stderr, "mooncake-bench: task failed: %s\n", ts.reason);
+                break;
+            }
+        }
+        w->failed = 1;
+    }
+    w->bytes += st.bytes;
+    w->requests += st.completed;
+    while (mc_batch_destroy(b) == -EBUSY)
+        mc_engine_progress(w->e);
+    return st.state == MC_TASK_COMPLETED ? 0 : -1;
+}
+
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    mc_opcode_t op = strcmp(o.operation, "read") ? MC_WRITE : MC_READ;
+    mc_request_t *reqs = calloc(o.batch_size, sizeof(*reqs));
+    uint64_t next = 0;
+
+    while (now_s() < w->end && !w->failed)
+        run_batch(w, op, &next, reqs);
+    free(reqs);
+    return NULL;
+}
+
+static void pattern_fill(uint8_t *p, uint64_t len, uint64_t salt)
+{
+    uint64_t *q = (uint64_t *)p;
+    for (uint64_t i = 0; i < len / 8; i++)
+        q[i] = (i * 0x9e3779b97f4a7c15ull) ^ salt;
+}
+
+/* One whole-buffer transfer, used to prepare and to check remote contents. */
+static void transfer_all(mc_engine_t *e, mc_segment_id_t seg, mc_opcode_t op, uint8_t *local,
+                         uint64_t remote)
+{
+    uint64_t chunk = 16 << 20, n = (o.buffer_size + chunk - 1) / chunk;
+    mc_batch_t *b;
+    mc_batch_status_t st;
+    int rc = mc_batch_create(e, n, &b);
+
+    if (rc)
+        die("mc_batch_create", rc);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t len = o.buffer_size - i * chunk < chunk ? o.buffer_size - i * chunk : chunk;
+        mc_request_t r = {.opcode = op, .local = local + i * chunk, .target = seg,
+                          .target_offset = remote + i * chunk, .length = len};
+        rc = mc_batch_submit(b, &r, 1, NULL);
+        if (rc)
+            die("mc_batch_submit", rc);
+    }
+    mc_batch_wait(b, -1);
+    mc_batch_status(b, &st);
+    if (st.state != MC_TASK_COMPLETED) {
+        fprintf(stderr, "mooncake-bench: %s of the working set failed\n",
+                op == MC_READ ? "read-back" : "preparation");
+        exit(1);
+    }
+    while (mc_batch_destroy(b) == -EBUSY)
+        mc_engine_progress(e);
+}
+
+static uint64_t verify(worker_t *ws, uint8_t *local, uint8_t *expect, uint64_t *checked_p)
+{
+    uint64_t bad = 0, checked = 0;
+
+    for (uint64_t t = 0; t < o.threads; t++) {
+        worker_t *w = &ws[t];
+        for (uint64_t blk = 0; blk < w->nblocks; blk++) {
+            if (!w->touched[blk])
+                continue;
+            uint64_t off = (uint64_t)(w->local - local) + blk * o.block_size;
+            checked++;
+            if (memcmp(local + off, expect + off, o.block_size))
+                bad++;
+        }
+    }
+    *checked_p = checked;
+    return bad;
+}
+
+static pid_t spawn_target(const char *self, char *name, size_t size)
+{
+    int fds[2];
+    char bs[32], ws[32];
+    pid_t pid;
+
+    if (pipe(fds) < 0)
+        exit(1);
+    snprintf(bs, sizeof(bs), "%" PRIu64, o.buffer_size);
+    pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        snprintf(ws, sizeof(ws), "%s", o.memory);
+        execl(self, self, "--mode", "target", "--buffer_size", bs, "--memory", ws,
+              o.metadata ? "--metadata" : NULL, o.metadata, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    char line[256];
+    if (!f || !fgets(line, sizeof(line), f) || sscanf(line, "segment: %127s", name) != 1) {
+        fprintf(stderr, "mooncake-bench: the target did not start\n");
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+        exit(1);
+    }
+    (void)size;
+    return pid;
+}
+
+static void report(double secs, uint64_t bytes, uint64_t requests, const char *verified)
+{
+    double gbps = bytes / secs / 1e9;
+
+    printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol",
+           "block_size", "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
+    printf("%-10s %-8s %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %14" PRIu64 " %10.3f %10.3f "
+           "%12.0f\n",
+           o.operation, "tcp", o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
+           requests / secs);
+    if (o.json)
+        printf("{\"operation\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%" PRIu64
+               ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"buffer_size\":%" PRIu64
+               ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64
+               ",\"requests\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\"}\n",
+               o.operation, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
+               o.pattern, bytes, requests, secs, gbps, verified);
+}
+
+static int run_initiator(const char *target)
+{
+    mc_engine_t *e = make_engine(o.progress_thread < 0 ? 1 : o.progress_thread);
+    mc_segment_id_t seg;
+    mc_buffer_info_t bi[64];
+    size_t nb;
+    uint64_t remote = 0, bytes = 0, requests = 0;
+    int rc = mc_segment_open(e, target, &seg);
+    int failed = 0;
+
+    if (rc)
+        die("mc_segment_open", rc);
+    rc = mc_segment_buffers(e, seg, bi, 64, &nb);
+    if (rc)
+        die("mc_segment_buffers", rc);
+    for (size_t i = 0; i < nb && i < 64; i++)
+        if (bi[i].length >= o.buffer_size)
+            remote = bi[i].addr;
+    if (!remote) {
+        fprintf(stderr, "mooncake-bench: %s has no buffer of %" PRIu64 " bytes\n", target,
+                o.buffer_size);
+        return 1;
+    }
+    uint8_t *local = alloc_buffer(e, o.buffer_size);
+    uint8_t *expect = o.verify ? malloc(o.buffer_size) : NULL;
+    pattern_fill(local, o.buffer_size, (uint64_t)getpid());
+    if (o.verify) {
+        memcpy(expect, local, o.buffer_size);
+        transfer_all(e, seg, MC_WRITE, local, remote); /* remote := pattern */
+        if (!strcmp(o.operation, "read"))
+            memset(local, 0, o.buffer_size);
+    }
+
+    worker_t *ws = calloc(o.threads, sizeof(*ws));
+    uint64_t region = o.buffer_size / o.threads / o.block_size * o.block_size;
+    double start = now_s();
+    for (uint64_t t = 0; t < o.threads; t++) {
+        worker_t *w = &ws[t];
+        w->e = e;
+        w->seg = seg;
+        w->local = local + t * region;
+        w->remote = remote + t * region;
+        w->nblocks = region / o.block_size;
+        w->order = malloc(w->nblocks * sizeof(*w->order));
+        w->touched = o.verify ? calloc(w->nblocks, 1) : NULL;
+        w->end = start + o.duration;
+        fill_order(w, (unsigned)(t + 1));
+        pthread_create(&w->tid, NULL, worker_main, w);
+    }
+    for (uint64_t t = 0; t < o.threads; t++) {
+        pthread_join(ws[t].tid, NULL);
+        bytes += ws[t].bytes;
+        requests += ws[t].requests;
+        failed |= ws[t].failed;
+    }
+    double secs = now_s() - start;
+    const char *verified = "off";
+    if (o.verify && !failed) {
+        uint64_t checked, bad;
+        if (!strcmp(o.operation, "write")) /* read the remote back over our own buffer */
+            transfer_all(e, seg, MC_READ, local, remote);
+        bad = verify(ws, local, expect, &checked);
+        verified = bad ? "FAILED" : "ok";
+        fprintf(stderr, "mooncake-bench: verify: %" PRIu64 " blocks checked, %" PRIu64
+                        " mismatched\n", checked, bad);
+        failed |= bad != 0;
+    }
+    report(secs, bytes, requests, failed ? "FAILED" : verified);
+    for (uint64_t t = 0; t < o.threads; t++) {
+        free(ws[t].order);
+        free(ws[t].touched);
+    }
+    free(ws);
+    free(expect);
+    mc_segment_close(e, seg);
+    if (!strcmp(o.memory, "engine")) {
+        mc_mem_free(e, local);
+    } else {
+        mc_mem_unregister(e, local);
+        free(local);
+    }
+    mc_engine_destroy(e);
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    char name[128];
+    int rc, status;
+
+    parse_args(argc, argv);
+    if (!strcmp(o.mode, "target"))
+        return run_target();
+    if (!strcmp(o.mode, "initiator")) {
+        if (!o.segment_id)
+            usage(2);
+        return run_initiator(o.segment_id);
+    }
+    if (strcmp(o.mode, "local"))
+        usage(2);
+    pid_t pid = spawn_target("/proc/self/exe", name, sizeof(name));
+    rc = run_initiator(o.segment_id ? o.segment_id : name);
+    kill(pid, SIGTERM);
+    waitpid(pid, &status, 0);
+    return rc;
+}
