@@ -80,14 +80,20 @@ static void task_dequeue(mc_engine_t *e, mc_task_t *t)
     mc__task_maybe_release(e, t);
 }
 
+static void slice_release(mc_engine_t *e, mc_slice_t *s);
+
 mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
 {
-    mc_list_t *n = mc_list_pop_front(&p->retry);
+    mc_list_t *n;
     mc_slice_t *s;
     mc_task_t *t;
 
-    if (n)
-        return mc_container_of(n, mc_slice_t, link);
+    while ((n = mc_list_pop_front(&p->retry))) {
+        s = mc_container_of(n, mc_slice_t, link);
+        if (atomic_load(&s->task->state) < MC_TASK_COMPLETED)
+            return s;
+        slice_release(e, s); /* its task ended meanwhile (timeout, cancel) */
+    }
     while (!mc_list_empty(&p->pending)) {
         t = mc_container_of(p->pending.next, mc_task_t, qlink);
         if (atomic_load(&t->state) >= MC_TASK_COMPLETED) {

@@ -232,7 +232,12 @@ static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
         c->rx_end -= c->rx_start;
         c->rx_start = 0;
     }
-    ssize_t n = recv(c->pollable.fd, c->rx + c->rx_end, MC_TCP_RX_BUF - c->rx_end, 0);
+    /* After a large payload the next one is likely large too: fetch just the next header so
+     * that its payload is received in place rather than copied out of the staging buffer. */
+    size_t want = MC_TCP_RX_BUF - c->rx_end;
+    if (c->expect_large && !c->have_hdr && c->rx_end - c->rx_start < MC_FRAME_HDR_LEN)
+        want = MC_FRAME_HDR_LEN - (c->rx_end - c->rx_start);
+    ssize_t n = recv(c->pollable.fd, c->rx + c->rx_end, want, 0);
     if (n > 0) {
         c->rx_end += (uint32_t)n;
         c->last_io_ns = mc_now_ns();
@@ -266,6 +271,7 @@ static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return rc;
     }
     c->have_hdr = true;
+    c->expect_large = c->fr.length >= MC_TCP_RX_DIRECT;
     c->dst_kind = DST_NONE;
     c->left = c->fr.length;
     c->ctrl_len = c->fr.length;

@@ -48,6 +48,7 @@ struct mc_tcp_conn {
     uint8_t *rx;           /* staging buffer of MC_TCP_RX_BUF bytes */
     uint32_t rx_start, rx_end;
     bool have_hdr;
+    bool expect_large;     /* the last payload was large: read headers alone */
     mc_frame_t fr;
     uint8_t dst_kind;
     uint8_t *dst;
