@@ -97,7 +97,7 @@ void mc__tcp_timers(mc_engine_t *e, uint64_t now)
     pthread_rwlock_rdlock(&e->peers_lock);
     size_t n = e->n_peers;
     mc_peer_t **snap = malloc(n * sizeof(*snap) + 1);
-    if (snap)
+    if (snap && n)
         memcpy(snap, e->peers, n * sizeof(*snap));
     pthread_rwlock_unlock(&e->peers_lock);
     for (size_t i = 0; snap && i < n; i++)
