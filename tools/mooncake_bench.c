@@ -374,7 +374,8 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
     return pid;
 }
 
-static void report(double secs, uint64_t bytes, uint64_t requests, const char *verified)
+static void report(double secs, uint64_t bytes, uint64_t requests, const char *verified,
+                   int same_host)
 {
     double gbps = bytes / secs / 1e9;
 
@@ -388,9 +389,10 @@ static void report(double secs, uint64_t bytes, uint64_t requests, const char *v
         printf("{\"operation\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%" PRIu64
                ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"buffer_size\":%" PRIu64
                ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64
-               ",\"requests\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\"}\n",
+               ",\"requests\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\","
+               "\"same_host\":%s}\n",
                o.operation, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
-               o.pattern, bytes, requests, secs, gbps, verified);
+               o.pattern, bytes, requests, secs, gbps, verified, same_host ? "true" : "false");
 }
 
 static int run_initiator(const char *target)
@@ -460,7 +462,8 @@ static int run_initiator(const char *target)
                         " mismatched\n", checked, bad);
         failed |= bad != 0;
     }
-    report(secs, bytes, requests, failed ? "FAILED" : verified);
+    report(secs, bytes, requests, failed ? "FAILED" : verified,
+           mc_segment_is_local_host(e, seg) == 1);
     for (uint64_t t = 0; t < o.threads; t++) {
         free(ws[t].order);
         free(ws[t].touched);
