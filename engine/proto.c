@@ -92,8 +92,10 @@ static uint64_t frame_limit(uint8_t type, uint64_t desc_max)
     }
 }
 
-int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *f)
+int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *out)
 {
+    mc_frame_t f;
+
     if (get32(in) != MC_PROTO_MAGIC)
         return mc_set_error(-MC_EPROTO, "bad frame magic 0x%08x", get32(in));
     if (in[4] != MC_PROTO_VERSION)
@@ -101,21 +103,22 @@ int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_fr
                             MC_PROTO_VERSION);
     if (in[5] == 0 || in[5] >= MC_FR_TYPE_MAX)
         return mc_set_error(-MC_EPROTO, "unknown frame type %u", in[5]);
-    f->type = in[5];
-    f->flags = get16(in + 6);
-    f->length = get32(in + 8);
-    f->id = get32(in + 12);
-    f->addr = get64(in + 16);
-    f->aux = get64(in + 24);
-    if (f->length > frame_limit(f->type, desc_max))
+    f.type = in[5];
+    f.flags = get16(in + 6);
+    f.length = get32(in + 8);
+    f.id = get32(in + 12);
+    f.addr = get64(in + 16);
+    f.aux = get64(in + 24);
+    if (f.length > frame_limit(f.type, desc_max))
         return mc_set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
-                            mc_frame_type_name(f->type), f->length,
-                            (unsigned long long)frame_limit(f->type, desc_max));
-    if (f->type == MC_FR_READ && f->aux > MC_PROTO_MAX_DATA)
+                            mc_frame_type_name(f.type), f.length,
+                            (unsigned long long)frame_limit(f.type, desc_max));
+    if (f.type == MC_FR_READ && f.aux > MC_PROTO_MAX_DATA)
         return mc_set_error(-MC_EPROTO, "READ of %llu bytes exceeds the slice limit",
-                            (unsigned long long)f->aux);
-    if (f->type == MC_FR_RETIRE && f->length % 4)
-        return mc_set_error(-MC_EPROTO, "RETIRE payload of %u bytes", f->length);
+                            (unsigned long long)f.aux);
+    if (f.type == MC_FR_RETIRE && f.length % 4)
+        return mc_set_error(-MC_EPROTO, "RETIRE payload of %u bytes", f.length);
+    *out = f;
     return 0;
 }
 

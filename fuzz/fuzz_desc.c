@@ -1,0 +1,77 @@
+/*
+ * libFuzzer target for the segment-descriptor decoder (engine/descriptor.c). A descriptor is
+ * JSON sent by a peer (DESC_REPLY) or read from metadata, so every byte is untrusted.
+ *
+ * The whole input is the descriptor text. On success the decoded value must satisfy what the
+ * engine relies on without re-checking: the buffer count agrees with the JSON array, no buffer
+ * wraps the address space, and every string is non-empty and ends inside its array. On failure
+ * the output must be untouched ("set output parameters only after success").
+ *
+ * descriptor.c also holds mc__desc_encode_local and mc__host_id; the build links them in, but
+ * they only need libc, pthread and jansson, so no engine stubs are required.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "engine_int.h"
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void check_str(const char *s, size_t size)
+{
+    CHECK(memchr(s, 0, size) != NULL);
+    CHECK(s[0] != 0);
+}
+
+/* The decoder accepted the text, so jansson parses it too; count its buffers independently. */
+static size_t json_buffer_count(const uint8_t *data, size_t size)
+{
+    json_t *root = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, NULL);
+    size_t n;
+
+    CHECK(root != NULL);
+    n = json_array_size(json_object_get(root, "buffers"));
+    json_decref(root);
+    return n;
+}
+
+static void check_desc(const mc_desc_t *d, const uint8_t *data, size_t size)
+{
+    check_str(d->name, sizeof(d->name));
+    check_str(d->host_id, sizeof(d->host_id));
+    check_str(d->tcp_addr, sizeof(d->tcp_addr));
+    CHECK(d->n_buffers == json_buffer_count(data, size));
+    CHECK(d->buffers != NULL);
+    for (size_t i = 0; i < d->n_buffers; i++) {
+        const mc_desc_buffer_t *b = &d->buffers[i];
+        CHECK(b->len > 0);
+        CHECK(b->addr + b->len >= b->addr);
+        check_str(b->location, sizeof(b->location));
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    mc_desc_t d, before;
+
+    memset(&d, 0xa5, sizeof(d));
+    memcpy(&before, &d, sizeof(d));
+    if (mc_desc_decode(data, size, &d)) {
+        CHECK(memcmp(&d, &before, sizeof(d)) == 0);
+        return 0;
+    }
+    check_desc(&d, data, size);
+    mc_desc_free(&d);
+    CHECK(d.buffers == NULL && d.n_buffers == 0);
+    return 0;
+}
