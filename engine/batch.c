@@ -132,6 +132,50 @@ static int validate_request(mc_engine_t *e, const mc_request_t *r, size_t i, mc_
     return 0;
 }
 
+static bool desc_covers(const mc_desc_t *d, uint64_t addr, uint64_t len)
+{
+    for (size_t i = 0; i < d->n_buffers; i++) {
+        const mc_desc_buffer_t *b = &d->buffers[i];
+        if (addr >= b->addr && len <= b->len && addr - b->addr <= b->len - len)
+            return true;
+    }
+    return false;
+}
+
+static bool remote_ok(mc_engine_t *e, const mc_request_t *r, mc_peer_t *p)
+{
+    pthread_rwlock_rdlock(&e->peers_lock);
+    bool ok = desc_covers(&p->desc, r->target_offset, r->length);
+    pthread_rwlock_unlock(&e->peers_lock);
+    return ok;
+}
+
+/* Every remote range must lie inside one buffer of the peer's descriptor, so that a request
+ * is refused whole rather than partly applied slice by slice: such a task is accepted and ends
+ * FAILED at once. The owner still checks each slice, since our copy of its descriptor may be
+ * older than an unregister. A miss reloads the descriptor once per submit (the peer may have
+ * registered memory since we opened it). */
+static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
+{
+    bool reloaded = false;
+
+    for (size_t i = 0; i < n; i++) {
+        mc_task_t *t = &tasks[i];
+        if (remote_ok(e, &t->req, t->peer))
+            continue;
+        if (!reloaded && !mc__in_progress()) {
+            reloaded = true;
+            mc__peer_reload(e, t->peer, true);
+            if (remote_ok(e, &t->req, t->peer))
+                continue;
+        }
+        mc__task_finish(t, MC_TASK_FAILED,
+                        "remote range 0x%llx+%llu is not inside a buffer registered by segment %s",
+                        (unsigned long long)t->req.target_offset,
+                        (unsigned long long)t->req.length, t->peer->name);
+    }
+}
+
 static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
@@ -207,6 +251,7 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         t->queued = true;
         mc_list_init(&t->alink);
     }
+    check_remote(e, tasks, count);
     atomic_fetch_add(&b->busy, count);
     atomic_store_explicit(&b->n, first + count, memory_order_release);
     pthread_mutex_lock(&e->sub_lock);

@@ -120,8 +120,9 @@ struct mc_peer {
 mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id);
 /* Mark a peer as having work; the scheduler visits active peers each pass. */
 void mc__peer_activate(mc_engine_t *e, mc_peer_t *p);
-/* Re-read a metadata-opened peer's descriptor after connection failures. */
-void mc__peer_refresh(mc_engine_t *e, mc_peer_t *p);
+/* Re-read a peer's descriptor (metadata; or the peer itself if allow_handshake, which blocks
+ * for up to the connect timeout). Peer table writers are excluded while it is swapped. */
+int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool allow_handshake);
 
 /* ---- batches, tasks, slices (batch.c, sched.c) ---- */
 

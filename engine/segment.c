@@ -317,26 +317,55 @@ void mc__peers_fini(mc_engine_t *e)
     e->n_peers = 0;
 }
 
-void mc__peer_refresh(mc_engine_t *e, mc_peer_t *p)
+/* Fetch a peer's current descriptor: from metadata when it was opened through it, else (if
+ * allowed) from the peer itself. Blocking; called without e->lock held by this thread only
+ * when allow_handshake is set. */
+static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool allow_handshake, mc_desc_t *d)
 {
     mc_meta_kv_t kv;
-    mc_desc_t d;
+    char addr[MC_NAME_MAX], *json;
+    size_t len;
+    int rc;
+
+    if (p->by_metadata && e->meta) {
+        rc = meta_lookup(e, p->name, &kv);
+        if (rc)
+            return rc;
+        rc = mc_desc_decode(kv.value, kv.value_len, d);
+        mc_meta_kv_free(&kv);
+        return rc;
+    }
+    if (!allow_handshake)
+        return -ENOTSUP;
+    pthread_rwlock_rdlock(&e->peers_lock);
+    snprintf(addr, sizeof(addr), "%s", p->desc.tcp_addr);
+    pthread_rwlock_unlock(&e->peers_lock);
+    rc = mc__tcp_fetch_desc(e, addr, &json, &len);
+    if (rc)
+        return rc;
+    rc = mc_desc_decode(json, len, d);
+    free(json);
+    return rc;
+}
+
+int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool allow_handshake)
+{
     struct sockaddr_storage sa;
     socklen_t len;
+    mc_desc_t d;
+    int rc = peer_fetch(e, p, allow_handshake, &d);
 
-    if (!p->by_metadata || !e->meta || meta_lookup(e, p->name, &kv))
-        return;
-    if (mc_desc_decode(kv.value, kv.value_len, &d) == 0) {
-        if (mc__parse_ip_port(d.tcp_addr, &sa, &len) == 0) {
-            pthread_rwlock_wrlock(&e->peers_lock);
-            mc_desc_free(&p->desc);
-            p->desc = d;
-            p->sa = sa;
-            p->sa_len = len;
-            pthread_rwlock_unlock(&e->peers_lock);
-        } else {
-            mc_desc_free(&d);
-        }
+    if (rc)
+        return rc;
+    if (strcmp(d.name, p->name) || mc__parse_ip_port(d.tcp_addr, &sa, &len)) {
+        mc_desc_free(&d);
+        return mc_set_error(-MC_ENOSEGMENT, "segment %s now answers as %s", p->name, d.name);
     }
-    mc_meta_kv_free(&kv);
+    pthread_rwlock_wrlock(&e->peers_lock);
+    mc_desc_free(&p->desc);
+    p->desc = d;
+    p->sa = sa;
+    p->sa_len = len;
+    pthread_rwlock_unlock(&e->peers_lock);
+    return 0;
 }

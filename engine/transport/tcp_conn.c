@@ -12,7 +12,8 @@
 
 #include "tcp_int.h"
 
-#define RX_ROUNDS 256 /* receive steps per connection per pass */
+#define RX_READS 64 /* socket reads per connection per pass, so none starves the others */
+#define RX_SYSCALL 2 /* step result: progress made with a socket read */
 
 mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
 {
@@ -222,7 +223,8 @@ void mc__conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* ---- receiving ---- */
 
-/* Refill the staging buffer. >0 bytes read, 0 would block, <0 the connection failed. */
+/* Refill the staging buffer. RX_SYSCALL if bytes came, 0 would block, <0 the connection
+ * failed. */
 static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     if (c->rx_start == c->rx_end)
@@ -241,7 +243,7 @@ static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
     if (n > 0) {
         c->rx_end += (uint32_t)n;
         c->last_io_ns = mc_now_ns();
-        return (int)n;
+        return RX_SYSCALL;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return 0;
@@ -290,10 +292,11 @@ static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
 }
 
 /* Move payload bytes from the staging buffer, or straight from the socket when a large part
- * is still to come. Returns >0 progress, 0 would block, <0 failed. */
+ * is still to come. Returns 1 (staged bytes used), RX_SYSCALL, 0 would block, <0 failed. */
 static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     uint32_t avail = c->rx_end - c->rx_start;
+    int rc = 1;
 
     if (avail) {
         uint32_t n = avail < c->left ? avail : (uint32_t)c->left;
@@ -314,22 +317,29 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
         c->last_io_ns = mc_now_ns();
         c->dst += n;
         c->left -= (uint64_t)n;
+        rc = RX_SYSCALL;
     } else {
-        int rc = rx_fill(e, c);
+        rc = rx_fill(e, c);
         if (rc <= 0)
             return rc;
     }
     if (c->left == 0)
         frame_done(e, c);
-    return 1;
+    return rc;
 }
 
+static bool rx_staged(const mc_tcp_conn_t *c)
+{
+    return c->rx_end - c->rx_start >= (c->have_hdr ? 1u : MC_FRAME_HDR_LEN);
+}
+
+/* Parse what is staged and read the socket, at most RX_READS times. Stops early, with frames
+ * still staged, only under back-pressure; the send path resumes it (see the handler). */
 static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    unsigned rounds = 0;
+    unsigned reads = 0;
 
-    /* Bounded so that one busy connection cannot starve the others. */
-    while (c->state != CS_DEAD && rounds++ < RX_ROUNDS) {
+    while (c->state != CS_DEAD && reads < RX_READS) {
         int rc;
         if (c->have_hdr)
             rc = rx_payload(e, c);
@@ -341,6 +351,7 @@ static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
             rc = rx_fill(e, c);
         if (rc <= 0)
             break;
+        reads += rc == RX_SYSCALL;
     }
 }
 
@@ -355,8 +366,15 @@ void mc__conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             mc__out_connected(e, c);
         return;
     }
-    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP) || rx_staged(c))
         conn_readable(e, c);
-    if (c->state != CS_DEAD)
+    /* Frames left staged by back-pressure get another go as responses drain; epoll would not
+     * report them, since they are no longer in the socket. */
+    for (int i = 0; i < 16 && c->state != CS_DEAD; i++) {
+        unsigned before = c->n_resp;
         mc__conn_flush(e, c);
+        if (!rx_staged(c) || c->n_resp >= MC_TCP_RESP_MAX || c->n_resp == before)
+            break;
+        conn_readable(e, c);
+    }
 }

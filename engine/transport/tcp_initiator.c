@@ -28,13 +28,19 @@ void mc__tcp_sockopts(mc_engine_t *e, int fd)
 
 static int conn_open(mc_engine_t *e, mc_peer_t *p)
 {
-    int fd = socket(p->sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
     mc_tcp_conn_t *c;
 
+    pthread_rwlock_rdlock(&e->peers_lock); /* the endpoint may be reloaded by a submitter */
+    sa = p->sa;
+    sa_len = p->sa_len;
+    pthread_rwlock_unlock(&e->peers_lock);
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return mc_set_error(-errno, "socket: %s", strerror(errno));
     mc__tcp_sockopts(e, fd);
-    if (connect(fd, (struct sockaddr *)&p->sa, p->sa_len) < 0 && errno != EINPROGRESS) {
+    if (connect(fd, (struct sockaddr *)&sa, sa_len) < 0 && errno != EINPROGRESS) {
         int err = errno;
         close(fd);
         return mc_set_error(-err, "connect to %s: %s", p->name, strerror(err));
@@ -171,7 +177,7 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
     } else {
         p->connect_failures++;
         p->next_connect_ns = mc_now_ns() + (50 * MC_MS << (p->connect_failures < 6 ? p->connect_failures : 6));
-        mc__peer_refresh(e, p);
+        mc__peer_reload(e, p, false);
         if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT ||
             p->connect_failures >= CONNECT_FAILURES_MAX) {
             char why[320];

@@ -191,7 +191,12 @@ MC_API int mc_batch_destroy(mc_batch_t *batch);
 
 /* Append count requests as tasks (indices continue from the previous submit). All requests are
  * validated first: on error nothing is submitted and nothing will ever complete for them.
- * notify may be NULL. One doorbell per call. */
+ * Errors: -EINVAL (bad opcode, zero length, local range not registered, batch full),
+ * -MC_ENOSEGMENT (target not open). A task whose remote range is not inside one buffer of the
+ * target's descriptor (reloaded once on a miss) is accepted and ends FAILED at once, touching
+ * nothing; the owner checks every slice again when it arrives (it may have unregistered
+ * since). notify may be NULL. One doorbell per call. Not to be called concurrently on the same
+ * batch. */
 MC_API int mc_batch_submit(mc_batch_t *batch, const mc_request_t *reqs, size_t count,
                            const mc_notify_req_t *notify);
 
@@ -213,7 +218,9 @@ MC_API int mc_batch_status(mc_batch_t *batch, mc_batch_status_t *status_p);
 MC_API int mc_batch_cancel(mc_batch_t *batch);
 
 /* Wait until every task is final or timeout_ms passes (-1 = transfer timeout + margin).
- * Drives progress itself in caller-progress mode. Returns 0 or -MC_ETIMEOUT. */
+ * Drives progress itself in caller-progress mode. Returns 0 or -MC_ETIMEOUT. Completion
+ * callbacks run when the engine lets go of a task, which may be just after it became final:
+ * once mc_batch_destroy() returns 0, every callback of the batch has run. */
 MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
 
 /* ---- messages and notifications ----------------------------------------------------------- */

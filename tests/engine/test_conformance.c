@@ -1,0 +1,648 @@
+/*
+ * Transport conformance suite: the same cases run once per transport setup (like UCX's
+ * UCT_INSTANTIATE_TEST_CASE). An initiator engine in this process moves data to and from a
+ * target engine in a child process over loopback; every case checks bytes or exact outcomes.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+/* ---- transport setups ---------------------------------------------------------------------- */
+
+typedef struct conf_transport {
+    const char *name;                /* as mc_stats_transport() knows it */
+    void (*apply)(mc_config_t *cfg); /* applied to both engines' configurations */
+    int (*available)(void);          /* NULL or 1: run; 0: the cases are skipped */
+} conf_transport_t;
+
+static void tcp_apply(mc_config_t *cfg)
+{
+    cfg->force_tcp = 1;
+}
+
+static const conf_transport_t transports[] = {
+    {"tcp", tcp_apply, NULL},
+};
+
+/* ---- fixture ------------------------------------------------------------------------------ */
+
+typedef struct conf_case {
+    const char *name;
+    void (*fn)(void **state);
+    size_t target_buf; /* bytes per target buffer */
+    unsigned n_bufs;
+    int progress_thread;
+} conf_case_t;
+
+typedef struct conf_param {
+    const conf_transport_t *tr;
+    const conf_case_t *cs;
+    char name[128];
+} conf_param_t;
+
+#define FX_MAX_BUFS 4
+
+typedef struct fx {
+    const conf_param_t *p;
+    mc_config_t cfg; /* the initiator's */
+    mc_engine_t *e;
+    th_target_t t;
+    mc_segment_id_t seg;
+    void *buf[FX_MAX_BUFS];
+    size_t len[FX_MAX_BUFS];
+    unsigned n_buf;
+} fx_t;
+
+static int fx_setup(void **state)
+{
+    const conf_param_t *p = *state;
+    th_target_opts_t o;
+    fx_t *fx = calloc(1, sizeof(*fx));
+
+    assert_non_null(fx);
+    fx->p = p;
+    th_config(&fx->cfg);
+    p->tr->apply(&fx->cfg);
+    fx->cfg.progress_thread = p->cs->progress_thread;
+    th_target_opts_init(&o, &fx->cfg, p->cs->target_buf);
+    o.n_bufs = p->cs->n_bufs;
+    assert_int_equal(th_target_spawn(&o, &fx->t), 0);
+    fx->e = th_engine(&fx->cfg);
+    fx->seg = th_open(fx->e, &fx->t, 0);
+    *state = fx;
+    return 0;
+}
+
+static int fx_teardown(void **state)
+{
+    fx_t *fx = *state;
+
+    th_kill_all();
+    for (unsigned i = 0; i < fx->n_buf && fx->e; i++) {
+        mc_mem_unregister(fx->e, fx->buf[i]);
+        munmap(fx->buf[i], fx->len[i]);
+    }
+    if (fx->e)
+        mc_engine_destroy(fx->e);
+    free(fx);
+    return 0;
+}
+
+static uint8_t *fx_buf(fx_t *fx, size_t len)
+{
+    assert_true(fx->n_buf < FX_MAX_BUFS);
+    fx->buf[fx->n_buf] = th_buf(fx->e, len);
+    fx->len[fx->n_buf] = len;
+    return fx->buf[fx->n_buf++];
+}
+
+static uint64_t tbuf(fx_t *fx, unsigned i)
+{
+    return fx->t.eng[0].buf[i];
+}
+
+static uint64_t target_seed(unsigned i)
+{
+    return 0x7a7a + i; /* th_target_opts_init's seed, engine 0 */
+}
+
+/* ---- WRITE then READ, one task per size --------------------------------------------------- */
+
+static void test_sizes(void **state)
+{
+    static const size_t sizes[] = {1, 7, 4096, 65535, 65536, 65537, 1u << 20, 16u << 20, 64u << 20};
+    fx_t *fx = *state;
+    const size_t max = 64u << 20, lo = 3, lo2 = 11, ro = 5;
+    uint8_t *src = fx_buf(fx, max + 64), *dst = fx_buf(fx, max + 64);
+    uint64_t rb = tbuf(fx, 0);
+    char why[512];
+
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t n = sizes[k];
+        uint64_t seed = 100 + k;
+        th_fill(src + lo, n, seed);
+        memset(dst, 0xee, n + 64);
+        int st = th_xfer(fx->e, MC_WRITE, src + lo, fx->seg, rb + ro, n, why, sizeof(why));
+        if (st != MC_TASK_COMPLETED)
+            print_error("WRITE %zu: state %d: %s\n", n, st, why);
+        assert_int_equal(st, MC_TASK_COMPLETED);
+        /* The target's memory itself, and the bytes around the range untouched. */
+        assert_int_equal(th_remote_check(&fx->t, 0, rb + ro, n, seed, 0), -1);
+        assert_int_equal(th_remote_check(&fx->t, 0, rb, ro, target_seed(0), 0), -1);
+        assert_int_equal(th_remote_check(&fx->t, 0, rb + ro + n, 4096, target_seed(0), ro + n), -1);
+        st = th_xfer(fx->e, MC_READ, dst + lo2, fx->seg, rb + ro, n, why, sizeof(why));
+        if (st != MC_TASK_COMPLETED)
+            print_error("READ %zu: state %d: %s\n", n, st, why);
+        assert_int_equal(st, MC_TASK_COMPLETED);
+        assert_int_equal(th_check(dst + lo2, n, seed), -1);
+        for (size_t i = 0; i < lo2; i++)
+            assert_int_equal(dst[i], 0xee);
+        for (size_t i = lo2 + n; i < n + 64; i++)
+            assert_int_equal(dst[i], 0xee);
+    }
+}
+
+/* ---- batches of small requests ------------------------------------------------------------ */
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* n requests of sz bytes to distinct, non-adjacent, shuffled slots of target buffer 0; a
+ * shadow copy of the target buffer follows every write, then one READ of the whole buffer
+ * proves each byte went to the right place and nothing else moved. */
+static void run_batch(fx_t *fx, size_t n, size_t sz, int drive_by_poll)
+{
+    size_t tlen = fx->p->cs->target_buf, slot = 2 * sz + 64;
+    uint8_t *src = fx_buf(fx, n * (sz + 16)), *shadow = malloc(tlen), *whole = fx_buf(fx, tlen);
+    mc_request_t *reqs = calloc(n, sizeof(*reqs));
+    size_t *perm = calloc(tlen / slot, sizeof(*perm)), nslots = tlen / slot;
+    uint64_t rs = 0x1234567 + n, rb = tbuf(fx, 0);
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+
+    assert_true(nslots >= n);
+    assert_non_null(shadow);
+    th_fill(shadow, tlen, target_seed(0));
+    for (size_t i = 0; i < nslots; i++)
+        perm[i] = i;
+    for (size_t i = nslots - 1; i > 0; i--) {
+        size_t j = rnd(&rs) % (i + 1), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    th_fill(src, n * (sz + 16), 777 + n);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t off = perm[i] * slot + 1 + rnd(&rs) % 32; /* unaligned, never adjacent */
+        reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                 .local = src + i * (sz + 16) + i % 7,
+                                 .target = fx->seg,
+                                 .target_offset = rb + off,
+                                 .length = sz};
+        memcpy(shadow + off, reqs[i].local, sz);
+    }
+    assert_int_equal(mc_batch_create(fx->e, n, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+    if (drive_by_poll) {
+        /* Caller progress: sleep in poll(2) on the event fd, then progress. */
+        int fd = mc_engine_event_fd(fx->e), wakeups = 0;
+        int64_t dl = th_now_ms() + 30000;
+        assert_true(fd >= 0);
+        do {
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            if (poll(&pfd, 1, 1000) > 0)
+                wakeups++;
+            mc_engine_progress(fx->e);
+            assert_int_equal(mc_batch_status(b, &bs), 0);
+        } while (bs.state == MC_TASK_PENDING && th_now_ms() < dl);
+        assert_true(wakeups > 0);
+    } else {
+        assert_int_equal(mc_batch_wait(b, 30000), 0);
+    }
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.state, MC_TASK_COMPLETED);
+    assert_int_equal(bs.tasks, n);
+    assert_int_equal(bs.completed, n);
+    assert_int_equal(bs.failed, 0);
+    assert_int_equal(bs.bytes, (uint64_t)n * sz);
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        assert_int_equal(ts.state, MC_TASK_COMPLETED);
+        assert_int_equal(ts.bytes, sz);
+        assert_null(ts.reason);
+    }
+    th_batch_destroy(fx->e, b);
+
+    /* READ each range back to a fresh place, then the whole buffer. */
+    memset(src, 0, n * (sz + 16));
+    for (size_t i = 0; i < n; i++)
+        reqs[i].opcode = MC_READ;
+    assert_int_equal(mc_batch_create(fx->e, n, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.completed, n);
+    for (size_t i = 0; i < n; i++)
+        assert_memory_equal(reqs[i].local, shadow + (reqs[i].target_offset - rb), sz);
+    th_batch_destroy(fx->e, b);
+    assert_int_equal(th_xfer(fx->e, MC_READ, whole, fx->seg, rb, tlen, NULL, 0), MC_TASK_COMPLETED);
+    assert_memory_equal(whole, shadow, tlen);
+    free(perm);
+    free(reqs);
+    free(shadow);
+}
+
+static void test_batch_1(void **state)
+{
+    run_batch(*state, 1, 4096, 0);
+}
+
+static void test_batch_100(void **state)
+{
+    run_batch(*state, 100, 4096, 0);
+}
+
+static void test_batch_10000(void **state)
+{
+    run_batch(*state, 10000, 512, 0);
+}
+
+static void test_batch_poll_fd(void **state)
+{
+    run_batch(*state, 100, 4096, 1);
+}
+
+/* ---- completion callbacks ----------------------------------------------------------------- */
+
+#define CB_TASKS     200
+#define CB_BAD_EVERY 20
+
+typedef struct cb_rec {
+    atomic_int calls;
+    int state;
+    int had_reason;
+    uint64_t bytes;
+} cb_rec_t;
+
+static void on_complete(void *arg, const mc_task_status_t *st)
+{
+    cb_rec_t *r = arg;
+
+    r->state = st->state;
+    r->had_reason = st->reason && st->reason[0];
+    r->bytes = st->bytes;
+    atomic_fetch_add(&r->calls, 1);
+}
+
+static void test_callbacks(void **state)
+{
+    fx_t *fx = *state;
+    const size_t sz = 8192;
+    uint8_t *src = fx_buf(fx, CB_TASKS * sz);
+    static cb_rec_t rec[CB_TASKS];
+    mc_request_t reqs[CB_TASKS];
+    mc_batch_t *b;
+
+    memset(rec, 0, sizeof(rec));
+    th_fill(src, CB_TASKS * sz, 4242);
+    for (size_t i = 0; i < CB_TASKS; i++) {
+        bool bad = i % CB_BAD_EVERY == 3;
+        reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                 .local = src + i * sz,
+                                 .target = fx->seg,
+                                 .target_offset = bad ? tbuf(fx, 0) + fx->p->cs->target_buf
+                                                      : tbuf(fx, 0) + i * sz,
+                                 .length = sz,
+                                 .cb = on_complete,
+                                 .cb_arg = &rec[i]};
+    }
+    assert_int_equal(mc_batch_create(fx->e, CB_TASKS, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, CB_TASKS, NULL), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    int states[CB_TASKS];
+    for (size_t i = 0; i < CB_TASKS; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        states[i] = ts.state;
+        assert_int_equal(ts.state, i % CB_BAD_EVERY == 3 ? MC_TASK_FAILED : MC_TASK_COMPLETED);
+    }
+    /* Once the batch is destroyable the engine let go of every task: all callbacks ran. */
+    th_batch_destroy(fx->e, b);
+    for (size_t i = 0; i < CB_TASKS; i++) {
+        assert_int_equal(atomic_load(&rec[i].calls), 1);
+        assert_int_equal(rec[i].state, states[i]);
+        assert_int_equal(rec[i].had_reason, states[i] != MC_TASK_COMPLETED);
+        if (states[i] == MC_TASK_COMPLETED)
+            assert_int_equal(rec[i].bytes, sz);
+    }
+    th_sleep_ms(200); /* no late second call */
+    mc_engine_progress(fx->e);
+    for (size_t i = 0; i < CB_TASKS; i++)
+        assert_int_equal(atomic_load(&rec[i].calls), 1);
+}
+
+/* ---- cancel ------------------------------------------------------------------------------- */
+
+static void test_cancel(void **state)
+{
+    fx_t *fx = *state;
+    const size_t n = 2000, sz = 64 * 1024, span = 128; /* targets wrap over 8 MiB */
+    uint8_t *src = fx_buf(fx, span * sz);
+    mc_request_t *reqs = calloc(n, sizeof(*reqs));
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+    size_t canceled = 0, completed = 0;
+    char why[512];
+
+    th_fill(src, span * sz, 99);
+    for (size_t i = 0; i < n; i++)
+        reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                 .local = src + (i % span) * sz,
+                                 .target = fx->seg,
+                                 .target_offset = tbuf(fx, 0) + (i % span) * sz,
+                                 .length = sz};
+    assert_int_equal(mc_batch_create(fx->e, n, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+    assert_int_equal(mc_batch_cancel(b), 0);
+    assert_int_equal(mc_batch_wait(b, 20000), 0);
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        if (ts.state == MC_TASK_CANCELED) {
+            canceled++;
+            assert_true(th_contains(ts.reason, "cancel"));
+        } else {
+            assert_int_equal(ts.state, MC_TASK_COMPLETED);
+            assert_int_equal(ts.bytes, sz);
+            completed++;
+        }
+    }
+    assert_true(canceled > 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.tasks, n);
+    assert_int_equal(bs.completed, completed);
+    assert_int_equal(bs.failed, canceled);
+    assert_int_equal(bs.state, MC_TASK_CANCELED);
+    int rc = mc_batch_destroy(b);
+    assert_true(rc == 0 || rc == -EBUSY);
+    if (rc)
+        th_batch_destroy(fx->e, b);
+    /* The connection is still usable: a fresh transfer lands exactly. */
+    th_fill(src, sz, 31337);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, src, fx->seg, tbuf(fx, 0), sz, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), sz, 31337, 0), -1);
+    free(reqs);
+}
+
+/* ---- dead peer ---------------------------------------------------------------------------- */
+
+static void test_dead_peer(void **state)
+{
+    fx_t *fx = *state;
+    const size_t n = 1000, sz = 256 * 1024, span = 32;
+    uint8_t *src;
+    mc_request_t *reqs = calloc(n, sizeof(*reqs));
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+    char why[512];
+
+    /* Short timeouts: rebuild the initiator with them. */
+    mc_engine_destroy(fx->e);
+    fx->cfg.io_timeout_ms = 1000;
+    fx->cfg.transfer_timeout_ms = 5000;
+    fx->e = th_engine(&fx->cfg);
+    fx->seg = th_open(fx->e, &fx->t, 0);
+    src = fx_buf(fx, span * sz);
+    for (size_t i = 0; i < n; i++)
+        reqs[i] = (mc_request_t){.opcode = i % 2 ? MC_READ : MC_WRITE,
+                                 .local = src + (i % span) * sz,
+                                 .target = fx->seg,
+                                 .target_offset = tbuf(fx, 0) + (i % span) * sz,
+                                 .length = sz};
+    assert_int_equal(mc_batch_create(fx->e, n, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+    int64_t dl = th_now_ms() + 20000;
+    do {
+        mc_engine_progress(fx->e);
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+    } while (bs.bytes == 0 && th_now_ms() < dl);
+    assert_true(bs.bytes > 0);
+    th_target_kill(&fx->t);
+    int64_t t0 = th_now_ms();
+    assert_int_equal(mc_batch_wait(b, 15000), 0);
+    assert_true(th_now_ms() - t0 <= 15000);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        if (ts.state == MC_TASK_COMPLETED)
+            continue;
+        bad++;
+        assert_true(ts.state == MC_TASK_FAILED || ts.state == MC_TASK_TIMEOUT);
+        assert_non_null(ts.reason);
+        assert_true(ts.reason[0] != 0);
+    }
+    assert_true(bad > 0);
+    th_batch_destroy(fx->e, b);
+    /* A new request to the dead segment fails (or times out) cleanly. */
+    t0 = th_now_ms();
+    int st = th_xfer(fx->e, MC_WRITE, src, fx->seg, tbuf(fx, 0), sz, why, sizeof(why));
+    assert_true(st < 0 || st == MC_TASK_FAILED || st == MC_TASK_TIMEOUT);
+    assert_true(th_now_ms() - t0 <= 15000);
+    assert_int_equal(mc_segment_close(fx->e, fx->seg), 0);
+    for (unsigned i = 0; i < fx->n_buf; i++)
+        assert_int_equal(mc_mem_unregister(fx->e, fx->buf[i]), 0), munmap(fx->buf[i], fx->len[i]);
+    fx->n_buf = 0;
+    t0 = th_now_ms();
+    mc_engine_destroy(fx->e);
+    fx->e = NULL;
+    assert_true(th_now_ms() - t0 <= 10000);
+    free(reqs);
+}
+
+/* ---- bad requests ------------------------------------------------------------------------- */
+
+/* A range outside the target's registered buffers is refused whole: the task ends FAILED with a
+ * reason that says so, and nothing of it lands. */
+static void expect_refused(fx_t *fx, mc_opcode_t op, uint8_t *local, uint64_t remote, uint64_t len)
+{
+    char why[512];
+    int st = th_xfer(fx->e, op, local, fx->seg, remote, len, why, sizeof(why));
+
+    if (st != MC_TASK_FAILED || !th_contains(why, "registered"))
+        print_error("%s 0x%llx+%llu: state %d, reason \"%s\"\n", op == MC_READ ? "READ" : "WRITE",
+                    (unsigned long long)remote, (unsigned long long)len, st, why);
+    assert_int_equal(st, MC_TASK_FAILED);
+    assert_true(th_contains(why, "registered"));
+}
+
+static void test_bad_ranges(void **state)
+{
+    fx_t *fx = *state;
+    const uint64_t tl = fx->p->cs->target_buf, rb = tbuf(fx, 0);
+    uint8_t *src = fx_buf(fx, 1u << 20);
+    const struct {
+        uint64_t addr, len;
+    } bad[] = {
+        {rb - 4096, 4096},                  /* below */
+        {rb - 2048, 4096},                  /* straddling the start */
+        {rb + tl, 4096},                    /* above */
+        {rb + tl - 2048, 4096},             /* straddling the end */
+        {rb + tl - 1, 2},                   /* one byte too far */
+        {rb + tl + (1ull << 30), 4096},     /* far above */
+        {rb + tl - 128 * 1024, 512 * 1024}, /* several slices, the first ones inside */
+    };
+
+    th_fill(src, 1u << 20, 5150);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        expect_refused(fx, MC_WRITE, src, bad[i].addr, bad[i].len);
+        memset(src, 0xab, bad[i].len);
+        expect_refused(fx, MC_READ, src, bad[i].addr, bad[i].len);
+        th_fill(src, 1u << 20, 5150);
+        /* Nothing of the registered buffer changed. */
+        int64_t off = th_remote_check(&fx->t, 0, rb, tl, target_seed(0), 0);
+        if (off >= 0)
+            print_error("case %zu changed target memory at offset %lld\n", i, (long long)off);
+        assert_int_equal(off, -1);
+    }
+    /* The connection survives: a good request right after still works. */
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, src, fx->seg, rb + tl - 4096, 4096, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb + tl - 4096, 4096, 5150, 0), -1);
+}
+
+static void test_bad_submit(void **state)
+{
+    fx_t *fx = *state;
+    uint8_t *src = fx_buf(fx, 65536), unreg[4096];
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+    mc_request_t r[3];
+
+    for (int i = 0; i < 3; i++)
+        r[i] = (mc_request_t){.opcode = MC_WRITE,
+                              .local = src + 4096 * i,
+                              .target = fx->seg,
+                              .target_offset = tbuf(fx, 0) + 4096 * i,
+                              .length = 4096};
+    assert_int_equal(mc_batch_create(fx->e, 8, &b), 0);
+    r[1].local = unreg;
+    assert_int_equal(mc_batch_submit(b, r, 3, NULL), -EINVAL);
+    r[1].local = src + 65536 - 100; /* runs past the end of the registered buffer */
+    assert_int_equal(mc_batch_submit(b, r, 3, NULL), -EINVAL);
+    r[1].local = src + 4096;
+    r[1].length = 0;
+    assert_int_equal(mc_batch_submit(b, r, 3, NULL), -EINVAL);
+    r[1].length = 4096;
+    r[1].target = fx->seg + 12345;
+    assert_int_equal(mc_batch_submit(b, r, 3, NULL), -MC_ENOSEGMENT);
+    r[1].target = fx->seg;
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.tasks, 0);
+    mc_task_status_t ts;
+    assert_int_equal(mc_task_status(b, 0, &ts), -EINVAL);
+    /* Nothing leaked into the target either. */
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), 3 * 4096, target_seed(0), 0), -1);
+    /* A valid submit now gets indices 0..2. */
+    th_fill(src, 3 * 4096, 8);
+    assert_int_equal(mc_batch_submit(b, r, 3, NULL), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.tasks, 3);
+    assert_int_equal(bs.completed, 3);
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), 3 * 4096, 8, 0), -1);
+    th_batch_destroy(fx->e, b);
+}
+
+static void test_unregistered_remote(void **state)
+{
+    fx_t *fx = *state;
+    const uint64_t tl = fx->p->cs->target_buf;
+    uint8_t *src = fx_buf(fx, 65536);
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    th_reply_t r;
+
+    th_fill(src, 65536, 61);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, src, fx->seg, tbuf(fx, 1), 4096, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    if (r.rc)
+        print_error("unregister in target: %lld %s\n", (long long)r.rc, r.msg);
+    assert_int_equal(r.rc, 0);
+    th_fill(src, 65536, 62);
+    expect_refused(fx, MC_WRITE, src, tbuf(fx, 1), 65536);
+    expect_refused(fx, MC_WRITE, src, tbuf(fx, 1) + tl - 4096, 4096);
+    expect_refused(fx, MC_READ, src, tbuf(fx, 1), 4096);
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 1), 4096, 61, 0), -1);
+    assert_int_equal(
+        th_remote_check(&fx->t, 0, tbuf(fx, 1) + 4096, tl - 4096, target_seed(1), 4096), -1);
+    /* The other buffer still serves. */
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, src, fx->seg, tbuf(fx, 0), 65536, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), 65536, 62, 0), -1);
+}
+
+/* ---- the case table ----------------------------------------------------------------------- */
+
+static const conf_case_t cases[] = {
+    {"sizes", test_sizes, (64u << 20) + 8192, 1, 1},
+    {"batch_1", test_batch_1, 1u << 20, 1, 1},
+    {"batch_100", test_batch_100, 1u << 20, 1, 1},
+    {"batch_10000", test_batch_10000, 12u << 20, 1, 1},
+    {"batch_1_caller", test_batch_1, 1u << 20, 1, 0},
+    {"batch_100_caller", test_batch_100, 1u << 20, 1, 0},
+    {"batch_10000_caller", test_batch_10000, 12u << 20, 1, 0},
+    {"batch_poll_event_fd", test_batch_poll_fd, 1u << 20, 1, 0},
+    {"callbacks", test_callbacks, 2u << 20, 1, 1},
+    {"callbacks_caller", test_callbacks, 2u << 20, 1, 0},
+    {"cancel", test_cancel, 8u << 20, 1, 1},
+    {"cancel_caller", test_cancel, 8u << 20, 1, 0},
+    {"dead_peer", test_dead_peer, 8u << 20, 1, 1},
+    {"dead_peer_caller", test_dead_peer, 8u << 20, 1, 0},
+    {"bad_ranges", test_bad_ranges, 1u << 20, 1, 1},
+    {"bad_submit", test_bad_submit, 1u << 20, 1, 1},
+    {"unregistered_remote", test_unregistered_remote, 1u << 20, 2, 1},
+};
+
+static void skip_case(void **state)
+{
+    (void)state;
+    skip();
+}
+
+int main(int argc, char **argv)
+{
+    const size_t nt = sizeof(transports) / sizeof(transports[0]);
+    const size_t nc = sizeof(cases) / sizeof(cases[0]);
+    conf_param_t *params = calloc(nt * nc, sizeof(*params));
+    struct CMUnitTest *tests = calloc(nt * nc, sizeof(*tests));
+    const char *only = getenv("TH_CASE");
+    size_t n = 0, runnable = 0;
+
+    th_main(argc, argv);
+    for (size_t i = 0; i < nt; i++) {
+        for (size_t j = 0; j < nc; j++) {
+            if (only && !strstr(cases[j].name, only))
+                continue;
+            conf_param_t *p = &params[n];
+            p->tr = &transports[i];
+            p->cs = &cases[j];
+            snprintf(p->name, sizeof(p->name), "%s/%s", transports[i].name, cases[j].name);
+            if (transports[i].available && !transports[i].available()) {
+                tests[n++] = (struct CMUnitTest){.name = p->name, .test_func = skip_case};
+                continue;
+            }
+            runnable++;
+            tests[n++] = (struct CMUnitTest){.name = p->name,
+                                             .test_func = cases[j].fn,
+                                             .setup_func = fx_setup,
+                                             .teardown_func = fx_teardown,
+                                             .initial_state = p};
+        }
+    }
+    if (runnable == 0)
+        return 77;
+    int rc = _cmocka_run_group_tests("conformance", tests, n, NULL, NULL);
+    th_kill_all();
+    free(tests);
+    free(params);
+    return rc;
+}
