@@ -12,11 +12,11 @@ B=${MC_BUILD_DIR:-build}
 BENCH=$B/bin/mooncake-bench
 [[ -x $BENCH ]] || { echo "missing $BENCH"; exit 1; }
 P=mct$$
-trap 'netns_down $P' EXIT
+trap 'netns_down $P || true' EXIT
 netns_up $P 2 1
 A2=$(netns_addr $P 2 1)
 LOG=$(mktemp -d)
-trap 'netns_down $P; rm -rf "$LOG"' EXIT
+trap 'netns_down $P || true; rm -rf "$LOG"' EXIT
 
 NETNS_LOG=$LOG/target.log netns_spawn $P 2 env MC_LISTEN="$A2:0" MC_METADATA=none \
     "$BENCH" --mode target --buffer_size 64M >/dev/null
