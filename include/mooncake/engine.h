@@ -101,7 +101,8 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
 MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
 
 /* Allocate len bytes of shared (memfd-backed) memory placed on location ("cpu:N" or "*" for the
- * caller's node), registered with the engine. Free with mc_mem_free(). */
+ * caller's node), zero-filled, backed by pages at once, and registered with the engine. Free
+ * with mc_mem_free(). */
 MC_API int mc_mem_alloc(mc_engine_t *engine, size_t len, const char *location, void **addr_p);
 
 /* Unregister and unmap memory from mc_mem_alloc(). */
