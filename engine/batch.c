@@ -35,8 +35,7 @@ int mc_batch_destroy(mc_batch_t *b)
     if (!b)
         return 0;
     if (atomic_load(&b->busy))
-        return mc_set_error(-EBUSY, "batch has %zu tasks still in flight",
-                            atomic_load(&b->busy));
+        return mc_set_error(-EBUSY, "batch has %zu tasks still in flight", atomic_load(&b->busy));
     for (size_t i = 0; i < atomic_load(&b->n); i++)
         free(b->tasks[i].reason);
     free(b->tasks);
@@ -121,8 +120,7 @@ static int validate_request(mc_engine_t *e, const mc_request_t *r, size_t i, mc_
         atomic_fetch_add(&t->peer->busy_tasks, 1);
     pthread_rwlock_unlock(&e->peers_lock);
     if (!t->peer)
-        return mc_set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
-                            r->target);
+        return mc_set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i, r->target);
     t->lbuf = mc__mem_get(e, (uint64_t)(uintptr_t)r->local, r->length);
     if (!t->lbuf) {
         atomic_fetch_sub(&t->peer->busy_tasks, 1);
@@ -171,8 +169,8 @@ static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
         }
         mc__task_finish(t, MC_TASK_FAILED,
                         "remote range 0x%llx+%llu is not inside a buffer registered by segment %s",
-                        (unsigned long long)t->req.target_offset,
-                        (unsigned long long)t->req.length, t->peer->name);
+                        (unsigned long long)t->req.target_offset, (unsigned long long)t->req.length,
+                        t->peer->name);
     }
 }
 
@@ -291,8 +289,8 @@ int mc_batch_status(mc_batch_t *b, mc_batch_status_t *st)
     st->tasks = n;
     for (size_t i = 0; i < n; i++) {
         mc_task_status_t ts;
-        task_status_fill(&b->tasks[i], atomic_load_explicit(&b->tasks[i].state,
-                                                            memory_order_acquire), &ts);
+        task_status_fill(&b->tasks[i],
+                         atomic_load_explicit(&b->tasks[i].state, memory_order_acquire), &ts);
         st->bytes += ts.bytes;
         if (ts.state == MC_TASK_COMPLETED)
             st->completed++;
@@ -361,12 +359,7 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
             continue;
         }
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 20 * 1000 * 1000; /* bounded: guards against a missed wake-up */
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        mc_abstime_in(&ts, 20); /* bounded: guards against a missed wake-up */
         atomic_fetch_add(&e->waiters, 1);
         pthread_mutex_lock(&e->done_lock);
         if (!batch_final(b))

@@ -65,8 +65,7 @@ static int env_bool(const char *var, int *out)
 
     if (!v || !*v)
         return 0;
-    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
-        !strcasecmp(v, "on"))
+    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"))
         *out = 1;
     else if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
              !strcasecmp(v, "off"))
@@ -109,8 +108,10 @@ static int env_metadata(mc_config_t *c)
         return rc;
     if (strcmp(c->metadata, "none") && strncmp(c->metadata, "file://", 7) &&
         strncmp(c->metadata, "etcd://", 7))
-        return mc_set_error(-MC_ECONFIG, "MC_METADATA=%s: expected file://DIR, etcd://HOST:PORT "
-                                         "or none", c->metadata);
+        return mc_set_error(-MC_ECONFIG,
+                            "MC_METADATA=%s: expected file://DIR, etcd://HOST:PORT "
+                            "or none",
+                            c->metadata);
     return 0;
 }
 

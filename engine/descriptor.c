@@ -44,9 +44,8 @@ static json_t *buffers_json(mc_engine_t *e)
     pthread_rwlock_rdlock(&e->mem.lock);
     for (size_t i = 0; arr && i < e->mem.n; i++) {
         const mc_buffer_t *b = e->mem.v[i];
-        json_array_append_new(arr, json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr,
-                                             "length", (json_int_t)b->len, "location",
-                                             b->location));
+        json_array_append_new(arr, json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr, "length",
+                                             (json_int_t)b->len, "location", b->location));
     }
     pthread_rwlock_unlock(&e->mem.lock);
     return arr;
@@ -54,10 +53,10 @@ static json_t *buffers_json(mc_engine_t *e)
 
 int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
 {
-    json_t *root = json_pack("{s:s,s:i,s:s,s:i,s:[{s:s,s:s}],s:o}", "name", e->name, "version",
-                             MC_PROTO_VERSION, "host", e->host_id, "pid", (int)getpid(),
-                             "endpoints", "transport", "tcp", "addr", e->listen_addr, "buffers",
-                             buffers_json(e));
+    json_t *root =
+        json_pack("{s:s,s:i,s:s,s:i,s:[{s:s,s:s}],s:o}", "name", e->name, "version",
+                  MC_PROTO_VERSION, "host", e->host_id, "pid", (int)getpid(), "endpoints",
+                  "transport", "tcp", "addr", e->listen_addr, "buffers", buffers_json(e));
     char *text;
 
     if (!root)

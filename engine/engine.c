@@ -13,7 +13,7 @@
 #include "engine_int.h"
 #include "util/sha256.h"
 
-#define MAX_EVENTS 64
+#define MAX_EVENTS   64
 #define TICK_BUSY_MS 50   /* timer granularity while tasks are active */
 #define TICK_IDLE_MS 1000 /* while connections exist but nothing is submitted */
 
@@ -25,6 +25,17 @@ uint64_t mc_now_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void mc_abstime_in(struct timespec *ts, unsigned ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts->tv_nsec >= 1000000000) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000;
+    }
 }
 
 bool mc__in_progress(void)

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <mooncake/engine.h>
 
@@ -36,6 +37,8 @@ typedef struct mc_tcp_conn mc_tcp_conn_t;
 
 /* ---- time ---- */
 uint64_t mc_now_ns(void);
+/* CLOCK_REALTIME deadline ms from now, for pthread_cond_timedwait. */
+void mc_abstime_in(struct timespec *ts, unsigned ms);
 #define MC_MS (1000000ull)
 
 /* ---- registered memory (memory.c) ---- */
@@ -43,9 +46,9 @@ uint64_t mc_now_ns(void);
 typedef struct mc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
-    int memfd;          /* >= 0 for mc_mem_alloc() memory */
-    atomic_uint refs;   /* requests in flight that touch this buffer */
-    atomic_bool dead;   /* unregistered: waiting for refs to drain */
+    int memfd;        /* >= 0 for mc_mem_alloc() memory */
+    atomic_uint refs; /* requests in flight that touch this buffer */
+    atomic_bool dead; /* unregistered: waiting for refs to drain */
 } mc_buffer_t;
 
 typedef struct mc_memtab {
@@ -71,7 +74,7 @@ typedef struct mc_desc_buffer {
 
 typedef struct mc_desc {
     char name[MC_NAME_MAX];
-    char host_id[96];      /* boot id + network namespace: equal means same host */
+    char host_id[96];           /* boot id + network namespace: equal means same host */
     char tcp_addr[MC_NAME_MAX]; /* "ip:port" */
     int pid;
     size_t n_buffers;
@@ -97,8 +100,8 @@ struct mc_peer {
     struct sockaddr_storage sa; /* tcp endpoint */
     socklen_t sa_len;
     bool local_host;
-    bool by_metadata;           /* opened by name through metadata: may be refreshed */
-    atomic_uint busy_tasks;     /* tasks to this peer not yet released */
+    bool by_metadata;       /* opened by name through metadata: may be refreshed */
+    atomic_uint busy_tasks; /* tasks to this peer not yet released */
     atomic_uint queued_msgs;
     _Atomic uint64_t c[6]; /* counters in MC_CNT_* order: written by progress */
 
@@ -108,10 +111,10 @@ struct mc_peer {
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
     mc_list_t active_link; /* in e->active_peers while it has queued work */
     bool active;
-    mc_list_t conns;       /* outbound tcp connections (mc_tcp_conn_t.peer_link) */
+    mc_list_t conns; /* outbound tcp connections (mc_tcp_conn_t.peer_link) */
     unsigned n_conns;
-    unsigned connect_failures; /* consecutive */
-    uint64_t next_connect_ns;  /* back-off after a failure */
+    unsigned connect_failures;             /* consecutive */
+    uint64_t next_connect_ns;              /* back-off after a failure */
     uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
     uint64_t retired_at[MC_PROTO_MAX_RETIRE];
     unsigned n_retired;
@@ -138,20 +141,20 @@ typedef struct mc_notify_group {
 } mc_notify_group_t;
 
 struct mc_task {
-    mc_list_t qlink;      /* in peer->pending (progress-owned) */
-    mc_list_t alink;      /* in e->active_tasks until released (progress-owned) */
+    mc_list_t qlink; /* in peer->pending (progress-owned) */
+    mc_list_t alink; /* in e->active_tasks until released (progress-owned) */
     mc_batch_t *batch;
     mc_request_t req;
     mc_peer_t *peer;
-    mc_buffer_t *lbuf;    /* reference on the local buffer, held until release */
+    mc_buffer_t *lbuf; /* reference on the local buffer, held until release */
     mc_notify_group_t *group;
-    uint64_t carved;      /* bytes cut into slices so far (progress-owned) */
+    uint64_t carved; /* bytes cut into slices so far (progress-owned) */
     uint64_t deadline_ns;
-    unsigned inflight;    /* slices on the wire (progress-owned) */
+    unsigned inflight; /* slices on the wire (progress-owned) */
     bool queued, released;
-    atomic_int state;     /* mc_task_state_t or MC_TASK_FINISHING */
+    atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
-    char *reason;         /* written by the finisher before the final state is published */
+    char *reason; /* written by the finisher before the final state is published */
 };
 
 struct mc_batch {
@@ -172,17 +175,17 @@ struct mc_slice {
     mc_list_t link;
     mc_slice_t *next_free;
     uint8_t kind;
-    uint8_t opcode;      /* MC_READ / MC_WRITE for data slices */
+    uint8_t opcode; /* MC_READ / MC_WRITE for data slices */
     uint8_t hdr[MC_FRAME_HDR_LEN];
     mc_task_t *task;
-    uint64_t offset;     /* within the task */
+    uint64_t offset; /* within the task */
     uint32_t len;
     uint32_t cookie;
     unsigned attempts;
-    void *payload;       /* bytes after the header (data, or owned ctrl bytes) */
+    void *payload; /* bytes after the header (data, or owned ctrl bytes) */
     uint32_t payload_len;
-    bool payload_owned;  /* free(payload) when done */
-    mc_buffer_t *ref;    /* target side: buffer reference held while the response is sent */
+    bool payload_owned; /* free(payload) when done */
+    mc_buffer_t *ref;   /* target side: buffer reference held while the response is sent */
 };
 
 mc_slice_t *mc__slice_alloc(mc_engine_t *e);
@@ -195,12 +198,11 @@ bool mc__task_finish(mc_task_t *t, int state, const char *fmt, ...)
 void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t);
 
 /* Scheduler entry points (sched.c). */
-void mc__sched_route(mc_engine_t *e, mc_task_t *t);       /* new task from the queue */
-void mc__sched_run(mc_engine_t *e);                       /* fill connections */
-void mc__slice_done(mc_engine_t *e, mc_slice_t *s);       /* data confirmed */
+void mc__sched_route(mc_engine_t *e, mc_task_t *t); /* new task from the queue */
+void mc__sched_run(mc_engine_t *e);                 /* fill connections */
+void mc__slice_done(mc_engine_t *e, mc_slice_t *s); /* data confirmed */
 /* A slice failed. retryable: resend elsewhere (after its connection was torn down). */
-void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable,
-                      const char *reason);
+void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, const char *reason);
 /* Fail every task queued to a peer (it cannot be reached). */
 void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reason);
 void mc__sched_timers(mc_engine_t *e, uint64_t now);
@@ -229,8 +231,7 @@ typedef struct mc_notify_item {
 } mc_notify_item_t;
 
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m);
-void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data,
-                     size_t len);
+void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len);
 int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
                     size_t len);
 void mc__msgs_fini(mc_engine_t *e);
@@ -295,12 +296,12 @@ struct mc_engine {
     mc_list_t graveyard;
     uint64_t next_timer_ns;
     uint32_t next_cookie;
-    int armed_ms;      /* current timerfd interval (caller-progress mode) */
+    int armed_ms; /* current timerfd interval (caller-progress mode) */
 
     /* tcp transport */
     mc_pollable_t listen;
     char listen_addr[MC_NAME_MAX];
-    mc_list_t inbound;        /* inbound connections */
+    mc_list_t inbound; /* inbound connections */
     unsigned n_outbound;
     uint32_t next_conn_id;
     _Atomic uint64_t tcp_c[6]; /* mc_counters_t order */

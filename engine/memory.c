@@ -259,12 +259,7 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
             continue;
         }
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        mc_abstime_in(&ts, 10);
         pthread_mutex_lock(&e->mem.drain_lock);
         if (atomic_load(&b->refs) > 0)
             pthread_cond_timedwait(&e->mem.drain_cond, &e->mem.drain_lock, &ts);

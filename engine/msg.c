@@ -6,8 +6,8 @@
 
 #include "engine_int.h"
 
-#define MAX_QUEUED_MSGS 4096 /* per peer, not yet on the wire */
-#define MAX_NOTIFY 65536     /* received, not yet popped */
+#define MAX_QUEUED_MSGS 4096  /* per peer, not yet on the wire */
+#define MAX_NOTIFY      65536 /* received, not yet popped */
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -47,8 +47,8 @@ static void msg_unreserve(mc_engine_t *e, mc_segment_id_t target)
     pthread_rwlock_unlock(&e->peers_lock);
 }
 
-static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
-                   size_t len, mc_msg_t **m_p)
+static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
+                   mc_msg_t **m_p)
 {
     mc_msg_t *m;
     int rc;
@@ -72,8 +72,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     return 0;
 }
 
-int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
-                size_t len)
+int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len)
 {
     mc_msg_t *m;
     int rc;
@@ -133,8 +132,7 @@ static void notify_push(mc_engine_t *e, const char *sender, const void *data, si
     pthread_mutex_lock(&e->notify_lock);
     if (e->n_notify >= MAX_NOTIFY) {
         pthread_mutex_unlock(&e->notify_lock);
-        mc_error("notification from %s dropped: %d are waiting to be popped", sender,
-                 MAX_NOTIFY);
+        mc_error("notification from %s dropped: %d are waiting to be popped", sender, MAX_NOTIFY);
         free(it);
         return;
     }
@@ -143,8 +141,7 @@ static void notify_push(mc_engine_t *e, const char *sender, const void *data, si
     pthread_mutex_unlock(&e->notify_lock);
 }
 
-void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data,
-                     size_t len)
+void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
 {
     mc_msg_cb cb;
     void *arg;

@@ -15,13 +15,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MC_PROTO_MAGIC 0x4554434du /* bytes 'M' 'C' 'T' 'E' */
-#define MC_PROTO_VERSION 1
-#define MC_FRAME_HDR_LEN 32
-#define MC_PROTO_MAX_DATA (64u << 20)  /* largest slice payload */
-#define MC_PROTO_MAX_CTRL 1024u        /* hello, errors, acks with a reason */
-#define MC_PROTO_NONCE_LEN 32
-#define MC_PROTO_MAX_RETIRE 64         /* conn ids in one RETIRE frame */
+#define MC_PROTO_MAGIC      0x4554434du /* bytes 'M' 'C' 'T' 'E' */
+#define MC_PROTO_VERSION    1
+#define MC_FRAME_HDR_LEN    32
+#define MC_PROTO_MAX_DATA   (64u << 20) /* largest slice payload */
+#define MC_PROTO_MAX_CTRL   1024u       /* hello, errors, acks with a reason */
+#define MC_PROTO_NONCE_LEN  32
+#define MC_PROTO_MAX_RETIRE 64 /* conn ids in one RETIRE frame */
 
 enum mc_frame_type {
     MC_FR_HELLO = 1,   /* id = connection id; payload = mc_hello_t */
@@ -62,12 +62,12 @@ const char *mc_frame_type_name(unsigned type);
 
 /* HELLO / HELLO_REPLY payload: who is speaking and the challenge material. */
 typedef struct mc_hello {
-    uint64_t instance;                      /* random per engine instance */
+    uint64_t instance; /* random per engine instance */
     uint8_t nonce[MC_PROTO_NONCE_LEN];
-    uint8_t proof[32];                      /* HELLO_REPLY: target's proof (zero if no auth) */
-    char name[128];                         /* speaker's segment name */
-    char peer_name[128];                    /* HELLO: the segment the initiator expects */
-    uint64_t retired[MC_PROTO_MAX_RETIRE];  /* HELLO: connection ids to drop (low 32 bits) */
+    uint8_t proof[32];                     /* HELLO_REPLY: target's proof (zero if no auth) */
+    char name[128];                        /* speaker's segment name */
+    char peer_name[128];                   /* HELLO: the segment the initiator expects */
+    uint64_t retired[MC_PROTO_MAX_RETIRE]; /* HELLO: connection ids to drop (low 32 bits) */
     unsigned n_retired;
 } mc_hello_t;
 

@@ -43,17 +43,6 @@ static int publish_once(mc_engine_t *e)
     return put_key(e, "rpc_meta", endpoint, len);
 }
 
-static void deadline_in(struct timespec *ts, unsigned ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000;
-    if (ts->tv_nsec >= 1000000000) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000;
-    }
-}
-
 /* Keep the lease alive every ttl/3; republish when the descriptor changed or the lease was
  * lost (for example while the metadata service was unreachable). */
 static void *publish_thread(void *arg)
@@ -77,7 +66,7 @@ static void *publish_thread(void *arg)
             mc_warn("publishing segment %s failed: %s (will retry)", e->name, mc_last_error());
             e->meta_dirty = true;
         }
-        deadline_in(&ts, rc ? 500 : period_ms);
+        mc_abstime_in(&ts, rc ? 500 : period_ms);
         if (!e->meta_stop && (rc || !e->meta_dirty))
             pthread_cond_timedwait(&e->meta_cond, &e->meta_lock, &ts);
     }

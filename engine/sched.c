@@ -107,9 +107,9 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
         s->opcode = (uint8_t)t->req.opcode;
         s->task = t;
         s->offset = t->carved;
-        s->len = (uint32_t)(t->req.length - t->carved < e->cfg.slice_size
-                                ? t->req.length - t->carved
-                                : e->cfg.slice_size);
+        s->len =
+            (uint32_t)(t->req.length - t->carved < e->cfg.slice_size ? t->req.length - t->carved
+                                                                     : e->cfg.slice_size);
         t->carved += s->len;
         t->inflight++;
         int waiting = MC_TASK_WAITING;
@@ -123,8 +123,7 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
 
 static bool peer_has_work(mc_peer_t *p)
 {
-    return !mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) ||
-           !mc_list_empty(&p->msgq);
+    return !mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) || !mc_list_empty(&p->msgq);
 }
 
 void mc__sched_run(mc_engine_t *e)
@@ -167,16 +166,14 @@ void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
     slice_release(e, s);
 }
 
-void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable,
-                      const char *reason)
+void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, const char *reason)
 {
     mc_task_t *t = s->task;
     mc_peer_t *p = t->peer;
 
     mc__count(&p->c[MC_CNT_ERRORS], 1);
     mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
-    if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable &&
-        s->attempts < e->cfg.retry_cnt) {
+    if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable && s->attempts < e->cfg.retry_cnt) {
         s->attempts++;
         mc__count(&p->c[MC_CNT_RETRIES], 1);
         mc__count(&e->tcp_c[MC_CNT_RETRIES], 1);
@@ -230,10 +227,10 @@ void mc__sched_timers(mc_engine_t *e, uint64_t now)
         mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
         if (now < t->deadline_ns)
             continue;
-        if (mc__task_finish(t, MC_TASK_TIMEOUT, "not completed within %u ms (%llu of %llu "
-                                                "bytes done)",
-                            e->cfg.transfer_timeout_ms,
-                            (unsigned long long)atomic_load(&t->bytes),
+        if (mc__task_finish(t, MC_TASK_TIMEOUT,
+                            "not completed within %u ms (%llu of %llu "
+                            "bytes done)",
+                            e->cfg.transfer_timeout_ms, (unsigned long long)atomic_load(&t->bytes),
                             (unsigned long long)t->req.length))
             task_dequeue(e, t);
     }

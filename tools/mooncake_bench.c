@@ -32,9 +32,17 @@ typedef struct opts {
 } opts_t;
 
 static opts_t o = {
-    .mode = "local", .operation = "write", .protocol = "auto", .memory = "engine",
-    .pattern = "seq", .block_size = 65536, .batch_size = 128, .threads = 1,
-    .buffer_size = 1ull << 30, .duration = 5, .progress_thread = -1,
+    .mode = "local",
+    .operation = "write",
+    .protocol = "auto",
+    .memory = "engine",
+    .pattern = "seq",
+    .block_size = 65536,
+    .batch_size = 128,
+    .threads = 1,
+    .buffer_size = 1ull << 30,
+    .duration = 5,
+    .progress_thread = -1,
 };
 
 static volatile sig_atomic_t stop_target;
@@ -72,9 +80,21 @@ static uint64_t parse_size(const char *s, const char *name)
     if (errno || end == s)
         goto bad;
     switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
+    case 'k':
+    case 'K':
+        v <<= 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        v <<= 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        v <<= 30;
+        end++;
+        break;
     }
     if (*end || v == 0)
         goto bad;
@@ -86,34 +106,77 @@ bad:
 
 static void parse_args(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"mode", 1, 0, 'm'},        {"segment_id", 1, 0, 's'}, {"operation", 1, 0, 'o'},
-        {"protocol", 1, 0, 'p'},    {"block_size", 1, 0, 'b'}, {"batch_size", 1, 0, 'n'},
-        {"threads", 1, 0, 't'},     {"duration", 1, 0, 'd'},   {"buffer_size", 1, 0, 'w'},
-        {"memory", 1, 0, 'M'},      {"pattern", 1, 0, 'P'},    {"metadata", 1, 0, 'D'},
-        {"progress", 1, 0, 'g'},    {"verify", 0, 0, 'v'},     {"json", 0, 0, 'j'},
-        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+    static const struct option lo[] = {{"mode", 1, 0, 'm'},
+                                       {"segment_id", 1, 0, 's'},
+                                       {"operation", 1, 0, 'o'},
+                                       {"protocol", 1, 0, 'p'},
+                                       {"block_size", 1, 0, 'b'},
+                                       {"batch_size", 1, 0, 'n'},
+                                       {"threads", 1, 0, 't'},
+                                       {"duration", 1, 0, 'd'},
+                                       {"buffer_size", 1, 0, 'w'},
+                                       {"memory", 1, 0, 'M'},
+                                       {"pattern", 1, 0, 'P'},
+                                       {"metadata", 1, 0, 'D'},
+                                       {"progress", 1, 0, 'g'},
+                                       {"verify", 0, 0, 'v'},
+                                       {"json", 0, 0, 'j'},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
-        case 'm': o.mode = optarg; break;
-        case 's': o.segment_id = optarg; break;
-        case 'o': o.operation = optarg; break;
-        case 'p': o.protocol = optarg; break;
-        case 'b': o.block_size = parse_size(optarg, "block_size"); break;
-        case 'n': o.batch_size = parse_size(optarg, "batch_size"); break;
-        case 't': o.threads = parse_size(optarg, "threads"); break;
-        case 'd': o.duration = atof(optarg); break;
-        case 'w': o.buffer_size = parse_size(optarg, "buffer_size"); break;
-        case 'M': o.memory = optarg; break;
-        case 'P': o.pattern = optarg; break;
-        case 'D': o.metadata = optarg; break;
-        case 'g': o.progress_thread = !strcmp(optarg, "thread"); break;
-        case 'v': o.verify = 1; break;
-        case 'j': o.json = 1; break;
-        case 'h': usage(0); break;
-        default: usage(2);
+        case 'm':
+            o.mode = optarg;
+            break;
+        case 's':
+            o.segment_id = optarg;
+            break;
+        case 'o':
+            o.operation = optarg;
+            break;
+        case 'p':
+            o.protocol = optarg;
+            break;
+        case 'b':
+            o.block_size = parse_size(optarg, "block_size");
+            break;
+        case 'n':
+            o.batch_size = parse_size(optarg, "batch_size");
+            break;
+        case 't':
+            o.threads = parse_size(optarg, "threads");
+            break;
+        case 'd':
+            o.duration = atof(optarg);
+            break;
+        case 'w':
+            o.buffer_size = parse_size(optarg, "buffer_size");
+            break;
+        case 'M':
+            o.memory = optarg;
+            break;
+        case 'P':
+            o.pattern = optarg;
+            break;
+        case 'D':
+            o.metadata = optarg;
+            break;
+        case 'g':
+            o.progress_thread = !strcmp(optarg, "thread");
+            break;
+        case 'v':
+            o.verify = 1;
+            break;
+        case 'j':
+            o.json = 1;
+            break;
+        case 'h':
+            usage(0);
+            break;
+        default:
+            usage(2);
         }
     }
     if (strcmp(o.operation, "read") && strcmp(o.operation, "write"))
@@ -307,8 +370,11 @@ static void transfer_all(mc_engine_t *e, mc_segment_id_t seg, mc_opcode_t op, ui
         die("mc_batch_create", rc);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t len = o.buffer_size - i * chunk < chunk ? o.buffer_size - i * chunk : chunk;
-        mc_request_t r = {.opcode = op, .local = local + i * chunk, .target = seg,
-                          .target_offset = remote + i * chunk, .length = len};
+        mc_request_t r = {.opcode = op,
+                          .local = local + i * chunk,
+                          .target = seg,
+                          .target_offset = remote + i * chunk,
+                          .length = len};
         rc = mc_batch_submit(b, &r, 1, NULL);
         if (rc)
             die("mc_batch_submit", rc);
@@ -379,8 +445,8 @@ static void report(double secs, uint64_t bytes, uint64_t requests, const char *v
 {
     double gbps = bytes / secs / 1e9;
 
-    printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol",
-           "block_size", "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
+    printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol", "block_size",
+           "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
     printf("%-10s %-8s %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %14" PRIu64 " %10.3f %10.3f "
            "%12.0f\n",
            o.operation, "tcp", o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
@@ -388,8 +454,8 @@ static void report(double secs, uint64_t bytes, uint64_t requests, const char *v
     if (o.json)
         printf("{\"operation\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%" PRIu64
                ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"buffer_size\":%" PRIu64
-               ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64
-               ",\"requests\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\","
+               ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64 ",\"requests\":%" PRIu64
+               ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\","
                "\"same_host\":%s}\n",
                o.operation, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
                o.pattern, bytes, requests, secs, gbps, verified, same_host ? "true" : "false");
@@ -458,8 +524,9 @@ static int run_initiator(const char *target)
             transfer_all(e, seg, MC_READ, local, remote);
         bad = verify(ws, local, expect, &checked);
         verified = bad ? "FAILED" : "ok";
-        fprintf(stderr, "mooncake-bench: verify: %" PRIu64 " blocks checked, %" PRIu64
-                        " mismatched\n", checked, bad);
+        fprintf(stderr,
+                "mooncake-bench: verify: %" PRIu64 " blocks checked, %" PRIu64 " mismatched\n",
+                checked, bad);
         failed |= bad != 0;
     }
     report(secs, bytes, requests, failed ? "FAILED" : verified,

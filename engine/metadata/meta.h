@@ -23,12 +23,12 @@ typedef struct mc_meta mc_meta_t;
 typedef struct mc_meta_watch mc_meta_watch_t;
 
 typedef struct mc_meta_kv {
-    char *key;           /* malloc'ed, NUL-terminated for convenience; key_len is authoritative */
+    char *key; /* malloc'ed, NUL-terminated for convenience; key_len is authoritative */
     size_t key_len;
-    char *value;         /* malloc'ed, NUL-terminated for convenience */
+    char *value; /* malloc'ed, NUL-terminated for convenience */
     size_t value_len;
     int64_t mod_revision;
-    int64_t lease;       /* 0 = none */
+    int64_t lease; /* 0 = none */
 } mc_meta_kv_t;
 
 typedef enum mc_meta_event_type { MC_META_PUT = 0, MC_META_DELETE = 1 } mc_meta_event_type_t;
@@ -81,8 +81,8 @@ void mc_meta_close(mc_meta_t *meta);
 int mc_meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
 
 /* Put a key (lease 0 = none). *revision_p (may be NULL) gets the new store revision. */
-int mc_meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val,
-                size_t val_len, int64_t lease, int64_t *revision_p);
+int mc_meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
+                int64_t lease, int64_t *revision_p);
 
 /* Delete a key. -ENOENT if absent. */
 int mc_meta_del(mc_meta_t *meta, const void *key, size_t key_len);
@@ -115,7 +115,6 @@ void mc_meta_kvs_free(mc_meta_kv_t *kvs, size_t count);
 
 /* Build "mooncake/[cluster/]<kind>/<name>" into buf (NUL-terminated). Returns its length, or
  * -ENAMETOOLONG. */
-int mc_meta_key(char *buf, size_t size, const char *cluster_id, const char *kind,
-                const char *name);
+int mc_meta_key(char *buf, size_t size, const char *cluster_id, const char *kind, const char *name);
 
 #endif

@@ -41,8 +41,8 @@ void mc__tcp_fini(mc_engine_t *e)
         if (!p)
             continue;
         while (!mc_list_empty(&p->conns))
-            mc__conn_fail(e, mc_container_of(p->conns.next, mc_tcp_conn_t, link),
-                          -MC_ECANCELED, "engine destroyed");
+            mc__conn_fail(e, mc_container_of(p->conns.next, mc_tcp_conn_t, link), -MC_ECANCELED,
+                          "engine destroyed");
         mc__sched_fail_peer(e, p, -MC_ECANCELED, "engine destroyed");
     }
     while (!mc_list_empty(&e->inbound))
@@ -67,8 +67,9 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
             mc__conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
                           e->cfg.connect_timeout_ms);
         else if (c->state == CS_READY && c->window_used && idle > e->cfg.io_timeout_ms * MC_MS)
-            mc__conn_fail(e, c, -MC_ETIMEOUT, "no progress for %llu ms with %u requests in "
-                                              "flight",
+            mc__conn_fail(e, c, -MC_ETIMEOUT,
+                          "no progress for %llu ms with %u requests in "
+                          "flight",
                           (unsigned long long)(idle / MC_MS), c->window_used);
     }
 }

@@ -102,8 +102,7 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     rc = io_all(fd, p, f->length, false, ms);
     p[f->length] = 0;
     if (!rc && f->type == MC_FR_ERROR)
-        rc = mc_set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s",
-                          p);
+        rc = mc_set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s", p);
     else if (!rc && f->type != type)
         rc = mc_set_error(-MC_EPROTO, "expected %s, got %s", mc_frame_type_name(type),
                           mc_frame_type_name(f->type));

@@ -12,8 +12,8 @@
 
 #include "tcp_int.h"
 
-#define RX_READS 64 /* socket reads per connection per pass, so none starves the others */
-#define RX_SYSCALL 2 /* step result: progress made with a socket read */
+#define RX_READS   64 /* socket reads per connection per pass, so none starves the others */
+#define RX_SYSCALL 2  /* step result: progress made with a socket read */
 
 mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
 {
@@ -65,8 +65,8 @@ int mc__conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len)
     return 0;
 }
 
-int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
-                       const void *payload, uint32_t len)
+int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f, const void *payload,
+                       uint32_t len)
 {
     mc_slice_t *s = mc__slice_alloc(e);
 

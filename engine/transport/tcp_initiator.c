@@ -12,7 +12,8 @@
 #include "../util/sha256.h"
 #include "tcp_int.h"
 
-#define RETIRE_KEEP_NS(e) ((uint64_t)(2 * (e)->cfg.io_timeout_ms + (e)->cfg.connect_timeout_ms) * MC_MS)
+#define RETIRE_KEEP_NS(e)                                                                          \
+    ((uint64_t)(2 * (e)->cfg.io_timeout_ms + (e)->cfg.connect_timeout_ms) * MC_MS)
 #define CONNECT_FAILURES_MAX 3
 
 void mc__tcp_sockopts(mc_engine_t *e, int fd)
@@ -176,7 +177,8 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
         p->connect_failures = 0;
     } else {
         p->connect_failures++;
-        p->next_connect_ns = mc_now_ns() + (50 * MC_MS << (p->connect_failures < 6 ? p->connect_failures : 6));
+        p->next_connect_ns =
+            mc_now_ns() + (50 * MC_MS << (p->connect_failures < 6 ? p->connect_failures : 6));
         mc__peer_reload(e, p, false);
         if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT ||
             p->connect_failures >= CONNECT_FAILURES_MAX) {
@@ -249,41 +251,36 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
     uint8_t proof[32];
     mc_hello_t h;
 
-    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h))
-        {
-            mc__conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
-            return;
-        }
-    if (strcmp(h.name, c->peer->name))
-        {
-            mc__conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->peer->name,
-                             h.name);
-            return;
-        }
-    if (need != (token[0] != 0))
-        {
-            mc__conn_fail(e, c, -MC_EAUTH, need ? "peer requires MC_AUTH_TOKEN"
-                                                   : "peer does not authenticate (MC_AUTH_TOKEN "
-                                                     "is set here)");
-            return;
-        }
+    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h)) {
+        mc__conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
+        return;
+    }
+    if (strcmp(h.name, c->peer->name)) {
+        mc__conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->peer->name, h.name);
+        return;
+    }
+    if (need != (token[0] != 0)) {
+        mc__conn_fail(e, c, -MC_EAUTH,
+                      need ? "peer requires MC_AUTH_TOKEN"
+                           : "peer does not authenticate (MC_AUTH_TOKEN "
+                             "is set here)");
+        return;
+    }
     if (!need) {
         c->state = CS_READY;
         return;
     }
     mc__tcp_proof(token, "target", c->nonce, h.nonce, h.name, proof);
-    if (!mc_ct_equal(proof, h.proof, sizeof(proof)))
-        {
-            mc__conn_fail(e, c, -MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
-            return;
-        }
+    if (!mc_ct_equal(proof, h.proof, sizeof(proof))) {
+        mc__conn_fail(e, c, -MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
+        return;
+    }
     mc__tcp_proof(token, "initiator", h.nonce, c->nonce, e->name, proof);
     mc_frame_t f = {.type = MC_FR_AUTH};
-    if (mc__conn_send_ctrl(e, c, &f, proof, sizeof(proof)))
-        {
-            mc__conn_fail(e, c, -ENOMEM, "out of memory");
-            return;
-        }
+    if (mc__conn_send_ctrl(e, c, &f, proof, sizeof(proof))) {
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+        return;
+    }
     c->state = CS_AUTH;
 }
 
@@ -300,8 +297,8 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     /* The target refused: bad address, unregistered memory. Retrying cannot help. */
-    snprintf(reason, sizeof(reason), "segment %s refused: %.*s", c->peer->name,
-             (int)c->ctrl_len, c->ctrl ? (char *)c->ctrl : "");
+    snprintf(reason, sizeof(reason), "segment %s refused: %.*s", c->peer->name, (int)c->ctrl_len,
+             c->ctrl ? (char *)c->ctrl : "");
     mc__slice_failed(e, s, (int)(int64_t)c->fr.aux, false, reason);
 }
 
@@ -401,8 +398,7 @@ static void maybe_open(mc_engine_t *e, mc_peer_t *p, bool all_full)
     }
     if (conn_open(e, p)) {
         char why[300];
-        snprintf(why, sizeof(why), "cannot connect to segment %s: %s", p->name,
-                 mc_last_error());
+        snprintf(why, sizeof(why), "cannot connect to segment %s: %s", p->name, mc_last_error());
         mc_warn("%s", why);
         mc__sched_fail_peer(e, p, -MC_EPEERDEAD, why);
     }
@@ -444,7 +440,7 @@ void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
         if (c->state == CS_READY && !mc_list_empty(&c->sendq))
             mc__conn_flush(e, c);
     }
-    if (more && !pending_conn && (!mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) ||
-                                  !mc_list_empty(&p->msgq)))
+    if (more && !pending_conn &&
+        (!mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) || !mc_list_empty(&p->msgq)))
         maybe_open(e, p, true);
 }

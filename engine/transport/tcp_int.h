@@ -17,10 +17,10 @@
 
 #include "../engine_int.h"
 
-#define MC_TCP_RX_BUF (64 * 1024)
+#define MC_TCP_RX_BUF    (64 * 1024)
 #define MC_TCP_RX_DIRECT (16 * 1024) /* payload left at least this large: recv into place */
-#define MC_TCP_RESP_MAX 1024        /* inbound: queued responses before we stop reading */
-#define MC_TCP_IOV_MAX 128
+#define MC_TCP_RESP_MAX  1024        /* inbound: queued responses before we stop reading */
+#define MC_TCP_IOV_MAX   128
 
 enum mc_conn_state { CS_CONNECTING, CS_HELLO, CS_AUTH, CS_READY, CS_DEAD };
 enum mc_dst_kind { DST_NONE, DST_MEM, DST_CTRL, DST_DISCARD };
@@ -29,34 +29,34 @@ struct mc_tcp_conn {
     mc_pollable_t pollable; /* first: epoll hands us this pointer */
     bool outbound;
     uint8_t state;
-    mc_peer_t *peer;       /* outbound only */
-    mc_list_t link;        /* in peer->conns (outbound) or e->inbound; then e->graveyard */
-    uint32_t id;           /* the initiator's connection id */
+    mc_peer_t *peer; /* outbound only */
+    mc_list_t link;  /* in peer->conns (outbound) or e->inbound; then e->graveyard */
+    uint32_t id;     /* the initiator's connection id */
     uint64_t remote_instance;
     char remote_name[MC_NAME_MAX];
     uint8_t nonce[MC_PROTO_NONCE_LEN], peer_nonce[MC_PROTO_NONCE_LEN];
-    uint64_t since_ns;     /* creation */
-    uint64_t last_io_ns;   /* last byte moved, or when work was first queued */
-    uint32_t events;       /* current epoll mask */
+    uint64_t since_ns;   /* creation */
+    uint64_t last_io_ns; /* last byte moved, or when work was first queued */
+    uint32_t events;     /* current epoll mask */
 
-    mc_list_t sendq;       /* slices to write, in order */
-    uint32_t send_off;     /* bytes of the first one already written */
-    mc_list_t ackq;        /* outbound: data slices written, awaiting their response */
-    unsigned window_used;  /* outbound: data slices in sendq + ackq */
-    unsigned n_resp;       /* inbound: responses in sendq */
+    mc_list_t sendq;      /* slices to write, in order */
+    uint32_t send_off;    /* bytes of the first one already written */
+    mc_list_t ackq;       /* outbound: data slices written, awaiting their response */
+    unsigned window_used; /* outbound: data slices in sendq + ackq */
+    unsigned n_resp;      /* inbound: responses in sendq */
 
-    uint8_t *rx;           /* staging buffer of MC_TCP_RX_BUF bytes */
+    uint8_t *rx; /* staging buffer of MC_TCP_RX_BUF bytes */
     uint32_t rx_start, rx_end;
     bool have_hdr;
-    bool expect_large;     /* the last payload was large: read headers alone */
+    bool expect_large; /* the last payload was large: read headers alone */
     mc_frame_t fr;
     uint8_t dst_kind;
     uint8_t *dst;
-    uint64_t left;         /* payload bytes of the current frame still to come */
-    uint8_t *ctrl;         /* control payload (hello, message, reason) */
+    uint64_t left; /* payload bytes of the current frame still to come */
+    uint8_t *ctrl; /* control payload (hello, message, reason) */
     uint32_t ctrl_cap, ctrl_len;
-    mc_buffer_t *rx_ref;   /* inbound WRITE: buffer being written */
-    int rx_status;         /* inbound WRITE: refusal code, payload discarded */
+    mc_buffer_t *rx_ref; /* inbound WRITE: buffer being written */
+    int rx_status;       /* inbound WRITE: refusal code, payload discarded */
 };
 
 /* tcp_conn.c: connection mechanics */
@@ -69,8 +69,8 @@ void mc__conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, .
 void mc__conn_close(mc_engine_t *e, mc_tcp_conn_t *c); /* idle close, no error */
 int mc__conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len);
 /* Queue a control frame (payload copied). */
-int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
-                       const void *payload, uint32_t len);
+int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f, const void *payload,
+                       uint32_t len);
 
 /* tcp_initiator.c / tcp_target.c: frame handlers for each role */
 int mc__out_header(mc_engine_t *e, mc_tcp_conn_t *c);

@@ -42,8 +42,7 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
     c->n_resp++;
 }
 
-static void refuse_reason(mc_engine_t *e, const mc_frame_t *f, uint64_t len, char *buf,
-                          size_t size)
+static void refuse_reason(mc_engine_t *e, const mc_frame_t *f, uint64_t len, char *buf, size_t size)
 {
     snprintf(buf, size, "range 0x%llx+%llu is not inside a registered buffer of %s",
              (unsigned long long)f->addr, (unsigned long long)len, e->name);
@@ -123,11 +122,10 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     bool auth = e->cfg.auth_token[0] != 0;
     mc_frame_t f = {.type = MC_FR_HELLO_REPLY, .flags = auth ? MC_HELLO_AUTH_REQUIRED : 0};
 
-    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h))
-        {
-            reject(e, c, -MC_EPROTO, mc_last_error());
-            return;
-        }
+    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h)) {
+        reject(e, c, -MC_EPROTO, mc_last_error());
+        return;
+    }
     if (h.peer_name[0] && strcmp(h.peer_name, e->name)) {
         snprintf((char *)buf, sizeof(buf), "this is segment %s, not %s", e->name, h.peer_name);
         {
@@ -146,11 +144,10 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     if (auth)
         mc__tcp_proof(e->cfg.auth_token, "target", h.nonce, c->nonce, e->name, r.proof);
     size_t len = mc_hello_encode(&r, buf);
-    if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
-        {
-            mc__conn_fail(e, c, -ENOMEM, "out of memory");
-            return;
-        }
+    if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len)) {
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+        return;
+    }
     c->state = auth ? CS_AUTH : CS_READY;
 }
 
@@ -159,18 +156,15 @@ static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
     uint8_t proof[32];
     mc_frame_t f = {.type = MC_FR_READY};
 
-    mc__tcp_proof(e->cfg.auth_token, "initiator", c->nonce, c->peer_nonce, c->remote_name,
-                  proof);
-    if (c->ctrl_len != sizeof(proof) || !mc_ct_equal(proof, c->ctrl, sizeof(proof)))
-        {
-            reject(e, c, -MC_EAUTH, "authentication failed: wrong MC_AUTH_TOKEN");
-            return;
-        }
-    if (mc__conn_send_ctrl(e, c, &f, NULL, 0))
-        {
-            mc__conn_fail(e, c, -ENOMEM, "out of memory");
-            return;
-        }
+    mc__tcp_proof(e->cfg.auth_token, "initiator", c->nonce, c->peer_nonce, c->remote_name, proof);
+    if (c->ctrl_len != sizeof(proof) || !mc_ct_equal(proof, c->ctrl, sizeof(proof))) {
+        reject(e, c, -MC_EAUTH, "authentication failed: wrong MC_AUTH_TOKEN");
+        return;
+    }
+    if (mc__conn_send_ctrl(e, c, &f, NULL, 0)) {
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+        return;
+    }
     c->state = CS_READY;
 }
 
@@ -209,11 +203,10 @@ static void on_desc_req(mc_engine_t *e, mc_tcp_conn_t *c)
     size_t len;
     mc_frame_t f = {.type = MC_FR_DESC_REPLY};
 
-    if (mc__desc_encode_local(e, &json, &len) || len > e->cfg.handshake_max)
-        {
-            reject(e, c, -EIO, "cannot encode the segment descriptor");
-            return;
-        }
+    if (mc__desc_encode_local(e, &json, &len) || len > e->cfg.handshake_max) {
+        reject(e, c, -EIO, "cannot encode the segment descriptor");
+        return;
+    }
     if (mc__conn_send_ctrl(e, c, &f, json, (uint32_t)len))
         mc__conn_fail(e, c, -ENOMEM, "out of memory");
     free(json);
@@ -226,37 +219,26 @@ static void on_retire(mc_engine_t *e, mc_tcp_conn_t *c)
 
     for (unsigned i = 0; i < n; i++) {
         const uint8_t *p = c->ctrl + 4 * i;
-        ids[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                 (uint32_t)p[3] << 24;
+        ids[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     }
     retire(e, c, ids, n);
 }
 
+static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc__msg_deliver(e, c->remote_name, (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
+}
+
+/* mc__in_header admits only these frame types. */
+static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *) = {
+    [MC_FR_HELLO] = on_hello, [MC_FR_AUTH] = on_auth,         [MC_FR_WRITE] = on_write,
+    [MC_FR_READ] = on_read,   [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
+    [MC_FR_MSG] = on_msg,
+};
+
 void mc__in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    switch (c->fr.type) {
-    case MC_FR_HELLO:
-        on_hello(e, c);
-        return;
-    case MC_FR_AUTH:
-        on_auth(e, c);
-        return;
-    case MC_FR_WRITE:
-        on_write(e, c);
-        return;
-    case MC_FR_READ:
-        on_read(e, c);
-        return;
-    case MC_FR_DESC_REQ:
-        on_desc_req(e, c);
-        return;
-    case MC_FR_RETIRE:
-        on_retire(e, c);
-        return;
-    case MC_FR_MSG:
-        mc__msg_deliver(e, c->remote_name, (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
-        return;
-    }
+    in_handlers[c->fr.type](e, c);
 }
 
 void mc__in_failed(mc_engine_t *e, mc_tcp_conn_t *c)

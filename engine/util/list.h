@@ -8,7 +8,7 @@ typedef struct mc_list {
     struct mc_list *prev, *next;
 } mc_list_t;
 
-#define mc_container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define mc_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 static inline void mc_list_init(mc_list_t *h)
 {
@@ -68,6 +68,7 @@ static inline mc_list_t *mc_list_pop_front(mc_list_t *h)
 }
 
 #define mc_list_for_each_safe(pos, tmp, head)                                                      \
-    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head); (pos) = (tmp), (tmp) = (pos)->next)
+    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head);                               \
+         (pos) = (tmp), (tmp) = (pos)->next)
 
 #endif

@@ -23,8 +23,8 @@ void mc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
             mc__log((level), __VA_ARGS__);                                                         \
     } while (0)
 #define mc_error(...) mc_log(MC_LOG_ERROR, __VA_ARGS__)
-#define mc_warn(...) mc_log(MC_LOG_WARN, __VA_ARGS__)
-#define mc_info(...) mc_log(MC_LOG_INFO, __VA_ARGS__)
+#define mc_warn(...)  mc_log(MC_LOG_WARN, __VA_ARGS__)
+#define mc_info(...)  mc_log(MC_LOG_INFO, __VA_ARGS__)
 #define mc_debug(...) mc_log(MC_LOG_DEBUG, __VA_ARGS__)
 
 /* Record a reason for mc_last_error() and return code. */

@@ -30,34 +30,34 @@ typedef struct mc_batch mc_batch_t;
 typedef uint32_t mc_segment_id_t;
 
 #define MC_SEGMENT_INVALID ((mc_segment_id_t)-1)
-#define MC_NAME_MAX 128     /* segment names, including the terminating NUL */
-#define MC_LOCATION_MAX 32  /* "cpu:0", "cuda:3", ... */
-#define MC_MSG_MAX (64 * 1024) /* largest message or notification payload */
+#define MC_NAME_MAX        128         /* segment names, including the terminating NUL */
+#define MC_LOCATION_MAX    32          /* "cpu:0", "cuda:3", ... */
+#define MC_MSG_MAX         (64 * 1024) /* largest message or notification payload */
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
 /* Engine configuration. Fill it with mc_config_init() (defaults + MC_* environment), then
  * override fields as needed. Strings are copied by mc_engine_create(). */
 typedef struct mc_config {
-    char listen[MC_NAME_MAX];        /* MC_LISTEN: "ip:port" to listen on (port 0 = any) */
-    char segment_name[MC_NAME_MAX];  /* MC_SEGMENT_NAME: "" = the listen ip:port */
-    char metadata[512];              /* MC_METADATA: "file://DIR", "etcd://h:p", "none" */
-    char cluster_id[64];             /* MC_METADATA_CLUSTER_ID */
-    char auth_token[128];            /* MC_AUTH_TOKEN: shared secret, "" = no auth */
-    int log_level;                   /* MC_LOG_LEVEL: 0 error, 1 warn, 2 info, 3 debug */
-    int force_tcp;                   /* MC_FORCE_TCP */
-    int progress_thread;             /* MC_PROGRESS_THREAD: 1 = internal thread drives I/O */
-    uint64_t slice_size;             /* MC_SLICE_SIZE (bytes) */
-    unsigned retry_cnt;              /* MC_RETRY_CNT: attempts per slice after the first */
-    unsigned transfer_timeout_ms;    /* MC_TRANSFER_TIMEOUT (seconds in the env): per task */
-    unsigned io_timeout_ms;          /* MC_IO_TIMEOUT_MS: a connection with work that moves
-                                        no byte for this long is torn down */
-    unsigned connect_timeout_ms;     /* MC_CONNECT_TIMEOUT_MS */
-    unsigned tcp_conns;              /* MC_TCP_CONNS: data connections per peer */
-    unsigned tcp_window;             /* MC_TCP_WINDOW: slices in flight per connection */
-    unsigned max_conns;              /* MC_MAX_CONNS: outbound connections, all peers */
-    unsigned metadata_ttl_s;         /* MC_METADATA_TTL: lease of the published descriptor */
-    uint64_t handshake_max;          /* MC_HANDSHAKE_MAX_LENGTH: largest descriptor accepted */
+    char listen[MC_NAME_MAX];       /* MC_LISTEN: "ip:port" to listen on (port 0 = any) */
+    char segment_name[MC_NAME_MAX]; /* MC_SEGMENT_NAME: "" = the listen ip:port */
+    char metadata[512];             /* MC_METADATA: "file://DIR", "etcd://h:p", "none" */
+    char cluster_id[64];            /* MC_METADATA_CLUSTER_ID */
+    char auth_token[128];           /* MC_AUTH_TOKEN: shared secret, "" = no auth */
+    int log_level;                  /* MC_LOG_LEVEL: 0 error, 1 warn, 2 info, 3 debug */
+    int force_tcp;                  /* MC_FORCE_TCP */
+    int progress_thread;            /* MC_PROGRESS_THREAD: 1 = internal thread drives I/O */
+    uint64_t slice_size;            /* MC_SLICE_SIZE (bytes) */
+    unsigned retry_cnt;             /* MC_RETRY_CNT: attempts per slice after the first */
+    unsigned transfer_timeout_ms;   /* MC_TRANSFER_TIMEOUT (seconds in the env): per task */
+    unsigned io_timeout_ms;         /* MC_IO_TIMEOUT_MS: a connection with work that moves
+                                       no byte for this long is torn down */
+    unsigned connect_timeout_ms;    /* MC_CONNECT_TIMEOUT_MS */
+    unsigned tcp_conns;             /* MC_TCP_CONNS: data connections per peer */
+    unsigned tcp_window;            /* MC_TCP_WINDOW: slices in flight per connection */
+    unsigned max_conns;             /* MC_MAX_CONNS: outbound connections, all peers */
+    unsigned metadata_ttl_s;        /* MC_METADATA_TTL: lease of the published descriptor */
+    uint64_t handshake_max;         /* MC_HANDSHAKE_MAX_LENGTH: largest descriptor accepted */
 } mc_config_t;
 
 /* Fill cfg with defaults, then apply MC_* environment variables. Returns -MC_ECONFIG naming the
@@ -167,11 +167,11 @@ typedef void (*mc_completion_cb)(void *arg, const mc_task_status_t *status);
 
 typedef struct mc_request {
     mc_opcode_t opcode;
-    void *local;            /* inside a buffer registered with this engine */
+    void *local; /* inside a buffer registered with this engine */
     mc_segment_id_t target;
     uint64_t target_offset; /* absolute address in the target's registered memory */
     uint64_t length;
-    mc_completion_cb cb;    /* optional */
+    mc_completion_cb cb; /* optional */
     void *cb_arg;
 } mc_request_t;
 
@@ -227,8 +227,7 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
 /* ---- messages and notifications ----------------------------------------------------------- */
 
 /* Handler for messages with id 1..255, called from progress with the sender's segment name. */
-typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void *data,
-                          size_t len);
+typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
 
 /* Set (or clear with cb == NULL) the handler of message id (1..255; 0 is notifications). */
 MC_API int mc_msg_handler_set(mc_engine_t *engine, uint8_t id, mc_msg_cb cb, void *arg);
