@@ -25,7 +25,7 @@ static void config_defaults(mc_config_t *c)
     c->slice_size = 64 * 1024;
     c->retry_cnt = 9;
     c->transfer_timeout_ms = 30000;
-    c->io_timeout_ms = 5000;
+    c->io_timeout_ms = 2000;
     c->connect_timeout_ms = 3000;
     c->tcp_conns = 2;
     c->tcp_window = 16;
@@ -87,17 +87,30 @@ static int env_str(const char *var, char *out, size_t size)
     return 0;
 }
 
-static int env_ip_port(const char *var, char *out, size_t size)
+/* A comma-separated list of ip:port, at most MC_MAX_RAILS. */
+static int env_ip_ports(const char *var, char *out, size_t size)
 {
     struct sockaddr_storage sa;
     socklen_t len;
+    char item[MC_NAME_MAX];
     int rc = env_str(var, out, size);
+    unsigned n = 0;
 
     if (rc || !getenv(var))
         return rc;
-    if (mc__parse_ip_port(out, &sa, &len))
-        return mc_set_error(-MC_ECONFIG, "%s=%s: expected IPv4:port or [IPv6]:port", var, out);
-    return 0;
+    for (const char *p = out; *p; n++) {
+        size_t l = strcspn(p, ",");
+        if (l >= sizeof(item) || n == MC_MAX_RAILS)
+            return mc_set_error(-MC_ECONFIG, "%s=%s: at most %d addresses", var, out,
+                                MC_MAX_RAILS);
+        memcpy(item, p, l);
+        item[l] = 0;
+        if (mc__parse_ip_port(item, &sa, &len))
+            return mc_set_error(-MC_ECONFIG, "%s=%s: \"%s\" is not IPv4:port or [IPv6]:port",
+                                var, out, item);
+        p += l + (p[l] == ',');
+    }
+    return n ? 0 : mc_set_error(-MC_ECONFIG, "%s is empty", var);
 }
 
 static int env_metadata(mc_config_t *c)
@@ -124,7 +137,7 @@ int mc_config_init(mc_config_t *c)
     timeout_s = c->transfer_timeout_ms / 1000;
     rc = mc__log_init_from_env();
     if (!rc)
-        rc = env_ip_port("MC_LISTEN", c->listen, sizeof(c->listen));
+        rc = env_ip_ports("MC_LISTEN", c->listen, sizeof(c->listen));
     if (!rc)
         rc = env_str("MC_SEGMENT_NAME", c->segment_name, sizeof(c->segment_name));
     if (!rc)

@@ -51,12 +51,21 @@ static json_t *buffers_json(mc_engine_t *e)
     return arr;
 }
 
+static json_t *endpoints_json(mc_engine_t *e)
+{
+    json_t *arr = json_array();
+
+    for (unsigned i = 0; arr && i < e->n_listens; i++)
+        json_array_append_new(arr, json_pack("{s:s,s:s}", "transport", "tcp", "addr",
+                                             e->listen_addrs[i]));
+    return arr;
+}
+
 int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
 {
-    json_t *root =
-        json_pack("{s:s,s:i,s:s,s:i,s:[{s:s,s:s}],s:o}", "name", e->name, "version",
-                  MC_PROTO_VERSION, "host", e->host_id, "pid", (int)getpid(), "endpoints",
-                  "transport", "tcp", "addr", e->listen_addr, "buffers", buffers_json(e));
+    json_t *root = json_pack("{s:s,s:i,s:s,s:i,s:o,s:o}", "name", e->name, "version",
+                             MC_PROTO_VERSION, "host", e->host_id, "pid", (int)getpid(),
+                             "endpoints", endpoints_json(e), "buffers", buffers_json(e));
     char *text;
 
     if (!root)
@@ -90,10 +99,17 @@ static int decode_endpoints(json_t *root, mc_desc_t *d)
     json_array_foreach(eps, i, ep)
     {
         const char *t = json_string_value(json_object_get(ep, "transport"));
-        if (t && !strcmp(t, "tcp"))
-            return copy_str(ep, "addr", d->tcp_addr, sizeof(d->tcp_addr));
+        if (!t || strcmp(t, "tcp") || d->n_tcp == MC_MAX_RAILS)
+            continue;
+        int rc = copy_str(ep, "addr", d->tcp_addrs[d->n_tcp], sizeof(d->tcp_addrs[0]));
+        if (rc)
+            return rc;
+        d->n_tcp++;
     }
-    return mc_set_error(-MC_EPROTO, "descriptor of %s has no tcp endpoint", d->name);
+    if (!d->n_tcp)
+        return mc_set_error(-MC_EPROTO, "descriptor of %s has no tcp endpoint", d->name);
+    memcpy(d->tcp_addr, d->tcp_addrs[0], sizeof(d->tcp_addr));
+    return 0;
 }
 
 static int decode_buffer(json_t *jb, mc_desc_buffer_t *b)

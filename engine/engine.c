@@ -259,7 +259,6 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->inbound);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
-    e->listen.fd = -1;
     e->armed_ms = -2;
     mc__memtab_init(&e->mem);
 }
@@ -278,7 +277,7 @@ static int engine_start(mc_engine_t *e)
     if (rc)
         return rc;
     snprintf(e->name, sizeof(e->name), "%s",
-             e->cfg.segment_name[0] ? e->cfg.segment_name : e->listen_addr);
+             e->cfg.segment_name[0] ? e->cfg.segment_name : e->listen_addrs[0]);
     rc = mc__publish_start(e);
     if (rc)
         return rc;

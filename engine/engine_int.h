@@ -72,10 +72,14 @@ typedef struct mc_desc_buffer {
     char location[MC_LOCATION_MAX];
 } mc_desc_buffer_t;
 
+#define MC_MAX_RAILS 16
+
 typedef struct mc_desc {
     char name[MC_NAME_MAX];
     char host_id[96];           /* boot id + network namespace: equal means same host */
-    char tcp_addr[MC_NAME_MAX]; /* "ip:port" */
+    char tcp_addr[MC_NAME_MAX]; /* "ip:port" of the first endpoint (handshakes) */
+    char tcp_addrs[MC_MAX_RAILS][MC_NAME_MAX]; /* every tcp endpoint, one per interface */
+    unsigned n_tcp;
     int pid;
     size_t n_buffers;
     mc_desc_buffer_t *buffers;
@@ -92,13 +96,31 @@ int mc__host_id(char *buf, size_t size);
 
 /* ---- peers (segment.c) ---- */
 
+/* One path to a peer: a local interface address (or the default route) paired with one of the
+ * peer's endpoints. Slices of one task spread over every usable rail. */
+enum { MC_RAIL_ACTIVE = 0, MC_RAIL_PAUSED = 1 };
+
+typedef struct mc_rail {
+    char name[2 * MC_NAME_MAX + 4];    /* "local->remote" */
+    struct sockaddr_storage local, remote; /* protected by e->peers_lock (reload) */
+    socklen_t local_len, remote_len;   /* local_len 0: no bind */
+    /* Progress-owned. */
+    unsigned n_conns;
+    int state;
+    unsigned connect_failures; /* consecutive */
+    uint64_t next_connect_ns;  /* back-off after a failure */
+    uint64_t fail_at[3];       /* recent failures, for pausing */
+    uint64_t backoff_ns;       /* current pause length */
+    _Atomic uint64_t bytes, slices, errors;
+} mc_rail_t;
+
 struct mc_peer {
     mc_segment_id_t id;
     char name[MC_NAME_MAX];
-    int refcnt;                 /* protected by e->peers_lock */
-    mc_desc_t desc;             /* protected by e->lock (refreshed on failure) */
-    struct sockaddr_storage sa; /* tcp endpoint */
-    socklen_t sa_len;
+    int refcnt;     /* protected by e->peers_lock */
+    mc_desc_t desc; /* protected by e->peers_lock (reloaded on failure) */
+    mc_rail_t rails[MC_MAX_RAILS];
+    unsigned n_rails;
     bool local_host;
     bool by_metadata;       /* opened by name through metadata: may be refreshed */
     atomic_uint busy_tasks; /* tasks to this peer not yet released */
@@ -111,10 +133,8 @@ struct mc_peer {
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
     mc_list_t active_link; /* in e->active_peers while it has queued work */
     bool active;
-    mc_list_t conns; /* outbound tcp connections (mc_tcp_conn_t.peer_link) */
+    mc_list_t conns; /* outbound tcp connections of every rail (mc_tcp_conn_t.link) */
     unsigned n_conns;
-    unsigned connect_failures;             /* consecutive */
-    uint64_t next_connect_ns;              /* back-off after a failure */
     uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
     uint64_t retired_at[MC_PROTO_MAX_RETIRE];
     unsigned n_retired;
@@ -182,6 +202,7 @@ struct mc_slice {
     uint32_t len;
     uint32_t cookie;
     unsigned attempts;
+    uint32_t rails_tried; /* bit per rail index: named when the slice finally fails */
     void *payload; /* bytes after the header (data, or owned ctrl bytes) */
     uint32_t payload_len;
     bool payload_owned; /* free(payload) when done */
@@ -253,6 +274,17 @@ void mc__tcp_reap(mc_engine_t *e); /* free the graveyard: end of a progress pass
 /* Blocking one-shot exchange used to fetch a descriptor by handshake. */
 int mc__tcp_fetch_desc(mc_engine_t *e, const char *ip_port, char **json_p, size_t *len_p);
 int mc__parse_ip_port(const char *s, struct sockaddr_storage *sa, socklen_t *len_p);
+/* Build a peer's rails from its descriptor (pairing each endpoint with a local address on the
+ * same IPv4 /24 when this engine listens on several). Caller holds peers_lock for writing or
+ * owns the peer alone. */
+void mc__rails_build(mc_engine_t *e, mc_peer_t *p);
+/* A rail may get new connections (active, or paused and due for a re-probe). */
+bool mc__rail_usable(const mc_rail_t *r, uint64_t now);
+/* A connection of the rail failed (connecting: before its handshake completed). Three failures
+ * within 10 s pause the rail, 1 s doubling to 30 s. */
+void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting);
+/* A connection of the rail completed its handshake: the rail (re)joins. */
+void mc__rail_ready(mc_rail_t *r);
 
 int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
 int mc__epoll_mod(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
@@ -299,8 +331,9 @@ struct mc_engine {
     int armed_ms; /* current timerfd interval (caller-progress mode) */
 
     /* tcp transport */
-    mc_pollable_t listen;
-    char listen_addr[MC_NAME_MAX];
+    mc_pollable_t listens[MC_MAX_RAILS];
+    char listen_addrs[MC_MAX_RAILS][MC_NAME_MAX];
+    unsigned n_listens;
     mc_list_t inbound; /* inbound connections */
     unsigned n_outbound;
     uint32_t next_conn_id;

@@ -39,7 +39,7 @@ static int publish_once(mc_engine_t *e)
     free(json);
     if (rc)
         return rc;
-    len = (size_t)snprintf(endpoint, sizeof(endpoint), "{\"tcp\":\"%s\"}", e->listen_addr);
+    len = (size_t)snprintf(endpoint, sizeof(endpoint), "{\"tcp\":\"%s\"}", e->listen_addrs[0]);
     return put_key(e, "rpc_meta", endpoint, len);
 }
 

@@ -2,6 +2,7 @@
  * what is in flight rather than what was submitted; completes, retries and times out work.
  * Everything here runs in the progress context. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,6 +167,19 @@ void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
     slice_release(e, s);
 }
 
+/* "a->b, c->d": the rails a slice was tried on. */
+static void paths_tried(const mc_peer_t *p, uint32_t mask, char *buf, size_t size)
+{
+    size_t n = 0;
+
+    buf[0] = 0;
+    for (unsigned i = 0; i < p->n_rails && n < size; i++)
+        if (mask & (1u << i))
+            n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? ", " : "", p->rails[i].name);
+    if (!buf[0])
+        snprintf(buf, size, "no path");
+}
+
 void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, const char *reason)
 {
     mc_task_t *t = s->task;
@@ -181,9 +195,12 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
         mc__peer_activate(e, p);
         return;
     }
-    if (retryable)
-        mc__task_finish(t, MC_TASK_FAILED, "%s (%s; gave up after %u attempts)", reason,
-                        mc_err_name(err), s->attempts + 1);
+    if (retryable) {
+        char paths[512];
+        paths_tried(p, s->rails_tried, paths, sizeof(paths));
+        mc__task_finish(t, MC_TASK_FAILED, "%s (%s; gave up after %u attempts over %s)", reason,
+                        mc_err_name(err), s->attempts + 1, paths);
+    }
     else
         mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
     slice_release(e, s);

@@ -62,13 +62,14 @@ static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
 
     if (!p)
         return mc_set_error(-ENOMEM, "out of memory");
-    if (mc__parse_ip_port(d->tcp_addr, &p->sa, &p->sa_len)) {
-        free(p);
-        return mc_set_error(-MC_EPROTO, "segment %s: bad tcp endpoint \"%s\"", d->name,
-                            d->tcp_addr);
-    }
     snprintf(p->name, sizeof(p->name), "%s", d->name);
     p->desc = *d;
+    mc__rails_build(e, p);
+    if (!p->n_rails) {
+        free(p);
+        return mc_set_error(-MC_EPROTO, "segment %s: no usable tcp endpoint (\"%s\")", d->name,
+                            d->tcp_addr);
+    }
     p->local_host = !strcmp(d->host_id, e->host_id);
     p->refcnt = 1;
     mc_list_init(&p->pending);
@@ -350,22 +351,19 @@ static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool allow_handshake, mc_des
 
 int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool allow_handshake)
 {
-    struct sockaddr_storage sa;
-    socklen_t len;
     mc_desc_t d;
     int rc = peer_fetch(e, p, allow_handshake, &d);
 
     if (rc)
         return rc;
-    if (strcmp(d.name, p->name) || mc__parse_ip_port(d.tcp_addr, &sa, &len)) {
+    if (strcmp(d.name, p->name)) {
         mc_desc_free(&d);
         return mc_set_error(-MC_ENOSEGMENT, "segment %s now answers as %s", p->name, d.name);
     }
     pthread_rwlock_wrlock(&e->peers_lock);
     mc_desc_free(&p->desc);
     p->desc = d;
-    p->sa = sa;
-    p->sa_len = len;
+    mc__rails_build(e, p);
     pthread_rwlock_unlock(&e->peers_lock);
     return 0;
 }

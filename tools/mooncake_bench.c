@@ -27,7 +27,7 @@
 typedef struct opts {
     const char *mode, *segment_id, *operation, *protocol, *memory, *pattern, *metadata;
     uint64_t block_size, batch_size, threads, buffer_size;
-    double duration;
+    double duration, interval;
     int verify, json, progress_thread;
 } opts_t;
 
@@ -68,7 +68,7 @@ static void usage(int code)
             "  [--operation read|write] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
             "  [--batch_size N] [--threads N] [--duration S] [--buffer_size B]\n"
             "  [--memory engine|malloc] [--pattern seq|random] [--metadata URL]\n"
-            "  [--progress thread|caller] [--verify] [--json]\n");
+            "  [--progress thread|caller] [--interval S] [--verify] [--json]\n");
     exit(code);
 }
 
@@ -119,6 +119,7 @@ static void parse_args(int argc, char **argv)
                                        {"pattern", 1, 0, 'P'},
                                        {"metadata", 1, 0, 'D'},
                                        {"progress", 1, 0, 'g'},
+                                       {"interval", 1, 0, 'i'},
                                        {"verify", 0, 0, 'v'},
                                        {"json", 0, 0, 'j'},
                                        {"help", 0, 0, 'h'},
@@ -165,6 +166,9 @@ static void parse_args(int argc, char **argv)
             break;
         case 'g':
             o.progress_thread = !strcmp(optarg, "thread");
+            break;
+        case 'i':
+            o.interval = atof(optarg);
             break;
         case 'v':
             o.verify = 1;
@@ -440,10 +444,36 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
     return pid;
 }
 
-static void report(double secs, uint64_t bytes, uint64_t requests, const char *verified,
-                   int same_host)
+/* Per-rail counters: a table on stdout, and the JSON array for the summary line. */
+static void report_rails(mc_engine_t *e, mc_segment_id_t seg, char *json, size_t size)
+{
+    mc_rail_stats_t rs[16];
+    size_t n = 0, off = 0;
+
+    mc_stats_rails(e, seg, rs, 16, &n);
+    printf("%-44s %8s %14s %10s %8s\n", "rail", "state", "bytes", "slices", "errors");
+    off += (size_t)snprintf(json + off, size - off, "[");
+    for (size_t i = 0; i < n && i < 16; i++) {
+        const char *state = rs[i].state ? "paused" : "active";
+        printf("%-44s %8s %14" PRIu64 " %10" PRIu64 " %8" PRIu64 "\n", rs[i].name, state,
+               rs[i].bytes, rs[i].slices, rs[i].errors);
+        off += (size_t)snprintf(json + off, size - off,
+                                "%s{\"name\":\"%s\",\"state\":\"%s\",\"bytes\":%" PRIu64
+                                ",\"slices\":%" PRIu64 ",\"errors\":%" PRIu64 "}",
+                                i ? "," : "", rs[i].name, state, rs[i].bytes, rs[i].slices,
+                                rs[i].errors);
+        if (off >= size)
+            break;
+    }
+    if (off < size)
+        snprintf(json + off, size - off, "]");
+}
+
+static void report(mc_engine_t *e, mc_segment_id_t seg, double secs, uint64_t bytes,
+                   uint64_t requests, const char *verified)
 {
     double gbps = bytes / secs / 1e9;
+    char rails[4096];
 
     printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol", "block_size",
            "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
@@ -451,14 +481,29 @@ static void report(double secs, uint64_t bytes, uint64_t requests, const char *v
            "%12.0f\n",
            o.operation, "tcp", o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
            requests / secs);
+    report_rails(e, seg, rails, sizeof(rails));
     if (o.json)
         printf("{\"operation\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%" PRIu64
                ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"buffer_size\":%" PRIu64
                ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64 ",\"requests\":%" PRIu64
                ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\","
-               "\"same_host\":%s}\n",
+               "\"same_host\":%s,\"rails\":%s}\n",
                o.operation, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
-               o.pattern, bytes, requests, secs, gbps, verified, same_host ? "true" : "false");
+               o.pattern, bytes, requests, secs, gbps, verified,
+               mc_segment_is_local_host(e, seg) == 1 ? "true" : "false", rails);
+}
+
+/* --interval: "rails t=SECONDS BYTES,BYTES,..." on stderr, to watch rails leave and rejoin. */
+static void print_rail_bytes(mc_engine_t *e, mc_segment_id_t seg, double t)
+{
+    mc_rail_stats_t rs[16];
+    size_t n = 0;
+
+    mc_stats_rails(e, seg, rs, 16, &n);
+    fprintf(stderr, "rails t=%.2f ", t);
+    for (size_t i = 0; i < n && i < 16; i++)
+        fprintf(stderr, "%s%" PRIu64, i ? "," : "", rs[i].bytes);
+    fprintf(stderr, "\n");
 }
 
 static int run_initiator(const char *target)
@@ -510,6 +555,10 @@ static int run_initiator(const char *target)
         fill_order(w, (unsigned)(t + 1));
         pthread_create(&w->tid, NULL, worker_main, w);
     }
+    while (o.interval > 0 && now_s() + o.interval <= start + o.duration) {
+        usleep((useconds_t)(o.interval * 1e6));
+        print_rail_bytes(e, seg, now_s() - start);
+    }
     for (uint64_t t = 0; t < o.threads; t++) {
         pthread_join(ws[t].tid, NULL);
         bytes += ws[t].bytes;
@@ -529,8 +578,7 @@ static int run_initiator(const char *target)
                 checked, bad);
         failed |= bad != 0;
     }
-    report(secs, bytes, requests, failed ? "FAILED" : verified,
-           mc_segment_is_local_host(e, seg) == 1);
+    report(e, seg, secs, bytes, requests, failed ? "FAILED" : verified);
     for (uint64_t t = 0; t < o.threads; t++) {
         free(ws[t].order);
         free(ws[t].touched);

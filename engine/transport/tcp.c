@@ -47,11 +47,11 @@ void mc__tcp_fini(mc_engine_t *e)
     }
     while (!mc_list_empty(&e->inbound))
         mc__conn_close(e, mc_container_of(e->inbound.next, mc_tcp_conn_t, link));
-    if (e->listen.fd >= 0) {
-        mc__epoll_del(e, &e->listen);
-        close(e->listen.fd);
-        e->listen.fd = -1;
+    for (unsigned i = 0; i < e->n_listens; i++) {
+        mc__epoll_del(e, &e->listens[i]);
+        close(e->listens[i].fd);
     }
+    e->n_listens = 0;
     mc__tcp_reap(e);
 }
 

@@ -27,24 +27,28 @@ void mc__tcp_sockopts(mc_engine_t *e, int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof(timeout));
 }
 
-static int conn_open(mc_engine_t *e, mc_peer_t *p)
+static int conn_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
 {
-    struct sockaddr_storage sa;
-    socklen_t sa_len;
+    struct sockaddr_storage sa, local;
+    socklen_t sa_len, local_len;
     mc_tcp_conn_t *c;
 
-    pthread_rwlock_rdlock(&e->peers_lock); /* the endpoint may be reloaded by a submitter */
-    sa = p->sa;
-    sa_len = p->sa_len;
+    pthread_rwlock_rdlock(&e->peers_lock); /* endpoints may be reloaded by a submitter */
+    sa = r->remote;
+    sa_len = r->remote_len;
+    local = r->local;
+    local_len = r->local_len;
     pthread_rwlock_unlock(&e->peers_lock);
     int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return mc_set_error(-errno, "socket: %s", strerror(errno));
     mc__tcp_sockopts(e, fd);
-    if (connect(fd, (struct sockaddr *)&sa, sa_len) < 0 && errno != EINPROGRESS) {
+    /* Bound to the rail's local address, the connection leaves through that link. */
+    if ((local_len && bind(fd, (struct sockaddr *)&local, local_len) < 0) ||
+        (connect(fd, (struct sockaddr *)&sa, sa_len) < 0 && errno != EINPROGRESS)) {
         int err = errno;
         close(fd);
-        return mc_set_error(-err, "connect to %s: %s", p->name, strerror(err));
+        return mc_set_error(-err, "rail %s: %s", r->name, strerror(err));
     }
     c = mc__conn_new(e, fd, true);
     if (!c) {
@@ -52,6 +56,7 @@ static int conn_open(mc_engine_t *e, mc_peer_t *p)
         return mc_set_error(-ENOMEM, "out of memory");
     }
     c->peer = p;
+    c->rail = r;
     c->id = ++e->next_conn_id;
     c->events = EPOLLOUT | EPOLLIN;
     if (mc__epoll_add(e, &c->pollable, c->events)) {
@@ -62,6 +67,7 @@ static int conn_open(mc_engine_t *e, mc_peer_t *p)
     }
     mc_list_push_back(&p->conns, &c->link);
     p->n_conns++;
+    r->n_conns++;
     e->n_outbound++;
     return 0;
 }
@@ -137,14 +143,47 @@ static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, uint64_t after_ns)
         mc__conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
+/* Every rail of the peer has failed to connect several times in a row, or is paused. */
+static bool all_rails_down(const mc_peer_t *p)
+{
+    for (unsigned i = 0; i < p->n_rails; i++)
+        if (p->rails[i].state == MC_RAIL_ACTIVE &&
+            p->rails[i].connect_failures < CONNECT_FAILURES_MAX)
+            return false;
+    return true;
+}
+
+static void reset_rails(mc_peer_t *p)
+{
+    for (unsigned i = 0; i < p->n_rails; i++)
+        p->rails[i].connect_failures = 0;
+}
+
+/* A connection that never completed its handshake failed: the peer may have moved (reload its
+ * descriptor) or be gone (fail its queued work once no rail can reach it). */
+static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
+{
+    mc__peer_reload(e, p, false);
+    if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT || all_rails_down(p)) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "cannot reach segment %s over any of its %u paths: %s",
+                 p->name, p->n_rails, why);
+        mc__sched_fail_peer(e, p, err, msg);
+        reset_rails(p);
+    }
+}
+
 void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason)
 {
     mc_peer_t *p = c->peer;
-    bool was_ready = c->state == CS_READY, had_data = c->window_used > 0;
+    mc_rail_t *r = c->rail;
+    bool connecting = c->state != CS_READY, had_data = c->window_used > 0;
     mc_list_t failed, *n;
+    char why[512];
 
+    snprintf(why, sizeof(why), "rail %s: %s", r->name, reason ? reason : "closed");
     if (reason)
-        mc_warn("connection %u to %s failed: %s", c->id, p->name, reason);
+        mc_warn("connection %u to %s failed: %s", c->id, p->name, why);
     /* The socket is closed by our caller right after; collect its slices first. */
     mc_list_init(&failed);
     mc_list_splice_back(&failed, &c->ackq);
@@ -152,7 +191,10 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
     mc_list_del(&c->link);
     mc_list_init(&c->link);
     p->n_conns--;
+    r->n_conns--;
     e->n_outbound--;
+    if (reason)
+        mc__rail_failed(r, mc_now_ns(), connecting);
     if (had_data) {
         retire_remember(e, p, c->id);
         mc_list_t *pos;
@@ -165,7 +207,7 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
     while ((n = mc_list_pop_front(&failed))) {
         mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
         if (s->kind == MC_SL_DATA)
-            mc__slice_failed(e, s, err, true, reason ? reason : "connection closed");
+            mc__slice_failed(e, s, err, true, why);
         else
             mc__slice_free(e, s);
     }
@@ -173,21 +215,8 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
     if (!reason)
         return;
     mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
-    if (was_ready) {
-        p->connect_failures = 0;
-    } else {
-        p->connect_failures++;
-        p->next_connect_ns =
-            mc_now_ns() + (50 * MC_MS << (p->connect_failures < 6 ? p->connect_failures : 6));
-        mc__peer_reload(e, p, false);
-        if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT ||
-            p->connect_failures >= CONNECT_FAILURES_MAX) {
-            char why[320];
-            snprintf(why, sizeof(why), "cannot reach segment %s: %s", p->name, reason);
-            mc__sched_fail_peer(e, p, err, why);
-            p->connect_failures = 0;
-        }
-    }
+    if (connecting)
+        connect_failed(e, p, err, why);
     mc__peer_activate(e, p);
 }
 
@@ -293,6 +322,8 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     c->window_used--;
     c->last_io_ns = mc_now_ns();
     if (c->fr.aux == 0) {
+        atomic_fetch_add_explicit(&c->rail->bytes, s->len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->rail->slices, 1, memory_order_relaxed);
         mc__slice_done(e, s);
         return;
     }
@@ -320,6 +351,7 @@ void mc__out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     if (c->state == CS_READY) {
+        mc__rail_ready(c->rail);
         retire_send(e, c, c->since_ns);
         mc__peer_activate(e, c->peer);
     }
@@ -333,6 +365,7 @@ static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     mc_frame_t f = {.id = ++e->next_cookie, .addr = t->req.target_offset + s->offset};
 
     s->cookie = f.id;
+    s->rails_tried |= 1u << (c->rail - t->peer->rails);
     if (s->opcode == MC_WRITE) {
         f.type = MC_FR_WRITE;
         f.length = s->len;
@@ -364,6 +397,24 @@ static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
     }
 }
 
+static bool evict_idle(mc_engine_t *e);
+
+static void rail_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
+{
+    if (e->n_outbound >= e->cfg.max_conns) {
+        pthread_rwlock_rdlock(&e->peers_lock);
+        bool room = evict_idle(e);
+        pthread_rwlock_unlock(&e->peers_lock);
+        if (!room)
+            return;
+    }
+    if (conn_open(e, p, r)) {
+        mc_warn("%s", mc_last_error());
+        mc__rail_failed(r, mc_now_ns(), true);
+        connect_failed(e, p, -MC_EPEERDEAD, mc_last_error());
+    }
+}
+
 /* Close one idle outbound connection of any peer to make room under MC_MAX_CONNS. */
 static bool evict_idle(mc_engine_t *e)
 {
@@ -383,25 +434,25 @@ static bool evict_idle(mc_engine_t *e)
     return false;
 }
 
+/* Open a connection on every usable rail that has none, and, when every connection is full,
+ * one more on the least-connected rail, up to MC_TCP_CONNS per rail. */
 static void maybe_open(mc_engine_t *e, mc_peer_t *p, bool all_full)
 {
-    if (p->n_conns >= e->cfg.tcp_conns || (p->n_conns && !all_full))
-        return;
-    if (p->n_conns == 0 && mc_now_ns() < p->next_connect_ns)
-        return;
-    if (e->n_outbound >= e->cfg.max_conns) {
-        pthread_rwlock_rdlock(&e->peers_lock);
-        bool room = evict_idle(e);
-        pthread_rwlock_unlock(&e->peers_lock);
-        if (!room)
-            return;
+    uint64_t now = mc_now_ns();
+    mc_rail_t *extra = NULL;
+
+    for (unsigned i = 0; i < p->n_rails; i++) {
+        mc_rail_t *r = &p->rails[i];
+        if (!mc__rail_usable(r, now) || now < r->next_connect_ns)
+            continue;
+        if (r->n_conns == 0)
+            rail_open(e, p, r);
+        else if (all_full && r->n_conns < e->cfg.tcp_conns &&
+                 (!extra || r->n_conns < extra->n_conns))
+            extra = r;
     }
-    if (conn_open(e, p)) {
-        char why[300];
-        snprintf(why, sizeof(why), "cannot connect to segment %s: %s", p->name, mc_last_error());
-        mc_warn("%s", why);
-        mc__sched_fail_peer(e, p, -MC_EPEERDEAD, why);
-    }
+    if (extra)
+        rail_open(e, p, extra);
 }
 
 void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)

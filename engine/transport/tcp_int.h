@@ -30,6 +30,7 @@ struct mc_tcp_conn {
     bool outbound;
     uint8_t state;
     mc_peer_t *peer; /* outbound only */
+    mc_rail_t *rail; /* outbound only: the path it runs over */
     mc_list_t link;  /* in peer->conns (outbound) or e->inbound; then e->graveyard */
     uint32_t id;     /* the initiator's connection id */
     uint64_t remote_instance;

@@ -287,14 +287,15 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     }
 }
 
-int mc__tcp_listen(mc_engine_t *e)
+static int listen_one(mc_engine_t *e, const char *addr)
 {
+    mc_pollable_t *l = &e->listens[e->n_listens];
     struct sockaddr_storage sa;
     socklen_t len;
     int one = 1, fd;
 
-    if (mc__parse_ip_port(e->cfg.listen, &sa, &len))
-        return mc_set_error(-MC_ECONFIG, "MC_LISTEN=%s: expected ip:port", e->cfg.listen);
+    if (mc__parse_ip_port(addr, &sa, &len))
+        return mc_set_error(-MC_ECONFIG, "MC_LISTEN: \"%s\" is not ip:port", addr);
     fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return mc_set_error(-errno, "socket: %s", strerror(errno));
@@ -303,10 +304,37 @@ int mc__tcp_listen(mc_engine_t *e)
         getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
         int err = errno;
         close(fd);
-        return mc_set_error(-err, "cannot listen on %s: %s", e->cfg.listen, strerror(err));
+        return mc_set_error(-err, "cannot listen on %s: %s", addr, strerror(err));
     }
-    e->listen.fd = fd;
-    e->listen.handler = on_accept;
-    mc__format_ip_port(&sa, e->listen_addr, sizeof(e->listen_addr));
-    return mc__epoll_add(e, &e->listen, EPOLLIN);
+    l->fd = fd;
+    l->handler = on_accept;
+    mc__format_ip_port(&sa, e->listen_addrs[e->n_listens], MC_NAME_MAX);
+    if (mc__epoll_add(e, l, EPOLLIN)) {
+        close(fd);
+        l->fd = -1;
+        return -EIO;
+    }
+    e->n_listens++;
+    return 0;
+}
+
+/* One listening socket per MC_LISTEN address: each is an endpoint peers can reach us by, and
+ * so one end of a rail. */
+int mc__tcp_listen(mc_engine_t *e)
+{
+    char addr[MC_NAME_MAX];
+    const char *p = e->cfg.listen;
+
+    while (*p && e->n_listens < MC_MAX_RAILS) {
+        size_t l = strcspn(p, ",");
+        if (l >= sizeof(addr))
+            return mc_set_error(-MC_ECONFIG, "MC_LISTEN: address too long");
+        memcpy(addr, p, l);
+        addr[l] = 0;
+        int rc = listen_one(e, addr);
+        if (rc)
+            return rc;
+        p += l + (p[l] == ',');
+    }
+    return e->n_listens ? 0 : mc_set_error(-MC_ECONFIG, "MC_LISTEN is empty");
 }

@@ -39,7 +39,7 @@ typedef uint32_t mc_segment_id_t;
 /* Engine configuration. Fill it with mc_config_init() (defaults + MC_* environment), then
  * override fields as needed. Strings are copied by mc_engine_create(). */
 typedef struct mc_config {
-    char listen[MC_NAME_MAX];       /* MC_LISTEN: "ip:port" to listen on (port 0 = any) */
+    char listen[512]; /* MC_LISTEN: "ip:port[,ip:port...]", one per interface; port 0 = any */
     char segment_name[MC_NAME_MAX]; /* MC_SEGMENT_NAME: "" = the listen ip:port */
     char metadata[512];             /* MC_METADATA: "file://DIR", "etcd://h:p", "none" */
     char cluster_id[64];            /* MC_METADATA_CLUSTER_ID */
@@ -256,6 +256,18 @@ typedef struct mc_counters {
     uint64_t errors;        /* slice or connection failures */
     uint64_t retries;       /* slices resubmitted after a failure */
 } mc_counters_t;
+
+/* One path to a peer (for tcp: local interface address -> peer endpoint). */
+typedef struct mc_rail_stats {
+    char name[264]; /* "10.201.1.1->10.201.1.2:4000" ("*" = default route) */
+    int state;      /* 0 active, 1 paused after repeated failures */
+    unsigned conns; /* open connections */
+    uint64_t bytes, slices, errors;
+} mc_rail_stats_t;
+
+/* Per-rail counters of an open peer: up to max into out; *count_p gets the number of rails. */
+MC_API int mc_stats_rails(mc_engine_t *engine, mc_segment_id_t id, mc_rail_stats_t *out,
+                          size_t max, size_t *count_p);
 
 /* Counters of one transport ("tcp", ...) summed over peers. -ENOENT if unknown. */
 MC_API int mc_stats_transport(mc_engine_t *engine, const char *transport, mc_counters_t *out);
