@@ -1,9 +1,11 @@
-/* Segment descriptors: what a peer needs to reach this engine, as JSON text. The same text is
- * stored in metadata (mooncake/ram/<name>), exported as a blob, and sent in DESC_REPLY.
+/* Segment descriptors: decoding a peer's (pure: fuzzed by fuzz/fuzz_desc.c). local_segment.c
+ * encodes ours. The same JSON text is stored in metadata (mooncake/ram/<name>), exported as a
+ * blob, and sent in DESC_REPLY.
  *
  *   {"name": "127.0.0.1:4000", "version": 1, "host": "<boot id>/net:<inode>", "pid": 42,
  *    "endpoints": [{"transport": "tcp", "addr": "127.0.0.1:4000"}],
- *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0"}]}
+ *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0"}],
+ *    "priority_matrix": {"cpu:0": [["eth0"], ["eth1"]]}}
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,67 +19,6 @@
 #include "engine_int.h"
 
 #define DESC_MAX_BUFFERS (1u << 20)
-
-int mc__host_id(char *buf, size_t size)
-{
-    char boot[64] = "";
-    struct stat st;
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-
-    if (!f || !fgets(boot, sizeof(boot), f)) {
-        if (f)
-            fclose(f);
-        return mc_set_error(-EIO, "cannot read /proc/sys/kernel/random/boot_id");
-    }
-    fclose(f);
-    boot[strcspn(boot, "\n")] = 0;
-    if (stat("/proc/self/ns/net", &st) < 0)
-        return mc_set_error(-errno, "cannot stat /proc/self/ns/net");
-    snprintf(buf, size, "%s/net:%llu", boot, (unsigned long long)st.st_ino);
-    return 0;
-}
-
-static json_t *buffers_json(mc_engine_t *e)
-{
-    json_t *arr = json_array();
-
-    pthread_rwlock_rdlock(&e->mem.lock);
-    for (size_t i = 0; arr && i < e->mem.n; i++) {
-        const mc_buffer_t *b = e->mem.v[i];
-        json_array_append_new(arr, json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr, "length",
-                                             (json_int_t)b->len, "location", b->location));
-    }
-    pthread_rwlock_unlock(&e->mem.lock);
-    return arr;
-}
-
-static json_t *endpoints_json(mc_engine_t *e)
-{
-    json_t *arr = json_array();
-
-    for (unsigned i = 0; arr && i < e->n_listens; i++)
-        json_array_append_new(arr, json_pack("{s:s,s:s}", "transport", "tcp", "addr",
-                                             e->listen_addrs[i]));
-    return arr;
-}
-
-int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
-{
-    json_t *root = json_pack("{s:s,s:i,s:s,s:i,s:o,s:o}", "name", e->name, "version",
-                             MC_PROTO_VERSION, "host", e->host_id, "pid", (int)getpid(),
-                             "endpoints", endpoints_json(e), "buffers", buffers_json(e));
-    char *text;
-
-    if (!root)
-        return mc_set_error(-ENOMEM, "cannot build the segment descriptor");
-    text = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (!text)
-        return mc_set_error(-ENOMEM, "cannot encode the segment descriptor");
-    *json_p = text;
-    *len_p = strlen(text);
-    return 0;
-}
 
 static int copy_str(json_t *v, const char *field, char *out, size_t size)
 {

@@ -271,6 +271,8 @@ static int engine_start(mc_engine_t *e)
     if (!rc)
         rc = mc_random_bytes(&e->instance, sizeof(e->instance));
     if (!rc)
+        rc = mc__topo_init(e);
+    if (!rc)
         rc = engine_fds(e);
     if (!rc)
         rc = mc__tcp_init(e);

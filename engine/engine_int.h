@@ -101,9 +101,12 @@ int mc__host_id(char *buf, size_t size);
 enum { MC_RAIL_ACTIVE = 0, MC_RAIL_PAUSED = 1 };
 
 typedef struct mc_rail {
-    char name[2 * MC_NAME_MAX + 4];    /* "local->remote" */
+    char name[2 * MC_NAME_MAX + 4];        /* "local->remote" */
     struct sockaddr_storage local, remote; /* protected by e->peers_lock (reload) */
-    socklen_t local_len, remote_len;   /* local_len 0: no bind */
+    socklen_t local_len, remote_len;       /* local_len 0: no bind */
+    char dev[64];                          /* interface of the local address ("" if unbound) */
+    char rank_loc[MC_LOCATION_MAX];        /* cache of mc__rail_rank: last location asked */
+    int rank;
     /* Progress-owned. */
     unsigned n_conns;
     int state;
@@ -203,7 +206,7 @@ struct mc_slice {
     uint32_t cookie;
     unsigned attempts;
     uint32_t rails_tried; /* bit per rail index: named when the slice finally fails */
-    void *payload; /* bytes after the header (data, or owned ctrl bytes) */
+    void *payload;        /* bytes after the header (data, or owned ctrl bytes) */
     uint32_t payload_len;
     bool payload_owned; /* free(payload) when done */
     mc_buffer_t *ref;   /* target side: buffer reference held while the response is sent */
@@ -278,6 +281,14 @@ int mc__parse_ip_port(const char *s, struct sockaddr_storage *sa, socklen_t *len
  * same IPv4 /24 when this engine listens on several). Caller holds peers_lock for writing or
  * owns the peer alone. */
 void mc__rails_build(mc_engine_t *e, mc_peer_t *p);
+/* How much a buffer at `location` wants this rail, from the NIC priority matrix: 0 preferred,
+ * 1 available, 2 not listed. Slices go to the best-ranked rails that have a ready connection. */
+int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location);
+/* The process's topology and priority matrix (discovered once; MC_DEVICES and
+ * MC_NIC_PRIORITY_MATRIX are checked here: -MC_ECONFIG naming the variable). */
+int mc__topo_init(mc_engine_t *e);
+/* Location of the buffer whose slice the peer sends next; NULL if it has nothing queued. */
+const char *mc__sched_peek_location(mc_peer_t *p);
 /* A rail may get new connections (active, or paused and due for a re-probe). */
 bool mc__rail_usable(const mc_rail_t *r, uint64_t now);
 /* A connection of the rail failed (connecting: before its handshake completed). Three failures
@@ -329,6 +340,8 @@ struct mc_engine {
     uint64_t next_timer_ns;
     uint32_t next_cookie;
     int armed_ms; /* current timerfd interval (caller-progress mode) */
+
+    const struct mc_topo *topo; /* process-wide, from mc__topo_init */
 
     /* tcp transport */
     mc_pollable_t listens[MC_MAX_RAILS];

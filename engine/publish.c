@@ -37,6 +37,8 @@ static int publish_once(mc_engine_t *e)
         return rc;
     rc = put_key(e, "ram", json, len);
     free(json);
+    if (rc == -ENOENT)
+        e->lease = 0; /* the store lost our lease (restarted empty, or it expired): re-grant */
     if (rc)
         return rc;
     len = (size_t)snprintf(endpoint, sizeof(endpoint), "{\"tcp\":\"%s\"}", e->listen_addrs[0]);

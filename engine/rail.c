@@ -3,14 +3,17 @@
  * link. A rail that fails repeatedly is paused and re-probed with a growing back-off. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "engine_int.h"
+#include "topology.h"
 
 #define RAIL_FAIL_WINDOW_NS (10000 * MC_MS) /* 3 failures within this pause a rail */
-#define RAIL_PAUSE_MIN_NS (1000 * MC_MS)
-#define RAIL_PAUSE_MAX_NS (30000 * MC_MS)
+#define RAIL_PAUSE_MIN_NS   (1000 * MC_MS)
+#define RAIL_PAUSE_MAX_NS   (30000 * MC_MS)
 
 static bool same_subnet24(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 {
@@ -34,6 +37,71 @@ static bool local_for(mc_engine_t *e, const struct sockaddr_storage *remote,
     return false;
 }
 
+static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
+static mc_topo_t *topo;
+static int topo_rc;
+static char topo_err[512];
+
+static void topo_discover(void)
+{
+    topo_rc = mc_topo_discover(NULL, &topo);
+    if (!topo_rc)
+        topo_rc = mc_topo_matrix_build_env(topo);
+    if (topo_rc)
+        snprintf(topo_err, sizeof(topo_err), "%s", mc_last_error());
+}
+
+int mc__topo_init(mc_engine_t *e)
+{
+    pthread_once(&topo_once, topo_discover);
+    if (topo_rc)
+        return mc_set_error(topo_rc, "%s", topo_err);
+    e->topo = topo;
+    return 0;
+}
+
+/* The interface that holds a local IPv4 address. */
+static void iface_of(const struct sockaddr_storage *sa, char *dev, size_t size)
+{
+    struct ifaddrs *ifs, *i;
+    const struct sockaddr_in *want = (const void *)sa;
+
+    dev[0] = 0;
+    if (sa->ss_family != AF_INET || getifaddrs(&ifs))
+        return;
+    for (i = ifs; i; i = i->ifa_next) {
+        const struct sockaddr_in *a = (const void *)i->ifa_addr;
+        if (a && a->sin_family == AF_INET && a->sin_addr.s_addr == want->sin_addr.s_addr) {
+            snprintf(dev, size, "%s", i->ifa_name);
+            break;
+        }
+    }
+    freeifaddrs(ifs);
+}
+
+static bool listed(const char **devs, size_t n, const char *dev)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(devs[i], dev))
+            return true;
+    return false;
+}
+
+int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location)
+{
+    const char **pref, **avail;
+    size_t np, na;
+
+    if (!strcmp(r->rank_loc, location))
+        return r->rank;
+    if (!e->topo || !r->dev[0] || mc_topo_matrix_get(e->topo, location, &pref, &np, &avail, &na))
+        r->rank = 1; /* nothing says otherwise: usable */
+    else
+        r->rank = listed(pref, np, r->dev) ? 0 : listed(avail, na, r->dev) ? 1 : 2;
+    snprintf(r->rank_loc, sizeof(r->rank_loc), "%s", location);
+    return r->rank;
+}
+
 void mc__rails_build(mc_engine_t *e, mc_peer_t *p)
 {
     unsigned n = 0;
@@ -48,6 +116,9 @@ void mc__rails_build(mc_engine_t *e, mc_peer_t *p)
             inet_ntop(AF_INET, &((struct sockaddr_in *)&r->local)->sin_addr, local, sizeof(local));
         else
             r->local_len = 0;
+        if (r->local_len)
+            iface_of(&r->local, r->dev, sizeof(r->dev));
+        r->rank_loc[0] = 0;
         snprintf(r->name, sizeof(r->name), "%s->%s", local, remote);
         n++;
     }
@@ -80,7 +151,8 @@ void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting)
         r->next_connect_ns = now + r->backoff_ns;
         memset(r->fail_at, 0, sizeof(r->fail_at));
     } else if (connecting) {
-        r->next_connect_ns = now + (50 * MC_MS << (r->connect_failures < 5 ? r->connect_failures : 5));
+        r->next_connect_ns =
+            now + (50 * MC_MS << (r->connect_failures < 5 ? r->connect_failures : 5));
     }
 }
 

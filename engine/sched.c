@@ -122,6 +122,15 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
     return NULL;
 }
 
+const char *mc__sched_peek_location(mc_peer_t *p)
+{
+    if (!mc_list_empty(&p->retry))
+        return mc_container_of(p->retry.next, mc_slice_t, link)->task->lbuf->location;
+    if (!mc_list_empty(&p->pending))
+        return mc_container_of(p->pending.next, mc_task_t, qlink)->lbuf->location;
+    return NULL;
+}
+
 static bool peer_has_work(mc_peer_t *p)
 {
     return !mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) || !mc_list_empty(&p->msgq);
@@ -200,8 +209,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
         paths_tried(p, s->rails_tried, paths, sizeof(paths));
         mc__task_finish(t, MC_TASK_FAILED, "%s (%s; gave up after %u attempts over %s)", reason,
                         mc_err_name(err), s->attempts + 1, paths);
-    }
-    else
+    } else
         mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
     slice_release(e, s);
 }

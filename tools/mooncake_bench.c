@@ -106,24 +106,13 @@ bad:
 
 static void parse_args(int argc, char **argv)
 {
-    static const struct option lo[] = {{"mode", 1, 0, 'm'},
-                                       {"segment_id", 1, 0, 's'},
-                                       {"operation", 1, 0, 'o'},
-                                       {"protocol", 1, 0, 'p'},
-                                       {"block_size", 1, 0, 'b'},
-                                       {"batch_size", 1, 0, 'n'},
-                                       {"threads", 1, 0, 't'},
-                                       {"duration", 1, 0, 'd'},
-                                       {"buffer_size", 1, 0, 'w'},
-                                       {"memory", 1, 0, 'M'},
-                                       {"pattern", 1, 0, 'P'},
-                                       {"metadata", 1, 0, 'D'},
-                                       {"progress", 1, 0, 'g'},
-                                       {"interval", 1, 0, 'i'},
-                                       {"verify", 0, 0, 'v'},
-                                       {"json", 0, 0, 'j'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"mode", 1, 0, 'm'},     {"segment_id", 1, 0, 's'}, {"operation", 1, 0, 'o'},
+        {"protocol", 1, 0, 'p'}, {"block_size", 1, 0, 'b'}, {"batch_size", 1, 0, 'n'},
+        {"threads", 1, 0, 't'},  {"duration", 1, 0, 'd'},   {"buffer_size", 1, 0, 'w'},
+        {"memory", 1, 0, 'M'},   {"pattern", 1, 0, 'P'},    {"metadata", 1, 0, 'D'},
+        {"progress", 1, 0, 'g'}, {"interval", 1, 0, 'i'},   {"verify", 0, 0, 'v'},
+        {"json", 0, 0, 'j'},     {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {

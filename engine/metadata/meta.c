@@ -11,9 +11,11 @@
 
 /* Backends, defined in meta_<scheme>.c. Adding one is a declaration here and a table line. */
 extern const mc_meta_ops_t mc__meta_file_ops;
+extern const mc_meta_ops_t mc__meta_etcd_ops;
 
 static const mc_meta_ops_t *const meta_backends[] = {
     &mc__meta_file_ops,
+    &mc__meta_etcd_ops,
 };
 
 #define MC_META_NBACKENDS (sizeof(meta_backends) / sizeof(meta_backends[0]))

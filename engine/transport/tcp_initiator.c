@@ -166,8 +166,8 @@ static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *wh
     mc__peer_reload(e, p, false);
     if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT || all_rails_down(p)) {
         char msg[512];
-        snprintf(msg, sizeof(msg), "cannot reach segment %s over any of its %u paths: %s",
-                 p->name, p->n_rails, why);
+        snprintf(msg, sizeof(msg), "cannot reach segment %s over any of its %u paths: %s", p->name,
+                 p->n_rails, why);
         mc__sched_fail_peer(e, p, err, msg);
         reset_rails(p);
     }
@@ -434,9 +434,24 @@ static bool evict_idle(mc_engine_t *e)
     return false;
 }
 
-/* Open a connection on every usable rail that has none, and, when every connection is full,
- * one more on the least-connected rail, up to MC_TCP_CONNS per rail. */
-static void maybe_open(mc_engine_t *e, mc_peer_t *p, bool all_full)
+/* The best rank (see mc__rail_rank) among rails with a ready connection, for location. */
+static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *location)
+{
+    int best = 3;
+    mc_list_t *pos;
+
+    for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+        int rank = c->state == CS_READY ? mc__rail_rank(e, c->rail, location) : 3;
+        best = rank < best ? rank : best;
+    }
+    return best;
+}
+
+/* Open a connection on every usable rail that has none (so a failover target is ready), and,
+ * when every connection of the best rails is full, one more on the least-connected of those,
+ * up to MC_TCP_CONNS per rail. */
+static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best)
 {
     uint64_t now = mc_now_ns();
     mc_rail_t *extra = NULL;
@@ -447,7 +462,7 @@ static void maybe_open(mc_engine_t *e, mc_peer_t *p, bool all_full)
             continue;
         if (r->n_conns == 0)
             rail_open(e, p, r);
-        else if (all_full && r->n_conns < e->cfg.tcp_conns &&
+        else if (r->n_conns < e->cfg.tcp_conns && mc__rail_rank(e, r, location) <= best &&
                  (!extra || r->n_conns < extra->n_conns))
             extra = r;
     }
@@ -455,43 +470,57 @@ static void maybe_open(mc_engine_t *e, mc_peer_t *p, bool all_full)
         rail_open(e, p, extra);
 }
 
-void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
+/* Hand slices to ready connections with room, one each in turn so they run in parallel, on the
+ * rails the buffer's location prefers most among those that have a ready connection. When
+ * work is left that none could take, open connections. */
+static void fill_conns(mc_engine_t *e, mc_peer_t *p)
 {
-    mc_tcp_conn_t *first = NULL;
-    bool progress = true, more = true, pending_conn = false;
-    mc_list_t *pos, *tmp;
+    const char *loc;
 
-    /* Round-robin one slice per ready connection with room, so slices run in parallel. */
-    while (progress && more) {
-        progress = false;
-        for (pos = p->conns.next; pos != &p->conns && more; pos = pos->next) {
+    while ((loc = mc__sched_peek_location(p))) {
+        int best = best_rank(e, p, loc);
+        bool took = false;
+        mc_list_t *pos;
+        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
             mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
-            if (c->state != CS_READY) {
-                pending_conn = true;
-                continue;
-            }
-            if (!first)
-                first = c;
-            if (c->window_used >= e->cfg.tcp_window)
+            if (c->state != CS_READY || c->window_used >= e->cfg.tcp_window ||
+                mc__rail_rank(e, c->rail, loc) > best)
                 continue;
             mc_slice_t *s = mc__sched_next_slice(e, p);
-            if (!s) {
-                more = false;
-                break;
-            }
+            if (!s)
+                return;
             assign(e, c, s);
-            progress = true;
+            took = true;
+            if (mc__sched_peek_location(p) != loc)
+                break; /* the next task may live elsewhere: rank again */
+        }
+        if (!took) {
+            maybe_open(e, p, loc, best);
+            return;
         }
     }
-    if (first && !mc_list_empty(&p->msgq))
-        send_msgs(e, p, first);
+}
+
+void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *pos, *tmp;
+
+    fill_conns(e, p);
+    if (!mc_list_empty(&p->msgq)) {
+        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
+            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+            if (c->state == CS_READY) { /* messages ride the first ready one: in order */
+                send_msgs(e, p, c);
+                break;
+            }
+        }
+        if (mc_list_empty(&p->conns))
+            maybe_open(e, p, "", 3);
+    }
     mc_list_for_each_safe(pos, tmp, &p->conns)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
         if (c->state == CS_READY && !mc_list_empty(&c->sendq))
             mc__conn_flush(e, c);
     }
-    if (more && !pending_conn &&
-        (!mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) || !mc_list_empty(&p->msgq)))
-        maybe_open(e, p, true);
 }

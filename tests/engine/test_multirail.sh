@@ -6,6 +6,8 @@
 #     transfer completes, the rail shows errors, and it carries bytes again after the link is up.
 #  3. a rail whose qdisc drops everything is abandoned within the I/O timeout; the transfer
 #     completes on the others, verified.
+#  4. the NIC priority matrix: with link 1 preferred for cpu:0 memory only rail 1 carries data;
+#     with link 1 down the available rails take over.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../fixtures/netns.sh"
@@ -95,4 +97,33 @@ echo "$rails"
 read -r bytes3 errors3 _ name3 < <(sed -n 3p <<<"$rails")
 (( errors3 > 0 )) || { echo "FAIL: black-holed rail $name3 shows no failure"; exit 1; }
 (( took <= 15 )) || { echo "FAIL: took ${took}s"; exit 1; }
+netns_tc $P 1 3 none
+netns_tc $P 2 3 none
+
+echo "== 4. priority matrix: link 1 preferred, the others available"
+m="{\"cpu:0\": [[\"$(netns_ifname $P 1 1)\"], [\"$(netns_ifname $P 1 2)\", \"$(netns_ifname $P 1 3)\"]]}"
+out=$(initiator MC_NIC_PRIORITY_MATRIX="$m" "$BENCH" --mode initiator --segment_id "$SEG" \
+    --buffer_size 64M --block_size 4M --batch_size 8 --duration 2 --verify --json)
+rails=$(echo "$out" | rails_json)
+echo "$rails"
+read -r b1 _ < <(sed -n 1p <<<"$rails")
+read -r b2 _ < <(sed -n 2p <<<"$rails")
+read -r b3 _ < <(sed -n 3p <<<"$rails")
+(( b1 > 0 && b2 == 0 && b3 == 0 )) || { echo "FAIL: only the preferred rail should carry data"; exit 1; }
+# The segment is opened while link 1 is up (its name is link 1's address); then link 1 goes.
+initiator MC_NIC_PRIORITY_MATRIX="$m" "$BENCH" --mode initiator --segment_id "$SEG" \
+    --buffer_size 64M --block_size 4M --batch_size 8 --duration 6 --verify --json \
+    >"$LOG/pm.out" 2>"$LOG/pm.err" &
+ini=$!
+sleep 2
+netns_link_set $P 1 1 down
+rc=0
+wait $ini || rc=$?
+[[ $rc -eq 0 ]] || { cat "$LOG/pm.err"; echo "FAIL: transfer failed ($rc)"; exit 1; }
+rails=$(rails_json <"$LOG/pm.out")
+echo "$rails"
+read -r b2 _ < <(sed -n 2p <<<"$rails")
+read -r b3 _ < <(sed -n 3p <<<"$rails")
+(( b2 > 0 && b3 > 0 )) || { echo "FAIL: the available rails did not take over"; exit 1; }
+netns_link_set $P 1 1 up
 echo PASS
