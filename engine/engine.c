@@ -345,6 +345,7 @@ void mc_engine_destroy(mc_engine_t *e)
         pthread_join(e->progress_tid, NULL);
     }
     mc__publish_stop(e);
+    mc__meta_cache_stop(e);
     pthread_mutex_lock(&e->lock);
     in_pass = true;
     engine_abort_tasks(e);

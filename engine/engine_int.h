@@ -368,6 +368,7 @@ struct mc_engine {
     pthread_cond_t meta_cond;
     bool meta_dirty, meta_stop;
     int64_t lease;
+    struct mc_seg_cache *seg_cache; /* created under meta_lock */
 };
 
 enum { MC_CNT_READ, MC_CNT_WRITTEN, MC_CNT_SERVED, MC_CNT_REQUESTS, MC_CNT_ERRORS, MC_CNT_RETRIES };
@@ -383,6 +384,11 @@ void mc__doorbell(mc_engine_t *e);
 bool mc__in_progress(void);
 /* Run one progress pass if nobody else is (caller-progress mode). */
 int mc__progress_try(mc_engine_t *e);
+/* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the
+ * last one seen (segment_cache.c, kept current by a watch started on first use). cached_only:
+ * never block on the service (progress context). */
+int mc__meta_lookup(mc_engine_t *e, const char *name, bool cached_only, mc_meta_kv_t *kv);
+void mc__meta_cache_stop(mc_engine_t *e);
 /* Metadata publishing (publish.c). */
 int mc__publish_start(mc_engine_t *e);
 void mc__publish_stop(mc_engine_t *e);

@@ -146,16 +146,6 @@ static int open_desc(mc_engine_t *e, const void *blob, size_t len, bool by_meta,
     return peer_insert(e, p, id_p);
 }
 
-static int meta_lookup(mc_engine_t *e, const char *name, mc_meta_kv_t *kv)
-{
-    char key[512];
-    int n = mc_meta_key(key, sizeof(key), e->cfg.cluster_id, "ram", name);
-
-    if (n < 0)
-        return mc_set_error(-ENAMETOOLONG, "segment name too long: %s", name);
-    return mc_meta_get(e->meta, key, (size_t)n, kv);
-}
-
 int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
 {
     struct sockaddr_storage sa;
@@ -175,7 +165,7 @@ int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
     if (p)
         return 0;
     if (e->meta) {
-        rc = meta_lookup(e, name, &kv);
+        rc = mc__meta_lookup(e, name, false, &kv);
         if (rc == 0) {
             rc = open_desc(e, kv.value, kv.value_len, true, id_p);
             mc_meta_kv_free(&kv);
@@ -319,8 +309,8 @@ void mc__peers_fini(mc_engine_t *e)
 }
 
 /* Fetch a peer's current descriptor: from metadata when it was opened through it, else (if
- * allowed) from the peer itself. Blocking; called without e->lock held by this thread only
- * when allow_handshake is set. */
+ * allowed) from the peer itself. allow_handshake also means "may block": without it (progress
+ * context) only the watched cache is consulted. */
 static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool allow_handshake, mc_desc_t *d)
 {
     mc_meta_kv_t kv;
@@ -329,7 +319,7 @@ static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool allow_handshake, mc_des
     int rc;
 
     if (p->by_metadata && e->meta) {
-        rc = meta_lookup(e, p->name, &kv);
+        rc = mc__meta_lookup(e, p->name, !allow_handshake, &kv);
         if (rc)
             return rc;
         rc = mc_desc_decode(kv.value, kv.value_len, d);
