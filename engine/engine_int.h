@@ -115,6 +115,8 @@ typedef struct mc_rail {
     uint64_t fail_at[3];       /* recent failures, for pausing */
     uint64_t backoff_ns;       /* current pause length */
     _Atomic uint64_t bytes, slices, errors;
+    _Atomic uint64_t rate;        /* bytes/s, moving average over timer ticks */
+    uint64_t rate_bytes, rate_ns; /* bytes and time at the last tick */
 } mc_rail_t;
 
 struct mc_peer {
@@ -289,6 +291,8 @@ int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location);
 int mc__topo_init(mc_engine_t *e);
 /* Location of the buffer whose slice the peer sends next; NULL if it has nothing queued. */
 const char *mc__sched_peek_location(mc_peer_t *p);
+/* Update the rails' throughput averages (timer tick). */
+void mc__rails_tick(mc_peer_t *p, uint64_t now);
 /* A rail may get new connections (active, or paused and due for a re-probe). */
 bool mc__rail_usable(const mc_rail_t *r, uint64_t now);
 /* A connection of the rail failed (connecting: before its handshake completed). Three failures

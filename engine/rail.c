@@ -128,6 +128,23 @@ void mc__rails_build(mc_engine_t *e, mc_peer_t *p)
         p->n_rails = n;
 }
 
+void mc__rails_tick(mc_peer_t *p, uint64_t now)
+{
+    for (unsigned i = 0; i < p->n_rails; i++) {
+        mc_rail_t *r = &p->rails[i];
+        uint64_t bytes = atomic_load(&r->bytes), dt = now - r->rate_ns;
+        if (dt < 100 * MC_MS)
+            continue;
+        if (r->rate_ns) {
+            double sample = (double)(bytes - r->rate_bytes) * 1e9 / (double)dt;
+            double avg = 0.7 * (double)atomic_load(&r->rate) + 0.3 * sample;
+            atomic_store(&r->rate, (uint64_t)avg);
+        }
+        r->rate_bytes = bytes;
+        r->rate_ns = now;
+    }
+}
+
 bool mc__rail_usable(const mc_rail_t *r, uint64_t now)
 {
     return r->state == MC_RAIL_ACTIVE || now >= r->next_connect_ns;
@@ -176,6 +193,9 @@ int mc_stats_rails(mc_engine_t *e, mc_segment_id_t id, mc_rail_stats_t *out, siz
     if (!p) {
         rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
     } else {
+        uint64_t total = 0;
+        for (unsigned i = 0; i < p->n_rails; i++)
+            total += atomic_load(&p->rails[i].rate);
         for (unsigned i = 0; i < p->n_rails && i < max; i++) {
             const mc_rail_t *r = &p->rails[i];
             snprintf(out[i].name, sizeof(out[i].name), "%s", r->name);
@@ -184,6 +204,8 @@ int mc_stats_rails(mc_engine_t *e, mc_segment_id_t id, mc_rail_stats_t *out, siz
             out[i].bytes = atomic_load(&r->bytes);
             out[i].slices = atomic_load(&r->slices);
             out[i].errors = atomic_load(&r->errors);
+            out[i].rate = atomic_load(&r->rate);
+            out[i].weight = total ? (double)out[i].rate / (double)total : 0.0;
         }
         *count_p = p->n_rails;
     }

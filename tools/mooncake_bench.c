@@ -440,17 +440,17 @@ static void report_rails(mc_engine_t *e, mc_segment_id_t seg, char *json, size_t
     size_t n = 0, off = 0;
 
     mc_stats_rails(e, seg, rs, 16, &n);
-    printf("%-44s %8s %14s %10s %8s\n", "rail", "state", "bytes", "slices", "errors");
+    printf("%-44s %8s %14s %10s %8s %7s\n", "rail", "state", "bytes", "slices", "errors", "weight");
     off += (size_t)snprintf(json + off, size - off, "[");
     for (size_t i = 0; i < n && i < 16; i++) {
         const char *state = rs[i].state ? "paused" : "active";
-        printf("%-44s %8s %14" PRIu64 " %10" PRIu64 " %8" PRIu64 "\n", rs[i].name, state,
-               rs[i].bytes, rs[i].slices, rs[i].errors);
+        printf("%-44s %8s %14" PRIu64 " %10" PRIu64 " %8" PRIu64 " %7.3f\n", rs[i].name, state,
+               rs[i].bytes, rs[i].slices, rs[i].errors, rs[i].weight);
         off += (size_t)snprintf(json + off, size - off,
                                 "%s{\"name\":\"%s\",\"state\":\"%s\",\"bytes\":%" PRIu64
-                                ",\"slices\":%" PRIu64 ",\"errors\":%" PRIu64 "}",
+                                ",\"slices\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"weight\":%.4f}",
                                 i ? "," : "", rs[i].name, state, rs[i].bytes, rs[i].slices,
-                                rs[i].errors);
+                                rs[i].errors, rs[i].weight);
         if (off >= size)
             break;
     }

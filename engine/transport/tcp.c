@@ -101,9 +101,12 @@ void mc__tcp_timers(mc_engine_t *e, uint64_t now)
     if (snap && n)
         memcpy(snap, e->peers, n * sizeof(*snap));
     pthread_rwlock_unlock(&e->peers_lock);
-    for (size_t i = 0; snap && i < n; i++)
-        if (snap[i])
+    for (size_t i = 0; snap && i < n; i++) {
+        if (snap[i]) {
             outbound_timers(e, snap[i], now);
+            mc__rails_tick(snap[i], now);
+        }
+    }
     free(snap);
     inbound_timers(e, now);
 }

@@ -263,11 +263,13 @@ typedef struct mc_rail_stats {
     int state;      /* 0 active, 1 paused after repeated failures */
     unsigned conns; /* open connections */
     uint64_t bytes, slices, errors;
+    uint64_t rate; /* recent throughput, bytes/s (moving average) */
+    double weight; /* this rail's share of the peer's recent throughput, 0..1 */
 } mc_rail_stats_t;
 
 /* Per-rail counters of an open peer: up to max into out; *count_p gets the number of rails. */
-MC_API int mc_stats_rails(mc_engine_t *engine, mc_segment_id_t id, mc_rail_stats_t *out,
-                          size_t max, size_t *count_p);
+MC_API int mc_stats_rails(mc_engine_t *engine, mc_segment_id_t id, mc_rail_stats_t *out, size_t max,
+                          size_t *count_p);
 
 /* Counters of one transport ("tcp", ...) summed over peers. -ENOENT if unknown. */
 MC_API int mc_stats_transport(mc_engine_t *engine, const char *transport, mc_counters_t *out);
