@@ -9,6 +9,7 @@
 #   ucx_ucp_put_bw, ucx_ucp_get   ucx_perftest over UCX_TLS=tcp, server and client on loopback
 #   ucx_uct_put_bw                ucx_perftest -t put_bw -x tcp -d lo -D zcopy (UCT level)
 #   engine_write, engine_read     $MC_BUILD_DIR/bin/mooncake-bench --mode local --protocol tcp
+#   engine_shm_write, _read       the same with --protocol shm (engine memory, same host)
 # Figures are GB/s (1e9 bytes/s).  ucx_perftest reuses one message buffer (no working set) and
 # runs a fixed iteration count, sized from the previous round's rate to last about DURATION.
 #
@@ -202,6 +203,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
                 # shellcheck disable=SC2086 # MC_BENCH_ARGS holds several arguments
                 run_json "engine_$op" "$size" "$bin/mooncake-bench" --mode local --protocol tcp \
                     --operation $op --block_size "$size" "${common[@]}" ${MC_BENCH_ARGS:-}
+                # shellcheck disable=SC2086
+                run_json "engine_shm_$op" "$size" "$bin/mooncake-bench" --mode local \
+                    --protocol shm --operation $op --block_size "$size" "${common[@]}" \
+                    ${MC_BENCH_ARGS:-}
             done
         fi
         skipped memcpy || run_json memcpy "$size" "$bin/mc-memcpy-bw" --block_size "$size" \
@@ -235,12 +240,15 @@ for line in open(path):
     fig, size, gbps = line.split()
     runs.setdefault(size_value(size), {}).setdefault(fig, []).append(float(gbps))
 
-order = ["engine_write", "raw_tcp_write", "engine_read", "raw_tcp_read", "memcpy", "cma_read",
-         "cma_write", "ucx_ucp_put_bw", "ucx_ucp_get", "ucx_uct_put_bw"]
+order = ["engine_write", "raw_tcp_write", "engine_read", "raw_tcp_read", "engine_shm_write",
+         "engine_shm_read", "memcpy", "cma_read", "cma_write", "ucx_ucp_put_bw", "ucx_ucp_get",
+         "ucx_uct_put_bw"]
 ratios = [("ratio_engine_raw_tcp_write", "engine_write", "raw_tcp_write"),
           ("ratio_engine_raw_tcp_read", "engine_read", "raw_tcp_read"),
           ("ratio_engine_read_write", "engine_read", "engine_write"),
-          ("ratio_raw_tcp_read_write", "raw_tcp_read", "raw_tcp_write")]
+          ("ratio_raw_tcp_read_write", "raw_tcp_read", "raw_tcp_write"),
+          ("ratio_engine_shm_write_memcpy", "engine_shm_write", "memcpy"),
+          ("ratio_engine_shm_read_memcpy", "engine_shm_read", "memcpy")]
 out = {"rounds": int(rounds), "working_set": size_value(ws), "duration": float(duration),
        "unit": "GB/s (1e9 B/s), median over rounds", "runs_failed": int(failures), "sizes": {}}
 size_list = [size_value(s) for s in sizes.split()]

@@ -250,6 +250,7 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         mc_list_init(&t->alink);
     }
     check_remote(e, tasks, count);
+    mc__shm_submit(e, tasks, count);
     atomic_fetch_add(&b->busy, count);
     atomic_store_explicit(&b->n, first + count, memory_order_release);
     pthread_mutex_lock(&e->sub_lock);

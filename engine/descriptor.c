@@ -3,8 +3,9 @@
  * blob, and sent in DESC_REPLY.
  *
  *   {"name": "127.0.0.1:4000", "version": 1, "host": "<boot id>/net:<inode>", "pid": 42,
- *    "endpoints": [{"transport": "tcp", "addr": "127.0.0.1:4000"}],
- *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0"}],
+ *    "endpoints": [{"transport": "tcp", "addr": "127.0.0.1:4000"},
+ *                  {"transport": "shm", "addr": "mooncake/<instance>"}],
+ *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0", "shm": true}],
  *    "priority_matrix": {"cpu:0": [["eth0"], ["eth1"]]}}
  */
 #include <errno.h>
@@ -40,6 +41,12 @@ static int decode_endpoints(json_t *root, mc_desc_t *d)
     json_array_foreach(eps, i, ep)
     {
         const char *t = json_string_value(json_object_get(ep, "transport"));
+        if (t && !strcmp(t, "shm")) {
+            int rc = copy_str(ep, "addr", d->shm_addr, sizeof(d->shm_addr));
+            if (rc)
+                return rc;
+            continue;
+        }
         if (!t || strcmp(t, "tcp") || d->n_tcp == MC_MAX_RAILS)
             continue;
         int rc = copy_str(ep, "addr", d->tcp_addrs[d->n_tcp], sizeof(d->tcp_addrs[0]));
@@ -62,6 +69,7 @@ static int decode_buffer(json_t *jb, mc_desc_buffer_t *b)
         return mc_set_error(-MC_EPROTO, "descriptor: buffer without a valid addr/length");
     b->addr = (uint64_t)json_integer_value(a);
     b->len = (uint64_t)json_integer_value(l);
+    b->shm = json_is_true(json_object_get(jb, "shm"));
     if (b->addr + b->len < b->addr)
         return mc_set_error(-MC_EPROTO, "descriptor: buffer wraps around");
     return copy_str(jb, "location", b->location, sizeof(b->location));

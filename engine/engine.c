@@ -156,6 +156,10 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
             p->handler(e, p, evs[i].events);
     }
     drain_submissions(e);
+    if (atomic_exchange(&e->revoke_req, false))
+        mc__shm_revoke_start(e);
+    if (atomic_exchange(&e->revoke_abort, false))
+        mc__shm_revoke_abort(e);
     mc__sched_run(e);
     now = mc_now_ns();
     if (now >= e->next_timer_ns) {
@@ -165,6 +169,7 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
         mc__sched_run(e);
     }
     mc__tcp_reap(e);
+    mc__shm_reap(e);
     arm_timer(e);
     in_pass = false;
     if (atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
@@ -249,6 +254,12 @@ static void engine_init_state(mc_engine_t *e)
     pthread_mutex_init(&e->handlers_lock, NULL);
     pthread_mutex_init(&e->notify_lock, NULL);
     pthread_mutex_init(&e->meta_lock, NULL);
+    pthread_mutex_init(&e->revoke_mutex, NULL);
+    pthread_mutex_init(&e->shm_lock, NULL);
+    mc_list_init(&e->shm_conns);
+    mc_list_init(&e->shm_grave);
+    mc_list_init(&e->shm_peers);
+    e->shm_listen.fd = -1;
     pthread_cond_init(&e->meta_cond, NULL);
     mc_list_init(&e->subq);
     mc_list_init(&e->msgq_in);
@@ -276,6 +287,8 @@ static int engine_start(mc_engine_t *e)
         rc = engine_fds(e);
     if (!rc)
         rc = mc__tcp_init(e);
+    if (!rc)
+        rc = mc__shm_init(e);
     if (rc)
         return rc;
     snprintf(e->name, sizeof(e->name), "%s",
@@ -350,6 +363,7 @@ void mc_engine_destroy(mc_engine_t *e)
     in_pass = true;
     engine_abort_tasks(e);
     mc__tcp_fini(e); /* fails in-flight slices, so tasks release */
+    mc__shm_fini(e);
     mc__sched_fini(e);
     in_pass = false;
     pthread_mutex_unlock(&e->lock);
@@ -386,9 +400,12 @@ int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out
 {
     if (!e || !transport || !out)
         return mc_set_error(-EINVAL, "mc_stats_transport: NULL argument");
-    if (strcmp(transport, "tcp"))
+    if (!strcmp(transport, "tcp"))
+        counters_load(e->tcp_c, out);
+    else if (!strcmp(transport, "shm"))
+        counters_load(e->shm_c, out);
+    else
         return mc_set_error(-ENOENT, "no transport \"%s\" in this engine", transport);
-    counters_load(e->tcp_c, out);
     return 0;
 }
 

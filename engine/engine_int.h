@@ -70,6 +70,7 @@ void mc__mem_put(mc_engine_t *e, mc_buffer_t *b);
 typedef struct mc_desc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
+    bool shm; /* engine-allocated (memfd): same-host peers may map it */
 } mc_desc_buffer_t;
 
 #define MC_MAX_RAILS 16
@@ -80,6 +81,7 @@ typedef struct mc_desc {
     char tcp_addr[MC_NAME_MAX]; /* "ip:port" of the first endpoint (handshakes) */
     char tcp_addrs[MC_MAX_RAILS][MC_NAME_MAX]; /* every tcp endpoint, one per interface */
     unsigned n_tcp;
+    char shm_addr[MC_NAME_MAX]; /* abstract unix socket name of the shm transport, or "" */
     int pid;
     size_t n_buffers;
     mc_desc_buffer_t *buffers;
@@ -127,8 +129,9 @@ struct mc_peer {
     mc_rail_t rails[MC_MAX_RAILS];
     unsigned n_rails;
     bool local_host;
-    bool by_metadata;       /* opened by name through metadata: may be refreshed */
-    atomic_uint busy_tasks; /* tasks to this peer not yet released */
+    bool by_metadata;                /* opened by name through metadata: may be refreshed */
+    atomic_uint busy_tasks;          /* tasks to this peer not yet released */
+    struct mc_shm_peer *_Atomic shm; /* same-host mappings (transport/shm.c), on first use */
     atomic_uint queued_msgs;
     _Atomic uint64_t c[6]; /* counters in MC_CNT_* order: written by progress */
 
@@ -356,6 +359,18 @@ struct mc_engine {
     uint32_t next_conn_id;
     _Atomic uint64_t tcp_c[6]; /* mc_counters_t order */
 
+    /* shm transport (transport/shm.c) */
+    char shm_name[MC_NAME_MAX]; /* abstract unix socket name; "" when off */
+    mc_pollable_t shm_listen;
+    mc_list_t shm_conns, shm_grave; /* owner side, progress-owned */
+    mc_list_t shm_peers;            /* initiator side, under shm_lock */
+    pthread_mutex_t shm_lock;
+    pthread_mutex_t revoke_mutex; /* one unregister revocation at a time */
+    uint64_t revoke_addr;
+    atomic_uint revoke_left; /* REVOKE_ACKs still expected */
+    atomic_bool revoke_req, revoke_abort;
+    _Atomic uint64_t shm_c[6];
+
     /* messages and notifications */
     pthread_mutex_t handlers_lock;
     mc_msg_cb handlers[256];
@@ -381,6 +396,19 @@ static inline void mc__count(_Atomic uint64_t *c, uint64_t v)
 {
     atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
+
+/* shm transport (transport/shm.c). */
+int mc__shm_init(mc_engine_t *e);
+void mc__shm_fini(mc_engine_t *e);
+void mc__shm_reap(mc_engine_t *e);
+/* Move what can go through same-host mappings now, in the submitting thread; those tasks end
+ * COMPLETED (or FAILED if the owner exited) before they are queued. */
+void mc__shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n);
+void mc__shm_peer_close(mc_engine_t *e, mc_peer_t *p);
+void mc__shm_revoke_start(mc_engine_t *e);
+void mc__shm_revoke_abort(mc_engine_t *e);
+/* Wake threads waiting in unregister (buffer references or revocations changed). */
+void mc__mem_wake(mc_engine_t *e);
 
 /* Wake the progress context (one eventfd write). */
 void mc__doorbell(mc_engine_t *e);

@@ -38,8 +38,9 @@ static json_t *buffers_json(mc_engine_t *e)
     pthread_rwlock_rdlock(&e->mem.lock);
     for (size_t i = 0; arr && i < e->mem.n; i++) {
         const mc_buffer_t *b = e->mem.v[i];
-        json_array_append_new(arr, json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr, "length",
-                                             (json_int_t)b->len, "location", b->location));
+        json_array_append_new(arr, json_pack("{s:I,s:I,s:s,s:b}", "addr", (json_int_t)b->addr,
+                                             "length", (json_int_t)b->len, "location", b->location,
+                                             "shm", b->memfd >= 0));
     }
     pthread_rwlock_unlock(&e->mem.lock);
     return arr;
@@ -52,6 +53,8 @@ static json_t *endpoints_json(mc_engine_t *e)
     for (unsigned i = 0; arr && i < e->n_listens; i++)
         json_array_append_new(
             arr, json_pack("{s:s,s:s}", "transport", "tcp", "addr", e->listen_addrs[i]));
+    if (arr && e->shm_name[0])
+        json_array_append_new(arr, json_pack("{s:s,s:s}", "transport", "shm", "addr", e->shm_name));
     return arr;
 }
 

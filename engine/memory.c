@@ -72,13 +72,17 @@ mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
     return b;
 }
 
+void mc__mem_wake(mc_engine_t *e)
+{
+    pthread_mutex_lock(&e->mem.drain_lock);
+    pthread_cond_broadcast(&e->mem.drain_cond);
+    pthread_mutex_unlock(&e->mem.drain_lock);
+}
+
 void mc__mem_put(mc_engine_t *e, mc_buffer_t *b)
 {
-    if (atomic_fetch_sub(&b->refs, 1) == 1 && atomic_load(&b->dead)) {
-        pthread_mutex_lock(&e->mem.drain_lock);
-        pthread_cond_broadcast(&e->mem.drain_cond);
-        pthread_mutex_unlock(&e->mem.drain_lock);
-    }
+    if (atomic_fetch_sub(&b->refs, 1) == 1 && atomic_load(&b->dead))
+        mc__mem_wake(e);
 }
 
 static int location_parse(const char *loc, int *kind_p, int *index_p)
@@ -244,16 +248,14 @@ static mc_buffer_t *memtab_remove(mc_memtab_t *t, uint64_t addr)
     return b;
 }
 
-/* Wait until nothing in flight references b. In caller-progress mode we drive progress
+/* Wait until done(e, b), or the deadline. In caller-progress mode we drive progress
  * ourselves, since nobody else will. */
-static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
+static bool mem_wait(mc_engine_t *e, mc_buffer_t *b, bool (*done)(mc_engine_t *, mc_buffer_t *),
+                     uint64_t deadline)
 {
-    uint64_t deadline = mc_now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
-
-    while (atomic_load(&b->refs) > 0) {
+    while (!done(e, b)) {
         if (mc_now_ns() > deadline)
-            return mc_set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
-                                (unsigned long long)b->addr, atomic_load(&b->refs));
+            return false;
         if (!e->has_thread) {
             mc__progress_try(e);
             continue;
@@ -261,10 +263,55 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
         struct timespec ts;
         mc_abstime_in(&ts, 10);
         pthread_mutex_lock(&e->mem.drain_lock);
-        if (atomic_load(&b->refs) > 0)
+        if (!done(e, b))
             pthread_cond_timedwait(&e->mem.drain_cond, &e->mem.drain_lock, &ts);
         pthread_mutex_unlock(&e->mem.drain_lock);
     }
+    return true;
+}
+
+static bool refs_drained(mc_engine_t *e, mc_buffer_t *b)
+{
+    (void)e;
+    return atomic_load(&b->refs) == 0;
+}
+
+static bool revoked(mc_engine_t *e, mc_buffer_t *b)
+{
+    (void)b;
+    return !atomic_load(&e->revoke_req) && !atomic_load(&e->revoke_left);
+}
+
+/* Same-host peers may have the buffer mapped: have each unmap it and acknowledge (see
+ * transport/shm.c). One that does not answer within MC_IO_TIMEOUT_MS is disconnected, which
+ * makes it drop every mapping of ours. */
+static void mem_revoke(mc_engine_t *e, mc_buffer_t *b)
+{
+    if (b->memfd < 0 || !e->shm_name[0])
+        return;
+    pthread_mutex_lock(&e->revoke_mutex);
+    e->revoke_addr = b->addr;
+    atomic_store(&e->revoke_req, true);
+    mc__doorbell(e);
+    if (!mem_wait(e, b, revoked, mc_now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
+        mc_warn("unregister 0x%llx: %u same-host peers did not acknowledge; disconnecting them",
+                (unsigned long long)b->addr, atomic_load(&e->revoke_left));
+        atomic_store(&e->revoke_abort, true);
+        mc__doorbell(e);
+        mem_wait(e, b, revoked, mc_now_ns() + 1000 * MC_MS);
+    }
+    pthread_mutex_unlock(&e->revoke_mutex);
+}
+
+/* Wait until nothing in flight references b. */
+static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
+{
+    uint64_t deadline = mc_now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
+
+    if (!mem_wait(e, b, refs_drained, deadline))
+        return mc_set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
+                            (unsigned long long)b->addr, atomic_load(&b->refs));
+    mem_revoke(e, b);
     return 0;
 }
 

@@ -259,6 +259,7 @@ static void peer_destroy(mc_engine_t *e, mc_peer_t *p)
     mc_list_t *n;
 
     mc__tcp_peer_close(e, p);
+    mc__shm_peer_close(e, p);
     while ((n = mc_list_pop_front(&p->msgq)))
         free(mc_container_of(n, mc_msg_t, link));
     if (p->active)

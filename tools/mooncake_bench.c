@@ -174,8 +174,8 @@ static void parse_args(int argc, char **argv)
     }
     if (strcmp(o.operation, "read") && strcmp(o.operation, "write"))
         usage(2);
-    if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "auto")) {
-        fprintf(stderr, "mooncake-bench: protocol %s is not available in this build (tcp only)\n",
+    if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "shm") && strcmp(o.protocol, "auto")) {
+        fprintf(stderr, "mooncake-bench: protocol %s is not available in this build (tcp, shm)\n",
                 o.protocol);
         exit(2);
     }
@@ -198,6 +198,8 @@ static mc_engine_t *make_engine(int progress_thread)
         snprintf(cfg.metadata, sizeof(cfg.metadata), "%s", o.metadata);
     if (progress_thread >= 0)
         cfg.progress_thread = progress_thread;
+    if (!strcmp(o.protocol, "tcp"))
+        cfg.force_tcp = 1;
     rc = mc_engine_create(&cfg, &e);
     if (rc)
         die("mc_engine_create", rc);
@@ -416,8 +418,8 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
         dup2(fds[1], 1);
         close(fds[0]);
         snprintf(ws, sizeof(ws), "%s", o.memory);
-        execl(self, self, "--mode", "target", "--buffer_size", bs, "--memory", ws,
-              o.metadata ? "--metadata" : NULL, o.metadata, (char *)NULL);
+        execl(self, self, "--mode", "target", "--buffer_size", bs, "--memory", ws, "--protocol",
+              o.protocol, o.metadata ? "--metadata" : NULL, o.metadata, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -458,26 +460,37 @@ static void report_rails(mc_engine_t *e, mc_segment_id_t seg, char *json, size_t
         snprintf(json + off, size - off, "]");
 }
 
+/* The transport that carried the data: shm if it moved any byte. */
+static const char *protocol_used(mc_engine_t *e)
+{
+    mc_counters_t c;
+
+    if (mc_stats_transport(e, "shm", &c) == 0 && c.bytes_read + c.bytes_written > 0)
+        return "shm";
+    return "tcp";
+}
+
 static void report(mc_engine_t *e, mc_segment_id_t seg, double secs, uint64_t bytes,
                    uint64_t requests, const char *verified)
 {
     double gbps = bytes / secs / 1e9;
+    const char *proto = protocol_used(e);
     char rails[4096];
 
     printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol", "block_size",
            "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
     printf("%-10s %-8s %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %14" PRIu64 " %10.3f %10.3f "
            "%12.0f\n",
-           o.operation, "tcp", o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
+           o.operation, proto, o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
            requests / secs);
     report_rails(e, seg, rails, sizeof(rails));
     if (o.json)
-        printf("{\"operation\":\"%s\",\"protocol\":\"tcp\",\"block_size\":%" PRIu64
+        printf("{\"operation\":\"%s\",\"protocol\":\"%s\",\"block_size\":%" PRIu64
                ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"buffer_size\":%" PRIu64
                ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64 ",\"requests\":%" PRIu64
                ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\","
                "\"same_host\":%s,\"rails\":%s}\n",
-               o.operation, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
+               o.operation, proto, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
                o.pattern, bytes, requests, secs, gbps, verified,
                mc_segment_is_local_host(e, seg) == 1 ? "true" : "false", rails);
 }
@@ -568,6 +581,11 @@ static int run_initiator(const char *target)
         failed |= bad != 0;
     }
     report(e, seg, secs, bytes, requests, failed ? "FAILED" : verified);
+    if (!strcmp(o.protocol, "shm") && strcmp(protocol_used(e), "shm")) {
+        fprintf(stderr, "mooncake-bench: --protocol shm, but no byte went through shm (target on "
+                        "another host, or not engine memory)\n");
+        failed = 1;
+    }
     for (uint64_t t = 0; t < o.threads; t++) {
         free(ws[t].order);
         free(ws[t].touched);

@@ -11,3 +11,5 @@ mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.sh
   TIMEOUT 240 LABELS netns)
+mc_unit_test(test_shm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_shm.c
+             ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 120 LABELS integration)

@@ -1,0 +1,552 @@
+/*
+ * Same-host transport for engine-allocated (memfd) memory.
+ *
+ * A peer on the same host (same boot id and network namespace) maps the owner's memfd buffers
+ * once and then moves data with plain loads and stores in the submitting thread: no syscall and
+ * no round trip per request. The owner hands out a mapping only for a registered memfd buffer
+ * (the mapping is exactly that buffer), over an abstract unix socket whose peer must have our
+ * uid; with MC_AUTH_TOKEN or MC_FORCE_TCP set the transport is off.
+ *
+ * Each peer keeps two sockets to an owner: a request socket used synchronously by submitters
+ * (MAP), and an event socket in the progress loop (REVOKE from the owner, HUP when it dies).
+ *
+ * Unregister protocol: mc_mem_free() of a memfd buffer sends REVOKE to every peer's event
+ * socket and waits (up to MC_IO_TIMEOUT_MS) for each REVOKE_ACK. A peer unmaps under its
+ * mappings' write lock (copies hold the read lock), so once it acknowledged, no copy of it can
+ * touch the buffer. A peer that does not answer in time has its sockets closed, which makes it
+ * drop every mapping of ours. After mc_mem_free() returns, no peer writes into those pages.
+ *
+ * Dead owner: a copy into the memory of a process that died lands in orphaned pages. After the
+ * copies of one submit, one poll of the owner's pidfd per peer decides: if it exited, those
+ * tasks end FAILED ("owner exited"), never COMPLETED.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "../engine_int.h"
+
+enum { SHM_HELLO = 1, SHM_MAP, SHM_MAP_OK, SHM_MAP_ERR, SHM_REVOKE, SHM_REVOKE_ACK };
+enum { ROLE_REQUEST = 1, ROLE_EVENT = 2 };
+
+typedef struct shm_msg {
+    uint32_t type, arg; /* arg: role for HELLO */
+    uint64_t addr, len, instance;
+} shm_msg_t;
+
+/* Owner side: one accepted connection. Progress-owned. */
+typedef struct shm_conn {
+    mc_pollable_t p;
+    mc_list_t link; /* e->shm_conns, then e->shm_grave */
+    uint32_t role;
+    uint64_t instance;
+} shm_conn_t;
+
+typedef struct shm_map {
+    uint64_t raddr, len;
+    uint8_t *local;
+} shm_map_t;
+
+/* Initiator side: what we hold of one owner. */
+struct mc_shm_peer {
+    pthread_mutex_t req_lock; /* one MAP request at a time on req_fd */
+    int req_fd;
+    mc_pollable_t ev; /* event socket, in the progress loop */
+    int pidfd;
+    pthread_rwlock_t lock; /* read: copies; write: mapping changes */
+    shm_map_t *maps;
+    size_t n, cap;
+    atomic_bool dead;
+    mc_list_t link; /* e->shm_peers, for teardown */
+};
+
+static socklen_t sun_of(const char *name, struct sockaddr_un *sun)
+{
+    memset(sun, 0, sizeof(*sun));
+    sun->sun_family = AF_UNIX;
+    size_t n = strnlen(name, sizeof(sun->sun_path) - 2);
+    memcpy(sun->sun_path + 1, name, n); /* abstract: leading NUL */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static int msg_send(int fd, const shm_msg_t *m, int pass_fd)
+{
+    struct iovec iov = {(void *)m, sizeof(*m)};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    if (pass_fd >= 0) {
+        memset(cbuf, 0, sizeof(cbuf));
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof(cbuf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(*m) ? 0 : -EIO;
+}
+
+/* One message; a passed descriptor lands in *fd_p (or is closed when fd_p is NULL). */
+static int msg_recv(int fd, shm_msg_t *m, int *fd_p, int flags)
+{
+    struct iovec iov = {m, sizeof(*m)};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
+    int got = -1;
+
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            memcpy(&got, CMSG_DATA(c), sizeof(int));
+    if (fd_p)
+        *fd_p = got;
+    else if (got >= 0)
+        close(got);
+    if (n < 0)
+        return errno == EAGAIN ? -EAGAIN : -EIO;
+    return n == sizeof(*m) ? 0 : -EIO;
+}
+
+/* ---- owner side ---- */
+
+static void conn_bury(mc_engine_t *e, shm_conn_t *c)
+{
+    mc__epoll_del(e, &c->p);
+    close(c->p.fd);
+    c->p.fd = -1;
+    mc_list_del(&c->link);
+    mc_list_push_back(&e->shm_grave, &c->link);
+    if (c->role == ROLE_EVENT && e->revoke_left) { /* counts as acknowledged */
+        e->revoke_left--;
+        mc__mem_wake(e);
+    }
+}
+
+static void on_map(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
+{
+    mc_buffer_t *b = mc__mem_get(e, m->addr, m->len);
+    shm_msg_t r = {.type = SHM_MAP_ERR, .addr = m->addr};
+
+    if (b && b->memfd >= 0) {
+        r = (shm_msg_t){.type = SHM_MAP_OK, .addr = b->addr, .len = b->len};
+        if (msg_send(c->p.fd, &r, b->memfd))
+            conn_bury(e, c);
+    } else if (msg_send(c->p.fd, &r, -1)) {
+        conn_bury(e, c);
+    }
+    if (b)
+        mc__mem_put(e, b);
+}
+
+static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    shm_conn_t *c = mc_container_of(p, shm_conn_t, p);
+    shm_msg_t m;
+    int rc;
+
+    (void)events;
+    while (c->p.fd >= 0 && (rc = msg_recv(c->p.fd, &m, NULL, MSG_DONTWAIT)) == 0) {
+        if (m.type == SHM_HELLO && !c->role && (m.arg == ROLE_REQUEST || m.arg == ROLE_EVENT)) {
+            c->role = m.arg;
+            c->instance = m.instance;
+        } else if (m.type == SHM_MAP && c->role == ROLE_REQUEST) {
+            on_map(e, c, &m);
+        } else if (m.type == SHM_REVOKE_ACK && c->role == ROLE_EVENT) {
+            if (m.addr == e->revoke_addr && e->revoke_left) {
+                e->revoke_left--;
+                mc__mem_wake(e);
+            }
+        } else {
+            mc_warn("shm: unexpected message %u from a peer: dropping it", m.type);
+            rc = -EIO;
+            break;
+        }
+    }
+    if (c->p.fd >= 0 && rc != -EAGAIN)
+        conn_bury(e, c);
+}
+
+static bool same_user(int fd)
+{
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 &&
+           (cr.uid == getuid() || cr.uid == 0);
+}
+
+static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    (void)events;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(p->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        shm_conn_t *c = same_user(fd) ? calloc(1, sizeof(*c)) : NULL;
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->p.fd = fd;
+        c->p.handler = owner_handler;
+        mc_list_push_back(&e->shm_conns, &c->link);
+        if (mc__epoll_add(e, &c->p, EPOLLIN)) {
+            mc_list_del(&c->link);
+            close(fd);
+            free(c);
+        }
+    }
+}
+
+int mc__shm_init(mc_engine_t *e)
+{
+    struct sockaddr_un sun;
+    int fd;
+
+    if (e->cfg.force_tcp || e->cfg.auth_token[0])
+        return 0; /* the shm transport authenticates by uid only: keep it off then */
+    snprintf(e->shm_name, sizeof(e->shm_name), "mooncake/%016llx", (unsigned long long)e->instance);
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sun_of(e->shm_name, &sun)) < 0 ||
+        listen(fd, 256) < 0) {
+        mc_warn("shm transport off: cannot listen on a unix socket: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        e->shm_name[0] = 0;
+        return 0;
+    }
+    e->shm_listen.fd = fd;
+    e->shm_listen.handler = on_accept;
+    return mc__epoll_add(e, &e->shm_listen, EPOLLIN);
+}
+
+/* Progress context: send REVOKE for e->revoke_addr to every event connection. */
+void mc__shm_revoke_start(mc_engine_t *e)
+{
+    mc_list_t *pos, *tmp;
+    shm_msg_t m = {.type = SHM_REVOKE, .addr = e->revoke_addr};
+
+    e->revoke_left = 0;
+    mc_list_for_each_safe(pos, tmp, &e->shm_conns)
+    {
+        shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
+        if (c->role != ROLE_EVENT)
+            continue;
+        if (msg_send(c->p.fd, &m, -1) == 0)
+            e->revoke_left++;
+        else
+            conn_bury(e, c); /* it will drop its mappings on HUP */
+    }
+    mc__mem_wake(e);
+}
+
+/* Progress context: a revoke timed out; close the event connections still owing an ACK. */
+void mc__shm_revoke_abort(mc_engine_t *e)
+{
+    while (e->revoke_left && !mc_list_empty(&e->shm_conns)) {
+        mc_list_t *pos, *tmp;
+        mc_list_for_each_safe(pos, tmp, &e->shm_conns)
+        {
+            shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
+            if (c->role == ROLE_EVENT)
+                conn_bury(e, c);
+        }
+        e->revoke_left = 0;
+    }
+}
+
+void mc__shm_reap(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&e->shm_grave)))
+        free(mc_container_of(n, shm_conn_t, link));
+}
+
+/* ---- initiator side ---- */
+
+static void peer_unmap_all(struct mc_shm_peer *s)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    for (size_t i = 0; i < s->n; i++)
+        munmap(s->maps[i].local, s->maps[i].len);
+    s->n = 0;
+    pthread_rwlock_unlock(&s->lock);
+}
+
+static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    struct mc_shm_peer *s = mc_container_of(p, struct mc_shm_peer, ev);
+    shm_msg_t m;
+    int rc;
+
+    (void)events;
+    while ((rc = msg_recv(s->ev.fd, &m, NULL, MSG_DONTWAIT)) == 0 && m.type == SHM_REVOKE) {
+        pthread_rwlock_wrlock(&s->lock);
+        for (size_t i = 0; i < s->n;) {
+            if (m.addr >= s->maps[i].raddr && m.addr < s->maps[i].raddr + s->maps[i].len) {
+                munmap(s->maps[i].local, s->maps[i].len);
+                s->maps[i] = s->maps[--s->n];
+            } else {
+                i++;
+            }
+        }
+        pthread_rwlock_unlock(&s->lock);
+        m.type = SHM_REVOKE_ACK;
+        msg_send(s->ev.fd, &m, -1);
+    }
+    if (rc != -EAGAIN) { /* the owner went away, or misbehaved: forget it */
+        atomic_store(&s->dead, true);
+        mc__epoll_del(e, &s->ev);
+        peer_unmap_all(s);
+    }
+}
+
+static int connect_role(const char *name, uint32_t role, uint64_t instance)
+{
+    struct sockaddr_un sun;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    shm_msg_t m = {.type = SHM_HELLO, .arg = role, .instance = instance};
+
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&sun, sun_of(name, &sun)) < 0 ||
+        send(fd, &m, sizeof(m), MSG_NOSIGNAL) != sizeof(m)) {
+        int err = errno;
+        close(fd);
+        return -err;
+    }
+    return fd;
+}
+
+static struct mc_shm_peer *peer_open(mc_engine_t *e, mc_peer_t *p)
+{
+    struct mc_shm_peer *s = calloc(1, sizeof(*s));
+    struct timeval tv = {.tv_sec = e->cfg.io_timeout_ms / 1000,
+                         .tv_usec = (e->cfg.io_timeout_ms % 1000) * 1000};
+
+    if (!s)
+        return NULL;
+    s->req_fd = connect_role(p->desc.shm_addr, ROLE_REQUEST, e->instance);
+    s->ev.fd = connect_role(p->desc.shm_addr, ROLE_EVENT, e->instance);
+    s->pidfd = (int)syscall(SYS_pidfd_open, p->desc.pid, 0);
+    s->ev.handler = peer_on_event;
+    pthread_mutex_init(&s->req_lock, NULL);
+    pthread_rwlock_init(&s->lock, NULL);
+    if (s->req_fd < 0 || s->ev.fd < 0 || s->pidfd < 0 ||
+        setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+        mc__epoll_add(e, &s->ev, EPOLLIN)) {
+        mc_info("shm to %s unavailable (%s): using tcp", p->name, strerror(errno));
+        atomic_store(&s->dead, true);
+    }
+    return s;
+}
+
+static void peer_free(struct mc_shm_peer *s)
+{
+    peer_unmap_all(s);
+    free(s->maps);
+    if (s->req_fd >= 0)
+        close(s->req_fd);
+    if (s->ev.fd >= 0)
+        close(s->ev.fd);
+    if (s->pidfd >= 0)
+        close(s->pidfd);
+    pthread_mutex_destroy(&s->req_lock);
+    pthread_rwlock_destroy(&s->lock);
+    free(s);
+}
+
+/* The peer's shm state, created on first use; NULL when shm does not apply to it. */
+static struct mc_shm_peer *peer_shm(mc_engine_t *e, mc_peer_t *p)
+{
+    struct mc_shm_peer *s = atomic_load_explicit(&p->shm, memory_order_acquire);
+
+    if (s || !e->shm_name[0] || !p->local_host || !p->desc.shm_addr[0])
+        return s && !atomic_load(&s->dead) ? s : NULL;
+    pthread_mutex_lock(&e->shm_lock);
+    s = atomic_load(&p->shm);
+    if (!s && (s = peer_open(e, p))) {
+        mc_list_push_back(&e->shm_peers, &s->link);
+        atomic_store_explicit(&p->shm, s, memory_order_release);
+    }
+    pthread_mutex_unlock(&e->shm_lock);
+    return s && !atomic_load(&s->dead) ? s : NULL;
+}
+
+/* Map the owner's buffer [addr, addr+len). Caller holds nothing. */
+static int map_buffer(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
+{
+    shm_msg_t m = {.type = SHM_MAP, .addr = addr, .len = len};
+    int fd = -1, rc;
+    void *p;
+
+    pthread_mutex_lock(&s->req_lock);
+    rc = send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) == sizeof(m) ? 0 : -EIO;
+    if (!rc)
+        rc = msg_recv(s->req_fd, &m, &fd, 0);
+    pthread_mutex_unlock(&s->req_lock);
+    if (!rc && (m.type != SHM_MAP_OK || fd < 0))
+        rc = -MC_EACCESS;
+    if (rc) {
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    p = mmap(NULL, m.len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return -errno;
+    pthread_rwlock_wrlock(&s->lock);
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 8;
+        shm_map_t *v = realloc(s->maps, cap * sizeof(*v));
+        if (!v) {
+            pthread_rwlock_unlock(&s->lock);
+            munmap(p, m.len);
+            return -ENOMEM;
+        }
+        s->maps = v;
+        s->cap = cap;
+    }
+    s->maps[s->n++] = (shm_map_t){.raddr = m.addr, .len = m.len, .local = p};
+    pthread_rwlock_unlock(&s->lock);
+    return 0;
+}
+
+/* The local address of remote [addr, addr+len), or NULL. Caller holds s->lock. */
+static uint8_t *find_map(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        const shm_map_t *m = &s->maps[i];
+        if (addr >= m->raddr && len <= m->len && addr - m->raddr <= m->len - len)
+            return m->local + (addr - m->raddr);
+    }
+    return NULL;
+}
+
+/* Whether the descriptor says [addr, addr+len) is in a buffer the owner lets us map. */
+static bool mappable(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t len)
+{
+    bool ok = false;
+
+    pthread_rwlock_rdlock(&e->peers_lock);
+    for (size_t i = 0; i < p->desc.n_buffers && !ok; i++) {
+        const mc_desc_buffer_t *b = &p->desc.buffers[i];
+        ok = b->shm && addr >= b->addr && len <= b->len && addr - b->addr <= b->len - len;
+    }
+    pthread_rwlock_unlock(&e->peers_lock);
+    return ok;
+}
+
+/* Copy one task through a mapping. Returns true if it moved. */
+static bool copy_task(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *t)
+{
+    const mc_request_t *r = &t->req;
+    uint8_t *remote;
+
+    if (!mappable(e, t->peer, r->target_offset, r->length))
+        return false;
+    pthread_rwlock_rdlock(&s->lock);
+    remote = find_map(s, r->target_offset, r->length);
+    if (!remote) {
+        pthread_rwlock_unlock(&s->lock);
+        if (map_buffer(s, r->target_offset, r->length))
+            return false;
+        pthread_rwlock_rdlock(&s->lock);
+        remote = find_map(s, r->target_offset, r->length);
+    }
+    if (remote) {
+        if (r->opcode == MC_WRITE)
+            memcpy(remote, r->local, r->length);
+        else
+            memcpy(r->local, remote, r->length);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    return remote != NULL;
+}
+
+static bool owner_exited(struct mc_shm_peer *s)
+{
+    struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
+
+    return poll(&pfd, 1, 0) > 0;
+}
+
+void mc__shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        mc_task_t *t = &tasks[i];
+        struct mc_shm_peer *s;
+        if (atomic_load(&t->state) != MC_TASK_WAITING || !(s = peer_shm(e, t->peer)) ||
+            !copy_task(e, s, t))
+            continue;
+        /* One liveness check per run of tasks to the same owner, after its copies. */
+        size_t j = i + 1;
+        while (j < n && tasks[j].peer == t->peer && copy_task(e, s, &tasks[j]))
+            j++;
+        bool dead = owner_exited(s);
+        for (size_t k = i; k < j; k++) {
+            mc_task_t *d = &tasks[k];
+            int cnt = d->req.opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
+            if (dead) {
+                mc__task_finish(d, MC_TASK_FAILED, "segment %s: owner process exited",
+                                d->peer->name);
+                continue;
+            }
+            atomic_store(&d->bytes, d->req.length);
+            mc__count(&d->peer->c[cnt], d->req.length);
+            mc__count(&d->peer->c[MC_CNT_REQUESTS], 1);
+            mc__count(&e->shm_c[cnt], d->req.length);
+            mc__count(&e->shm_c[MC_CNT_REQUESTS], 1);
+            mc__task_finish(d, MC_TASK_COMPLETED, NULL);
+        }
+        i = j - 1;
+    }
+}
+
+void mc__shm_peer_close(mc_engine_t *e, mc_peer_t *p)
+{
+    struct mc_shm_peer *s = atomic_load(&p->shm);
+
+    if (s && s->ev.fd >= 0 && !atomic_load(&s->dead)) {
+        atomic_store(&s->dead, true);
+        mc__epoll_del(e, &s->ev);
+        peer_unmap_all(s);
+    }
+}
+
+void mc__shm_fini(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while (!mc_list_empty(&e->shm_conns))
+        conn_bury(e, mc_container_of(e->shm_conns.next, shm_conn_t, link));
+    mc__shm_reap(e);
+    for (size_t i = 0; i < e->n_peers; i++) /* peers are destroyed after us */
+        if (e->peers[i])
+            atomic_store(&e->peers[i]->shm, NULL);
+    while ((n = mc_list_pop_front(&e->shm_peers))) {
+        struct mc_shm_peer *s = mc_container_of(n, struct mc_shm_peer, link);
+        if (!atomic_load(&s->dead))
+            mc__epoll_del(e, &s->ev);
+        peer_free(s);
+    }
+    if (e->shm_listen.fd >= 0) {
+        mc__epoll_del(e, &e->shm_listen);
+        close(e->shm_listen.fd);
+        e->shm_listen.fd = -1;
+    }
+}

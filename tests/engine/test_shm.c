@@ -1,0 +1,137 @@
+/* The same-host (shm) transport beyond the conformance suite: the unregister protocol with a
+ * peer that has the memory mapped, and an owner that dies during traffic. The target is a
+ * child process (harness.c) with engine memory, on this host. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define BUF (4u << 20)
+
+typedef struct fx {
+    th_target_t t;
+    mc_engine_t *e;
+    mc_segment_id_t seg;
+    uint8_t *src;
+} fx_t;
+
+static int setup(void **state)
+{
+    fx_t *fx = calloc(1, sizeof(*fx));
+    mc_config_t cfg;
+    th_target_opts_t o;
+
+    th_config(&cfg);
+    cfg.force_tcp = 0;
+    th_target_opts_init(&o, &cfg, BUF);
+    o.n_bufs = 2;
+    o.use_alloc = 1;
+    assert_int_equal(th_target_spawn(&o, &fx->t), 0);
+    fx->e = th_engine(&cfg);
+    fx->seg = th_open(fx->e, &fx->t, 0);
+    fx->src = th_buf(fx->e, BUF);
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *fx = *state;
+
+    th_kill_all();
+    th_buf_free(fx->e, fx->src, BUF);
+    mc_engine_destroy(fx->e);
+    free(fx);
+    return 0;
+}
+
+static uint64_t shm_bytes(mc_engine_t *e)
+{
+    mc_counters_t c;
+
+    assert_int_equal(mc_stats_transport(e, "shm", &c), 0);
+    return c.bytes_written + c.bytes_read;
+}
+
+/* The owner frees a buffer this process has mapped: mc_mem_free returns once we unmapped it
+ * (promptly: we acknowledge from our progress thread), and a later write to it fails instead of
+ * landing in orphaned pages. The other buffer keeps working through shm. */
+static void test_unregister_mapped(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t b0 = fx->t.eng[0].buf[0], b1 = fx->t.eng[0].buf[1];
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    th_reply_t r;
+    char why[256];
+
+    th_fill(fx->src, BUF, 71);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b1, BUF, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_true(shm_bytes(fx->e) >= BUF);
+    assert_int_equal(th_remote_check(&fx->t, 0, b1, BUF, 71, 0), -1);
+
+    int64_t t0 = th_now_ms();
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    assert_true(th_now_ms() - t0 < 1500); /* acknowledged, not timed out (2 s) */
+
+    int st = th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b1, BUF, why, sizeof(why));
+    assert_int_equal(st, MC_TASK_FAILED);
+    assert_true(th_contains(why, "registered"));
+
+    th_fill(fx->src, BUF, 72);
+    uint64_t before = shm_bytes(fx->e);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b0, BUF, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_true(shm_bytes(fx->e) >= before + BUF);
+    assert_int_equal(th_remote_check(&fx->t, 0, b0, BUF, 72, 0), -1);
+}
+
+/* The owner is killed while we keep writing: every task ends COMPLETED (before the death) or
+ * FAILED, within seconds, and nothing hangs or crashes. */
+static void test_owner_dies(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t b0 = fx->t.eng[0].buf[0];
+    size_t completed = 0, failed = 0;
+    int64_t killed_at = 0, deadline = th_now_ms() + 30000;
+    char why[256];
+
+    th_fill(fx->src, BUF, 73);
+    while (th_now_ms() < deadline) {
+        if (completed == 50 && !killed_at) {
+            th_target_kill(&fx->t);
+            killed_at = th_now_ms();
+        }
+        int st = th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b0, 64 * 1024, why, sizeof(why));
+        if (st == MC_TASK_COMPLETED) {
+            completed++;
+        } else {
+            assert_true(st == MC_TASK_FAILED || st == MC_TASK_TIMEOUT);
+            assert_true(why[0] != 0);
+            failed++;
+        }
+        if (killed_at && failed >= 3)
+            break;
+    }
+    assert_true(killed_at > 0);
+    assert_true(failed >= 3);
+    assert_true(th_now_ms() - killed_at < 15000);
+}
+
+int main(int argc, char **argv)
+{
+    th_main(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_unregister_mapped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_owner_dies, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
