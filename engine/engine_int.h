@@ -151,9 +151,10 @@ struct mc_peer {
 mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id);
 /* Mark a peer as having work; the scheduler visits active peers each pass. */
 void mc__peer_activate(mc_engine_t *e, mc_peer_t *p);
-/* Re-read a peer's descriptor (metadata; or the peer itself if allow_handshake, which blocks
- * for up to the connect timeout). Peer table writers are excluded while it is swapped. */
-int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool allow_handshake);
+/* Re-read a peer's descriptor. may_block: from the peer itself (handshake, up to the connect
+ * timeout), else metadata; otherwise only the watched metadata cache. Peer table writers are
+ * excluded while it is swapped. */
+int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block);
 
 /* ---- batches, tasks, slices (batch.c, sched.c) ---- */
 
@@ -370,6 +371,9 @@ struct mc_engine {
     atomic_uint revoke_left; /* REVOKE_ACKs still expected */
     atomic_bool revoke_req, revoke_abort;
     _Atomic uint64_t shm_c[6];
+    struct mc_regtab *regtab; /* our registrations, shared with same-host peers (CMA) */
+    int regtab_fd;
+    bool regtab_used[256]; /* peer slots in regtab, progress-owned */
 
     /* messages and notifications */
     pthread_mutex_t handlers_lock;
@@ -407,6 +411,10 @@ void mc__shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n);
 void mc__shm_peer_close(mc_engine_t *e, mc_peer_t *p);
 void mc__shm_revoke_start(mc_engine_t *e);
 void mc__shm_revoke_abort(mc_engine_t *e);
+/* Mirror the registration table into the shared one (caller holds e->mem.lock for writing). */
+void mc__regtab_publish(mc_engine_t *e);
+/* After a registration was removed: wait for same-host peers' CMA calls that may still use it. */
+void mc__regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
 /* Wake threads waiting in unregister (buffer references or revocations changed). */
 void mc__mem_wake(mc_engine_t *e);
 

@@ -216,6 +216,8 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
         goto err_free;
     pthread_rwlock_wrlock(&e->mem.lock);
     rc = memtab_insert(&e->mem, b);
+    if (!rc)
+        mc__regtab_publish(e);
     pthread_rwlock_unlock(&e->mem.lock);
     if (rc)
         goto err_free;
@@ -232,8 +234,9 @@ int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location
     return mem_register(e, addr, len, location, -1);
 }
 
-static mc_buffer_t *memtab_remove(mc_memtab_t *t, uint64_t addr)
+static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr)
 {
+    mc_memtab_t *t = &e->mem;
     mc_buffer_t *b = NULL;
 
     pthread_rwlock_wrlock(&t->lock);
@@ -243,6 +246,7 @@ static mc_buffer_t *memtab_remove(mc_memtab_t *t, uint64_t addr)
         memmove(&t->v[i], &t->v[i + 1], (t->n - (size_t)i - 1) * sizeof(*t->v));
         t->n--;
         atomic_store(&b->dead, true);
+        mc__regtab_publish(e);
     }
     pthread_rwlock_unlock(&t->lock);
     return b;
@@ -311,6 +315,7 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
     if (!mem_wait(e, b, refs_drained, deadline))
         return mc_set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
                             (unsigned long long)b->addr, atomic_load(&b->refs));
+    mc__regtab_grace(e, mc_now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
     mem_revoke(e, b);
     return 0;
 }
@@ -324,7 +329,7 @@ static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *le
         return mc_set_error(-EINVAL, "mc_mem_unregister: NULL engine");
     if (mc__in_progress())
         return mc_set_error(-EDEADLK, "memory cannot be unregistered from a callback");
-    b = memtab_remove(&e->mem, (uint64_t)(uintptr_t)addr);
+    b = memtab_remove(e, (uint64_t)(uintptr_t)addr);
     if (!b)
         return mc_set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
     mc__publish_kick(e);

@@ -309,26 +309,24 @@ void mc__peers_fini(mc_engine_t *e)
     e->n_peers = 0;
 }
 
-/* Fetch a peer's current descriptor: from metadata when it was opened through it, else (if
- * allowed) from the peer itself. allow_handshake also means "may block": without it (progress
- * context) only the watched cache is consulted. */
-static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool allow_handshake, mc_desc_t *d)
+static int fetch_from_meta(mc_engine_t *e, mc_peer_t *p, bool cached_only, mc_desc_t *d)
 {
     mc_meta_kv_t kv;
+    int rc = mc__meta_lookup(e, p->name, cached_only, &kv);
+
+    if (rc)
+        return rc;
+    rc = mc_desc_decode(kv.value, kv.value_len, d);
+    mc_meta_kv_free(&kv);
+    return rc;
+}
+
+static int fetch_from_peer(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
+{
     char addr[MC_NAME_MAX], *json;
     size_t len;
     int rc;
 
-    if (p->by_metadata && e->meta) {
-        rc = mc__meta_lookup(e, p->name, !allow_handshake, &kv);
-        if (rc)
-            return rc;
-        rc = mc_desc_decode(kv.value, kv.value_len, d);
-        mc_meta_kv_free(&kv);
-        return rc;
-    }
-    if (!allow_handshake)
-        return -ENOTSUP;
     pthread_rwlock_rdlock(&e->peers_lock);
     snprintf(addr, sizeof(addr), "%s", p->desc.tcp_addr);
     pthread_rwlock_unlock(&e->peers_lock);
@@ -340,10 +338,25 @@ static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool allow_handshake, mc_des
     return rc;
 }
 
-int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool allow_handshake)
+/* Fetch a peer's current descriptor. may_block: ask the peer itself first (it is the
+ * authority: metadata lags behind its registrations), then metadata. Otherwise (progress
+ * context) only the watched metadata cache is consulted. */
+static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool may_block, mc_desc_t *d)
+{
+    bool meta = p->by_metadata && e->meta;
+
+    if (!may_block)
+        return meta ? fetch_from_meta(e, p, true, d) : -ENOTSUP;
+    if (fetch_from_peer(e, p, d) == 0)
+        return 0;
+    return meta ? fetch_from_meta(e, p, false, d)
+                : mc_set_error(-MC_EPEERDEAD, "%s", mc_last_error());
+}
+
+int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block)
 {
     mc_desc_t d;
-    int rc = peer_fetch(e, p, allow_handshake, &d);
+    int rc = peer_fetch(e, p, may_block, &d);
 
     if (rc)
         return rc;

@@ -30,12 +30,24 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../engine_int.h"
+#include "shm_int.h"
 
-enum { SHM_HELLO = 1, SHM_MAP, SHM_MAP_OK, SHM_MAP_ERR, SHM_REVOKE, SHM_REVOKE_ACK };
+#define CMA_IOV 1024 /* iovecs per process_vm_readv/writev call (IOV_MAX) */
+
+enum {
+    SHM_HELLO = 1,
+    SHM_MAP,
+    SHM_MAP_OK,
+    SHM_MAP_ERR,
+    SHM_REVOKE,
+    SHM_REVOKE_ACK,
+    SHM_REGTAB,    /* request: the registration table and a slot in it */
+    SHM_REGTAB_OK, /* arg = slot; the table's memfd attached */
+};
 enum { ROLE_REQUEST = 1, ROLE_EVENT = 2 };
 
 typedef struct shm_msg {
@@ -49,6 +61,7 @@ typedef struct shm_conn {
     mc_list_t link; /* e->shm_conns, then e->shm_grave */
     uint32_t role;
     uint64_t instance;
+    int slot; /* request connections: this peer's slot in the registration table, or -1 */
 } shm_conn_t;
 
 typedef struct shm_map {
@@ -66,7 +79,12 @@ struct mc_shm_peer {
     shm_map_t *maps;
     size_t n, cap;
     atomic_bool dead;
-    mc_list_t link; /* e->shm_peers, for teardown */
+    mc_list_t link;      /* e->shm_peers, for teardown */
+    mc_regtab_t *regtab; /* the owner's registrations, for CMA; NULL: no CMA */
+    int slot;
+    pthread_mutex_t cma_lock; /* one CMA call at a time: the slot counts one in flight */
+    int pid;
+    atomic_bool cma_off; /* CMA refused (EPERM): said once, tcp from then on */
 };
 
 static socklen_t sun_of(const char *name, struct sockaddr_un *sun)
@@ -123,6 +141,8 @@ static int msg_recv(int fd, shm_msg_t *m, int *fd_p, int flags)
 
 static void conn_bury(mc_engine_t *e, shm_conn_t *c)
 {
+    mc__regtab_slot_put(e, c->slot);
+    c->slot = -1;
     mc__epoll_del(e, &c->p);
     close(c->p.fd);
     c->p.fd = -1;
@@ -163,6 +183,13 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             c->instance = m.instance;
         } else if (m.type == SHM_MAP && c->role == ROLE_REQUEST) {
             on_map(e, c, &m);
+        } else if (m.type == SHM_REGTAB && c->role == ROLE_REQUEST && c->slot < 0 && e->regtab) {
+            c->slot = mc__regtab_slot_get(e);
+            shm_msg_t r = {.type = SHM_REGTAB_OK, .arg = (uint32_t)c->slot};
+            if (c->slot < 0 || msg_send(c->p.fd, &r, e->regtab_fd)) {
+                rc = -EIO;
+                break;
+            }
         } else if (m.type == SHM_REVOKE_ACK && c->role == ROLE_EVENT) {
             if (m.addr == e->revoke_addr && e->revoke_left) {
                 e->revoke_left--;
@@ -200,6 +227,7 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             continue;
         }
         c->p.fd = fd;
+        c->slot = -1;
         c->p.handler = owner_handler;
         mc_list_push_back(&e->shm_conns, &c->link);
         if (mc__epoll_add(e, &c->p, EPOLLIN)) {
@@ -229,6 +257,8 @@ int mc__shm_init(mc_engine_t *e)
     }
     e->shm_listen.fd = fd;
     e->shm_listen.handler = on_accept;
+    if (mc__regtab_create(e))
+        mc_warn("shm: no shared registration table (%s): CMA off", strerror(errno));
     return mc__epoll_add(e, &e->shm_listen, EPOLLIN);
 }
 
@@ -331,6 +361,27 @@ static int connect_role(const char *name, uint32_t role, uint64_t instance)
     return fd;
 }
 
+/* Ask the owner for its registration table and our slot in it (CMA needs both). */
+static void get_regtab(struct mc_shm_peer *s)
+{
+    shm_msg_t m = {.type = SHM_REGTAB};
+    int fd = -1;
+
+    if (send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) != sizeof(m) ||
+        msg_recv(s->req_fd, &m, &fd, 0) || m.type != SHM_REGTAB_OK || fd < 0 ||
+        m.arg >= MC_REGTAB_SLOTS) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    void *t = mmap(NULL, sizeof(mc_regtab_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (t != MAP_FAILED) {
+        s->regtab = t;
+        s->slot = (int)m.arg;
+    }
+}
+
 static struct mc_shm_peer *peer_open(mc_engine_t *e, mc_peer_t *p)
 {
     struct mc_shm_peer *s = calloc(1, sizeof(*s));
@@ -341,22 +392,28 @@ static struct mc_shm_peer *peer_open(mc_engine_t *e, mc_peer_t *p)
         return NULL;
     s->req_fd = connect_role(p->desc.shm_addr, ROLE_REQUEST, e->instance);
     s->ev.fd = connect_role(p->desc.shm_addr, ROLE_EVENT, e->instance);
+    s->pid = p->desc.pid;
     s->pidfd = (int)syscall(SYS_pidfd_open, p->desc.pid, 0);
     s->ev.handler = peer_on_event;
     pthread_mutex_init(&s->req_lock, NULL);
+    pthread_mutex_init(&s->cma_lock, NULL);
     pthread_rwlock_init(&s->lock, NULL);
     if (s->req_fd < 0 || s->ev.fd < 0 || s->pidfd < 0 ||
         setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
         mc__epoll_add(e, &s->ev, EPOLLIN)) {
         mc_info("shm to %s unavailable (%s): using tcp", p->name, strerror(errno));
         atomic_store(&s->dead, true);
+        return s;
     }
+    get_regtab(s);
     return s;
 }
 
 static void peer_free(struct mc_shm_peer *s)
 {
     peer_unmap_all(s);
+    if (s->regtab)
+        munmap(s->regtab, sizeof(mc_regtab_t));
     free(s->maps);
     if (s->req_fd >= 0)
         close(s->req_fd);
@@ -365,6 +422,7 @@ static void peer_free(struct mc_shm_peer *s)
     if (s->pidfd >= 0)
         close(s->pidfd);
     pthread_mutex_destroy(&s->req_lock);
+    pthread_mutex_destroy(&s->cma_lock);
     pthread_rwlock_destroy(&s->lock);
     free(s);
 }
@@ -485,35 +543,105 @@ static bool owner_exited(struct mc_shm_peer *s)
     return poll(&pfd, 1, 0) > 0;
 }
 
+static void task_done(mc_engine_t *e, mc_task_t *d)
+{
+    int cnt = d->req.opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
+
+    atomic_store(&d->bytes, d->req.length);
+    mc__count(&d->peer->c[cnt], d->req.length);
+    mc__count(&d->peer->c[MC_CNT_REQUESTS], 1);
+    mc__count(&e->shm_c[cnt], d->req.length);
+    mc__count(&e->shm_c[MC_CNT_REQUESTS], 1);
+    mc__task_finish(d, MC_TASK_COMPLETED, NULL);
+}
+
+/* Tasks [i, j) moved (a copy through mappings): one liveness check of the owner decides. */
+static void settle(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t j)
+{
+    bool dead = owner_exited(s);
+
+    for (size_t k = i; k < j; k++) {
+        if (dead)
+            mc__task_finish(&tasks[k], MC_TASK_FAILED, "segment %s: owner process exited",
+                            tasks[k].peer->name);
+        else
+            task_done(e, &tasks[k]);
+    }
+}
+
+static bool cma_candidate(mc_engine_t *e, struct mc_shm_peer *s, const mc_task_t *t0,
+                          const mc_task_t *t)
+{
+    return t->peer == t0->peer && t->req.opcode == t0->req.opcode &&
+           atomic_load(&t->state) == MC_TASK_WAITING &&
+           !mappable(e, t->peer, t->req.target_offset, t->req.length) &&
+           mc__regtab_covers(s->regtab, t->req.target_offset, t->req.length);
+}
+
+/* Move a run of tasks from tasks[i] with one process_vm_writev/readv. The slot is odd during
+ * the check and the call (see shm_int.h). Returns the end of the run; i when nothing moved
+ * (the tasks then go over tcp). */
+static size_t cma_run(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t n)
+{
+    static __thread struct iovec liov[CMA_IOV], riov[CMA_IOV]; /* 32 KiB: not on the stack */
+    _Atomic uint64_t *slot = &s->regtab->slot[s->slot].active;
+    size_t j = i, k = 0;
+    uint64_t total = 0;
+    ssize_t got;
+
+    pthread_mutex_lock(&s->cma_lock);
+    atomic_fetch_add(slot, 1);
+    for (; j < n && k < CMA_IOV && cma_candidate(e, s, &tasks[i], &tasks[j]); j++, k++) {
+        liov[k] = (struct iovec){tasks[j].req.local, tasks[j].req.length};
+        riov[k] =
+            (struct iovec){(void *)(uintptr_t)tasks[j].req.target_offset, tasks[j].req.length};
+        total += tasks[j].req.length;
+    }
+    got = !k                                ? 0
+          : tasks[i].req.opcode == MC_WRITE ? process_vm_writev(s->pid, liov, k, riov, k, 0)
+                                            : process_vm_readv(s->pid, liov, k, riov, k, 0);
+    int err = errno;
+    atomic_fetch_add(slot, 1);
+    pthread_mutex_unlock(&s->cma_lock);
+    if (got < 0 && err == EPERM) {
+        if (!atomic_exchange(&s->cma_off, true))
+            mc_warn("CMA to %s not permitted (ptrace restrictions): using tcp for memory it "
+                    "did not allocate with mc_mem_alloc",
+                    tasks[i].peer->name);
+        return i;
+    }
+    for (size_t x = i; x < j; x++) {
+        uint64_t len = tasks[x].req.length;
+        if (got >= 0 && (uint64_t)got >= len) {
+            got -= (ssize_t)len;
+            task_done(e, &tasks[x]);
+        } else {
+            mc__task_finish(&tasks[x], MC_TASK_FAILED, "segment %s: CMA %s: %s",
+                            tasks[x].peer->name, total ? "moved less than asked" : "failed",
+                            got < 0 ? strerror(err) : "owner memory changed");
+            got = -1;
+        }
+    }
+    return j;
+}
+
 void mc__shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
         struct mc_shm_peer *s;
-        if (atomic_load(&t->state) != MC_TASK_WAITING || !(s = peer_shm(e, t->peer)) ||
-            !copy_task(e, s, t))
+        if (atomic_load(&t->state) != MC_TASK_WAITING || !(s = peer_shm(e, t->peer)))
             continue;
-        /* One liveness check per run of tasks to the same owner, after its copies. */
-        size_t j = i + 1;
-        while (j < n && tasks[j].peer == t->peer && copy_task(e, s, &tasks[j]))
-            j++;
-        bool dead = owner_exited(s);
-        for (size_t k = i; k < j; k++) {
-            mc_task_t *d = &tasks[k];
-            int cnt = d->req.opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
-            if (dead) {
-                mc__task_finish(d, MC_TASK_FAILED, "segment %s: owner process exited",
-                                d->peer->name);
-                continue;
-            }
-            atomic_store(&d->bytes, d->req.length);
-            mc__count(&d->peer->c[cnt], d->req.length);
-            mc__count(&d->peer->c[MC_CNT_REQUESTS], 1);
-            mc__count(&e->shm_c[cnt], d->req.length);
-            mc__count(&e->shm_c[MC_CNT_REQUESTS], 1);
-            mc__task_finish(d, MC_TASK_COMPLETED, NULL);
+        if (copy_task(e, s, t)) {
+            size_t j = i + 1;
+            while (j < n && tasks[j].peer == t->peer && copy_task(e, s, &tasks[j]))
+                j++;
+            settle(e, s, tasks, i, j);
+            i = j - 1;
+        } else if (s->regtab && !atomic_load(&s->cma_off)) {
+            size_t j = cma_run(e, s, tasks, i, n);
+            i = j > i ? j - 1 : i;
         }
-        i = j - 1;
     }
 }
 
@@ -544,6 +672,7 @@ void mc__shm_fini(mc_engine_t *e)
             mc__epoll_del(e, &s->ev);
         peer_free(s);
     }
+    mc__regtab_destroy(e);
     if (e->shm_listen.fd >= 0) {
         mc__epoll_del(e, &e->shm_listen);
         close(e->shm_listen.fd);

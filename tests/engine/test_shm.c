@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,7 +25,7 @@ typedef struct fx {
     uint8_t *src;
 } fx_t;
 
-static int setup(void **state)
+static int setup_kind(void **state, int use_alloc)
 {
     fx_t *fx = calloc(1, sizeof(*fx));
     mc_config_t cfg;
@@ -32,13 +35,24 @@ static int setup(void **state)
     cfg.force_tcp = 0;
     th_target_opts_init(&o, &cfg, BUF);
     o.n_bufs = 2;
-    o.use_alloc = 1;
+    o.use_alloc = use_alloc;
     assert_int_equal(th_target_spawn(&o, &fx->t), 0);
     fx->e = th_engine(&cfg);
     fx->seg = th_open(fx->e, &fx->t, 0);
     fx->src = th_buf(fx->e, BUF);
     *state = fx;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_kind(state, 1);
+}
+
+/* Target memory that is not engine memory: same-host copies go through CMA. */
+static int setup_malloc(void **state)
+{
+    return setup_kind(state, 0);
 }
 
 static int teardown(void **state)
@@ -126,12 +140,81 @@ static void test_owner_dies(void **state)
     assert_true(th_now_ms() - killed_at < 15000);
 }
 
+typedef struct writer {
+    fx_t *fx;
+    uint64_t addr;
+    atomic_bool stop;
+    atomic_llong unregistered_at; /* ms; 0 until the owner's unregister returned */
+    size_t before, late_ok, late_failed;
+} writer_t;
+
+/* Write 64 KiB blocks until told to stop; count what succeeded after the unregister returned. */
+static void *writer_main(void *arg)
+{
+    writer_t *w = arg;
+    char why[256];
+
+    while (!atomic_load(&w->stop)) {
+        long long t0 = atomic_load(&w->unregistered_at);
+        int st = th_xfer(w->fx->e, MC_WRITE, w->fx->src, w->fx->seg, w->addr + 65536, 64 * 1024,
+                         why, sizeof(why));
+        if (!t0)
+            w->before += st == MC_TASK_COMPLETED;
+        else if (st == MC_TASK_COMPLETED)
+            w->late_ok++;
+        else
+            w->late_failed++;
+    }
+    return NULL;
+}
+
+/* CMA: the owner unregisters a buffer while another thread writes to it in a loop. Every write
+ * submitted after the unregister returned fails, and the memory (which the harness keeps
+ * mapped) never sees the pattern written from then on. */
+static void test_cma_unregister_during_traffic(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t b1 = fx->t.eng[0].buf[1];
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    th_reply_t r;
+    writer_t w = {.fx = fx, .addr = b1};
+    pthread_t tid;
+
+    th_fill(fx->src, BUF, 81);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b1, BUF, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_true(shm_bytes(fx->e) >= BUF); /* CMA, not tcp */
+    assert_int_equal(th_remote_check(&fx->t, 0, b1, BUF, 81, 0), -1);
+
+    th_fill(fx->src, 64 * 1024, 82);
+    assert_int_equal(pthread_create(&tid, NULL, writer_main, &w), 0);
+    th_sleep_ms(200);
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    /* From here on the owner considers the buffer gone: nothing may land. */
+    th_fill(fx->src, 64 * 1024, 83);
+    atomic_store(&w.unregistered_at, th_now_ms());
+    th_sleep_ms(300);
+    atomic_store(&w.stop, true);
+    pthread_join(tid, NULL);
+    print_message("writes: %zu before, %zu failed after, %zu succeeded after\n", w.before,
+                  w.late_failed, w.late_ok);
+    assert_true(w.before > 0);
+    assert_true(w.late_failed > 0);
+    assert_int_equal(w.late_ok, 0);
+    assert_int_equal(th_remote_check(&fx->t, 0, b1, 65536, 81, 0), -1);
+    assert_int_equal(th_remote_check(&fx->t, 0, b1 + 65536, 65536, 82, 0), -1);
+    assert_int_equal(th_remote_check(&fx->t, 0, b1 + 131072, BUF - 131072, 81, 131072), -1);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_unregister_mapped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_owner_dies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cma_unregister_during_traffic, setup_malloc, teardown),
+        cmocka_unit_test_setup_teardown(test_owner_dies, setup_malloc, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,115 @@
+/* The owner's side of the shared registration table (see shm_int.h). */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "shm_int.h"
+
+int mc__regtab_create(mc_engine_t *e)
+{
+    int fd = memfd_create("mooncake-regtab", MFD_CLOEXEC);
+    void *p;
+
+    if (fd < 0 || ftruncate(fd, sizeof(mc_regtab_t)) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -errno;
+    }
+    p = mmap(NULL, sizeof(mc_regtab_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -errno;
+    }
+    e->regtab = p;
+    e->regtab_fd = fd;
+    mc__regtab_publish(e);
+    return 0;
+}
+
+void mc__regtab_destroy(mc_engine_t *e)
+{
+    if (e->regtab) {
+        munmap(e->regtab, sizeof(mc_regtab_t));
+        close(e->regtab_fd);
+        e->regtab = NULL;
+    }
+}
+
+/* Rewrite the entries from the registration table. Caller holds e->mem.lock (either mode; the
+ * table has one writer because registrations change under the write lock, and the engine
+ * calls this right after each change). */
+void mc__regtab_publish(mc_engine_t *e)
+{
+    mc_regtab_t *t = e->regtab;
+    size_t n = e->mem.n < MC_REGTAB_ENTRIES ? e->mem.n : MC_REGTAB_ENTRIES;
+
+    if (!t)
+        return;
+    atomic_fetch_add(&t->seq, 1); /* odd: readers retry */
+    for (size_t i = 0; i < n; i++) {
+        atomic_store_explicit(&t->ent[i].addr, e->mem.v[i]->addr, memory_order_relaxed);
+        atomic_store_explicit(&t->ent[i].len, e->mem.v[i]->len, memory_order_relaxed);
+    }
+    atomic_store(&t->n, (uint32_t)n);
+    atomic_store(&t->overflow, e->mem.n > MC_REGTAB_ENTRIES);
+    atomic_fetch_add(&t->seq, 1);
+}
+
+/* After a registration was removed: wait until no peer's CMA that might have seen it is still
+ * running (each odd slot moves on), or the deadline. */
+void mc__regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
+{
+    mc_regtab_t *t = e->regtab;
+    uint64_t seen[MC_REGTAB_SLOTS];
+
+    if (!t)
+        return;
+    for (int i = 0; i < MC_REGTAB_SLOTS; i++)
+        seen[i] = atomic_load(&t->slot[i].active);
+    for (int i = 0; i < MC_REGTAB_SLOTS; i++) {
+        while ((seen[i] & 1) && atomic_load(&t->slot[i].active) == seen[i]) {
+            if (mc_now_ns() > deadline_ns) {
+                mc_warn("unregister: a same-host peer's copy did not finish in time");
+                return;
+            }
+            usleep(50);
+        }
+    }
+}
+
+int mc__regtab_slot_get(mc_engine_t *e)
+{
+    for (int i = 0; i < MC_REGTAB_SLOTS; i++) {
+        if (!e->regtab_used[i]) {
+            e->regtab_used[i] = true;
+            atomic_store(&e->regtab->slot[i].active, 0);
+            return i;
+        }
+    }
+    return -ENOSPC;
+}
+
+void mc__regtab_slot_put(mc_engine_t *e, int slot)
+{
+    if (slot >= 0 && slot < MC_REGTAB_SLOTS)
+        e->regtab_used[slot] = false;
+}
+
+bool mc__regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len)
+{
+    for (;;) {
+        uint64_t s0 = atomic_load(&t->seq);
+        bool ok = false;
+        if (s0 & 1)
+            continue;
+        uint32_t n = atomic_load(&t->n);
+        for (uint32_t i = 0; i < n && i < MC_REGTAB_ENTRIES && !ok; i++) {
+            uint64_t a = atomic_load_explicit(&t->ent[i].addr, memory_order_relaxed);
+            uint64_t l = atomic_load_explicit(&t->ent[i].len, memory_order_relaxed);
+            ok = addr >= a && len <= l && addr - a <= l - len;
+        }
+        if (atomic_load(&t->seq) == s0)
+            return ok;
+    }
+}
