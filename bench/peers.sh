@@ -10,6 +10,7 @@
 #   ucx_uct_put_bw                ucx_perftest -t put_bw -x tcp -d lo -D zcopy (UCT level)
 #   engine_write, engine_read     $MC_BUILD_DIR/bin/mooncake-bench --mode local --protocol tcp
 #   engine_shm_write, _read       the same with --protocol shm (engine memory, same host)
+#   engine_shm_malloc_write, _read  --protocol shm --memory malloc (CMA)
 # Figures are GB/s (1e9 bytes/s).  ucx_perftest reuses one message buffer (no working set) and
 # runs a fixed iteration count, sized from the previous round's rate to last about DURATION.
 #
@@ -207,6 +208,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
                 run_json "engine_shm_$op" "$size" "$bin/mooncake-bench" --mode local \
                     --protocol shm --operation $op --block_size "$size" "${common[@]}" \
                     ${MC_BENCH_ARGS:-}
+                # shellcheck disable=SC2086
+                run_json "engine_shm_malloc_$op" "$size" "$bin/mooncake-bench" --mode local \
+                    --protocol shm --memory malloc --operation $op --block_size "$size" \
+                    "${common[@]}" ${MC_BENCH_ARGS:-}
             done
         fi
         skipped memcpy || run_json memcpy "$size" "$bin/mc-memcpy-bw" --block_size "$size" \
@@ -241,14 +246,16 @@ for line in open(path):
     runs.setdefault(size_value(size), {}).setdefault(fig, []).append(float(gbps))
 
 order = ["engine_write", "raw_tcp_write", "engine_read", "raw_tcp_read", "engine_shm_write",
-         "engine_shm_read", "memcpy", "cma_read", "cma_write", "ucx_ucp_put_bw", "ucx_ucp_get",
-         "ucx_uct_put_bw"]
+         "engine_shm_read", "memcpy", "engine_shm_malloc_write", "engine_shm_malloc_read",
+         "cma_write", "cma_read", "ucx_ucp_put_bw", "ucx_ucp_get", "ucx_uct_put_bw"]
 ratios = [("ratio_engine_raw_tcp_write", "engine_write", "raw_tcp_write"),
           ("ratio_engine_raw_tcp_read", "engine_read", "raw_tcp_read"),
           ("ratio_engine_read_write", "engine_read", "engine_write"),
           ("ratio_raw_tcp_read_write", "raw_tcp_read", "raw_tcp_write"),
           ("ratio_engine_shm_write_memcpy", "engine_shm_write", "memcpy"),
-          ("ratio_engine_shm_read_memcpy", "engine_shm_read", "memcpy")]
+          ("ratio_engine_shm_read_memcpy", "engine_shm_read", "memcpy"),
+          ("ratio_engine_shm_malloc_write_cma", "engine_shm_malloc_write", "cma_write"),
+          ("ratio_engine_shm_malloc_read_cma", "engine_shm_malloc_read", "cma_read")]
 out = {"rounds": int(rounds), "working_set": size_value(ws), "duration": float(duration),
        "unit": "GB/s (1e9 B/s), median over rounds", "runs_failed": int(failures), "sizes": {}}
 size_list = [size_value(s) for s in sizes.split()]
