@@ -103,15 +103,24 @@ static int no_memory(void)
     return mc_set_error(-ENOMEM, "no memory for an etcd request");
 }
 
+/* Send req (consumed; NULL when building it ran out of memory) to path. */
+static int call(mc_meta_t *meta, const char *path, json_t *req, json_t **resp_p)
+{
+    int rc;
+
+    if (!req)
+        return no_memory();
+    rc = mc__etcd_call(MC_META_ETCD(meta), path, req, resp_p);
+    json_decref(req);
+    return rc;
+}
+
 static int etcd_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p)
 {
     json_t *req = req_kv(key, key_len, NULL, 0, 0), *resp = NULL;
     int rc;
 
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), "kv/range", req, &resp);
-    json_decref(req);
+    rc = call(meta, "kv/range", req, &resp);
     if (rc)
         return rc;
     json_t *kvs = json_object_get(resp, "kvs");
@@ -130,10 +139,7 @@ static int etcd_put(mc_meta_t *meta, const void *key, size_t key_len, const void
     json_t *req = req_kv(key, key_len, val ? val : "", val_len, lease), *resp = NULL;
     int rc;
 
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), "kv/put", req, &resp);
-    json_decref(req);
+    rc = call(meta, "kv/put", req, &resp);
     if (rc)
         return rc;
     if (revision_p)
@@ -147,10 +153,7 @@ static int etcd_del(mc_meta_t *meta, const void *key, size_t key_len)
     json_t *req = req_kv(key, key_len, NULL, 0, 0), *resp = NULL;
     int rc;
 
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), "kv/deleterange", req, &resp);
-    json_decref(req);
+    rc = call(meta, "kv/deleterange", req, &resp);
     if (rc)
         return rc;
     if (mc__etcd_int(resp, "deleted") == 0)
@@ -172,10 +175,7 @@ static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
     req = json_pack("{s:s, s:s}", "key", k, "range_end", e);
     free(k);
     free(e);
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), "kv/range", req, &resp);
-    json_decref(req);
+    rc = call(meta, "kv/range", req, &resp);
     if (rc)
         return rc;
     json_t *arr = json_object_get(resp, "kvs");
@@ -217,10 +217,7 @@ static int etcd_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t ex
     json_decref(put);
     json_decref(cmp);
     json_decref(get);
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), "kv/txn", req, &resp);
-    json_decref(req);
+    rc = call(meta, "kv/txn", req, &resp);
     if (rc)
         return rc;
     if (json_is_true(json_object_get(resp, "succeeded"))) {
@@ -241,14 +238,8 @@ static int etcd_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t ex
 static int lease_call(mc_meta_t *meta, const char *path, int64_t lease, json_t **resp_p)
 {
     char lb[24];
-    json_t *req = json_pack("{s:s}", "ID", fmt_i64(lb, lease));
-    int rc;
 
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), path, req, resp_p);
-    json_decref(req);
-    return rc;
+    return call(meta, path, json_pack("{s:s}", "ID", fmt_i64(lb, lease)), resp_p);
 }
 
 static int etcd_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p)
@@ -257,10 +248,7 @@ static int etcd_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p)
     int64_t id;
     int rc;
 
-    if (!req)
-        return no_memory();
-    rc = mc__etcd_call(MC_META_ETCD(meta), "lease/grant", req, &resp);
-    json_decref(req);
+    rc = call(meta, "lease/grant", req, &resp);
     if (rc)
         return rc;
     id = mc__etcd_int(resp, "ID");
