@@ -106,46 +106,69 @@ void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
     atomic_fetch_sub(&t->batch->busy, 1);
 }
 
-static int validate_request(mc_engine_t *e, const mc_request_t *r, size_t i, mc_task_t *t)
+/* Check the requests and take their references (peer, local buffer). The two tables are read
+ * under their locks once for the whole call. Returns the number validated: count on success,
+ * else the index of the first bad request (its reason set in *rc_p). */
+static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_task_t *tasks,
+                                size_t count, int *rc_p)
 {
-    if (r->opcode != MC_READ && r->opcode != MC_WRITE)
-        return mc_set_error(-EINVAL, "request %zu: opcode %d is neither READ nor WRITE", i,
-                            (int)r->opcode);
-    if (r->length == 0 || r->target_offset + r->length < r->target_offset)
-        return mc_set_error(-EINVAL, "request %zu: length %llu is zero or wraps", i,
-                            (unsigned long long)r->length);
+    size_t i;
+    int rc = 0;
+
     pthread_rwlock_rdlock(&e->peers_lock);
-    t->peer = mc__peer_get(e, r->target);
-    if (t->peer)
-        atomic_fetch_add(&t->peer->busy_tasks, 1);
-    pthread_rwlock_unlock(&e->peers_lock);
-    if (!t->peer)
-        return mc_set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i, r->target);
-    t->lbuf = mc__mem_get(e, (uint64_t)(uintptr_t)r->local, r->length);
-    if (!t->lbuf) {
-        atomic_fetch_sub(&t->peer->busy_tasks, 1);
-        return mc_set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
-                            r->local, (unsigned long long)r->length);
+    pthread_rwlock_rdlock(&e->mem.lock);
+    for (i = 0; i < count && !rc; i++) {
+        const mc_request_t *r = &reqs[i];
+        mc_task_t *t = &tasks[i];
+        memset(t, 0, sizeof(*t));
+        if (r->opcode != MC_READ && r->opcode != MC_WRITE)
+            rc = mc_set_error(-EINVAL, "request %zu: opcode %d is neither READ nor WRITE", i,
+                              (int)r->opcode);
+        else if (r->length == 0 || r->target_offset + r->length < r->target_offset)
+            rc = mc_set_error(-EINVAL, "request %zu: length %llu is zero or wraps", i,
+                              (unsigned long long)r->length);
+        else if (!(t->peer = mc__peer_get(e, r->target)))
+            rc = mc_set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
+                              r->target);
+        else if (!(t->lbuf = mc__mem_get_locked(e, (uint64_t)(uintptr_t)r->local, r->length)))
+            rc = mc_set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
+                              r->local, (unsigned long long)r->length);
+        else
+            atomic_fetch_add(&t->peer->busy_tasks, 1);
     }
-    return 0;
+    pthread_rwlock_unlock(&e->mem.lock);
+    pthread_rwlock_unlock(&e->peers_lock);
+    *rc_p = rc;
+    return rc ? i - 1 : count;
 }
 
-static bool desc_covers(const mc_desc_t *d, uint64_t addr, uint64_t len)
+/* The descriptor buffer holding [addr, addr+len), or NULL. Caller holds peers_lock. */
+static const mc_desc_buffer_t *desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
 {
     for (size_t i = 0; i < d->n_buffers; i++) {
         const mc_desc_buffer_t *b = &d->buffers[i];
         if (addr >= b->addr && len <= b->len && addr - b->addr <= b->len - len)
-            return true;
+            return b;
     }
-    return false;
+    return NULL;
 }
 
-static bool remote_ok(mc_engine_t *e, const mc_request_t *r, mc_peer_t *p)
+/* Look the remote ranges up in the descriptors (one lock for the batch); note which may go
+ * through a same-host mapping. Returns the number of misses. */
+static size_t remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n, bool *miss)
 {
+    size_t misses = 0;
+
     pthread_rwlock_rdlock(&e->peers_lock);
-    bool ok = desc_covers(&p->desc, r->target_offset, r->length);
+    for (size_t i = 0; i < n; i++) {
+        const mc_desc_buffer_t *b =
+            desc_find(&tasks[i].peer->desc, tasks[i].req.target_offset, tasks[i].req.length);
+        tasks[i].remote_shm = b && b->shm;
+        miss[i] = !b;
+        misses += !b;
+    }
     pthread_rwlock_unlock(&e->peers_lock);
-    return ok;
+    return misses;
 }
 
 /* Every remote range must lie inside one buffer of the peer's descriptor, so that a request
@@ -155,23 +178,31 @@ static bool remote_ok(mc_engine_t *e, const mc_request_t *r, mc_peer_t *p)
  * registered memory since we opened it). */
 static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
+    bool *miss = calloc(n, sizeof(*miss));
     bool reloaded = false;
 
+    if (!miss || !remote_lookup(e, tasks, n, miss)) {
+        free(miss);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!miss[i] || reloaded || mc__in_progress())
+            continue;
+        reloaded = true; /* once: the peer may have registered memory since we opened it */
+        mc__peer_reload(e, tasks[i].peer, true);
+        remote_lookup(e, tasks, n, miss);
+        break;
+    }
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
-        if (remote_ok(e, &t->req, t->peer))
-            continue;
-        if (!reloaded && !mc__in_progress()) {
-            reloaded = true;
-            mc__peer_reload(e, t->peer, true);
-            if (remote_ok(e, &t->req, t->peer))
-                continue;
-        }
-        mc__task_finish(t, MC_TASK_FAILED,
-                        "remote range 0x%llx+%llu is not inside a buffer registered by segment %s",
-                        (unsigned long long)t->req.target_offset, (unsigned long long)t->req.length,
-                        t->peer->name);
+        if (miss[i])
+            mc__task_finish(t, MC_TASK_FAILED,
+                            "remote range 0x%llx+%llu is not inside a buffer registered by "
+                            "segment %s",
+                            (unsigned long long)t->req.target_offset,
+                            (unsigned long long)t->req.length, t->peer->name);
     }
+    free(miss);
 }
 
 static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)
@@ -227,12 +258,7 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         return mc_set_error(-EINVAL, "mc_batch_submit: %zu requests, %zu slots left", count,
                             b->cap - first);
     mc_task_t *tasks = &b->tasks[first];
-    for (i = 0; i < count; i++) {
-        memset(&tasks[i], 0, sizeof(tasks[i]));
-        rc = validate_request(e, &reqs[i], i, &tasks[i]);
-        if (rc)
-            break;
-    }
+    i = validate_requests(e, reqs, tasks, count, &rc);
     if (!rc)
         rc = make_group(e, notify, count, &g);
     if (rc) {

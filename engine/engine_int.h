@@ -61,8 +61,10 @@ typedef struct mc_memtab {
 
 int mc__memtab_init(mc_memtab_t *t);
 void mc__memtab_fini(mc_engine_t *e);
-/* Find the buffer holding [addr, addr+len) and take a reference; NULL if none. */
+/* Find the buffer holding [addr, addr+len) and take a reference; NULL if none. The _locked
+ * form is for callers that hold e->mem.lock already (for a batch of lookups). */
 mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len);
+mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
 void mc__mem_put(mc_engine_t *e, mc_buffer_t *b);
 
 /* ---- descriptors (descriptor.c) ---- */
@@ -181,6 +183,7 @@ struct mc_task {
     uint64_t deadline_ns;
     unsigned inflight; /* slices on the wire (progress-owned) */
     bool queued, released;
+    bool remote_shm;  /* the remote buffer may be mapped by a same-host peer */
     atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
     char *reason; /* written by the finisher before the final state is published */

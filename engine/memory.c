@@ -57,18 +57,22 @@ static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
     return ans;
 }
 
-mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
+mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
 {
     mc_memtab_t *t = &e->mem;
-    mc_buffer_t *b = NULL;
-
-    pthread_rwlock_rdlock(&t->lock);
     ssize_t i = memtab_floor(t, addr);
-    if (i >= 0 && len <= t->v[i]->len && addr - t->v[i]->addr <= t->v[i]->len - len) {
-        b = t->v[i];
-        atomic_fetch_add(&b->refs, 1);
-    }
-    pthread_rwlock_unlock(&t->lock);
+
+    if (i < 0 || len > t->v[i]->len || addr - t->v[i]->addr > t->v[i]->len - len)
+        return NULL;
+    atomic_fetch_add(&t->v[i]->refs, 1);
+    return t->v[i];
+}
+
+mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
+{
+    pthread_rwlock_rdlock(&e->mem.lock);
+    mc_buffer_t *b = mc__mem_get_locked(e, addr, len);
+    pthread_rwlock_unlock(&e->mem.lock);
     return b;
 }
 

@@ -495,45 +495,33 @@ static uint8_t *find_map(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
     return NULL;
 }
 
-/* Whether the descriptor says [addr, addr+len) is in a buffer the owner lets us map. */
-static bool mappable(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t len)
+/* Copy a run of tasks to one owner through its mappings, starting at tasks[i], under one read
+ * lock (revocations wait for it). Returns the end of the run: i if tasks[i] cannot go this way. */
+static size_t copy_run(struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t n)
 {
-    bool ok = false;
+    size_t j = i;
 
-    pthread_rwlock_rdlock(&e->peers_lock);
-    for (size_t i = 0; i < p->desc.n_buffers && !ok; i++) {
-        const mc_desc_buffer_t *b = &p->desc.buffers[i];
-        ok = b->shm && addr >= b->addr && len <= b->len && addr - b->addr <= b->len - len;
-    }
-    pthread_rwlock_unlock(&e->peers_lock);
-    return ok;
-}
-
-/* Copy one task through a mapping. Returns true if it moved. */
-static bool copy_task(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *t)
-{
-    const mc_request_t *r = &t->req;
-    uint8_t *remote;
-
-    if (!mappable(e, t->peer, r->target_offset, r->length))
-        return false;
     pthread_rwlock_rdlock(&s->lock);
-    remote = find_map(s, r->target_offset, r->length);
-    if (!remote) {
-        pthread_rwlock_unlock(&s->lock);
-        if (map_buffer(s, r->target_offset, r->length))
-            return false;
-        pthread_rwlock_rdlock(&s->lock);
-        remote = find_map(s, r->target_offset, r->length);
-    }
-    if (remote) {
+    for (; j < n; j++) {
+        const mc_request_t *r = &tasks[j].req;
+        if (tasks[j].peer != tasks[i].peer || !tasks[j].remote_shm ||
+            atomic_load(&tasks[j].state) != MC_TASK_WAITING)
+            break;
+        uint8_t *remote = find_map(s, r->target_offset, r->length);
+        if (!remote) { /* first use of this buffer: map it (takes the write lock) */
+            pthread_rwlock_unlock(&s->lock);
+            int rc = map_buffer(s, r->target_offset, r->length);
+            pthread_rwlock_rdlock(&s->lock);
+            if (rc || !(remote = find_map(s, r->target_offset, r->length)))
+                break;
+        }
         if (r->opcode == MC_WRITE)
             memcpy(remote, r->local, r->length);
         else
             memcpy(r->local, remote, r->length);
     }
     pthread_rwlock_unlock(&s->lock);
-    return remote != NULL;
+    return j;
 }
 
 static bool owner_exited(struct mc_shm_peer *s)
@@ -572,9 +560,9 @@ static void settle(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, size
 static bool cma_candidate(mc_engine_t *e, struct mc_shm_peer *s, const mc_task_t *t0,
                           const mc_task_t *t)
 {
+    (void)e;
     return t->peer == t0->peer && t->req.opcode == t0->req.opcode &&
-           atomic_load(&t->state) == MC_TASK_WAITING &&
-           !mappable(e, t->peer, t->req.target_offset, t->req.length) &&
+           atomic_load(&t->state) == MC_TASK_WAITING && !t->remote_shm &&
            mc__regtab_covers(s->regtab, t->req.target_offset, t->req.length);
 }
 
@@ -632,10 +620,8 @@ void mc__shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
         struct mc_shm_peer *s;
         if (atomic_load(&t->state) != MC_TASK_WAITING || !(s = peer_shm(e, t->peer)))
             continue;
-        if (copy_task(e, s, t)) {
-            size_t j = i + 1;
-            while (j < n && tasks[j].peer == t->peer && copy_task(e, s, &tasks[j]))
-                j++;
+        size_t j = copy_run(s, tasks, i, n);
+        if (j > i) {
             settle(e, s, tasks, i, j);
             i = j - 1;
         } else if (s->regtab && !atomic_load(&s->cma_off)) {
