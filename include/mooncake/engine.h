@@ -95,7 +95,10 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
 
 /* Unregister the buffer that starts at addr. New remote accesses are refused at once; the call
  * then waits (bounded by the transfer timeout) until no request in flight still touches the
- * buffer. After it returns 0 the engine never reads or writes the buffer again. Returns
+ * buffer, including copies that same-host peers make themselves (CMA, or through a mapping of
+ * mc_mem_alloc memory, which they are told to unmap and must acknowledge within
+ * MC_IO_TIMEOUT_MS or be disconnected). After it returns 0 neither this engine nor any peer
+ * reads or writes the buffer again. Returns
  * -ENOENT if addr starts no buffer, -EDEADLK from a callback, -MC_ETIMEOUT if references
  * did not drain (the buffer stays unusable for new requests, and must not be freed). */
 MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
@@ -105,7 +108,7 @@ MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
  * with mc_mem_free(). */
 MC_API int mc_mem_alloc(mc_engine_t *engine, size_t len, const char *location, void **addr_p);
 
-/* Unregister and unmap memory from mc_mem_alloc(). */
+/* Unregister (with the guarantees of mc_mem_unregister) and unmap memory from mc_mem_alloc(). */
 MC_API void mc_mem_free(mc_engine_t *engine, void *addr);
 
 /* ---- segments ----------------------------------------------------------------------------- */

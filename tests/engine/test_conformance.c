@@ -42,7 +42,8 @@ static void shm_apply(mc_config_t *cfg)
 static const conf_transport_t transports[] = {
     {"tcp", tcp_apply, NULL, 0, 0},
     {"tcp-engine-memory", tcp_apply, NULL, 1, 0},
-    {"shm", shm_apply, NULL, 1, 1},
+    {"shm", shm_apply, NULL, 1, 1},     /* engine memory: mapped, memcpy */
+    {"shm-cma", shm_apply, NULL, 0, 1}, /* other memory: process_vm_readv/writev */
 };
 
 /* ---- fixture ------------------------------------------------------------------------------ */
