@@ -15,6 +15,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 source "$root/tests/fixtures/netns.sh"
+source "$root/tests/fixtures/bench_target.sh"
 netns_require
 
 LINKS=${LINKS:-4}
@@ -36,11 +37,7 @@ for k in $(seq "$LINKS"); do
     done
 done
 
-addrs() { # host first last -> "a:0,b:0"
-    local out="" k
-    for k in $(seq "$2" "$3"); do out+="${out:+,}$(netns_addr $P "$1" "$k"):0"; done
-    echo "$out"
-}
+addrs() { bench_listen_list $P "$@"; } # host first last -> "a:0,b:0"
 gbps() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["gbps"])'; }
 
 echo "== raw TCP alone on each link ($RATE)" >&2
@@ -59,14 +56,9 @@ for k in $(seq "$LINKS"); do
     echo "  link $k: $g GB/s" >&2
 done
 
-start_target() { # name first_link last_link -> SEG (not in $(...): the target exits with its parent)
-    NETNS_LOG=$LOG/$1.log netns_spawn $P 2 env MC_LISTEN="$(addrs 2 "$2" "$3")" MC_METADATA=none \
-        "$BENCH" --mode target --buffer_size 256M >/dev/null
-    for _ in $(seq 100); do
-        grep -q '^segment: ' "$LOG/$1.log" 2>/dev/null && break
-        sleep 0.1
-    done
-    SEG=$(sed -n 's/^segment: //p' "$LOG/$1.log")
+start_target() { # name first_link last_link -> SEG
+    bench_target_start $P 2 "$LOG/$1.log" "$(addrs 2 "$2" "$3")" 256M
+    SEG=$BENCH_SEGMENT
 }
 engine() { # first_link last_link segment args...
     local f=$1 l=$2 seg=$3

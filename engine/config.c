@@ -101,13 +101,12 @@ static int env_ip_ports(const char *var, char *out, size_t size)
     for (const char *p = out; *p; n++) {
         size_t l = strcspn(p, ",");
         if (l >= sizeof(item) || n == MC_MAX_RAILS)
-            return mc_set_error(-MC_ECONFIG, "%s=%s: at most %d addresses", var, out,
-                                MC_MAX_RAILS);
+            return mc_set_error(-MC_ECONFIG, "%s=%s: at most %d addresses", var, out, MC_MAX_RAILS);
         memcpy(item, p, l);
         item[l] = 0;
         if (mc__parse_ip_port(item, &sa, &len))
-            return mc_set_error(-MC_ECONFIG, "%s=%s: \"%s\" is not IPv4:port or [IPv6]:port",
-                                var, out, item);
+            return mc_set_error(-MC_ECONFIG, "%s=%s: \"%s\" is not IPv4:port or [IPv6]:port", var,
+                                out, item);
         p += l + (p[l] == ',');
     }
     return n ? 0 : mc_set_error(-MC_ECONFIG, "%s is empty", var);

@@ -11,6 +11,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../fixtures/netns.sh"
+source "$here/../fixtures/bench_target.sh"
 netns_require
 
 B=${MC_BUILD_DIR:-build}
@@ -22,20 +23,10 @@ trap 'netns_down $P || true; rm -rf "$LOG"' EXIT
 LINKS=3
 netns_up $P 2 $LINKS
 
-listen_list() { # host -> "addr1:0,addr2:0,..."
-    local h=$1 out="" k
-    for k in $(seq $LINKS); do out+="${out:+,}$(netns_addr $P "$h" "$k"):0"; done
-    echo "$out"
-}
+listen_list() { bench_listen_list $P "$1" 1 $LINKS; }
 
-NETNS_LOG=$LOG/target.log netns_spawn $P 2 env MC_LISTEN="$(listen_list 2)" MC_METADATA=none \
-    "$BENCH" --mode target --buffer_size 64M >/dev/null
-for _ in $(seq 100); do
-    grep -q '^segment: ' "$LOG/target.log" 2>/dev/null && break
-    sleep 0.1
-done
-SEG=$(sed -n 's/^segment: //p' "$LOG/target.log")
-[[ -n $SEG ]] || { echo "target did not start: $(cat "$LOG/target.log")"; exit 1; }
+bench_target_start $P 2 "$LOG/target.log" "$(listen_list 2)" 64M
+SEG=$BENCH_SEGMENT
 echo "target segment $SEG"
 
 initiator() { # extra env and args...

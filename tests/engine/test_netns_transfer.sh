@@ -6,26 +6,21 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../fixtures/netns.sh"
+source "$here/../fixtures/bench_target.sh"
 netns_require
 
 B=${MC_BUILD_DIR:-build}
 BENCH=$B/bin/mooncake-bench
 [[ -x $BENCH ]] || { echo "missing $BENCH"; exit 1; }
 P=mct$$
-trap 'netns_down $P || true' EXIT
-netns_up $P 2 1
-A2=$(netns_addr $P 2 1)
 LOG=$(mktemp -d)
 trap 'netns_down $P || true; rm -rf "$LOG"' EXIT
+netns_up $P 2 1
+A2=$(netns_addr $P 2 1)
 
-NETNS_LOG=$LOG/target.log netns_spawn $P 2 env MC_LISTEN="$A2:0" MC_METADATA=none \
-    "$BENCH" --mode target --buffer_size 64M >/dev/null
-for _ in $(seq 100); do
-    grep -q '^segment: ' "$LOG/target.log" 2>/dev/null && break
-    sleep 0.1
-done
-SEG=$(sed -n 's/^segment: //p' "$LOG/target.log")
-[[ $SEG == "$A2":* ]] || { echo "target did not start: $(cat "$LOG/target.log")"; exit 1; }
+bench_target_start $P 2 "$LOG/target.log" "$A2:0" 64M
+SEG=$BENCH_SEGMENT
+[[ $SEG == "$A2":* ]] || { echo "FAIL: segment $SEG is not on $A2"; exit 1; }
 echo "target segment $SEG"
 
 for op in write read; do
