@@ -153,22 +153,23 @@ static const mc_desc_buffer_t *desc_find(const mc_desc_t *d, uint64_t addr, uint
     return NULL;
 }
 
-/* Look the remote ranges up in the descriptors (one lock for the batch); note which may go
- * through a same-host mapping. Returns the number of misses. */
-static size_t remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n, bool *miss)
+/* Look the remote ranges up in the descriptors (one lock for the batch); note which are known
+ * and which may go through a same-host mapping. Returns the first task missed, or NULL. */
+static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
-    size_t misses = 0;
+    mc_task_t *first_miss = NULL;
 
     pthread_rwlock_rdlock(&e->peers_lock);
     for (size_t i = 0; i < n; i++) {
-        const mc_desc_buffer_t *b =
-            desc_find(&tasks[i].peer->desc, tasks[i].req.target_offset, tasks[i].req.length);
-        tasks[i].remote_shm = b && b->shm;
-        miss[i] = !b;
-        misses += !b;
+        mc_task_t *t = &tasks[i];
+        const mc_desc_buffer_t *b = desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
+        t->remote_known = b != NULL;
+        t->remote_shm = b && b->shm;
+        if (!b && !first_miss)
+            first_miss = t;
     }
     pthread_rwlock_unlock(&e->peers_lock);
-    return misses;
+    return first_miss;
 }
 
 /* Every remote range must lie inside one buffer of the peer's descriptor, so that a request
@@ -178,31 +179,21 @@ static size_t remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n, bool *mi
  * registered memory since we opened it). */
 static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
-    bool *miss = calloc(n, sizeof(*miss));
-    bool reloaded = false;
+    mc_task_t *miss = remote_lookup(e, tasks, n);
 
-    if (!miss || !remote_lookup(e, tasks, n, miss)) {
-        free(miss);
+    if (!miss)
         return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!miss[i] || reloaded || mc__in_progress())
-            continue;
-        reloaded = true; /* once: the peer may have registered memory since we opened it */
-        mc__peer_reload(e, tasks[i].peer, true);
-        remote_lookup(e, tasks, n, miss);
-        break;
-    }
+    if (!mc__in_progress() && mc__peer_reload(e, miss->peer, true) == 0)
+        remote_lookup(e, tasks, n);
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
-        if (miss[i])
+        if (!t->remote_known)
             mc__task_finish(t, MC_TASK_FAILED,
                             "remote range 0x%llx+%llu is not inside a buffer registered by "
                             "segment %s",
                             (unsigned long long)t->req.target_offset,
                             (unsigned long long)t->req.length, t->peer->name);
     }
-    free(miss);
 }
 
 static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)

@@ -183,8 +183,9 @@ struct mc_task {
     uint64_t deadline_ns;
     unsigned inflight; /* slices on the wire (progress-owned) */
     bool queued, released;
-    bool remote_shm;  /* the remote buffer may be mapped by a same-host peer */
-    atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
+    bool remote_known; /* the remote range is inside a buffer of the peer's descriptor */
+    bool remote_shm;   /* ... which a same-host peer may map */
+    atomic_int state;  /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
     char *reason; /* written by the finisher before the final state is published */
 };

@@ -81,7 +81,14 @@ static void task_dequeue(mc_engine_t *e, mc_task_t *t)
     mc__task_maybe_release(e, t);
 }
 
-static void slice_release(mc_engine_t *e, mc_slice_t *s);
+static void slice_release(mc_engine_t *e, mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+
+    t->inflight--;
+    mc__slice_free(e, s);
+    mc__task_maybe_release(e, t);
+}
 
 mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
 {
@@ -150,15 +157,6 @@ void mc__sched_run(mc_engine_t *e)
             p->active = false;
         }
     }
-}
-
-static void slice_release(mc_engine_t *e, mc_slice_t *s)
-{
-    mc_task_t *t = s->task;
-
-    t->inflight--;
-    mc__slice_free(e, s);
-    mc__task_maybe_release(e, t);
 }
 
 void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
