@@ -165,6 +165,9 @@ static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
         const mc_desc_buffer_t *b = desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
         t->remote_known = b != NULL;
         t->remote_shm = b && b->shm;
+        /* rdma when both ends have memory regions and a device pair; tcp otherwise. */
+        t->tp = b && b->n_chunks && t->lbuf->mrs && t->peer->n_rdma_rails ? MC_TP_RDMA : MC_TP_TCP;
+        t->rbuf = b ? (uint32_t)(b - t->peer->desc.buffers) : 0;
         if (!b && !first_miss)
             first_miss = t;
     }

@@ -32,6 +32,11 @@ static void config_defaults(mc_config_t *c)
     c->max_conns = 256;
     c->metadata_ttl_s = 10;
     c->handshake_max = 1 << 20;
+    snprintf(c->protocol, sizeof(c->protocol), "auto");
+    c->gid_index = -1;
+    c->ib_port = 1;
+    c->rdma_qp_depth = 64;
+    c->rdma_max_qps = 256;
 }
 
 static int env_u64(const char *var, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -85,6 +90,40 @@ static int env_str(const char *var, char *out, size_t size)
         return mc_set_error(-MC_ECONFIG, "%s: value longer than %zu bytes", var, size - 1);
     memcpy(out, v, strlen(v) + 1);
     return 0;
+}
+
+static int env_protocol(mc_config_t *c)
+{
+    int rc = env_str("MC_PROTOCOL", c->protocol, sizeof(c->protocol));
+
+    if (rc)
+        return rc;
+    if (strcmp(c->protocol, "auto") && strcmp(c->protocol, "rdma") && strcmp(c->protocol, "tcp"))
+        return mc_set_error(-MC_ECONFIG, "MC_PROTOCOL=%s: expected auto, rdma or tcp", c->protocol);
+    return 0;
+}
+
+static int env_rdma(mc_config_t *c)
+{
+    unsigned gid = 0;
+    const char *v = getenv("MC_GID_INDEX");
+    int rc = 0;
+
+    if (v && *v) {
+        rc = env_uint("MC_GID_INDEX", 0, 255, &gid);
+        c->gid_index = (int)gid;
+    }
+    if (!rc)
+        rc = env_uint("MC_MTU", 0, 4096, &c->mtu);
+    if (!rc && c->mtu && (c->mtu < 256 || (c->mtu & (c->mtu - 1))))
+        rc = mc_set_error(-MC_ECONFIG, "MC_MTU=%u: expected 256, 512, 1024, 2048 or 4096", c->mtu);
+    if (!rc)
+        rc = env_uint("MC_IB_PORT", 1, 255, &c->ib_port);
+    if (!rc)
+        rc = env_uint("MC_RDMA_QP_DEPTH", 1, 4096, &c->rdma_qp_depth);
+    if (!rc)
+        rc = env_uint("MC_RDMA_MAX_QPS", 1, 65536, &c->rdma_max_qps);
+    return rc;
 }
 
 /* A comma-separated list of ip:port, at most MC_MAX_RAILS. */
@@ -169,6 +208,10 @@ int mc_config_init(mc_config_t *c)
         rc = env_uint("MC_METADATA_TTL", 2, 3600, &c->metadata_ttl_s);
     if (!rc)
         rc = env_u64("MC_HANDSHAKE_MAX_LENGTH", 4096, 64 << 20, &c->handshake_max);
+    if (!rc)
+        rc = env_protocol(c);
+    if (!rc)
+        rc = env_rdma(c);
     if (rc) {
         config_defaults(c);
         return rc;

@@ -5,9 +5,16 @@
  *   {"name": "127.0.0.1:4000", "version": 1, "host": "<boot id>/net:<inode>", "pid": 42,
  *    "endpoints": [{"transport": "tcp", "addr": "127.0.0.1:4000"},
  *                  {"transport": "shm", "addr": "mooncake/<instance>"}],
- *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0", "shm": true}],
+ *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0", "shm": true,
+ *                 "mr_chunk": 1048576, "rkey": [[17], [33]]}],
+ *    "rdma": [{"name": "mlx5_0", "link": "ib", "lid": 3, "gid": "fe80::..."}, ...],
  *    "priority_matrix": {"cpu:0": [["eth0"], ["eth1"]]}}
+ *
+ * "rkey" holds, per RDMA device in "rdma" order, the rkeys of the buffer's memory regions, each
+ * covering "mr_chunk" bytes (the last one less): a buffer larger than a device's largest memory
+ * region is registered in pieces. A buffer without "rkey" is not reachable over rdma.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +27,8 @@
 #include "engine_int.h"
 
 #define DESC_MAX_BUFFERS (1u << 20)
+#define DESC_MAX_RKEYS   (1u << 22)
+#define DESC_MIN_CHUNK   4096
 
 static int copy_str(json_t *v, const char *field, char *out, size_t size)
 {
@@ -75,8 +84,100 @@ static int decode_buffer(json_t *jb, mc_desc_buffer_t *b)
     return copy_str(jb, "location", b->location, sizeof(b->location));
 }
 
+static int decode_rdma_dev(json_t *jd, mc_desc_rdma_t *r)
+{
+    const char *link = json_string_value(json_object_get(jd, "link"));
+    const char *gid = json_string_value(json_object_get(jd, "gid"));
+    json_t *lid = json_object_get(jd, "lid");
+    int rc = copy_str(jd, "name", r->name, sizeof(r->name));
+
+    if (rc)
+        return rc;
+    if (!link || (strcmp(link, "ib") && strcmp(link, "eth")) || !gid ||
+        inet_pton(AF_INET6, gid, r->gid) != 1 || !json_is_integer(lid) ||
+        json_integer_value(lid) < 0 || json_integer_value(lid) > 0xffff)
+        return mc_set_error(-MC_EPROTO,
+                            "descriptor: RDMA device %s needs link ib|eth, a gid "
+                            "and a 16-bit lid",
+                            r->name);
+    r->link = !strcmp(link, "ib") ? 1 /* IBV_LINK_LAYER_INFINIBAND */ : 2 /* _ETHERNET */;
+    r->lid = (uint16_t)json_integer_value(lid);
+    return 0;
+}
+
+static int decode_rdma(json_t *root, mc_desc_t *d)
+{
+    json_t *arr = json_object_get(root, "rdma"), *jd;
+    size_t i;
+
+    if (!arr)
+        return 0;
+    if (!json_is_array(arr) || json_array_size(arr) > MC_RDMA_MAX_DEVS)
+        return mc_set_error(-MC_EPROTO, "descriptor: \"rdma\" is not an array of at most %d",
+                            MC_RDMA_MAX_DEVS);
+    json_array_foreach(arr, i, jd)
+    {
+        int rc = decode_rdma_dev(jd, &d->rdma[i]);
+        if (rc)
+            return rc;
+    }
+    d->n_rdma = (unsigned)json_array_size(arr);
+    return 0;
+}
+
+/* The buffer's rkeys: one array per device of d, each with one rkey per memory region. */
+static int decode_rkeys(json_t *jb, mc_desc_t *d, mc_desc_buffer_t *b, size_t *used)
+{
+    json_t *arr = json_object_get(jb, "rkey"), *chunk = json_object_get(jb, "mr_chunk"), *dev;
+    size_t i;
+
+    if (!arr)
+        return 0;
+    if (!json_is_array(arr) || json_array_size(arr) != d->n_rdma || !d->n_rdma ||
+        !json_is_integer(chunk) || json_integer_value(chunk) < DESC_MIN_CHUNK)
+        return mc_set_error(-MC_EPROTO,
+                            "descriptor: buffer 0x%llx: \"rkey\" needs one array "
+                            "per RDMA device and \"mr_chunk\" >= %d",
+                            (unsigned long long)b->addr, DESC_MIN_CHUNK);
+    b->chunk = (uint64_t)json_integer_value(chunk);
+    b->n_chunks = (uint32_t)((b->len + b->chunk - 1) / b->chunk);
+    if (*used + (size_t)b->n_chunks * d->n_rdma > DESC_MAX_RKEYS)
+        return mc_set_error(-MC_EPROTO, "descriptor: more than %u rkeys", DESC_MAX_RKEYS);
+    uint32_t *v = realloc(d->rkeys, (*used + (size_t)b->n_chunks * d->n_rdma) * sizeof(*v));
+    if (!v)
+        return mc_set_error(-ENOMEM, "out of memory decoding a descriptor");
+    d->rkeys = v;
+    b->rkey_off = (uint32_t)*used;
+    json_array_foreach(arr, i, dev)
+    {
+        json_t *k;
+        size_t j;
+        if (!json_is_array(dev) || json_array_size(dev) != b->n_chunks)
+            return mc_set_error(-MC_EPROTO,
+                                "descriptor: buffer 0x%llx: %u rkeys expected per "
+                                "device",
+                                (unsigned long long)b->addr, b->n_chunks);
+        json_array_foreach(dev, j, k)
+        {
+            if (!json_is_integer(k) || json_integer_value(k) < 0 ||
+                json_integer_value(k) > 0xffffffffll)
+                return mc_set_error(-MC_EPROTO, "descriptor: an rkey is not a 32-bit integer");
+            v[*used + i * b->n_chunks + j] = (uint32_t)json_integer_value(k);
+        }
+    }
+    *used += (size_t)b->n_chunks * d->n_rdma;
+    return 0;
+}
+
+static int buffer_cmp(const void *a, const void *b)
+{
+    const mc_desc_buffer_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
 static int decode_buffers(json_t *root, mc_desc_t *d)
 {
+    size_t rkeys = 0;
     json_t *arr = json_object_get(root, "buffers"), *jb;
     size_t i;
 
@@ -89,9 +190,12 @@ static int decode_buffers(json_t *root, mc_desc_t *d)
     json_array_foreach(arr, i, jb)
     {
         int rc = decode_buffer(jb, &d->buffers[i]);
+        if (!rc)
+            rc = decode_rkeys(jb, d, &d->buffers[i], &rkeys);
         if (rc)
             return rc;
     }
+    qsort(d->buffers, d->n_buffers, sizeof(*d->buffers), buffer_cmp);
     return 0;
 }
 
@@ -116,6 +220,8 @@ int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
     if (!rc)
         rc = decode_endpoints(root, &d);
     if (!rc)
+        rc = decode_rdma(root, &d);
+    if (!rc)
         rc = decode_buffers(root, &d);
     pid = json_object_get(root, "pid");
     d.pid = json_is_integer(pid) ? (int)json_integer_value(pid) : 0;
@@ -131,6 +237,8 @@ int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
 void mc_desc_free(mc_desc_t *d)
 {
     free(d->buffers);
+    free(d->rkeys);
     d->buffers = NULL;
+    d->rkeys = NULL;
     d->n_buffers = 0;
 }

@@ -289,6 +289,8 @@ static int engine_start(mc_engine_t *e)
         rc = mc__tcp_init(e);
     if (!rc)
         rc = mc__shm_init(e);
+    if (!rc)
+        rc = mc__rdma_init(e);
     if (rc)
         return rc;
     snprintf(e->name, sizeof(e->name), "%s",
@@ -320,6 +322,8 @@ int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p)
     if (!e)
         return mc_set_error(-ENOMEM, "out of memory");
     e->cfg = *cfg;
+    if (!strcmp(cfg->protocol, "tcp"))
+        e->cfg.force_tcp = 1;
     mc__log_level = cfg->log_level;
     engine_init_state(e);
     rc = engine_start(e);
@@ -363,6 +367,7 @@ void mc_engine_destroy(mc_engine_t *e)
     in_pass = true;
     engine_abort_tasks(e);
     mc__tcp_fini(e); /* fails in-flight slices, so tasks release */
+    mc__rdma_fini(e);
     mc__shm_fini(e);
     mc__sched_fini(e);
     in_pass = false;
@@ -370,6 +375,7 @@ void mc_engine_destroy(mc_engine_t *e)
     mc__peers_fini(e);
     mc__msgs_fini(e);
     mc__memtab_fini(e);
+    mc__rdma_close(e); /* after the memory regions are gone */
     if (e->meta)
         mc_meta_close(e->meta);
     if (e->epfd >= 0)
@@ -404,6 +410,8 @@ int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out
         counters_load(e->tcp_c, out);
     else if (!strcmp(transport, "shm"))
         counters_load(e->shm_c, out);
+    else if (!strcmp(transport, "rdma"))
+        counters_load(e->rdma_c, out);
     else
         return mc_set_error(-ENOENT, "no transport \"%s\" in this engine", transport);
     return 0;

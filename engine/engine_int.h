@@ -34,6 +34,11 @@ typedef struct mc_peer mc_peer_t;
 typedef struct mc_task mc_task_t;
 typedef struct mc_slice mc_slice_t;
 typedef struct mc_tcp_conn mc_tcp_conn_t;
+typedef struct mc_rdma_qp mc_rdma_qp_t;
+
+/* Transports that carry slices through the scheduler (shm moves data at submit). */
+enum { MC_TP_TCP, MC_TP_RDMA, MC_TP_N };
+#define MC_RDMA_MAX_DEVS 8
 
 /* ---- time ---- */
 uint64_t mc_now_ns(void);
@@ -46,9 +51,10 @@ void mc_abstime_in(struct timespec *ts, unsigned ms);
 typedef struct mc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
-    int memfd;        /* >= 0 for mc_mem_alloc() memory */
-    atomic_uint refs; /* requests in flight that touch this buffer */
-    atomic_bool dead; /* unregistered: waiting for refs to drain */
+    int memfd;               /* >= 0 for mc_mem_alloc() memory */
+    atomic_uint refs;        /* requests in flight that touch this buffer */
+    atomic_bool dead;        /* unregistered: waiting for refs to drain */
+    struct mc_rdma_mrs *mrs; /* memory regions on every RDMA device, or NULL */
 } mc_buffer_t;
 
 typedef struct mc_memtab {
@@ -72,8 +78,19 @@ void mc__mem_put(mc_engine_t *e, mc_buffer_t *b);
 typedef struct mc_desc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
-    bool shm; /* engine-allocated (memfd): same-host peers may map it */
+    bool shm;          /* engine-allocated (memfd): same-host peers may map it */
+    uint32_t n_chunks; /* memory regions per RDMA device (0: not reachable over rdma) */
+    uint32_t rkey_off; /* rkeys of device d, chunk c: desc->rkeys[rkey_off + d*n_chunks + c] */
+    uint64_t chunk;    /* bytes per memory region, the last one shorter */
 } mc_desc_buffer_t;
+
+/* An RDMA device of a peer, as its descriptor publishes it. */
+typedef struct mc_desc_rdma {
+    char name[64];
+    uint8_t link; /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
+    uint16_t lid;
+    uint8_t gid[16];
+} mc_desc_rdma_t;
 
 #define MC_MAX_RAILS 16
 
@@ -86,7 +103,10 @@ typedef struct mc_desc {
     char shm_addr[MC_NAME_MAX]; /* abstract unix socket name of the shm transport, or "" */
     int pid;
     size_t n_buffers;
-    mc_desc_buffer_t *buffers;
+    mc_desc_buffer_t *buffers; /* sorted by addr */
+    mc_desc_rdma_t rdma[MC_RDMA_MAX_DEVS];
+    unsigned n_rdma;
+    uint32_t *rkeys;
 } mc_desc_t;
 
 /* Encode the local engine's descriptor (malloc'ed JSON text, *len_p without the NUL). */
@@ -121,15 +141,20 @@ typedef struct mc_rail {
     _Atomic uint64_t bytes, slices, errors;
     _Atomic uint64_t rate;        /* bytes/s, moving average over timer ticks */
     uint64_t rate_bytes, rate_ns; /* bytes and time at the last tick */
+    /* rdma rails: a pair of devices and the QP between them (progress-owned) */
+    uint8_t ldev, rdev;
+    mc_rdma_qp_t *qp;
 } mc_rail_t;
 
 struct mc_peer {
     mc_segment_id_t id;
     char name[MC_NAME_MAX];
-    int refcnt;     /* protected by e->peers_lock */
-    mc_desc_t desc; /* protected by e->peers_lock (reloaded on failure) */
-    mc_rail_t rails[MC_MAX_RAILS];
+    int refcnt;                    /* protected by e->peers_lock */
+    mc_desc_t desc;                /* protected by e->peers_lock (reloaded on failure) */
+    mc_rail_t rails[MC_MAX_RAILS]; /* tcp: interface pairs */
     unsigned n_rails;
+    mc_rail_t rdma_rails[MC_MAX_RAILS]; /* rdma: device pairs (none: not reachable by rdma) */
+    unsigned n_rdma_rails;
     bool local_host;
     bool by_metadata;                /* opened by name through metadata: may be refreshed */
     atomic_uint busy_tasks;          /* tasks to this peer not yet released */
@@ -137,9 +162,11 @@ struct mc_peer {
     atomic_uint queued_msgs;
     _Atomic uint64_t c[6]; /* counters in MC_CNT_* order: written by progress */
 
-    /* Progress-owned scheduling state. */
-    mc_list_t pending;     /* tasks with bytes not yet sliced (mc_task_t.qlink) */
-    mc_list_t retry;       /* slices to resend first (mc_slice_t.link) */
+    /* Progress-owned scheduling state, per transport (MC_TP_*). */
+    struct {
+        mc_list_t pending; /* tasks with bytes not yet sliced (mc_task_t.qlink) */
+        mc_list_t retry;   /* slices to resend first (mc_slice_t.link) */
+    } q[MC_TP_N];
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
     mc_list_t active_link; /* in e->active_peers while it has queued work */
     bool active;
@@ -185,6 +212,8 @@ struct mc_task {
     bool queued, released;
     bool remote_known; /* the remote range is inside a buffer of the peer's descriptor */
     bool remote_shm;   /* ... which a same-host peer may map */
+    uint8_t tp;        /* MC_TP_*: the transport that carries its slices */
+    uint32_t rbuf;     /* rdma: index of the remote buffer in the peer's descriptor (a hint) */
     atomic_int state;  /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
     char *reason; /* written by the finisher before the final state is published */
@@ -202,7 +231,7 @@ struct mc_batch {
 };
 
 /* A piece of a task on the wire, or a control frame. From a progress-owned pool. */
-enum mc_slice_kind { MC_SL_DATA, MC_SL_CTRL, MC_SL_RESP };
+enum mc_slice_kind { MC_SL_DATA, MC_SL_CTRL, MC_SL_RESP, MC_SL_QP /* QP_CONNECT awaiting reply */ };
 
 struct mc_slice {
     mc_list_t link;
@@ -220,6 +249,10 @@ struct mc_slice {
     uint32_t payload_len;
     bool payload_owned; /* free(payload) when done */
     mc_buffer_t *ref;   /* target side: buffer reference held while the response is sent */
+    mc_rdma_qp_t *qp;   /* rdma: the QP it is posted on (or, MC_SL_QP, being connected) */
+    uint16_t wrs;       /* rdma: work requests of this slice not yet completed */
+    int wc_err;         /* rdma: first error among them (negative), 0 if none */
+    const char *wc_reason;
 };
 
 mc_slice_t *mc__slice_alloc(mc_engine_t *e);
@@ -242,8 +275,8 @@ void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reas
 void mc__sched_timers(mc_engine_t *e, uint64_t now);
 /* Apply a batch cancel: drop its queued tasks. */
 void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b);
-/* Next slice for a peer's connection: retries first, then carved from queued tasks. */
-mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p);
+/* Next slice of transport tp for a peer: retries first, then carved from queued tasks. */
+mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, int tp);
 void mc__sched_fini(mc_engine_t *e);
 void mc__peers_fini(mc_engine_t *e);
 
@@ -298,7 +331,7 @@ int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location);
  * MC_NIC_PRIORITY_MATRIX are checked here: -MC_ECONFIG naming the variable). */
 int mc__topo_init(mc_engine_t *e);
 /* Location of the buffer whose slice the peer sends next; NULL if it has nothing queued. */
-const char *mc__sched_peek_location(mc_peer_t *p);
+const char *mc__sched_peek_location(mc_peer_t *p, int tp);
 /* Update the rails' throughput averages (timer tick). */
 void mc__rails_tick(mc_peer_t *p, uint64_t now);
 /* A rail may get new connections (active, or paused and due for a re-probe). */
@@ -364,6 +397,10 @@ struct mc_engine {
     uint32_t next_conn_id;
     _Atomic uint64_t tcp_c[6]; /* mc_counters_t order */
 
+    /* rdma transport (transport/rdma*.c); NULL when no device is usable */
+    struct mc_rdma *rdma;
+    _Atomic uint64_t rdma_c[6];
+
     /* shm transport (transport/shm.c) */
     char shm_name[MC_NAME_MAX]; /* abstract unix socket name; "" when off */
     mc_pollable_t shm_listen;
@@ -421,6 +458,39 @@ void mc__regtab_publish(mc_engine_t *e);
 void mc__regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
 /* Wake threads waiting in unregister (buffer references or revocations changed). */
 void mc__mem_wake(mc_engine_t *e);
+
+/* ---- rdma transport (transport/rdma*.c) ----
+ * Progress-context functions unless said otherwise. e->rdma is NULL when no device is usable
+ * (or MC_PROTOCOL/MC_FORCE_TCP is tcp); every entry point accepts that. */
+struct json_t;
+int mc__rdma_init(mc_engine_t *e);
+void mc__rdma_fini(mc_engine_t *e);  /* QPs: teardown, after every tcp link is closed */
+void mc__rdma_close(mc_engine_t *e); /* devices: after every memory region is gone */
+/* Register b on every device (any thread, before b is published); a buffer that no device can
+ * register stays without regions (tcp only) unless it is host memory, which is an error. */
+int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b);
+void mc__rdma_mr_deregister(mc_buffer_t *b);
+/* Descriptor pieces: the device list, and a buffer's rkeys (NULL when it has none). */
+struct json_t *mc__rdma_devices_json(mc_engine_t *e);
+struct json_t *mc__rdma_rkeys_json(const mc_buffer_t *b, uint64_t *chunk_p);
+/* Build p->rdma_rails from its descriptor: device pairs on a common link layer. Same locking
+ * as mc__rails_build. */
+void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p);
+/* Post as many slices as the peer's QPs have room for; sets up QPs on demand. */
+void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p);
+void mc__rdma_peer_close(mc_engine_t *e, mc_peer_t *p);
+void mc__rdma_reap(mc_engine_t *e);
+/* Target side: a QP_CONNECT arrived on inbound connection c; answers it. */
+void mc__rdma_accept(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_t len);
+/* Initiator side: the QP_ACCEPT (status 0, payload) or refusal (status < 0, reason) for qp. */
+void mc__rdma_connected(mc_engine_t *e, mc_rdma_qp_t *qp, int status, const uint8_t *payload,
+                        size_t len);
+/* Connection c (either role) is going away: the QPs set up over it go with it. */
+void mc__rdma_ctrl_lost(mc_engine_t *e, mc_tcp_conn_t *c);
+/* A ready outbound connection of p for control frames, or NULL (one is being opened). */
+mc_tcp_conn_t *mc__tcp_ctrl_conn(mc_engine_t *e, mc_peer_t *p);
+/* Queue a QP_CONNECT slice on c; its answer comes back to mc__rdma_connected. */
+void mc__tcp_send_qp(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s);
 
 /* Wake the progress context (one eventfd write). */
 void mc__doorbell(mc_engine_t *e);

@@ -38,9 +38,15 @@ static json_t *buffers_json(mc_engine_t *e)
     pthread_rwlock_rdlock(&e->mem.lock);
     for (size_t i = 0; arr && i < e->mem.n; i++) {
         const mc_buffer_t *b = e->mem.v[i];
-        json_array_append_new(arr, json_pack("{s:I,s:I,s:s,s:b}", "addr", (json_int_t)b->addr,
-                                             "length", (json_int_t)b->len, "location", b->location,
-                                             "shm", b->memfd >= 0));
+        uint64_t chunk;
+        json_t *jb = json_pack("{s:I,s:I,s:s,s:b}", "addr", (json_int_t)b->addr, "length",
+                               (json_int_t)b->len, "location", b->location, "shm", b->memfd >= 0);
+        json_t *rkeys = mc__rdma_rkeys_json(b, &chunk);
+        if (jb && rkeys) {
+            json_object_set_new(jb, "rkey", rkeys);
+            json_object_set_new(jb, "mr_chunk", json_integer((json_int_t)chunk));
+        }
+        json_array_append_new(arr, jb);
     }
     pthread_rwlock_unlock(&e->mem.lock);
     return arr;
@@ -77,7 +83,13 @@ int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
         json_pack("{s:s,s:i,s:s,s:i,s:o,s:o,s:o}", "name", e->name, "version", MC_PROTO_VERSION,
                   "host", e->host_id, "pid", (int)getpid(), "endpoints", endpoints_json(e),
                   "buffers", buffers_json(e), "priority_matrix", matrix_json(e));
+    json_t *rdma = mc__rdma_devices_json(e);
     char *text;
+
+    if (root && rdma)
+        json_object_set_new(root, "rdma", rdma);
+    else
+        json_decref(rdma);
 
     if (!root)
         return mc_set_error(-ENOMEM, "cannot build the segment descriptor");

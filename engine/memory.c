@@ -28,6 +28,7 @@ void mc__memtab_fini(mc_engine_t *e)
     mc_memtab_t *t = &e->mem;
 
     for (size_t i = 0; i < t->n; i++) {
+        mc__rdma_mr_deregister(t->v[i]);
         if (t->v[i]->memfd >= 0) {
             munmap((void *)(uintptr_t)t->v[i]->addr, t->v[i]->len);
             close(t->v[i]->memfd);
@@ -216,6 +217,8 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     b->len = len;
     b->memfd = memfd;
     rc = location_resolve(addr, location, b->location);
+    if (!rc)
+        rc = mc__rdma_mr_register(e, b);
     if (rc)
         goto err_free;
     pthread_rwlock_wrlock(&e->mem.lock);
@@ -224,10 +227,12 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
         mc__regtab_publish(e);
     pthread_rwlock_unlock(&e->mem.lock);
     if (rc)
-        goto err_free;
+        goto err_dereg;
     mc__publish_kick(e);
     return 0;
 
+err_dereg:
+    mc__rdma_mr_deregister(b);
 err_free:
     free(b);
     return rc;
@@ -342,6 +347,8 @@ static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *le
         return rc; /* b stays allocated: refs still point at it */
     *memfd_p = b->memfd;
     *len_p = b->len;
+    /* Remote peers' NICs can no longer reach it once the regions are gone. */
+    mc__rdma_mr_deregister(b);
     free(b);
     return 0;
 }

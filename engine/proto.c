@@ -58,7 +58,8 @@ static const char *const type_names[MC_FR_TYPE_MAX] = {
     [MC_FR_WRITE_ACK] = "WRITE_ACK", [MC_FR_READ] = "READ",
     [MC_FR_READ_RESP] = "READ_RESP", [MC_FR_MSG] = "MSG",
     [MC_FR_DESC_REQ] = "DESC_REQ",   [MC_FR_DESC_REPLY] = "DESC_REPLY",
-    [MC_FR_RETIRE] = "RETIRE",
+    [MC_FR_RETIRE] = "RETIRE",       [MC_FR_QP_CONNECT] = "QP_CONNECT",
+    [MC_FR_QP_ACCEPT] = "QP_ACCEPT",
 };
 
 const char *mc_frame_type_name(unsigned type)
@@ -183,5 +184,40 @@ int mc_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
         return mc_set_error(-MC_EPROTO, "hello retire list is malformed");
     for (unsigned i = 0; i < h->n_retired; i++, p += 4)
         h->retired[i] = get32(p);
+    return 0;
+}
+
+/* ---- QP exchange ----
+ *   0 u8 dev   1 u8 peer_dev   2 u8 link   3 u8 0   4 u16 lid   6 u16 mtu
+ *   8 u32 qpn 12 u32 psn      16 gid[16] */
+void mc_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
+{
+    memset(out, 0, MC_QP_INFO_LEN);
+    out[0] = q->dev;
+    out[1] = q->peer_dev;
+    out[2] = q->link;
+    put16(out + 4, q->lid);
+    put16(out + 6, q->mtu);
+    put32(out + 8, q->qpn);
+    put32(out + 12, q->psn);
+    memcpy(out + 16, q->gid, 16);
+}
+
+int mc_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
+{
+    if (len != MC_QP_INFO_LEN)
+        return mc_set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d", len, MC_QP_INFO_LEN);
+    q->dev = in[0];
+    q->peer_dev = in[1];
+    q->link = in[2];
+    q->lid = get16(in + 4);
+    q->mtu = get16(in + 6);
+    q->qpn = get32(in + 8);
+    q->psn = get32(in + 12);
+    memcpy(q->gid, in + 16, 16);
+    if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 256 || q->mtu > 4096 ||
+        (q->mtu & (q->mtu - 1)))
+        return mc_set_error(-MC_EPROTO, "QP info out of range (qpn %u, psn %u, mtu %u)", q->qpn,
+                            q->psn, q->mtu);
     return 0;
 }

@@ -37,6 +37,8 @@ enum mc_frame_type {
     MC_FR_DESC_REQ,   /* ask for the target's segment descriptor */
     MC_FR_DESC_REPLY, /* payload = descriptor JSON */
     MC_FR_RETIRE,     /* payload = u32 connection ids of this sender to drop unread */
+    MC_FR_QP_CONNECT, /* payload = mc_qp_info_t of the initiator's new QP */
+    MC_FR_QP_ACCEPT,  /* aux = status; payload = the target's mc_qp_info_t, or a reason */
     MC_FR_TYPE_MAX
 };
 
@@ -75,5 +77,20 @@ typedef struct mc_hello {
 size_t mc_hello_encode(const mc_hello_t *h, uint8_t *buf);
 /* Decode; -MC_EPROTO on any inconsistency (reason set). */
 int mc_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h);
+
+/* QP_CONNECT / QP_ACCEPT payload: one end of an RC connection (the engine's own exchange, no
+ * librdmacm). dev: the sender's device (its index in the sender's descriptor); peer_dev: the
+ * receiver's device the QP is for. mtu in bytes; the target answers with the one both use. */
+#define MC_QP_INFO_LEN 32
+typedef struct mc_qp_info {
+    uint8_t dev, peer_dev, link;
+    uint16_t lid, mtu;
+    uint32_t qpn, psn; /* 24-bit values */
+    uint8_t gid[16];
+} mc_qp_info_t;
+
+void mc_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN]);
+/* -MC_EPROTO (reason set) unless len is MC_QP_INFO_LEN and the values are in range. */
+int mc_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q);
 
 #endif

@@ -126,23 +126,30 @@ void mc__rails_build(mc_engine_t *e, mc_peer_t *p)
      * (connections may still point at it) but it gets no new connections. */
     if (n > p->n_rails)
         p->n_rails = n;
+    mc__rdma_rails_build(e, p);
+}
+
+static void rail_tick(mc_rail_t *r, uint64_t now)
+{
+    uint64_t bytes = atomic_load(&r->bytes), dt = now - r->rate_ns;
+
+    if (dt < 100 * MC_MS)
+        return;
+    if (r->rate_ns) {
+        double sample = (double)(bytes - r->rate_bytes) * 1e9 / (double)dt;
+        double avg = 0.7 * (double)atomic_load(&r->rate) + 0.3 * sample;
+        atomic_store(&r->rate, (uint64_t)avg);
+    }
+    r->rate_bytes = bytes;
+    r->rate_ns = now;
 }
 
 void mc__rails_tick(mc_peer_t *p, uint64_t now)
 {
-    for (unsigned i = 0; i < p->n_rails; i++) {
-        mc_rail_t *r = &p->rails[i];
-        uint64_t bytes = atomic_load(&r->bytes), dt = now - r->rate_ns;
-        if (dt < 100 * MC_MS)
-            continue;
-        if (r->rate_ns) {
-            double sample = (double)(bytes - r->rate_bytes) * 1e9 / (double)dt;
-            double avg = 0.7 * (double)atomic_load(&r->rate) + 0.3 * sample;
-            atomic_store(&r->rate, (uint64_t)avg);
-        }
-        r->rate_bytes = bytes;
-        r->rate_ns = now;
-    }
+    for (unsigned i = 0; i < p->n_rails; i++)
+        rail_tick(&p->rails[i], now);
+    for (unsigned i = 0; i < p->n_rdma_rails; i++)
+        rail_tick(&p->rdma_rails[i], now);
 }
 
 bool mc__rail_usable(const mc_rail_t *r, uint64_t now)
@@ -193,11 +200,18 @@ int mc_stats_rails(mc_engine_t *e, mc_segment_id_t id, mc_rail_stats_t *out, siz
     if (!p) {
         rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
     } else {
+        /* rdma rails (device pairs) first, then tcp ones (interface pairs). */
+        const mc_rail_t *all[2 * MC_MAX_RAILS];
+        unsigned n = 0;
         uint64_t total = 0;
+        for (unsigned i = 0; i < p->n_rdma_rails; i++)
+            all[n++] = &p->rdma_rails[i];
         for (unsigned i = 0; i < p->n_rails; i++)
-            total += atomic_load(&p->rails[i].rate);
-        for (unsigned i = 0; i < p->n_rails && i < max; i++) {
-            const mc_rail_t *r = &p->rails[i];
+            all[n++] = &p->rails[i];
+        for (unsigned i = 0; i < n; i++)
+            total += atomic_load(&all[i]->rate);
+        for (unsigned i = 0; i < n && i < max; i++) {
+            const mc_rail_t *r = all[i];
             snprintf(out[i].name, sizeof(out[i].name), "%s", r->name);
             out[i].state = r->state;
             out[i].conns = r->n_conns;
@@ -207,7 +221,7 @@ int mc_stats_rails(mc_engine_t *e, mc_segment_id_t id, mc_rail_stats_t *out, siz
             out[i].rate = atomic_load(&r->rate);
             out[i].weight = total ? (double)out[i].rate / (double)total : 0.0;
         }
-        *count_p = p->n_rails;
+        *count_p = n;
     }
     pthread_rwlock_unlock(&e->peers_lock);
     return rc;

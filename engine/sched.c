@@ -68,7 +68,7 @@ void mc__sched_route(mc_engine_t *e, mc_task_t *t)
         mc__task_maybe_release(e, t);
         return;
     }
-    mc_list_push_back(&t->peer->pending, &t->qlink);
+    mc_list_push_back(&t->peer->q[t->tp].pending, &t->qlink);
     mc__peer_activate(e, t->peer);
 }
 
@@ -90,20 +90,20 @@ static void slice_release(mc_engine_t *e, mc_slice_t *s)
     mc__task_maybe_release(e, t);
 }
 
-mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
+mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, int tp)
 {
     mc_list_t *n;
     mc_slice_t *s;
     mc_task_t *t;
 
-    while ((n = mc_list_pop_front(&p->retry))) {
+    while ((n = mc_list_pop_front(&p->q[tp].retry))) {
         s = mc_container_of(n, mc_slice_t, link);
         if (atomic_load(&s->task->state) < MC_TASK_COMPLETED)
             return s;
         slice_release(e, s); /* its task ended meanwhile (timeout, cancel) */
     }
-    while (!mc_list_empty(&p->pending)) {
-        t = mc_container_of(p->pending.next, mc_task_t, qlink);
+    while (!mc_list_empty(&p->q[tp].pending)) {
+        t = mc_container_of(p->q[tp].pending.next, mc_task_t, qlink);
         if (atomic_load(&t->state) >= MC_TASK_COMPLETED) {
             task_dequeue(e, t);
             continue;
@@ -129,18 +129,29 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p)
     return NULL;
 }
 
-const char *mc__sched_peek_location(mc_peer_t *p)
+const char *mc__sched_peek_location(mc_peer_t *p, int tp)
 {
-    if (!mc_list_empty(&p->retry))
-        return mc_container_of(p->retry.next, mc_slice_t, link)->task->lbuf->location;
-    if (!mc_list_empty(&p->pending))
-        return mc_container_of(p->pending.next, mc_task_t, qlink)->lbuf->location;
+    if (!mc_list_empty(&p->q[tp].retry))
+        return mc_container_of(p->q[tp].retry.next, mc_slice_t, link)->task->lbuf->location;
+    if (!mc_list_empty(&p->q[tp].pending))
+        return mc_container_of(p->q[tp].pending.next, mc_task_t, qlink)->lbuf->location;
     return NULL;
+}
+
+static bool has_slices(mc_peer_t *p, int tp)
+{
+    return !mc_list_empty(&p->q[tp].pending) || !mc_list_empty(&p->q[tp].retry);
 }
 
 static bool peer_has_work(mc_peer_t *p)
 {
-    return !mc_list_empty(&p->pending) || !mc_list_empty(&p->retry) || !mc_list_empty(&p->msgq);
+    return has_slices(p, MC_TP_TCP) || has_slices(p, MC_TP_RDMA) || !mc_list_empty(&p->msgq);
+}
+
+/* Counters of the transport that carries t. */
+static _Atomic uint64_t *tp_counters(mc_engine_t *e, const mc_task_t *t)
+{
+    return t->tp == MC_TP_RDMA ? e->rdma_c : e->tcp_c;
 }
 
 void mc__sched_run(mc_engine_t *e)
@@ -150,7 +161,9 @@ void mc__sched_run(mc_engine_t *e)
     mc_list_for_each_safe(pos, tmp, &e->active_peers)
     {
         mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
-        if (peer_has_work(p))
+        if (has_slices(p, MC_TP_RDMA))
+            mc__rdma_fill(e, p);
+        if (has_slices(p, MC_TP_TCP) || !mc_list_empty(&p->msgq))
             mc__tcp_fill(e, p);
         if (!peer_has_work(p)) {
             mc_list_del(&p->active_link);
@@ -167,22 +180,24 @@ void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
 
     mc__count(&p->c[cnt], s->len);
     mc__count(&p->c[MC_CNT_REQUESTS], 1);
-    mc__count(&e->tcp_c[cnt], s->len);
-    mc__count(&e->tcp_c[MC_CNT_REQUESTS], 1);
+    mc__count(&tp_counters(e, t)[cnt], s->len);
+    mc__count(&tp_counters(e, t)[MC_CNT_REQUESTS], 1);
     if (atomic_fetch_add(&t->bytes, s->len) + s->len == t->req.length)
         mc__task_finish(t, MC_TASK_COMPLETED, NULL);
     slice_release(e, s);
 }
 
 /* "a->b, c->d": the rails a slice was tried on. */
-static void paths_tried(const mc_peer_t *p, uint32_t mask, char *buf, size_t size)
+static void paths_tried(const mc_peer_t *p, int tp, uint32_t mask, char *buf, size_t size)
 {
+    const mc_rail_t *rails = tp == MC_TP_RDMA ? p->rdma_rails : p->rails;
+    unsigned n_rails = tp == MC_TP_RDMA ? p->n_rdma_rails : p->n_rails;
     size_t n = 0;
 
     buf[0] = 0;
-    for (unsigned i = 0; i < p->n_rails && n < size; i++)
+    for (unsigned i = 0; i < n_rails && n < size; i++)
         if (mask & (1u << i))
-            n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? ", " : "", p->rails[i].name);
+            n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? ", " : "", rails[i].name);
     if (!buf[0])
         snprintf(buf, size, "no path");
 }
@@ -193,18 +208,18 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     mc_peer_t *p = t->peer;
 
     mc__count(&p->c[MC_CNT_ERRORS], 1);
-    mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
+    mc__count(&tp_counters(e, t)[MC_CNT_ERRORS], 1);
     if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable && s->attempts < e->cfg.retry_cnt) {
         s->attempts++;
         mc__count(&p->c[MC_CNT_RETRIES], 1);
-        mc__count(&e->tcp_c[MC_CNT_RETRIES], 1);
-        mc_list_push_back(&p->retry, &s->link);
+        mc__count(&tp_counters(e, t)[MC_CNT_RETRIES], 1);
+        mc_list_push_back(&p->q[t->tp].retry, &s->link);
         mc__peer_activate(e, p);
         return;
     }
     if (retryable) {
         char paths[512];
-        paths_tried(p, s->rails_tried, paths, sizeof(paths));
+        paths_tried(p, t->tp, s->rails_tried, paths, sizeof(paths));
         mc__task_finish(t, MC_TASK_FAILED, "%s (%s; gave up after %u attempts over %s)", reason,
                         mc_err_name(err), s->attempts + 1, paths);
     } else
@@ -216,15 +231,17 @@ void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reas
 {
     mc_list_t *n;
 
-    while ((n = mc_list_pop_front(&p->retry))) {
-        mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
-        mc__task_finish(s->task, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
-        slice_release(e, s);
-    }
-    while (!mc_list_empty(&p->pending)) {
-        mc_task_t *t = mc_container_of(p->pending.next, mc_task_t, qlink);
-        mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
-        task_dequeue(e, t);
+    for (int tp = 0; tp < MC_TP_N; tp++) {
+        while ((n = mc_list_pop_front(&p->q[tp].retry))) {
+            mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
+            mc__task_finish(s->task, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+            slice_release(e, s);
+        }
+        while (!mc_list_empty(&p->q[tp].pending)) {
+            mc_task_t *t = mc_container_of(p->q[tp].pending.next, mc_task_t, qlink);
+            mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+            task_dequeue(e, t);
+        }
     }
 }
 

@@ -72,8 +72,10 @@ static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
     }
     p->local_host = !strcmp(d->host_id, e->host_id);
     p->refcnt = 1;
-    mc_list_init(&p->pending);
-    mc_list_init(&p->retry);
+    for (int tp = 0; tp < MC_TP_N; tp++) {
+        mc_list_init(&p->q[tp].pending);
+        mc_list_init(&p->q[tp].retry);
+    }
     mc_list_init(&p->msgq);
     mc_list_init(&p->conns);
     mc_list_init(&p->active_link);
@@ -259,6 +261,7 @@ static void peer_destroy(mc_engine_t *e, mc_peer_t *p)
     mc_list_t *n;
 
     mc__tcp_peer_close(e, p);
+    mc__rdma_peer_close(e, p);
     mc__shm_peer_close(e, p);
     while ((n = mc_list_pop_front(&p->msgq)))
         free(mc_container_of(n, mc_msg_t, link));

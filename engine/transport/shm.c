@@ -243,7 +243,7 @@ int mc__shm_init(mc_engine_t *e)
     struct sockaddr_un sun;
     int fd;
 
-    if (e->cfg.force_tcp || e->cfg.auth_token[0])
+    if (e->cfg.force_tcp || e->cfg.auth_token[0] || !strcmp(e->cfg.protocol, "rdma"))
         return 0; /* the shm transport authenticates by uid only: keep it off then */
     snprintf(e->shm_name, sizeof(e->shm_name), "mooncake/%016llx", (unsigned long long)e->instance);
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

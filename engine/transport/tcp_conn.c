@@ -33,6 +33,7 @@ mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
     c->since_ns = c->last_io_ns = mc_now_ns();
     mc_list_init(&c->sendq);
     mc_list_init(&c->ackq);
+    mc_list_init(&c->qps);
     mc_list_init(&c->link);
     (void)e;
     return c;
@@ -172,7 +173,7 @@ static int gather(mc_tcp_conn_t *c, struct iovec *iov)
 static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
 {
     mc_list_del(&s->link);
-    if (s->kind == MC_SL_DATA) {
+    if (s->kind == MC_SL_DATA || s->kind == MC_SL_QP) {
         mc_list_push_back(&c->ackq, &s->link);
         return;
     }

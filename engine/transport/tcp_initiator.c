@@ -212,6 +212,7 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
             mc__slice_free(e, s);
     }
     c->window_used = 0;
+    mc__rdma_ctrl_lost(e, c);
     if (!reason)
         return;
     mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
@@ -252,11 +253,18 @@ int mc__out_header(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_ERROR:
         c->dst_kind = DST_CTRL;
         return 0;
+    case MC_FR_QP_ACCEPT:
+        if (expect_head(e, c, &s))
+            return -MC_EPROTO;
+        if (s->kind != MC_SL_QP)
+            break;
+        c->dst_kind = DST_CTRL;
+        return 0;
     case MC_FR_WRITE_ACK:
     case MC_FR_READ_RESP:
         if (expect_head(e, c, &s))
             return -MC_EPROTO;
-        if ((c->fr.type == MC_FR_WRITE_ACK) != (s->opcode == MC_WRITE))
+        if (s->kind != MC_SL_DATA || (c->fr.type == MC_FR_WRITE_ACK) != (s->opcode == MC_WRITE))
             break;
         if (c->fr.aux == 0 && c->fr.type == MC_FR_READ_RESP) {
             if (c->fr.length != s->len)
@@ -321,6 +329,11 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     mc_list_del(&s->link);
     c->window_used--;
     c->last_io_ns = mc_now_ns();
+    if (s->kind == MC_SL_QP) {
+        mc__rdma_connected(e, s->qp, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
+        mc__slice_free(e, s);
+        return;
+    }
     if (c->fr.aux == 0) {
         atomic_fetch_add_explicit(&c->rail->bytes, s->len, memory_order_relaxed);
         atomic_fetch_add_explicit(&c->rail->slices, 1, memory_order_relaxed);
@@ -425,13 +438,43 @@ static bool evict_idle(mc_engine_t *e)
             continue;
         for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
             mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
-            if (c->state == CS_READY && !c->window_used && mc_list_empty(&c->sendq)) {
+            /* A connection that set up QPs carries them: closing it would take them down. */
+            if (c->state == CS_READY && !c->window_used && mc_list_empty(&c->sendq) &&
+                mc_list_empty(&c->qps)) {
                 mc__conn_close(e, c);
                 return true;
             }
         }
     }
     return false;
+}
+
+static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best);
+
+mc_tcp_conn_t *mc__tcp_ctrl_conn(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *pos;
+
+    for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+        if (c->state == CS_READY)
+            return c;
+    }
+    if (mc_list_empty(&p->conns))
+        maybe_open(e, p, "", 3);
+    return NULL;
+}
+
+void mc__tcp_send_qp(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
+{
+    mc_frame_t f = {.type = MC_FR_QP_CONNECT, .id = ++e->next_cookie, .length = s->payload_len};
+
+    s->cookie = f.id;
+    mc_frame_encode(&f, s->hdr);
+    if (c->window_used++ == 0)
+        c->last_io_ns = mc_now_ns(); /* an unanswered QP_CONNECT times out like a request */
+    mc_list_push_back(&c->sendq, &s->link);
+    mc__conn_flush(e, c);
 }
 
 /* The best rank (see mc__rail_rank) among rails with a ready connection, for location. */
@@ -477,7 +520,7 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
 {
     const char *loc;
 
-    while ((loc = mc__sched_peek_location(p))) {
+    while ((loc = mc__sched_peek_location(p, MC_TP_TCP))) {
         int best = best_rank(e, p, loc);
         bool took = false;
         mc_list_t *pos;
@@ -486,12 +529,12 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
             if (c->state != CS_READY || c->window_used >= e->cfg.tcp_window ||
                 mc__rail_rank(e, c->rail, loc) > best)
                 continue;
-            mc_slice_t *s = mc__sched_next_slice(e, p);
+            mc_slice_t *s = mc__sched_next_slice(e, p, MC_TP_TCP);
             if (!s)
                 return;
             assign(e, c, s);
             took = true;
-            if (mc__sched_peek_location(p) != loc)
+            if (mc__sched_peek_location(p, MC_TP_TCP) != loc)
                 break; /* the next task may live elsewhere: rank again */
         }
         if (!took) {

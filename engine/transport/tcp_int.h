@@ -56,6 +56,7 @@ struct mc_tcp_conn {
     uint64_t left; /* payload bytes of the current frame still to come */
     uint8_t *ctrl; /* control payload (hello, message, reason) */
     uint32_t ctrl_cap, ctrl_len;
+    mc_list_t qps;       /* rdma QPs set up over this connection (see rdma_int.h) */
     mc_buffer_t *rx_ref; /* inbound WRITE: buffer being written */
     int rx_status;       /* inbound WRITE: refusal code, payload discarded */
 };

@@ -88,6 +88,7 @@ int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return 0;
     case MC_FR_MSG:
     case MC_FR_RETIRE:
+    case MC_FR_QP_CONNECT:
         c->dst_kind = DST_CTRL;
         return 0;
     }
@@ -224,6 +225,11 @@ static void on_retire(mc_engine_t *e, mc_tcp_conn_t *c)
     retire(e, c, ids, n);
 }
 
+static void on_qp_connect(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc__rdma_accept(e, c, c->ctrl, c->ctrl_len);
+}
+
 static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     mc__msg_deliver(e, c->remote_name, (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
@@ -231,9 +237,10 @@ static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* mc__in_header admits only these frame types. */
 static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *) = {
-    [MC_FR_HELLO] = on_hello, [MC_FR_AUTH] = on_auth,         [MC_FR_WRITE] = on_write,
-    [MC_FR_READ] = on_read,   [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
-    [MC_FR_MSG] = on_msg,
+    [MC_FR_HELLO] = on_hello,       [MC_FR_AUTH] = on_auth,
+    [MC_FR_WRITE] = on_write,       [MC_FR_READ] = on_read,
+    [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
+    [MC_FR_MSG] = on_msg,           [MC_FR_QP_CONNECT] = on_qp_connect,
 };
 
 void mc__in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -256,6 +263,7 @@ void mc__in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__slice_free(e, s);
     }
     c->n_resp = 0;
+    mc__rdma_ctrl_lost(e, c);
 }
 
 /* ---- listening ---- */

@@ -58,6 +58,14 @@ typedef struct mc_config {
     unsigned max_conns;             /* MC_MAX_CONNS: outbound connections, all peers */
     unsigned metadata_ttl_s;        /* MC_METADATA_TTL: lease of the published descriptor */
     uint64_t handshake_max;         /* MC_HANDSHAKE_MAX_LENGTH: largest descriptor accepted */
+    char protocol[16];              /* MC_PROTOCOL: "auto" (shm on this host, rdma where both
+                                       sides have a device on a common link layer, else tcp),
+                                       "rdma" (rdma also on this host), "tcp" (= MC_FORCE_TCP) */
+    int gid_index;                  /* MC_GID_INDEX: -1 = pick (RoCE v2 IPv4 GID, else 0) */
+    unsigned mtu;                   /* MC_MTU: 0 = the port's active MTU; else 256..4096 */
+    unsigned ib_port;               /* MC_IB_PORT: port of every RDMA device */
+    unsigned rdma_qp_depth;         /* MC_RDMA_QP_DEPTH: work requests in flight per QP */
+    unsigned rdma_max_qps;          /* MC_RDMA_MAX_QPS: QPs this engine initiates, all peers */
 } mc_config_t;
 
 /* Fill cfg with defaults, then apply MC_* environment variables. Returns -MC_ECONFIG naming the
@@ -264,7 +272,7 @@ typedef struct mc_counters {
 typedef struct mc_rail_stats {
     char name[264]; /* "10.201.1.1->10.201.1.2:4000" ("*" = default route) */
     int state;      /* 0 active, 1 paused after repeated failures */
-    unsigned conns; /* open connections */
+    unsigned conns; /* open connections (rdma rails: connected QPs) */
     uint64_t bytes, slices, errors;
     uint64_t rate; /* recent throughput, bytes/s (moving average) */
     double weight; /* this rail's share of the peer's recent throughput, 0..1 */

@@ -52,6 +52,16 @@ int th_contains(const char *haystack, const char *needle)
     return haystack && strcasestr(haystack, needle) != NULL;
 }
 
+int th_listed(const char *list, const char *item)
+{
+    size_t n = strlen(item);
+
+    for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ','))
+        if (strcspn(p, ",") == n && !strncmp(p, item, n))
+            return 1;
+    return 0;
+}
+
 static uint64_t splitmix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;

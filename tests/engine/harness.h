@@ -133,4 +133,7 @@ void th_rmdir(const char *dir);
 /* Whether haystack contains needle, ignoring case. */
 int th_contains(const char *haystack, const char *needle);
 
+/* Whether item is one of the comma-separated list. */
+int th_listed(const char *list, const char *item);
+
 #endif

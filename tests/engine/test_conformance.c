@@ -16,13 +16,15 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <cmocka.h>
+#include <infiniband/verbs.h>
 
 #include "harness.h"
 
 /* ---- transport setups ---------------------------------------------------------------------- */
 
 typedef struct conf_transport {
-    const char *name;                /* as mc_stats_transport() knows it */
+    const char *name;
+    const char *counters;            /* as mc_stats_transport() knows it */
     void (*apply)(mc_config_t *cfg); /* applied to both engines' configurations */
     int (*available)(void);          /* NULL or 1: run; 0: the cases are skipped */
     int target_alloc;                /* target memory from mc_mem_alloc (memfd) */
@@ -39,11 +41,31 @@ static void shm_apply(mc_config_t *cfg)
     cfg->force_tcp = 0; /* same host, engine memory: the shm transport */
 }
 
+/* rdma between two processes of this host: on the software RDMA device (tools/softverbs,
+ * selected with LD_LIBRARY_PATH by the rdma ctest entry). */
+static void rdma_apply(mc_config_t *cfg)
+{
+    cfg->force_tcp = 0;
+    snprintf(cfg->protocol, sizeof(cfg->protocol), "rdma");
+}
+
+static int rdma_available(void)
+{
+    int n = 0;
+    struct ibv_device **l = ibv_get_device_list(&n);
+
+    if (l)
+        ibv_free_device_list(l);
+    return n > 0;
+}
+
 static const conf_transport_t transports[] = {
-    {"tcp", tcp_apply, NULL, 0, 0},
-    {"tcp-engine-memory", tcp_apply, NULL, 1, 0},
-    {"shm", shm_apply, NULL, 1, 1},     /* engine memory: mapped, memcpy */
-    {"shm-cma", shm_apply, NULL, 0, 1}, /* other memory: process_vm_readv/writev */
+    {"tcp", "tcp", tcp_apply, NULL, 0, 0},
+    {"tcp-engine-memory", "tcp", tcp_apply, NULL, 1, 0},
+    {"shm", "shm", shm_apply, NULL, 1, 1},     /* engine memory: mapped, memcpy */
+    {"shm-cma", "shm", shm_apply, NULL, 0, 1}, /* other memory: process_vm_readv/writev */
+    {"rdma", "rdma", rdma_apply, rdma_available, 0, 0},
+    {"rdma-engine-memory", "rdma", rdma_apply, rdma_available, 1, 0},
 };
 
 /* ---- fixture ------------------------------------------------------------------------------ */
@@ -173,7 +195,7 @@ static void test_sizes(void **state)
     }
     /* The bytes went through the transport under test. */
     mc_counters_t c;
-    assert_int_equal(mc_stats_transport(fx->e, fx->p->tr->name[0] == 's' ? "shm" : "tcp", &c), 0);
+    assert_int_equal(mc_stats_transport(fx->e, fx->p->tr->counters, &c), 0);
     assert_true(c.bytes_written > 0 && c.bytes_read > 0);
 }
 
@@ -638,10 +660,13 @@ int main(int argc, char **argv)
     conf_param_t *params = calloc(nt * nc, sizeof(*params));
     struct CMUnitTest *tests = calloc(nt * nc, sizeof(*tests));
     const char *only = getenv("TH_CASE");
+    const char *only_tr = getenv("TH_TRANSPORT"); /* a comma-separated list of setups */
     size_t n = 0, runnable = 0;
 
     th_main(argc, argv);
     for (size_t i = 0; i < nt; i++) {
+        if (only_tr && !th_listed(only_tr, transports[i].name))
+            continue;
         for (size_t j = 0; j < nc; j++) {
             if (only && !strstr(cases[j].name, only))
                 continue;

@@ -1,0 +1,325 @@
+/* RDMA transport: devices, memory regions, completion and async event handlers. See
+ * rdma_int.h for the design. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "rdma_int.h"
+
+const char *mc__rdma_wc_status(enum ibv_wc_status s)
+{
+    return ibv_wc_status_str(s);
+}
+
+/* ---- devices ---- */
+
+/* MC_DEVICES, when set, names the devices to use (network interfaces too: ignored here). */
+static bool device_wanted(const char *name)
+{
+    const char *list = getenv("MC_DEVICES");
+    size_t n = strlen(name);
+
+    if (!list || !*list)
+        return true;
+    for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        if (strcspn(p, ",") == n && !strncmp(p, name, n))
+            return true;
+    }
+    return false;
+}
+
+static bool gid_is_v4_mapped(const union ibv_gid *g)
+{
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return !memcmp(g->raw, prefix, sizeof(prefix));
+}
+
+/* MC_GID_INDEX, or: on Ethernet the first RoCE v2 GID with an IPv4 address (routable, what
+ * RoCE fabrics are set up for), else the first RoCE v2 one; index 0 otherwise. */
+static int gid_pick(mc_engine_t *e, mc_rdma_dev_t *d, int table_len)
+{
+    int fallback = -1;
+
+    if (e->cfg.gid_index >= 0)
+        return e->cfg.gid_index;
+    if (d->link != IBV_LINK_LAYER_ETHERNET)
+        return 0;
+    for (int i = 0; i < table_len; i++) {
+        struct ibv_gid_entry ent;
+        if (ibv_query_gid_ex(d->ctx, d->port, (uint32_t)i, &ent, 0) ||
+            ent.gid_type != IBV_GID_TYPE_ROCE_V2)
+            continue;
+        if (gid_is_v4_mapped((union ibv_gid *)&ent.gid))
+            return i;
+        if (fallback < 0)
+            fallback = i;
+    }
+    return fallback < 0 ? 0 : fallback;
+}
+
+static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
+
+static int nonblocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
+
+static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
+{
+    struct ibv_device_attr da;
+    struct ibv_port_attr pa;
+
+    if (ibv_query_device(d->ctx, &da) || ibv_query_port(d->ctx, d->port, &pa))
+        return mc_set_error(-EIO, "%s: cannot query the device or port %u", d->name, d->port);
+    if (pa.state != IBV_PORT_ACTIVE)
+        return mc_set_error(-MC_ENODEV, "%s port %u is %s", d->name, d->port,
+                            ibv_port_state_str(pa.state));
+    d->link = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
+                                                       : IBV_LINK_LAYER_INFINIBAND;
+    d->lid = pa.lid;
+    d->mtu = (uint16_t)(128u << pa.active_mtu);
+    if (e->cfg.mtu && e->cfg.mtu < d->mtu)
+        d->mtu = (uint16_t)e->cfg.mtu;
+    d->gid_index = gid_pick(e, d, pa.gid_tbl_len);
+    if (ibv_query_gid(d->ctx, d->port, d->gid_index, &d->gid))
+        return mc_set_error(-MC_ECONFIG, "%s: no GID at index %d (MC_GID_INDEX)", d->name,
+                            d->gid_index);
+    /* Pieces of at most 1 TiB keep offsets and JSON integers small. */
+    d->max_mr = (da.max_mr_size < (1ull << 40) ? da.max_mr_size : 1ull << 40) & ~4095ull;
+    if (!d->max_mr)
+        return mc_set_error(-MC_ENODEV, "%s: max_mr_size %llu is below a page", d->name,
+                            (unsigned long long)da.max_mr_size);
+    d->max_rd_atomic = da.max_qp_rd_atom < 16 ? (unsigned)da.max_qp_rd_atom : 16;
+    d->cq_size = da.max_cqe < MC_RDMA_CQ_MAX ? (unsigned)da.max_cqe : MC_RDMA_CQ_MAX;
+    /* Relaxed ordering is an optional flag: devices without it ignore it. */
+    d->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                IBV_ACCESS_RELAXED_ORDERING;
+    d->pd = ibv_alloc_pd(d->ctx);
+    d->ch = d->pd ? ibv_create_comp_channel(d->ctx) : NULL;
+    d->cq = d->ch ? ibv_create_cq(d->ctx, (int)d->cq_size, d, d->ch, 0) : NULL;
+    if (!d->cq)
+        return mc_set_error(-ENOMEM, "%s: cannot create a PD, completion channel or CQ", d->name);
+    d->cq_poll.fd = d->ch->fd;
+    d->cq_poll.handler = mc__rdma_cq_handler;
+    d->async_poll.fd = d->ctx->async_fd;
+    d->async_poll.handler = async_handler;
+    if (nonblocking(d->ch->fd) || nonblocking(d->ctx->async_fd) || ibv_req_notify_cq(d->cq, 0) ||
+        mc__epoll_add(e, &d->cq_poll, EPOLLIN) || mc__epoll_add(e, &d->async_poll, EPOLLIN))
+        return mc_set_error(-EIO, "%s: cannot watch its completion channel", d->name);
+    return 0;
+}
+
+static void dev_close(mc_engine_t *e, mc_rdma_dev_t *d)
+{
+    if (d->cq_poll.fd > 0)
+        mc__epoll_del(e, &d->cq_poll);
+    if (d->async_poll.fd > 0)
+        mc__epoll_del(e, &d->async_poll);
+    if (d->cq)
+        ibv_destroy_cq(d->cq);
+    if (d->ch)
+        ibv_destroy_comp_channel(d->ch);
+    if (d->pd)
+        ibv_dealloc_pd(d->pd);
+    if (d->ctx)
+        ibv_close_device(d->ctx);
+    memset(d, 0, sizeof(*d));
+}
+
+/* Open the devices we may use. None is not an error: peers are then reached over tcp. */
+int mc__rdma_init(mc_engine_t *e)
+{
+    struct mc_rdma *r;
+    struct ibv_device **list;
+    int n = 0;
+
+    if (e->cfg.force_tcp)
+        return 0;
+    list = ibv_get_device_list(&n);
+    if (!list || n == 0) {
+        if (list)
+            ibv_free_device_list(list);
+        mc_info("rdma: no RDMA device");
+        return 0;
+    }
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        ibv_free_device_list(list);
+        return mc_set_error(-ENOMEM, "out of memory");
+    }
+    mc_list_init(&r->qps);
+    mc_list_init(&r->to_post);
+    r->chunk = UINT64_MAX;
+    for (int i = 0; i < n && r->n_devs < MC_RDMA_MAX_DEVS; i++) {
+        mc_rdma_dev_t *d = &r->devs[r->n_devs];
+        snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(list[i]));
+        if (!device_wanted(d->name))
+            continue;
+        d->port = (uint8_t)e->cfg.ib_port;
+        d->index = r->n_devs;
+        d->ctx = ibv_open_device(list[i]);
+        if (!d->ctx || dev_setup(e, d)) {
+            mc_warn("rdma: %s not used: %s", d->name, d->ctx ? mc_last_error() : strerror(errno));
+            dev_close(e, d);
+            continue;
+        }
+        if (d->max_mr < r->chunk)
+            r->chunk = d->max_mr;
+        mc_info("rdma: %s port %u %s lid %u gid[%d] mtu %u", d->name, d->port,
+                d->link == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB", d->lid, d->gid_index, d->mtu);
+        r->n_devs++;
+    }
+    ibv_free_device_list(list);
+    if (!r->n_devs) {
+        free(r);
+        return 0;
+    }
+    e->rdma = r;
+    return 0;
+}
+
+void mc__rdma_close(mc_engine_t *e)
+{
+    if (!e->rdma)
+        return;
+    for (unsigned i = 0; i < e->rdma->n_devs; i++)
+        dev_close(e, &e->rdma->devs[i]);
+    free(e->rdma);
+    e->rdma = NULL;
+}
+
+static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    mc_rdma_dev_t *d = mc_container_of(p, mc_rdma_dev_t, async_poll);
+    struct ibv_async_event ev;
+
+    (void)e;
+    (void)events;
+    while (ibv_get_async_event(d->ctx, &ev) == 0) {
+        /* QP and port errors also surface as completion errors, which is where they are
+         * handled; here they are only told. */
+        if (ev.event_type == IBV_EVENT_PORT_ACTIVE)
+            mc_info("rdma: %s: %s", d->name, ibv_event_type_str(ev.event_type));
+        else
+            mc_warn("rdma: %s: %s", d->name, ibv_event_type_str(ev.event_type));
+        ibv_ack_async_event(&ev);
+    }
+}
+
+void mc__rdma_cq_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    mc_rdma_dev_t *d = (mc_rdma_dev_t *)p;
+    struct ibv_cq *cq;
+    void *ctx;
+    unsigned acks = 0;
+    struct ibv_wc wc[32];
+    int n;
+
+    (void)events;
+    while (ibv_get_cq_event(d->ch, &cq, &ctx) == 0)
+        acks++;
+    if (acks)
+        ibv_ack_cq_events(d->cq, acks);
+    /* Re-arm before polling, so a completion that lands after the last poll still wakes us. */
+    ibv_req_notify_cq(d->cq, 0);
+    while ((n = ibv_poll_cq(d->cq, 32, wc)) > 0) {
+        for (int i = 0; i < n; i++)
+            mc__rdma_complete(e, d, &wc[i]);
+    }
+}
+
+/* ---- memory regions ---- */
+
+static void mrs_free(mc_rdma_mrs_t *m)
+{
+    for (size_t i = 0; i < (size_t)m->n_devs * m->n_chunks; i++)
+        if (m->mr[i])
+            ibv_dereg_mr(m->mr[i]);
+    free(m);
+}
+
+int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
+{
+    struct mc_rdma *r = e->rdma;
+    mc_rdma_mrs_t *m;
+
+    if (!r)
+        return 0;
+    uint32_t n_chunks = (uint32_t)((b->len + r->chunk - 1) / r->chunk);
+    m = calloc(1, sizeof(*m) + (size_t)r->n_devs * n_chunks * sizeof(m->mr[0]));
+    if (!m)
+        return mc_set_error(-ENOMEM, "out of memory");
+    m->chunk = r->chunk;
+    m->n_chunks = n_chunks;
+    m->n_devs = r->n_devs;
+    for (unsigned d = 0; d < r->n_devs; d++) {
+        for (uint32_t c = 0; c < n_chunks; c++) {
+            uint64_t off = (uint64_t)c * r->chunk, len = b->len - off;
+            len = len < r->chunk ? len : r->chunk;
+            m->mr[d * n_chunks + c] = ibv_reg_mr(r->devs[d].pd, (void *)(uintptr_t)(b->addr + off),
+                                                 len, r->devs[d].access);
+            if (!m->mr[d * n_chunks + c]) {
+                int err = errno ? errno : EIO;
+                mrs_free(m);
+                return mc_set_error(-err, "rdma: cannot register %p+%llu (%s) with %s: %s",
+                                    (void *)(uintptr_t)(b->addr + off), (unsigned long long)len,
+                                    b->location, r->devs[d].name, strerror(err));
+            }
+        }
+    }
+    b->mrs = m;
+    return 0;
+}
+
+void mc__rdma_mr_deregister(mc_buffer_t *b)
+{
+    if (b->mrs)
+        mrs_free(b->mrs);
+    b->mrs = NULL;
+}
+
+/* ---- descriptor ---- */
+
+json_t *mc__rdma_devices_json(mc_engine_t *e)
+{
+    json_t *arr;
+    char gid[INET6_ADDRSTRLEN];
+
+    if (!e->rdma)
+        return NULL;
+    arr = json_array();
+    for (unsigned i = 0; arr && i < e->rdma->n_devs; i++) {
+        const mc_rdma_dev_t *d = &e->rdma->devs[i];
+        inet_ntop(AF_INET6, d->gid.raw, gid, sizeof(gid));
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:i,s:s}", "name", d->name, "link",
+                                             d->link == IBV_LINK_LAYER_ETHERNET ? "eth" : "ib",
+                                             "lid", d->lid, "gid", gid));
+    }
+    return arr;
+}
+
+json_t *mc__rdma_rkeys_json(const mc_buffer_t *b, uint64_t *chunk_p)
+{
+    const mc_rdma_mrs_t *m = b->mrs;
+    json_t *arr;
+
+    if (!m)
+        return NULL;
+    arr = json_array();
+    for (unsigned d = 0; arr && d < m->n_devs; d++) {
+        json_t *keys = json_array();
+        for (uint32_t c = 0; keys && c < m->n_chunks; c++)
+            json_array_append_new(keys, json_integer(m->mr[d * m->n_chunks + c]->rkey));
+        json_array_append_new(arr, keys);
+    }
+    *chunk_p = m->chunk;
+    return arr;
+}

@@ -1,0 +1,335 @@
+/* RDMA transport: slices as work requests (posted in chains, one doorbell per QP per pass) and
+ * their completions. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdma_int.h"
+
+/* The peer's descriptor buffer holding the task's remote range (t->rbuf is a hint: the
+ * descriptor may have been reloaded since submit). Caller holds peers_lock. */
+static const mc_desc_buffer_t *remote_buf(mc_peer_t *p, mc_task_t *t)
+{
+    const mc_desc_t *d = &p->desc;
+    uint64_t a = t->req.target_offset, len = t->req.length;
+    size_t lo = 0, hi = d->n_buffers;
+
+    if (t->rbuf < d->n_buffers) {
+        const mc_desc_buffer_t *b = &d->buffers[t->rbuf];
+        if (a >= b->addr && a - b->addr <= b->len && len <= b->len - (a - b->addr))
+            return b->n_chunks ? b : NULL;
+    }
+    while (lo < hi) { /* last buffer starting at or below a */
+        size_t mid = (lo + hi) / 2;
+        if (d->buffers[mid].addr <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (!lo)
+        return NULL;
+    const mc_desc_buffer_t *b = &d->buffers[lo - 1];
+    if (a - b->addr > b->len || len > b->len - (a - b->addr) || !b->n_chunks)
+        return NULL;
+    t->rbuf = (uint32_t)(lo - 1);
+    return b;
+}
+
+static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t m = a < b ? a : b;
+    return m < c ? m : c;
+}
+
+/* Work requests a slice needs: one per piece between memory-region boundaries on either side. */
+static unsigned pieces(const mc_slice_t *s, const mc_desc_buffer_t *rb)
+{
+    const mc_task_t *t = s->task;
+    const mc_rdma_mrs_t *m = t->lbuf->mrs;
+    uint64_t l = (uint64_t)(uintptr_t)t->req.local + s->offset - t->lbuf->addr;
+    uint64_t r = t->req.target_offset + s->offset - rb->addr;
+    uint64_t ln = (l + s->len - 1) / m->chunk - l / m->chunk;
+    uint64_t rn = (r + s->len - 1) / rb->chunk - r / rb->chunk;
+
+    return (unsigned)(1 + ln + rn);
+}
+
+static void post_all(mc_engine_t *e);
+
+static void chain_append(mc_engine_t *e, mc_rdma_qp_t *qp, struct ibv_send_wr *wr)
+{
+    if (!qp->head) {
+        qp->head = wr;
+        mc_list_push_back(&e->rdma->to_post, &qp->post_link);
+    } else {
+        qp->tail->next = wr;
+    }
+    qp->tail = wr;
+}
+
+/* Build the work requests of slice s on rail r. */
+static void post_slice(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, mc_slice_t *s,
+                       const mc_desc_buffer_t *rb)
+{
+    struct mc_rdma *rd = e->rdma;
+    mc_rdma_qp_t *qp = r->qp;
+    mc_task_t *t = s->task;
+    const mc_rdma_mrs_t *m = t->lbuf->mrs;
+    uint64_t la = (uint64_t)(uintptr_t)t->req.local + s->offset;
+    uint64_t ra = t->req.target_offset + s->offset, left = s->len;
+
+    s->qp = qp;
+    s->wc_err = 0;
+    s->rails_tried |= 1u << (r - p->rdma_rails);
+    while (left) {
+        uint64_t lc = (la - t->lbuf->addr) / m->chunk, rc = (ra - rb->addr) / rb->chunk;
+        uint64_t n = min3(left, t->lbuf->addr + (lc + 1) * m->chunk - la,
+                          rb->addr + (rc + 1) * rb->chunk - ra);
+        if (rd->n_wr == MC_RDMA_SCRATCH)
+            post_all(e);
+        struct ibv_sge *sge = &rd->sge[rd->n_wr];
+        struct ibv_send_wr *wr = &rd->wr[rd->n_wr++];
+        sge->addr = la;
+        sge->length = (uint32_t)n;
+        sge->lkey = m->mr[(size_t)r->ldev * m->n_chunks + lc]->lkey;
+        memset(wr, 0, sizeof(*wr));
+        wr->wr_id = (uintptr_t)s;
+        wr->sg_list = sge;
+        wr->num_sge = 1;
+        wr->opcode = s->opcode == MC_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+        wr->send_flags = IBV_SEND_SIGNALED;
+        wr->wr.rdma.remote_addr = ra;
+        wr->wr.rdma.rkey = p->desc.rkeys[rb->rkey_off + (size_t)r->rdev * rb->n_chunks + rc];
+        chain_append(e, qp, wr);
+        s->wrs++;
+        qp->outstanding++;
+        qp->dev->cq_used++;
+        la += n;
+        ra += n;
+        left -= n;
+    }
+}
+
+/* One ibv_post_send per QP for everything built this pass. */
+static void post_all(mc_engine_t *e)
+{
+    struct mc_rdma *rd = e->rdma;
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&rd->to_post))) {
+        mc_rdma_qp_t *qp = mc_container_of(n, mc_rdma_qp_t, post_link);
+        struct ibv_send_wr *bad = NULL, *wr;
+        mc_list_init(&qp->post_link);
+        int rc = ibv_post_send(qp->qp, qp->head, &bad);
+        qp->head = qp->tail = NULL;
+        if (!rc)
+            continue;
+        /* What was not posted fails as a completion error would; the QP is unusable. */
+        mc_warn("rdma: post on %s: %s", qp->rail ? qp->rail->name : qp->dev->name, strerror(rc));
+        for (wr = bad; wr; wr = wr->next) {
+            struct ibv_wc wc = {.wr_id = wr->wr_id, .status = IBV_WC_GENERAL_ERR};
+            mc__rdma_complete(e, qp->dev, &wc);
+        }
+    }
+    rd->n_wr = 0;
+}
+
+static bool qp_room(mc_engine_t *e, const mc_rdma_qp_t *qp, unsigned need)
+{
+    return qp && qp->state == QP_READY && qp->outstanding + need <= e->cfg.rdma_qp_depth &&
+           qp->dev->cq_used + need <= qp->dev->cq_size;
+}
+
+/* Priority of a rail for a buffer at loc: the NIC matrix rank of our device, same-index device
+ * pairs before crossed ones. Lower is better. */
+static int rail_rank(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, const char *loc)
+{
+    unsigned n = e->rdma->n_devs, m = p->desc.n_rdma;
+    bool diag = r->rdev == r->ldev % m || r->ldev == r->rdev % n;
+
+    return 2 * mc__rail_rank(e, r, loc) + !diag;
+}
+
+static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *loc)
+{
+    int best = 1 << 20;
+
+    for (unsigned i = 0; i < p->n_rdma_rails; i++) {
+        mc_rail_t *r = &p->rdma_rails[i];
+        int rank = r->qp && r->qp->state == QP_READY ? rail_rank(e, p, r, loc) : 1 << 20;
+        best = rank < best ? rank : best;
+    }
+    return best;
+}
+
+/* Set up QPs on usable rails that have none (a failover target is then ready too). */
+static void connect_rails(mc_engine_t *e, mc_peer_t *p)
+{
+    uint64_t now = mc_now_ns();
+
+    for (unsigned i = 0; i < p->n_rdma_rails; i++) {
+        mc_rail_t *r = &p->rdma_rails[i];
+        if (!r->qp && mc__rail_usable(r, now) && now >= r->next_connect_ns)
+            mc__rdma_rail_connect(e, p, r);
+    }
+}
+
+/* Take the next slice for rail r, or fail it here if it cannot go over rdma any more. */
+static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
+{
+    mc_slice_t *s = mc__sched_next_slice(e, p, MC_TP_RDMA);
+    const mc_desc_buffer_t *rb;
+
+    *empty_p = s == NULL;
+    if (!s)
+        return false;
+    rb = remote_buf(p, s->task);
+    if (!rb) {
+        mc__slice_failed(e, s, -MC_EACCESS, false,
+                         "the remote range is no longer registered by the segment");
+        return true;
+    }
+    unsigned need = pieces(s, rb);
+    if (need > e->cfg.rdma_qp_depth) {
+        mc__slice_failed(e, s, -EINVAL, false,
+                         "slice crosses more memory regions than MC_RDMA_QP_DEPTH allows");
+        return true;
+    }
+    if (!qp_room(e, r->qp, need)) { /* rare: a multi-piece slice at the end of the window */
+        mc_list_push_front(&p->q[MC_TP_RDMA].retry, &s->link);
+        return false;
+    }
+    post_slice(e, p, r, s, rb);
+    return true;
+}
+
+/* Hand slices to READY QPs with room, one each in turn, on the best-ranked rails for the
+ * buffer's location; when none could take any, set up QPs. */
+static void fill_qps(mc_engine_t *e, mc_peer_t *p)
+{
+    const char *loc;
+
+    while ((loc = mc__sched_peek_location(p, MC_TP_RDMA))) {
+        int best = best_rank(e, p, loc);
+        bool took = false, empty = false;
+        for (unsigned i = 0; i < p->n_rdma_rails && !empty; i++) {
+            mc_rail_t *r = &p->rdma_rails[i];
+            if (!qp_room(e, r->qp, 1) || rail_rank(e, p, r, loc) > best)
+                continue;
+            if (!place_one(e, p, r, &empty))
+                continue;
+            took = true;
+            if (mc__sched_peek_location(p, MC_TP_RDMA) != loc)
+                break; /* the next task may live elsewhere: rank again */
+        }
+        if (!took) {
+            connect_rails(e, p);
+            return;
+        }
+    }
+}
+
+void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
+{
+    if (!e->rdma || !p->n_rdma_rails)
+        return;
+    /* Descriptor reloads swap p->desc under the write lock. */
+    pthread_rwlock_rdlock(&e->peers_lock);
+    fill_qps(e, p);
+    pthread_rwlock_unlock(&e->peers_lock);
+    post_all(e);
+}
+
+/* ---- completions ---- */
+
+/* The remote NIC refused the access (bad rkey or range) or the request: retrying elsewhere
+ * cannot help, and the rail is not at fault. */
+static bool request_error(enum ibv_wc_status st)
+{
+    return st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_INV_REQ_ERR ||
+           st == IBV_WC_LOC_PROT_ERR || st == IBV_WC_LOC_LEN_ERR || st == IBV_WC_REM_OP_ERR;
+}
+
+static void slice_error(mc_slice_t *s, const struct ibv_wc *wc)
+{
+    if (s->wc_err && wc->status == IBV_WC_WR_FLUSH_ERR)
+        return; /* keep the cause, not the flush that followed it */
+    s->wc_err = request_error(wc->status) ? -MC_EACCESS : -MC_EPEERDEAD;
+    s->wc_reason = mc__rdma_wc_status(wc->status);
+}
+
+static void slice_end(mc_engine_t *e, mc_slice_t *s, mc_rail_t *r)
+{
+    mc_task_t *t = s->task;
+    char why[512];
+
+    if (!s->wc_err) {
+        atomic_fetch_add_explicit(&r->bytes, s->len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&r->slices, 1, memory_order_relaxed);
+        mc__slice_done(e, s);
+        return;
+    }
+    snprintf(why, sizeof(why), "rail %s: RDMA %s of 0x%llx+%u at segment %s: %s", r->name,
+             s->opcode == MC_WRITE ? "WRITE" : "READ",
+             (unsigned long long)(t->req.target_offset + s->offset), s->len, t->peer->name,
+             s->wc_reason);
+    if (s->wc_err == -MC_EACCESS)
+        strncat(why,
+                " (the target's NIC refused the key or range: stale descriptor or "
+                "unregistered memory)",
+                sizeof(why) - strlen(why) - 1);
+    mc__slice_failed(e, s, s->wc_err, s->wc_err != -MC_EACCESS, why);
+}
+
+void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc)
+{
+    mc_slice_t *s = (mc_slice_t *)(uintptr_t)wc->wr_id;
+    mc_rdma_qp_t *qp = s->qp;
+    mc_rail_t *r = qp->rail;
+
+    qp->outstanding--;
+    dev->cq_used--;
+    if (wc->status != IBV_WC_SUCCESS) {
+        slice_error(s, wc);
+        if (qp->state != QP_DRAINING) {
+            /* The first error of a QP: it is in ERR now. Charge the rail unless the request
+             * itself was at fault; flushed requests follow and are retried. */
+            mc_warn("rdma: rail %s to %s: %s", r->name, qp->peer->name,
+                    mc__rdma_wc_status(wc->status));
+            if (!request_error(wc->status))
+                mc__rail_failed(r, mc_now_ns(), false);
+            mc__rdma_qp_drain(e, qp); /* may free qp: not used below */
+        } else if (!qp->outstanding) {
+            mc__rdma_qp_destroy(e, qp);
+        }
+    } else if (qp->state == QP_DRAINING && !qp->outstanding) {
+        mc__rdma_qp_destroy(e, qp);
+    }
+    if (--s->wrs == 0)
+        slice_end(e, s, r);
+}
+
+/* Engine teardown: every QP is draining (their tcp links are closed); collect the flushed
+ * requests so their tasks release, then destroy what is left. */
+void mc__rdma_fini(mc_engine_t *e)
+{
+    struct mc_rdma *rd = e->rdma;
+    mc_list_t *pos, *tmp;
+    uint64_t deadline = mc_now_ns() + 2000 * MC_MS;
+
+    if (!rd)
+        return;
+    mc_list_for_each_safe(pos, tmp, &rd->qps)
+        mc__rdma_qp_drain(e, mc_container_of(pos, mc_rdma_qp_t, link));
+    while (!mc_list_empty(&rd->qps) && mc_now_ns() < deadline) {
+        for (unsigned i = 0; i < rd->n_devs; i++) {
+            struct ibv_wc wc[32];
+            int n = ibv_poll_cq(rd->devs[i].cq, 32, wc);
+            for (int j = 0; j < n; j++)
+                mc__rdma_complete(e, &rd->devs[i], &wc[j]);
+        }
+    }
+    if (!mc_list_empty(&rd->qps))
+        mc_warn("rdma: QPs still hold work requests after 2 s; their slices are leaked");
+}

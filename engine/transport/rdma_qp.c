@@ -1,0 +1,380 @@
+/* RDMA transport: RC queue pairs, rails, and their connection over the engine's tcp link
+ * (QP_CONNECT / QP_ACCEPT). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/sha256.h"
+#include "rdma_int.h"
+
+#define QP_TIMEOUT   14 /* 4.096 us * 2^14 = 67 ms per try */
+#define QP_RETRY_CNT 7
+
+static enum ibv_mtu mtu_enum(unsigned bytes)
+{
+    return bytes >= 4096   ? IBV_MTU_4096
+           : bytes >= 2048 ? IBV_MTU_2048
+           : bytes >= 1024 ? IBV_MTU_1024
+           : bytes >= 512  ? IBV_MTU_512
+                           : IBV_MTU_256;
+}
+
+mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator)
+{
+    mc_rdma_qp_t *qp = calloc(1, sizeof(*qp));
+    struct ibv_qp_init_attr ia = {
+        .send_cq = dev->cq,
+        .recv_cq = dev->cq,
+        .cap = {.max_send_wr = initiator ? e->cfg.rdma_qp_depth : 1,
+                .max_recv_wr = 1,
+                .max_send_sge = 1,
+                .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC,
+    };
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                            .port_num = dev->port,
+                            .qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
+                                               IBV_ACCESS_LOCAL_WRITE};
+
+    if (!qp) {
+        mc_set_error(-ENOMEM, "out of memory");
+        return NULL;
+    }
+    qp->qp = ibv_create_qp(dev->pd, &ia);
+    if (!qp->qp) {
+        mc_set_error(-errno, "%s: ibv_create_qp: %s", dev->name, strerror(errno));
+        free(qp);
+        return NULL;
+    }
+    if (ibv_modify_qp(qp->qp, &a,
+                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+        mc_set_error(-errno, "%s: QP to INIT: %s", dev->name, strerror(errno));
+        ibv_destroy_qp(qp->qp);
+        free(qp);
+        return NULL;
+    }
+    mc_random_bytes(&qp->psn, sizeof(qp->psn));
+    qp->psn &= 0xffffff;
+    qp->dev = dev;
+    qp->initiator = initiator;
+    mc_list_init(&qp->link);
+    mc_list_init(&qp->ctrl_link);
+    mc_list_init(&qp->post_link);
+    return qp;
+}
+
+void mc__rdma_qp_info(const mc_rdma_qp_t *qp, mc_qp_info_t *q)
+{
+    memset(q, 0, sizeof(*q));
+    q->dev = (uint8_t)qp->dev->index;
+    q->link = qp->dev->link;
+    q->lid = qp->dev->lid;
+    q->mtu = qp->dev->mtu;
+    q->qpn = qp->qp->qp_num;
+    q->psn = qp->psn;
+    memcpy(q->gid, qp->dev->gid.raw, 16);
+}
+
+/* INIT -> RTR -> RTS towards the remote end. remote->mtu is the MTU both ends use. */
+int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote)
+{
+    mc_rdma_dev_t *d = qp->dev;
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = mtu_enum(remote->mtu),
+        .dest_qp_num = remote->qpn,
+        .rq_psn = remote->psn,
+        .max_dest_rd_atomic = (uint8_t)d->max_rd_atomic,
+        .min_rnr_timer = 12,
+        .ah_attr = {.dlid = remote->lid, .port_num = d->port},
+    };
+
+    (void)e;
+    /* RoCE always routes by GID; InfiniBand by LID, with a GRH only when there is no LID. */
+    if (d->link == IBV_LINK_LAYER_ETHERNET || remote->lid == 0) {
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, remote->gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+    }
+    if (ibv_modify_qp(qp->qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        return mc_set_error(-errno, "%s: QP %u to RTR: %s", d->name, qp->qp->qp_num,
+                            strerror(errno));
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = QP_TIMEOUT;
+    a.retry_cnt = QP_RETRY_CNT;
+    a.rnr_retry = 7;
+    a.sq_psn = qp->psn;
+    a.max_rd_atomic = (uint8_t)d->max_rd_atomic;
+    if (ibv_modify_qp(qp->qp, &a,
+                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+        return mc_set_error(-errno, "%s: QP %u to RTS: %s", d->name, qp->qp->qp_num,
+                            strerror(errno));
+    return 0;
+}
+
+void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp)
+{
+    mc_list_del(&qp->link);
+    mc_list_del(&qp->ctrl_link);
+    mc_list_del(&qp->post_link);
+    if (qp->initiator)
+        e->rdma->n_qps--;
+    if (qp->rail && qp->rail->qp == qp)
+        qp->rail->qp = NULL;
+    if (ibv_destroy_qp(qp->qp))
+        mc_warn("rdma: destroying QP %u: %s", qp->qp->qp_num, strerror(errno));
+    free(qp);
+}
+
+void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+
+    if (qp->state != QP_DRAINING) {
+        qp->state = QP_DRAINING;
+        if (qp->rail && qp->rail->qp == qp) {
+            qp->rail->qp = NULL; /* the rail may get a new QP meanwhile */
+            qp->rail->n_conns = 0;
+        }
+        mc_list_del(&qp->ctrl_link);
+        mc_list_init(&qp->ctrl_link);
+        qp->ctrl = NULL;
+        if (qp->outstanding && ibv_modify_qp(qp->qp, &a, IBV_QP_STATE))
+            mc_warn("rdma: QP %u to ERR: %s", qp->qp->qp_num, strerror(errno));
+    }
+    if (!qp->outstanding)
+        mc__rdma_qp_destroy(e, qp);
+}
+
+/* ---- rails ---- */
+
+static bool diagonal(unsigned i, unsigned j, unsigned n, unsigned m)
+{
+    return j == i % m || i == j % n;
+}
+
+/* Device pairs on a common link layer: the same-index pairs first (rail-optimised fabrics wire
+ * NIC i of every host to the same switch), then the crossed ones, up to MC_MAX_RAILS. */
+void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p)
+{
+    const mc_desc_t *d = &p->desc;
+    struct mc_rdma *r = e->rdma;
+    unsigned n = 0;
+
+    if (!r || p->n_rdma_rails || !d->n_rdma)
+        return;
+    if (!strcmp(d->host_id, e->host_id) && strcmp(e->cfg.protocol, "rdma"))
+        return; /* same host: shm */
+    for (unsigned pass = 0; pass < 2; pass++) {
+        for (unsigned i = 0; i < r->n_devs; i++) {
+            for (unsigned j = 0; j < d->n_rdma && n < MC_MAX_RAILS; j++) {
+                mc_rail_t *rl = &p->rdma_rails[n];
+                if (diagonal(i, j, r->n_devs, d->n_rdma) != (pass == 0) ||
+                    r->devs[i].link != d->rdma[j].link)
+                    continue;
+                memset(rl, 0, sizeof(*rl));
+                rl->ldev = (uint8_t)i;
+                rl->rdev = (uint8_t)j;
+                snprintf(rl->dev, sizeof(rl->dev), "%s", r->devs[i].name);
+                snprintf(rl->name, sizeof(rl->name), "%s->%s", r->devs[i].name, d->rdma[j].name);
+                n++;
+            }
+        }
+    }
+    p->n_rdma_rails = n;
+}
+
+/* Close one idle initiator QP of any peer to stay under MC_RDMA_MAX_QPS. */
+static bool evict_idle_qp(mc_engine_t *e)
+{
+    mc_list_t *pos;
+
+    for (pos = e->rdma->qps.next; pos != &e->rdma->qps; pos = pos->next) {
+        mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
+        if (qp->state == QP_READY && !qp->outstanding) {
+            mc__rdma_qp_drain(e, qp);
+            return true;
+        }
+    }
+    return false;
+}
+
+void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
+{
+    struct mc_rdma *rd = e->rdma;
+    mc_qp_info_t info;
+    mc_tcp_conn_t *c;
+    mc_slice_t *s;
+    uint8_t *buf;
+
+    if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e))
+        return;
+    c = mc__tcp_ctrl_conn(e, p);
+    if (!c)
+        return; /* called again once a connection is ready */
+    mc_rdma_qp_t *qp = mc__rdma_qp_create(e, &rd->devs[r->ldev], true);
+    s = qp ? mc__slice_alloc(e) : NULL;
+    buf = s ? malloc(MC_QP_INFO_LEN) : NULL;
+    if (!buf) {
+        mc_warn("rail %s: %s", r->name, qp ? "out of memory" : mc_last_error());
+        if (s)
+            mc__slice_free(e, s);
+        if (qp) {
+            ibv_destroy_qp(qp->qp);
+            free(qp);
+        }
+        mc__rail_failed(r, mc_now_ns(), true);
+        return;
+    }
+    mc__rdma_qp_info(qp, &info);
+    info.peer_dev = r->rdev;
+    mc_qp_info_encode(&info, buf);
+    qp->peer = p;
+    qp->rail = r;
+    qp->ctrl = c;
+    qp->state = QP_CONNECTING;
+    r->qp = qp;
+    mc_list_push_back(&rd->qps, &qp->link);
+    mc_list_push_back(&c->qps, &qp->ctrl_link);
+    rd->n_qps++;
+    s->kind = MC_SL_QP;
+    s->qp = qp;
+    s->payload = buf;
+    s->payload_len = MC_QP_INFO_LEN;
+    s->payload_owned = true;
+    mc__tcp_send_qp(e, c, s);
+}
+
+/* The target's answer to our QP_CONNECT. */
+void mc__rdma_connected(mc_engine_t *e, mc_rdma_qp_t *qp, int status, const uint8_t *payload,
+                        size_t len)
+{
+    mc_rail_t *r = qp->rail;
+    mc_qp_info_t remote;
+    int rc = status;
+
+    if (qp->state != QP_CONNECTING)
+        return;
+    if (rc)
+        mc_set_error(rc, "refused: %.*s", (int)len, (const char *)payload);
+    else if (!(rc = mc_qp_info_decode(payload, len, &remote)) && remote.dev != r->rdev)
+        rc = mc_set_error(-MC_EPROTO, "answered for device %u, asked %u", remote.dev, r->rdev);
+    if (!rc)
+        rc = mc__rdma_qp_connect(e, qp, &remote);
+    if (rc) {
+        mc_warn("rail %s to %s: %s", r->name, qp->peer->name, mc_last_error());
+        mc__rail_failed(r, mc_now_ns(), true);
+        mc__rdma_qp_drain(e, qp);
+        mc__peer_activate(e, qp->peer);
+        return;
+    }
+    qp->state = QP_READY;
+    r->n_conns = 1;
+    mc__rail_ready(r);
+    mc__peer_activate(e, qp->peer);
+}
+
+/* ---- target side ---- */
+
+/* Count c's QPs, destroying the one an initiator re-probing `pair` left behind. */
+static unsigned count_qps(mc_engine_t *e, mc_tcp_conn_t *c, uint16_t pair)
+{
+    mc_list_t *pos, *tmp;
+    unsigned n = 0;
+
+    mc_list_for_each_safe(pos, tmp, &c->qps)
+    {
+        mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
+        if (qp->pair == pair)
+            mc__rdma_qp_destroy(e, qp);
+        else
+            n++;
+    }
+    return n;
+}
+
+static int accept_qp(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_t len,
+                     mc_qp_info_t *out)
+{
+    mc_qp_info_t in;
+    mc_rdma_dev_t *d;
+    int rc = mc_qp_info_decode(req, len, &in);
+
+    if (rc)
+        return rc;
+    if (!e->rdma || in.peer_dev >= e->rdma->n_devs)
+        return mc_set_error(-MC_ENODEV, "%s has no RDMA device %u", e->name, in.peer_dev);
+    d = &e->rdma->devs[in.peer_dev];
+    if (d->link != in.link)
+        return mc_set_error(-MC_ENODEV, "%s is not on the link layer of the initiator", d->name);
+    uint16_t pair = (uint16_t)(in.dev << 8 | in.peer_dev);
+    if (count_qps(e, c, pair) >= MC_RDMA_INBOUND_QP)
+        return mc_set_error(-ENOSPC, "at most %d QPs per connection", MC_RDMA_INBOUND_QP);
+    mc_rdma_qp_t *qp = mc__rdma_qp_create(e, d, false);
+    if (!qp)
+        return -EIO;
+    in.mtu = in.mtu < d->mtu ? in.mtu : d->mtu;
+    rc = mc__rdma_qp_connect(e, qp, &in);
+    if (rc) {
+        mc__rdma_qp_destroy(e, qp);
+        return rc;
+    }
+    qp->state = QP_READY;
+    qp->ctrl = c;
+    qp->pair = pair;
+    mc_list_push_back(&c->qps, &qp->link);
+    mc__rdma_qp_info(qp, out);
+    out->peer_dev = in.dev;
+    out->mtu = in.mtu;
+    return 0;
+}
+
+void mc__rdma_accept(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_t len)
+{
+    mc_qp_info_t out;
+    uint8_t buf[MC_QP_INFO_LEN];
+    mc_frame_t f = {.type = MC_FR_QP_ACCEPT, .id = c->fr.id};
+    int rc = accept_qp(e, c, req, len, &out);
+
+    if (rc) {
+        const char *why = mc_last_error();
+        mc_warn("rdma: QP from %s refused: %s", c->remote_name, why);
+        f.aux = (uint64_t)(int64_t)rc;
+        if (mc__conn_send_ctrl(e, c, &f, why, (uint32_t)strlen(why)))
+            mc__conn_fail(e, c, -ENOMEM, "out of memory");
+        return;
+    }
+    mc_qp_info_encode(&out, buf);
+    if (mc__conn_send_ctrl(e, c, &f, buf, sizeof(buf)))
+        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+}
+
+void mc__rdma_ctrl_lost(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_list_t *pos, *tmp;
+
+    if (c->outbound) {
+        mc_list_for_each_safe(pos, tmp, &c->qps)
+        {
+            mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, ctrl_link);
+            mc__rdma_qp_drain(e, qp);
+        }
+        return;
+    }
+    mc_list_for_each_safe(pos, tmp, &c->qps)
+        mc__rdma_qp_destroy(e, mc_container_of(pos, mc_rdma_qp_t, link));
+}
+
+void mc__rdma_peer_close(mc_engine_t *e, mc_peer_t *p)
+{
+    for (unsigned i = 0; i < p->n_rdma_rails; i++)
+        if (p->rdma_rails[i].qp)
+            mc__rdma_qp_drain(e, p->rdma_rails[i].qp);
+    (void)e;
+}
