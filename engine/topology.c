@@ -1,6 +1,7 @@
 /*
- * Topology discovery: hwloc first, then sysfs, getifaddrs and the CUDA runtime for what hwloc
- * does not report (virtual interfaces, soft RDMA devices, GPUs without hwloc's cuda plugin).
+ * Topology discovery: hwloc first, then sysfs, libibverbs, getifaddrs and the CUDA runtime for
+ * what hwloc does not report (virtual interfaces, soft RDMA devices, userspace RDMA devices with
+ * no sysfs entry, GPUs without hwloc's cuda plugin).
  * The priority matrix built from it lives in topology_matrix.c.
  */
 #include <arpa/inet.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include <hwloc.h>
+#include <infiniband/verbs.h>
 #include <jansson.h>
 #include <numa.h>
 
@@ -280,11 +282,14 @@ static int sysfs_collect_class(topo_build_t *b, const char *cls, int kind)
         return 0; /* no such class here: nothing to add */
     while (!rc && (de = readdir(dir))) {
         mc_topo_dev_t dev = {.kind = kind, .gpu_index = -1};
+        size_t len = strlen(de->d_name);
 
-        if (de->d_name[0] == '.' || !strcmp(de->d_name, "lo") ||
-            strlen(de->d_name) >= sizeof(dev.name) || mc_topo_find(b->t, de->d_name))
+        if (de->d_name[0] == '.' || !strcmp(de->d_name, "lo") || len >= sizeof(dev.name) ||
+            mc_topo_find(b->t, de->d_name))
             continue;
-        snprintf(dev.name, sizeof(dev.name), "%s", de->d_name);
+        /* memcpy, not snprintf: the length is checked above, yet gcc in Debug builds warns
+         * (-Werror) that d_name[256] may not fit. */
+        memcpy(dev.name, de->d_name, len + 1);
         sysfs_pci_info(cls, &dev);
         snprintf(path, sizeof(path), "/sys/class/%s/%s/device/numa_node", cls, de->d_name);
         dev.numa = sysfs_read_int(path, 0);
@@ -326,6 +331,32 @@ static void collect_addrs(mc_topo_t *t)
             addrs_append(dev, ifa->ifa_addr);
     }
     freeifaddrs(ifa_list);
+}
+
+/* --- libibverbs: RDMA devices without a sysfs entry (a userspace device such as softverbs) --- */
+
+static int verbs_collect_devs(topo_build_t *b)
+{
+    struct ibv_device **list;
+    char path[PATH_MAX];
+    int n = 0, rc = 0;
+
+    list = ibv_get_device_list(&n);
+    if (!list)
+        return 0; /* verbs unusable here (no uverbs, no permission): nothing to add */
+    for (int i = 0; !rc && i < n; i++) {
+        const char *name = ibv_get_device_name(list[i]);
+        mc_topo_dev_t dev = {.kind = MC_DEV_RDMA, .gpu_index = -1};
+
+        if (!name || strlen(name) >= sizeof(dev.name) || mc_topo_find(b->t, name))
+            continue; /* found by hwloc or sysfs already */
+        memcpy(dev.name, name, strlen(name) + 1);
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/numa_node", name);
+        dev.numa = sysfs_read_int(path, 0);
+        rc = topo_add_dev(b, &dev);
+    }
+    ibv_free_device_list(list);
+    return rc;
 }
 
 /* --- CUDA --- */
@@ -378,6 +409,8 @@ static int topo_collect_live(topo_build_t *b, hwloc_topology_t topo)
     rc = sysfs_collect_class(b, "net", MC_DEV_NET);
     if (!rc)
         rc = sysfs_collect_class(b, "infiniband", MC_DEV_RDMA);
+    if (!rc)
+        rc = verbs_collect_devs(b);
     if (!rc && !mc_topo_count(b->t, MC_DEV_GPU))
         rc = cuda_collect_gpus(b, topo);
     if (!rc)

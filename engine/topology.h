@@ -78,11 +78,12 @@ typedef struct mc_topo {
 } mc_topo_t;
 
 /* Discover the topology. xml_path NULL: this host (hwloc with I/O devices, sysfs network
- * interfaces other than lo and their addresses from getifaddrs, CUDA devices when built with
- * CUDA). xml_path set: load that hwloc XML file instead (tests, mooncake-info --topology); GPUs
- * are the CUDA OS devices ("cudaN") written in it. On success *topo_p is a new topology to free
- * with mc_topo_free(); it has no matrix yet. Returns 0, -ENOMEM, or -MC_ECONFIG / -MC_ENODEV
- * when hwloc cannot load the file or the host. */
+ * interfaces other than lo and their addresses from getifaddrs, RDMA devices from sysfs and
+ * from libibverbs' device list (userspace devices such as softverbs have no sysfs entry: NUMA
+ * node 0, no PCI address), CUDA devices when built with CUDA). xml_path set: load that hwloc XML
+ * file instead (tests, mooncake-info --topology); GPUs are the CUDA OS devices ("cudaN") written in
+ * it. On success *topo_p is a new topology to free with mc_topo_free(); it has no matrix yet.
+ * Returns 0, -ENOMEM, or -MC_ECONFIG / -MC_ENODEV when hwloc cannot load the file or the host. */
 int mc_topo_discover(const char *xml_path, mc_topo_t **topo_p);
 
 /* Free a topology and its matrix. NULL is accepted. */

@@ -4,16 +4,18 @@
  *   mooncake-info [--json] [--topology FILE.xml]
  *
  * Prints NUMA nodes, network and RDMA devices, GPUs, the NIC priority matrix (honouring
- * MC_DEVICES and MC_NIC_PRIORITY_MATRIX), the transports of this build and the version. The
- * first thing to run when something is wrong. Exit status: 0, 1 on a bad configuration, 2 on
- * bad usage.
+ * MC_DEVICES and MC_NIC_PRIORITY_MATRIX), the transports of this build, the ports of the RDMA
+ * devices (state, link layer, MTU, LID, GIDs) and the version. The first thing to run when
+ * something is wrong. Exit status: 0, 1 on a bad configuration, 2 on bad usage.
  */
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <infiniband/verbs.h>
 #include <jansson.h>
 
 #include "mooncake/error.h"
@@ -25,38 +27,161 @@
 
 #define RDMA_NAMES_MAX 512
 
-/* RDMA devices as libibverbs sees them, looked up at run time so that the tool runs where
- * rdma-core is not installed. */
+/* libibverbs, looked up at run time so that the tool runs where rdma-core is not installed.
+ * Only the structures come from verbs.h. */
+typedef struct verbs_api {
+    struct ibv_device **(*get_list)(int *);
+    void (*free_list)(struct ibv_device **);
+    const char *(*get_name)(struct ibv_device *);
+    struct ibv_context *(*open)(struct ibv_device *);
+    int (*close)(struct ibv_context *);
+    int (*query_device)(struct ibv_context *, struct ibv_device_attr *);
+    int (*query_port)(struct ibv_context *, uint8_t, struct _compat_ibv_port_attr *);
+    int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
+    /* rdma-core private (IBVERBS_PRIVATE_*): 0 IB/RoCE v1, 1 RoCE v2; may be absent. */
+    int (*query_gid_type)(struct ibv_context *, uint8_t, unsigned int, int *);
+} verbs_api_t;
+
+/* RDMA devices as libibverbs sees them, with one JSON object per port. */
 typedef struct rdma_probe {
     int n; /* devices found, -1 when libibverbs is absent */
     char names[RDMA_NAMES_MAX];
     char note[128];
+    json_t *ports; /* [{device, port, state, link_layer, active_mtu, lid, gids: [...]}] */
 } rdma_probe_t;
 
-struct ibv_device;
+static int verbs_load(void *lib, verbs_api_t *v)
+{
+    *(void **)&v->get_list = dlsym(lib, "ibv_get_device_list");
+    *(void **)&v->free_list = dlsym(lib, "ibv_free_device_list");
+    *(void **)&v->get_name = dlsym(lib, "ibv_get_device_name");
+    *(void **)&v->open = dlsym(lib, "ibv_open_device");
+    *(void **)&v->close = dlsym(lib, "ibv_close_device");
+    *(void **)&v->query_device = dlsym(lib, "ibv_query_device");
+    *(void **)&v->query_port = dlsym(lib, "ibv_query_port");
+    *(void **)&v->query_gid = dlsym(lib, "ibv_query_gid");
+    *(void **)&v->query_gid_type = dlsym(lib, "ibv_query_gid_type");
+    return v->get_list && v->free_list && v->get_name && v->open && v->close && v->query_device &&
+                   v->query_port && v->query_gid
+               ? 0
+               : -1;
+}
+
+/* What verbs.h's inline ibv_query_port does: the exported symbol is the old entry that fills
+ * only the compatibility prefix of the struct (no link_layer); the context's extended op, when
+ * the provider has one, fills all of it. */
+static int port_query(const verbs_api_t *v, struct ibv_context *ctx, uint8_t port,
+                      struct ibv_port_attr *a)
+{
+    struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
+
+    memset(a, 0, sizeof(*a));
+    if (vctx)
+        return vctx->query_port(ctx, port, a, sizeof(*a));
+    return v->query_port(ctx, port, (struct _compat_ibv_port_attr *)a);
+}
+
+static const char *port_state_name(enum ibv_port_state s)
+{
+    static const char *const names[] = {"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"};
+
+    return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "UNKNOWN";
+}
+
+static int gid_is_v4_mapped(const union ibv_gid *gid)
+{
+    static const uint8_t prefix[12] = {[10] = 0xff, [11] = 0xff};
+
+    return !memcmp(gid->raw, prefix, sizeof(prefix));
+}
+
+/* IB on an InfiniBand port; on Ethernet the provider's answer when rdma-core has
+ * ibv_query_gid_type, else a guess: IPv4-mapped GIDs are taken as RoCE v2. */
+static const char *gid_type(const verbs_api_t *v, struct ibv_context *ctx, uint8_t port, int index,
+                            const union ibv_gid *gid, int eth)
+{
+    int type;
+
+    if (!eth)
+        return "IB";
+    if (v->query_gid_type && !v->query_gid_type(ctx, port, (unsigned)index, &type))
+        return type == 1 ? "RoCE v2" : "RoCE v1";
+    return gid_is_v4_mapped(gid) ? "RoCE v2" : "RoCE v1";
+}
+
+static json_t *port_gids(const verbs_api_t *v, struct ibv_context *ctx, uint8_t port,
+                         const struct ibv_port_attr *a)
+{
+    static const union ibv_gid zero;
+    int eth = a->link_layer == IBV_LINK_LAYER_ETHERNET;
+    json_t *gids = json_array();
+    char text[INET6_ADDRSTRLEN];
+    union ibv_gid gid;
+
+    for (int i = 0; gids && i < a->gid_tbl_len; i++) {
+        if (v->query_gid(ctx, port, i, &gid) || !memcmp(&gid, &zero, sizeof(gid)) ||
+            !inet_ntop(AF_INET6, gid.raw, text, sizeof(text)))
+            continue; /* empty entries of the table */
+        json_array_append_new(gids, json_pack("{s:i, s:s, s:s}", "index", i, "gid", text, "type",
+                                              gid_type(v, ctx, port, i, &gid, eth)));
+    }
+    return gids;
+}
+
+static json_t *port_json(const verbs_api_t *v, struct ibv_context *ctx, const char *dev,
+                         uint8_t port)
+{
+    struct ibv_port_attr a;
+    int rc = port_query(v, ctx, port, &a);
+
+    if (rc)
+        return json_pack("{s:s, s:i, s:s}", "device", dev, "port", port, "error", strerror(rc));
+    /* rdma-core treats an unspecified link layer as InfiniBand. */
+    return json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:o}", "device", dev, "port", port, "state",
+                     port_state_name(a.state), "link_layer",
+                     a.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand",
+                     "active_mtu", a.active_mtu ? 128 << a.active_mtu : 0, "lid", a.lid, "gids",
+                     port_gids(v, ctx, port, &a));
+}
+
+/* Appends one object per port of the device (one with "error" when it cannot be opened). */
+static void device_ports(const verbs_api_t *v, struct ibv_device *d, json_t *ports)
+{
+    const char *name = v->get_name(d);
+    struct ibv_context *ctx = v->open(d);
+    struct ibv_device_attr da;
+    int rc = ctx ? v->query_device(ctx, &da) : errno ? errno : EIO;
+
+    if (rc) {
+        json_array_append_new(ports,
+                              json_pack("{s:s, s:s}", "device", name, "error", strerror(rc)));
+        if (ctx)
+            v->close(ctx);
+        return;
+    }
+    for (int p = 1; p <= da.phys_port_cnt; p++)
+        json_array_append_new(ports, port_json(v, ctx, name, (uint8_t)p));
+    v->close(ctx);
+}
 
 static void rdma_probe(rdma_probe_t *r)
 {
-    struct ibv_device **(*get_list)(int *);
-    void (*free_list)(struct ibv_device **);
-    const char *(*get_name)(struct ibv_device *);
     struct ibv_device **list;
+    verbs_api_t v;
     void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
 
     memset(r, 0, sizeof(*r));
     r->n = -1;
+    r->ports = json_array();
     if (!lib) {
         snprintf(r->note, sizeof(r->note), "libibverbs.so.1 not found");
         return;
     }
-    *(void **)&get_list = dlsym(lib, "ibv_get_device_list");
-    *(void **)&free_list = dlsym(lib, "ibv_free_device_list");
-    *(void **)&get_name = dlsym(lib, "ibv_get_device_name");
-    if (!get_list || !free_list || !get_name) {
-        snprintf(r->note, sizeof(r->note), "libibverbs.so.1 lacks ibv_get_device_list");
+    if (verbs_load(lib, &v) < 0) {
+        snprintf(r->note, sizeof(r->note), "libibverbs.so.1 lacks the device and port queries");
         goto out_close;
     }
-    list = get_list(&r->n);
+    list = v.get_list(&r->n);
     if (!list) {
         snprintf(r->note, sizeof(r->note), "ibv_get_device_list: %s", strerror(errno));
         r->n = 0;
@@ -65,9 +190,12 @@ static void rdma_probe(rdma_probe_t *r)
     for (int i = 0; i < r->n; i++) {
         size_t len = strlen(r->names);
 
-        snprintf(r->names + len, sizeof(r->names) - len, "%s%s", len ? "," : "", get_name(list[i]));
+        snprintf(r->names + len, sizeof(r->names) - len, "%s%s", len ? "," : "",
+                 v.get_name(list[i]));
+        if (r->ports)
+            device_ports(&v, list[i], r->ports);
     }
-    free_list(list);
+    v.free_list(list);
     snprintf(r->note, sizeof(r->note), "%d device%s via libibverbs", r->n, r->n == 1 ? "" : "s");
 out_close:
     dlclose(lib);
@@ -121,6 +249,42 @@ static void print_devices(const mc_topo_t *t)
                    t->devs[i].numa);
 }
 
+static void print_port(json_t *p)
+{
+    json_t *gids = json_object_get(p, "gids"), *g;
+    size_t i;
+
+    printf("  %-16s %-4d ", json_string_value(json_object_get(p, "device")),
+           (int)json_integer_value(json_object_get(p, "port")));
+    if (json_object_get(p, "error")) {
+        printf("error: %s\n", json_string_value(json_object_get(p, "error")));
+        return;
+    }
+    printf("%-7s %-10s %-5d %-5d", json_string_value(json_object_get(p, "state")),
+           json_string_value(json_object_get(p, "link_layer")),
+           (int)json_integer_value(json_object_get(p, "active_mtu")),
+           (int)json_integer_value(json_object_get(p, "lid")));
+    for (i = 0; i < json_array_size(gids); i++) {
+        g = json_array_get(gids, i);
+        printf("%*s%-3d %s (%s)\n", i ? 55 : 1, "",
+               (int)json_integer_value(json_object_get(g, "index")),
+               json_string_value(json_object_get(g, "gid")),
+               json_string_value(json_object_get(g, "type")));
+    }
+    if (!json_array_size(gids))
+        printf(" -\n");
+}
+
+static void print_ports(json_t *ports)
+{
+    if (!json_array_size(ports))
+        return;
+    printf("\nRDMA ports\n  %-16s %-4s %-7s %-10s %-5s %-5s %s\n", "device", "port", "state",
+           "link", "mtu", "lid", "gids (index gid (type))");
+    for (size_t i = 0; i < json_array_size(ports); i++)
+        print_port(json_array_get(ports, i));
+}
+
 static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
 {
     printf("mooncake-info %s (CUDA %s)\n", MC_VERSION_STRING,
@@ -143,6 +307,7 @@ static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
     }
     printf("\nTransports\n  tcp: yes\n  rdma: %s%s%s%s\n", r->n > 0 ? "" : "no (", r->note,
            r->n > 0 ? ": " : ")", r->names);
+    print_ports(r->ports);
 }
 
 static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
@@ -157,8 +322,8 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
     free(text);
     if (!root)
         return -ENOMEM;
-    rdma = json_pack("{s:b, s:i, s:s, s:s}", "available", r->n > 0, "devices", r->n < 0 ? 0 : r->n,
-                     "names", r->names, "note", r->note);
+    rdma = json_pack("{s:b, s:i, s:s, s:s, s:O?}", "available", r->n > 0, "devices",
+                     r->n < 0 ? 0 : r->n, "names", r->names, "note", r->note, "ports", r->ports);
     json_object_set_new(root, "version", json_string(MC_VERSION_STRING));
     json_object_set_new(root, "cuda_built", json_boolean(MC_HAVE_CUDA));
     json_object_set_new(
@@ -217,6 +382,7 @@ int main(int argc, char **argv)
         rc = print_json(t, &rdma);
     else
         print_table(t, &rdma);
+    json_decref(rdma.ports);
     mc_topo_free(t);
     if (rc < 0) {
         fprintf(stderr, "mooncake-info: %s\n", mc_strerror(rc));

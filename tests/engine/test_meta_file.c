@@ -154,7 +154,7 @@ static void test_binary_keys(void **state)
 
     /* Put in reverse so that the directory order is unlikely to be the sorted order. */
     for (size_t i = NBINARY; i-- > 0;) {
-        char val[8];
+        char val[24];
         snprintf(val, sizeof(val), "v%zu", i);
         assert_int_equal(
             mc_meta_put(meta, binary_keys[i].key, binary_keys[i].len, val, strlen(val), 0, NULL),

@@ -17,6 +17,13 @@ if(SV_SYSTEM_IBVERBS)
   set_tests_properties(softverbs_verbs PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
     LABELS softverbs
     ENVIRONMENT "LD_LIBRARY_PATH=${SV_LIBDIR};SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=ctest-verbs;SOFTVERBS_CTL_DIR=${CMAKE_CURRENT_BINARY_DIR}/sv_ctl_verbs")
+  # Single process: MR limits and pinning, completion channel and async fds (sets its own env).
+  add_executable(sv_local_test ${SV_DIR}/sv_local_test.c)
+  target_link_libraries(sv_local_test PRIVATE ${SV_SYSTEM_IBVERBS})
+  add_dependencies(sv_local_test softverbs)
+  add_test(NAME softverbs_local COMMAND sv_local_test)
+  set_tests_properties(softverbs_local PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60
+    LABELS softverbs ENVIRONMENT "LD_LIBRARY_PATH=${SV_LIBDIR}")
 endif()
 
 mc_script_test(softverbs_devices COMMAND bash ${SV_DIR}/test_devices.sh TIMEOUT 120 LABELS softverbs)

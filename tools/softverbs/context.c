@@ -113,7 +113,7 @@ SV_EXPORT int ibv_query_device(struct ibv_context *ibctx, struct ibv_device_attr
     snprintf(a->fw_ver, sizeof(a->fw_ver), "softverbs-1");
     a->node_guid = htobe64(ctx->dev->guid);
     a->sys_image_guid = a->node_guid;
-    a->max_mr_size = UINT64_MAX;
+    a->max_mr_size = sv_max_mr_size();
     a->page_size_cap = 4096;
     a->vendor_id = 0x5356; /* "SV": not a registered vendor */
     a->max_qp = 1 << 16;

@@ -5,6 +5,7 @@
  *     device NAME [link=ib|eth] [netdev=IFNAME]
  * Device i has GUID 02:53:56:00:00:00:00:(i+1) and, on InfiniBand, LID i+1. Every process that
  * uses the same configuration computes the same table, which is how peers find each other.
+ * SOFTVERBS_MAX_MR_SIZE and SOFTVERBS_MIN_TIMEOUT_MS are read at the same time.
  */
 #include "sv_int.h"
 
@@ -21,6 +22,7 @@
 static struct sv_device sv_devs[SV_MAX_DEVICES];
 static int sv_ndevs;
 static uint64_t sv_min_timeout;
+static uint64_t sv_max_mr = UINT64_MAX;
 static pthread_once_t sv_once = PTHREAD_ONCE_INIT;
 
 static void sv_gid_from_guid(union ibv_gid *gid, uint64_t guid)
@@ -119,6 +121,25 @@ static void sv_parse_config_line(char *line)
     }
 }
 
+/* SOFTVERBS_MAX_MR_SIZE=BYTES: the largest region ibv_reg_mr accepts (default: no limit), to
+ * test what programs do with a device whose max_mr_size is smaller than their buffers. */
+static void sv_max_mr_parse(void)
+{
+    const char *s = getenv("SOFTVERBS_MAX_MR_SIZE");
+    unsigned long long v;
+    char *end;
+
+    if (!s || !*s)
+        return;
+    errno = 0;
+    v = strtoull(s, &end, 0);
+    if (errno || *end || v == 0 || *s == '-') {
+        fprintf(stderr, "softverbs: bad SOFTVERBS_MAX_MR_SIZE '%s', using no limit\n", s);
+        return;
+    }
+    sv_max_mr = v;
+}
+
 static void sv_devices_build(void)
 {
     const char *t = getenv("SOFTVERBS_MIN_TIMEOUT_MS");
@@ -130,6 +151,7 @@ static void sv_devices_build(void)
     FILE *f;
 
     sv_min_timeout = (uint64_t)(t && atol(t) > 0 ? atol(t) : 100) * 1000000ull;
+    sv_max_mr_parse();
     if (cfg && *cfg) {
         f = fopen(cfg, "r");
         if (!f) {
@@ -202,6 +224,12 @@ uint64_t sv_min_timeout_ns(void)
 {
     pthread_once(&sv_once, sv_devices_build);
     return sv_min_timeout;
+}
+
+uint64_t sv_max_mr_size(void)
+{
+    pthread_once(&sv_once, sv_devices_build);
+    return sv_max_mr;
 }
 
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)

@@ -8,6 +8,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define SV_PIN_BATCH 1024 /* pages checked per process_vm_readv */
 
 SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ibctx)
 {
@@ -59,6 +63,40 @@ static bool sv_access_valid(unsigned int access)
     return !(access & need_local) || (access & IBV_ACCESS_LOCAL_WRITE);
 }
 
+/* The kernel pins a region's pages at registration and fails with EFAULT when one of them is
+ * unmapped or inaccessible (PROT_NONE, like the VA the CUDA runtime reserves for device memory).
+ * process_vm_readv on ourselves asks the kernel the same question without faulting: it reads
+ * one byte of every page and stops at the first page it cannot read. Returns 0 or an errno. */
+static int sv_mem_check(const void *addr, size_t length)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), i, n;
+    uintptr_t start = (uintptr_t)addr;
+    size_t npages;
+    struct iovec remote[SV_PIN_BATCH];
+    char sink[SV_PIN_BATCH];
+    struct iovec local = {.iov_base = sink};
+    ssize_t got;
+
+    if (length > UINTPTR_MAX - start)
+        return EFAULT;
+    npages = length ? (start + length - 1) / page - start / page + 1 : 0;
+    for (i = 0; i < npages; i += n) {
+        for (n = 0; n < SV_PIN_BATCH && i + n < npages; n++) {
+            /* The first page is read at addr, the others at their start: all inside the range. */
+            remote[n].iov_base = (void *)(i + n ? (start / page + i + n) * page : start);
+            remote[n].iov_len = 1;
+        }
+        local.iov_len = n;
+        got = process_vm_readv(getpid(), &local, 1, remote, n, 0);
+        if (got == (ssize_t)n)
+            continue;
+        if (got < 0 && (errno == ENOSYS || errno == EPERM))
+            return 0; /* forbidden here (seccomp): register unchecked, as before */
+        return got < 0 && errno != EFAULT ? errno : EFAULT;
+    }
+    return 0;
+}
+
 SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
                                           uint64_t iova, unsigned int access)
 {
@@ -67,8 +105,13 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t 
     uint32_t slot;
     int err;
 
-    if (!sv_access_valid(access) || (!addr && length)) {
+    if (!sv_access_valid(access) || (!addr && length) || length > sv_max_mr_size()) {
         errno = EINVAL;
+        return NULL;
+    }
+    err = sv_mem_check(addr, length);
+    if (err) {
+        errno = err;
         return NULL;
     }
     mr = calloc(1, sizeof(*mr));

@@ -220,6 +220,7 @@ struct sv_device *sv_device_by_gid(const union ibv_gid *gid);
 const char *sv_fabric(void);
 const char *sv_ctl_dir(void);
 uint64_t sv_min_timeout_ns(void);
+uint64_t sv_max_mr_size(void);
 void sv_async_event(struct sv_context *ctx, enum ibv_event_type type, void *element);
 
 /* pd_mr.c */
