@@ -174,9 +174,9 @@ static void parse_args(int argc, char **argv)
     }
     if (strcmp(o.operation, "read") && strcmp(o.operation, "write"))
         usage(2);
-    if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "shm") && strcmp(o.protocol, "auto")) {
-        fprintf(stderr, "mooncake-bench: protocol %s is not available in this build (tcp, shm)\n",
-                o.protocol);
+    if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "shm") && strcmp(o.protocol, "rdma") &&
+        strcmp(o.protocol, "auto")) {
+        fprintf(stderr, "mooncake-bench: unknown protocol %s (tcp, shm, rdma, auto)\n", o.protocol);
         exit(2);
     }
     if (o.block_size * o.threads > o.buffer_size || o.duration <= 0) {
@@ -200,6 +200,8 @@ static mc_engine_t *make_engine(int progress_thread)
         cfg.progress_thread = progress_thread;
     if (!strcmp(o.protocol, "tcp"))
         cfg.force_tcp = 1;
+    if (!strcmp(o.protocol, "rdma")) /* also to a target on this host */
+        snprintf(cfg.protocol, sizeof(cfg.protocol), "rdma");
     rc = mc_engine_create(&cfg, &e);
     if (rc)
         die("mc_engine_create", rc);
@@ -460,13 +462,15 @@ static void report_rails(mc_engine_t *e, mc_segment_id_t seg, char *json, size_t
         snprintf(json + off, size - off, "]");
 }
 
-/* The transport that carried the data: shm if it moved any byte. */
+/* The transport that carried the data: shm or rdma if it moved any byte. */
 static const char *protocol_used(mc_engine_t *e)
 {
     mc_counters_t c;
 
     if (mc_stats_transport(e, "shm", &c) == 0 && c.bytes_read + c.bytes_written > 0)
         return "shm";
+    if (mc_stats_transport(e, "rdma", &c) == 0 && c.bytes_read + c.bytes_written > 0)
+        return "rdma";
     return "tcp";
 }
 
@@ -584,6 +588,11 @@ static int run_initiator(const char *target)
     if (!strcmp(o.protocol, "shm") && strcmp(protocol_used(e), "shm")) {
         fprintf(stderr, "mooncake-bench: --protocol shm, but no byte went through shm (target on "
                         "another host, or not engine memory)\n");
+        failed = 1;
+    }
+    if (!strcmp(o.protocol, "rdma") && strcmp(protocol_used(e), "rdma")) {
+        fprintf(stderr, "mooncake-bench: --protocol rdma, but no byte went through rdma (no RDMA "
+                        "device on one side: see mooncake-info)\n");
         failed = 1;
     }
     for (uint64_t t = 0; t < o.threads; t++) {
