@@ -165,8 +165,11 @@ static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
         const mc_desc_buffer_t *b = desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
         t->remote_known = b != NULL;
         t->remote_shm = b && b->shm;
-        /* rdma when both ends have memory regions and a device pair; tcp otherwise. */
-        t->tp = b && b->n_chunks && t->lbuf->mrs && t->peer->n_rdma_rails ? MC_TP_RDMA : MC_TP_TCP;
+        /* rdma when both ends have memory regions (or ours is staged VRAM) and a device pair;
+         * tcp otherwise. */
+        bool local_ok = t->lbuf->mrs || (t->lbuf->vram && e->rdma);
+        t->tp = b && b->n_chunks && local_ok && t->peer->n_rdma_rails ? MC_TP_RDMA : MC_TP_TCP;
+        t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
         t->rbuf = b ? (uint32_t)(b - t->peer->desc.buffers) : 0;
         if (!b && !first_miss)
             first_miss = t;
@@ -184,9 +187,7 @@ static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
     mc_task_t *miss = remote_lookup(e, tasks, n);
 
-    if (!miss)
-        return;
-    if (!mc__in_progress() && mc__peer_reload(e, miss->peer, true) == 0)
+    if (miss && !mc__in_progress() && mc__peer_reload(e, miss->peer, true) == 0)
         remote_lookup(e, tasks, n);
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
@@ -196,6 +197,12 @@ static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
                             "segment %s",
                             (unsigned long long)t->req.target_offset,
                             (unsigned long long)t->req.length, t->peer->name);
+        else if (t->vram && t->tp != MC_TP_RDMA)
+            mc__task_finish(t, MC_TASK_FAILED,
+                            "VRAM moves over rdma only, and there is no rdma path for it to "
+                            "segment %s (no device pair, or the remote VRAM has no GPUDirect "
+                            "registration)",
+                            t->peer->name);
     }
 }
 

@@ -55,6 +55,7 @@ typedef struct mc_buffer {
     atomic_uint refs;        /* requests in flight that touch this buffer */
     atomic_bool dead;        /* unregistered: waiting for refs to drain */
     struct mc_rdma_mrs *mrs; /* memory regions on every RDMA device, or NULL */
+    bool vram;               /* CUDA device memory: moved over rdma only */
 } mc_buffer_t;
 
 typedef struct mc_memtab {
@@ -213,6 +214,7 @@ struct mc_task {
     bool remote_known; /* the remote range is inside a buffer of the peer's descriptor */
     bool remote_shm;   /* ... which a same-host peer may map */
     uint8_t tp;        /* MC_TP_*: the transport that carries its slices */
+    bool vram;         /* either end is CUDA memory */
     uint32_t rbuf;     /* rdma: index of the remote buffer in the peer's descriptor (a hint) */
     atomic_int state;  /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
@@ -251,6 +253,7 @@ struct mc_slice {
     mc_buffer_t *ref;   /* target side: buffer reference held while the response is sent */
     mc_rdma_qp_t *qp;   /* rdma: the QP it is posted on (or, MC_SL_QP, being connected) */
     uint16_t wrs;       /* rdma: work requests of this slice not yet completed */
+    uint16_t stage;     /* rdma: staging slot + 1 (VRAM without GPUDirect), 0 if none */
     int wc_err;         /* rdma: first error among them (negative), 0 if none */
     const char *wc_reason;
 };

@@ -217,6 +217,7 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     b->len = len;
     b->memfd = memfd;
     rc = location_resolve(addr, location, b->location);
+    b->vram = !strncmp(b->location, "cuda:", 5);
     if (!rc)
         rc = mc__rdma_mr_register(e, b);
     if (rc)

@@ -190,6 +190,7 @@ void mc__rdma_close(mc_engine_t *e)
 {
     if (!e->rdma)
         return;
+    mc__rdma_stage_destroy(e);
     for (unsigned i = 0; i < e->rdma->n_devs; i++)
         dev_close(e, &e->rdma->devs[i]);
     free(e->rdma);
@@ -263,16 +264,26 @@ int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
     for (unsigned d = 0; d < r->n_devs; d++) {
         for (uint32_t c = 0; c < n_chunks; c++) {
             uint64_t off = (uint64_t)c * r->chunk, len = b->len - off;
+            char why[256];
             len = len < r->chunk ? len : r->chunk;
-            m->mr[d * n_chunks + c] = ibv_reg_mr(r->devs[d].pd, (void *)(uintptr_t)(b->addr + off),
-                                                 len, r->devs[d].access);
-            if (!m->mr[d * n_chunks + c]) {
+            struct ibv_mr *mr =
+                b->vram ? mc__rdma_vram_reg(&r->devs[d], b->addr + off, len, why, sizeof(why))
+                        : ibv_reg_mr(r->devs[d].pd, (void *)(uintptr_t)(b->addr + off), len,
+                                     r->devs[d].access);
+            if (!mr && b->vram) { /* no GPUDirect path: staged through host memory */
+                mc_info("rdma: VRAM %p+%llu (%s) is staged: %s with %s", (void *)(uintptr_t)b->addr,
+                        (unsigned long long)b->len, b->location, why, r->devs[d].name);
+                mrs_free(m);
+                return 0;
+            }
+            if (!mr) {
                 int err = errno ? errno : EIO;
                 mrs_free(m);
                 return mc_set_error(-err, "rdma: cannot register %p+%llu (%s) with %s: %s",
                                     (void *)(uintptr_t)(b->addr + off), (unsigned long long)len,
                                     b->location, r->devs[d].name, strerror(err));
             }
+            m->mr[d * n_chunks + c] = mr;
         }
     }
     b->mrs = m;

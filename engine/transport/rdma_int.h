@@ -77,7 +77,8 @@ struct mc_rdma_qp {
     mc_list_t post_link; /* in rdma->to_post while it has a chain */
 };
 
-#define MC_RDMA_SCRATCH 512 /* work requests built per fill pass before posting */
+#define MC_RDMA_SCRATCH     512 /* work requests built per fill pass before posting */
+#define MC_RDMA_STAGE_SLOTS 64  /* staging slots of MC_SLICE_SIZE for VRAM without GPUDirect */
 
 struct mc_rdma {
     mc_rdma_dev_t devs[MC_RDMA_MAX_DEVS];
@@ -90,6 +91,7 @@ struct mc_rdma {
     struct ibv_send_wr wr[MC_RDMA_SCRATCH];
     struct ibv_sge sge[MC_RDMA_SCRATCH];
     unsigned n_wr;
+    struct mc_rdma_stage *stage; /* created on first use (rdma_vram.c) */
 };
 
 /* rdma.c */
@@ -105,6 +107,13 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp);
 void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp);
 /* Start connecting the rail's QP over a control connection (creating the QP). */
 void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r);
+
+/* rdma_vram.c */
+struct ibv_mr *mc__rdma_vram_reg(mc_rdma_dev_t *d, uint64_t addr, uint64_t len, char *why,
+                                 size_t size);
+int mc__rdma_stage_get(mc_engine_t *e, mc_slice_t *s, const mc_buffer_t **buf_p, uint64_t *addr_p);
+int mc__rdma_stage_put(mc_engine_t *e, mc_slice_t *s, bool ok);
+void mc__rdma_stage_destroy(mc_engine_t *e);
 
 /* rdma_post.c */
 void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc);

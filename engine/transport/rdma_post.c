@@ -42,13 +42,14 @@ static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
     return m < c ? m : c;
 }
 
-/* Work requests a slice needs: one per piece between memory-region boundaries on either side. */
-static unsigned pieces(const mc_slice_t *s, const mc_desc_buffer_t *rb)
+/* Work requests a slice needs: one per piece between memory-region boundaries on either side.
+ * The local side is lb at la (the task's buffer, or a staging slot). */
+static unsigned pieces(const mc_slice_t *s, const mc_desc_buffer_t *rb, const mc_buffer_t *lb,
+                       uint64_t la)
 {
-    const mc_task_t *t = s->task;
-    const mc_rdma_mrs_t *m = t->lbuf->mrs;
-    uint64_t l = (uint64_t)(uintptr_t)t->req.local + s->offset - t->lbuf->addr;
-    uint64_t r = t->req.target_offset + s->offset - rb->addr;
+    const mc_rdma_mrs_t *m = lb->mrs;
+    uint64_t l = la - lb->addr;
+    uint64_t r = s->task->req.target_offset + s->offset - rb->addr;
     uint64_t ln = (l + s->len - 1) / m->chunk - l / m->chunk;
     uint64_t rn = (r + s->len - 1) / rb->chunk - r / rb->chunk;
 
@@ -68,24 +69,23 @@ static void chain_append(mc_engine_t *e, mc_rdma_qp_t *qp, struct ibv_send_wr *w
     qp->tail = wr;
 }
 
-/* Build the work requests of slice s on rail r. */
+/* Build the work requests of slice s on rail r, the local side being lb at la. */
 static void post_slice(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, mc_slice_t *s,
-                       const mc_desc_buffer_t *rb)
+                       const mc_desc_buffer_t *rb, const mc_buffer_t *lb, uint64_t la)
 {
     struct mc_rdma *rd = e->rdma;
     mc_rdma_qp_t *qp = r->qp;
     mc_task_t *t = s->task;
-    const mc_rdma_mrs_t *m = t->lbuf->mrs;
-    uint64_t la = (uint64_t)(uintptr_t)t->req.local + s->offset;
+    const mc_rdma_mrs_t *m = lb->mrs;
     uint64_t ra = t->req.target_offset + s->offset, left = s->len;
 
     s->qp = qp;
     s->wc_err = 0;
     s->rails_tried |= 1u << (r - p->rdma_rails);
     while (left) {
-        uint64_t lc = (la - t->lbuf->addr) / m->chunk, rc = (ra - rb->addr) / rb->chunk;
-        uint64_t n = min3(left, t->lbuf->addr + (lc + 1) * m->chunk - la,
-                          rb->addr + (rc + 1) * rb->chunk - ra);
+        uint64_t lc = (la - lb->addr) / m->chunk, rc = (ra - rb->addr) / rb->chunk;
+        uint64_t n =
+            min3(left, lb->addr + (lc + 1) * m->chunk - la, rb->addr + (rc + 1) * rb->chunk - ra);
         if (rd->n_wr == MC_RDMA_SCRATCH)
             post_all(e);
         struct ibv_sge *sge = &rd->sge[rd->n_wr];
@@ -190,17 +190,33 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
                          "the remote range is no longer registered by the segment");
         return true;
     }
-    unsigned need = pieces(s, rb);
-    if (need > e->cfg.rdma_qp_depth) {
-        mc__slice_failed(e, s, -EINVAL, false,
-                         "slice crosses more memory regions than MC_RDMA_QP_DEPTH allows");
-        return true;
+    const mc_buffer_t *lb = s->task->lbuf;
+    uint64_t la = (uint64_t)(uintptr_t)s->task->req.local + s->offset;
+    if (!lb->mrs) { /* VRAM the NIC cannot reach: through a staging slot */
+        int rc = mc__rdma_stage_get(e, s, &lb, &la);
+        if (rc == -EAGAIN) {
+            mc_list_push_front(&p->q[MC_TP_RDMA].retry, &s->link);
+            return false;
+        }
+        if (rc) {
+            mc__slice_failed(e, s, rc, false, mc_last_error());
+            return true;
+        }
     }
-    if (!qp_room(e, r->qp, need)) { /* rare: a multi-piece slice at the end of the window */
+    unsigned need = pieces(s, rb, lb, la);
+    if (need > e->cfg.rdma_qp_depth || !qp_room(e, r->qp, need)) {
+        if (s->stage)
+            mc__rdma_stage_put(e, s, false);
+        if (need > e->cfg.rdma_qp_depth) {
+            mc__slice_failed(e, s, -EINVAL, false,
+                             "slice crosses more memory regions than MC_RDMA_QP_DEPTH allows");
+            return true;
+        }
+        /* rare: a multi-piece slice at the end of the window */
         mc_list_push_front(&p->q[MC_TP_RDMA].retry, &s->link);
         return false;
     }
-    post_slice(e, p, r, s, rb);
+    post_slice(e, p, r, s, rb, lb, la);
     return true;
 }
 
@@ -264,6 +280,10 @@ static void slice_end(mc_engine_t *e, mc_slice_t *s, mc_rail_t *r)
     mc_task_t *t = s->task;
     char why[512];
 
+    if (s->stage && mc__rdma_stage_put(e, s, !s->wc_err) && !s->wc_err) {
+        mc__slice_failed(e, s, -EIO, false, mc_last_error()); /* the copy to the GPU failed */
+        return;
+    }
     if (!s->wc_err) {
         atomic_fetch_add_explicit(&r->bytes, s->len, memory_order_relaxed);
         atomic_fetch_add_explicit(&r->slices, 1, memory_order_relaxed);

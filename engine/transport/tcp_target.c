@@ -44,8 +44,23 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
 
 static void refuse_reason(mc_engine_t *e, const mc_frame_t *f, uint64_t len, char *buf, size_t size)
 {
-    snprintf(buf, size, "range 0x%llx+%llu is not inside a registered buffer of %s",
+    snprintf(buf, size,
+             "range 0x%llx+%llu is not inside a registered host buffer of %s (VRAM is "
+             "reachable over rdma only)",
              (unsigned long long)f->addr, (unsigned long long)len, e->name);
+}
+
+/* The registered host buffer holding the range, referenced; never VRAM, which the CPU cannot
+ * touch. */
+static mc_buffer_t *host_buf_get(mc_engine_t *e, uint64_t addr, uint64_t len)
+{
+    mc_buffer_t *b = mc__mem_get(e, addr, len);
+
+    if (b && b->vram) {
+        mc__mem_put(e, b);
+        return NULL;
+    }
+    return b;
 }
 
 /* Fatal handshake problem: tell the initiator why (best effort), then drop the connection. */
@@ -78,7 +93,7 @@ int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c)
     }
     switch (t) {
     case MC_FR_WRITE:
-        c->rx_ref = mc__mem_get(e, c->fr.addr, c->fr.length);
+        c->rx_ref = host_buf_get(e, c->fr.addr, c->fr.length);
         c->rx_status = c->rx_ref ? 0 : -MC_EACCESS;
         c->dst_kind = c->rx_ref ? DST_MEM : DST_DISCARD;
         c->dst = (uint8_t *)(uintptr_t)c->fr.addr;
@@ -171,8 +186,8 @@ static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
 
 static void on_read(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    mc_buffer_t *b = mc__mem_get(e, c->fr.addr, c->fr.aux);
-    char reason[200];
+    mc_buffer_t *b = host_buf_get(e, c->fr.addr, c->fr.aux);
+    char reason[300];
 
     if (b) {
         respond(e, c, MC_FR_READ_RESP, 0, (void *)(uintptr_t)c->fr.addr, (uint32_t)c->fr.aux, b,
@@ -185,7 +200,7 @@ static void on_read(mc_engine_t *e, mc_tcp_conn_t *c)
 
 static void on_write(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    char reason[200];
+    char reason[300];
 
     if (c->rx_ref) {
         mc__count(&e->tcp_c[MC_CNT_SERVED], c->fr.length);

@@ -10,6 +10,12 @@ if(TARGET softverbs)
   set_tests_properties(test_conformance_rdma PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 400
     LABELS "integration;rdma" ENVIRONMENT
     "TH_TRANSPORT=rdma,rdma-engine-memory;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=conformance;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-conformance")
+  # Devices whose largest memory region is 1 MiB: buffers are registered in pieces and slices
+  # that straddle two pieces become two work requests.
+  add_test(NAME test_conformance_rdma_split COMMAND test_conformance)
+  set_tests_properties(test_conformance_rdma_split PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+    LABELS "integration;rdma" ENVIRONMENT
+    "TH_TRANSPORT=rdma;TH_CASE=sizes;SOFTVERBS_MAX_MR_SIZE=1048576;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=conformance-split;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-split")
 endif()
 mc_script_test(test_netns_transfer COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_netns_transfer.sh
   TIMEOUT 180 LABELS netns)
@@ -21,3 +27,22 @@ mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.s
   TIMEOUT 240 LABELS netns)
 mc_unit_test(test_shm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_shm.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 120 LABELS integration)
+# rdma beyond conformance (striping, port down/up, refused keys and ranges, dead peer) on the
+# software RDMA device, two per side, in its own fabric; the test sets its own control dirs.
+if(TARGET softverbs)
+  mc_unit_test(test_rdma SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rdma.c
+               ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS "integration;rdma")
+  set_property(TEST test_rdma APPEND PROPERTY ENVIRONMENT
+    "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_rdma;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_rdma")
+endif()
+# VRAM over rdma (GPUDirect or staged): needs a CUDA device, skipped (77) without one.
+if(TARGET softverbs)
+  mc_unit_test(test_rdma_vram SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rdma_vram.c
+               ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS "integration;rdma;gpu")
+  target_compile_definitions(test_rdma_vram PRIVATE MC_HAVE_CUDA=${MC_HAVE_CUDA})
+  if(MC_HAVE_CUDA)
+    target_link_libraries(test_rdma_vram PRIVATE CUDA::cudart)
+  endif()
+  set_property(TEST test_rdma_vram APPEND PROPERTY ENVIRONMENT
+    "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=vram;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-vram")
+endif()
