@@ -135,10 +135,11 @@ static void test_vram_not_over_tcp(void **state)
     mc_engine_t *e = th_engine(&cfg);
     mc_segment_id_t seg = th_open(e, &fx->t, 0);
     assert_int_equal(mc_mem_register(e, fx->vram, BUF, "cuda:0"), 0);
+    th_remote_fill(&fx->t, 0, fx->t.eng[0].buf[0], 4096, 777, 0);
     int st = th_xfer(e, MC_WRITE, fx->vram, seg, fx->t.eng[0].buf[0], 4096, why, sizeof(why));
     assert_int_equal(st, MC_TASK_FAILED);
     assert_true(th_contains(why, "VRAM moves over rdma only"));
-    assert_int_equal(th_remote_check(&fx->t, 0, fx->t.eng[0].buf[0], 4096, 500, 0), -1);
+    assert_int_equal(th_remote_check(&fx->t, 0, fx->t.eng[0].buf[0], 4096, 777, 0), -1);
     assert_int_equal(mc_mem_unregister(e, fx->vram), 0);
     mc_segment_close(e, seg);
     mc_engine_destroy(e);
