@@ -178,11 +178,13 @@ void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p)
                 if (diagonal(i, j, r->n_devs, d->n_rdma) != (pass == 0) ||
                     r->devs[i].link != d->rdma[j].link)
                     continue;
+                char name[sizeof(rl->name)]; /* via a local: gcc cannot tell rl from p->desc */
                 memset(rl, 0, sizeof(*rl));
                 rl->ldev = (uint8_t)i;
                 rl->rdev = (uint8_t)j;
                 snprintf(rl->dev, sizeof(rl->dev), "%s", r->devs[i].name);
-                snprintf(rl->name, sizeof(rl->name), "%s->%s", r->devs[i].name, d->rdma[j].name);
+                snprintf(name, sizeof(name), "%s->%s", r->devs[i].name, d->rdma[j].name);
+                memcpy(rl->name, name, sizeof(name));
                 n++;
             }
         }
