@@ -162,6 +162,8 @@ void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting)
     atomic_fetch_add_explicit(&r->errors, 1, memory_order_relaxed);
     if (connecting)
         r->connect_failures++;
+    if (r->fail_at[2] && now - r->fail_at[2] > 2 * RAIL_PAUSE_MAX_NS)
+        r->backoff_ns = 0; /* healthy for long: the next pause starts short again */
     memmove(r->fail_at, r->fail_at + 1, sizeof(r->fail_at) - sizeof(r->fail_at[0]));
     r->fail_at[2] = now;
     if (r->fail_at[0] && now - r->fail_at[0] < RAIL_FAIL_WINDOW_NS) {

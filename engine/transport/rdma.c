@@ -197,20 +197,43 @@ void mc__rdma_close(mc_engine_t *e)
     e->rdma = NULL;
 }
 
+/* Stop using the initiator QPs of a device whose port went down, or one that went fatal:
+ * requests in flight flush and are retried elsewhere; idle QPs go at once, so the rail shows
+ * no connection and gets a new QP (a re-probe) on its next use. */
+static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, mc_rdma_qp_t *only)
+{
+    mc_list_t *pos, *tmp;
+    uint64_t now = mc_now_ns();
+
+    mc_list_for_each_safe(pos, tmp, &e->rdma->qps)
+    {
+        mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
+        if (qp->dev != d || (only && qp != only) || qp->state == QP_DRAINING)
+            continue;
+        mc__rail_failed(qp->rail, now, false); /* its flushed requests will not charge it */
+        mc__rdma_qp_drain(e, qp);
+    }
+}
+
 static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     mc_rdma_dev_t *d = mc_container_of(p, mc_rdma_dev_t, async_poll);
     struct ibv_async_event ev;
 
-    (void)e;
     (void)events;
     while (ibv_get_async_event(d->ctx, &ev) == 0) {
-        /* QP and port errors also surface as completion errors, which is where they are
-         * handled; here they are only told. */
-        if (ev.event_type == IBV_EVENT_PORT_ACTIVE)
-            mc_info("rdma: %s: %s", d->name, ibv_event_type_str(ev.event_type));
+        enum ibv_event_type t = ev.event_type;
+        if (t == IBV_EVENT_PORT_ACTIVE)
+            mc_info("rdma: %s: %s", d->name, ibv_event_type_str(t));
         else
-            mc_warn("rdma: %s: %s", d->name, ibv_event_type_str(ev.event_type));
+            mc_warn("rdma: %s: %s", d->name, ibv_event_type_str(t));
+        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE)
+            d->port_down = t == IBV_EVENT_PORT_ERR;
+        if (t == IBV_EVENT_PORT_ERR)
+            drain_dev_qps(e, d, NULL);
+        else if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
+                 t == IBV_EVENT_QP_ACCESS_ERR) /* ours only: a target QP stays with its link */
+            drain_dev_qps(e, d, ev.element.qp->qp_context);
         ibv_ack_async_event(&ev);
     }
 }

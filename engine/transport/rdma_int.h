@@ -47,6 +47,7 @@ typedef struct mc_rdma_dev {
     uint64_t max_mr;
     int access; /* memory region access flags */
     unsigned max_rd_atomic;
+    bool port_down; /* since IBV_EVENT_PORT_ERR, until IBV_EVENT_PORT_ACTIVE */
 } mc_rdma_dev_t;
 
 /* The memory regions of one buffer: mr[dev * n_chunks + chunk]. */

@@ -221,11 +221,13 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
 }
 
 /* Hand slices to READY QPs with room, one each in turn, on the best-ranked rails for the
- * buffer's location; when none could take any, set up QPs. */
+ * buffer's location. Rails without a QP get one first (a re-probed rail rejoins even under a
+ * light load, and a failover target is ready). */
 static void fill_qps(mc_engine_t *e, mc_peer_t *p)
 {
     const char *loc;
 
+    connect_rails(e, p);
     while ((loc = mc__sched_peek_location(p, MC_TP_RDMA))) {
         int best = best_rank(e, p, loc);
         bool took = false, empty = false;
@@ -239,10 +241,8 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
             if (mc__sched_peek_location(p, MC_TP_RDMA) != loc)
                 break; /* the next task may live elsewhere: rank again */
         }
-        if (!took) {
-            connect_rails(e, p);
+        if (!took)
             return;
-        }
     }
 }
 

@@ -31,6 +31,7 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
                 .max_send_sge = 1,
                 .max_recv_sge = 1},
         .qp_type = IBV_QPT_RC,
+        .qp_context = qp,
     };
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .port_num = dev->port,
@@ -215,6 +216,10 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
     mc_slice_t *s;
     uint8_t *buf;
 
+    if (rd->devs[r->ldev].port_down) { /* counts as a failed connect: backs off, pauses */
+        mc__rail_failed(r, mc_now_ns(), true);
+        return;
+    }
     if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e))
         return;
     c = mc__tcp_ctrl_conn(e, p);
