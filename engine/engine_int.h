@@ -485,7 +485,8 @@ void mc__rdma_peer_close(mc_engine_t *e, mc_peer_t *p);
 void mc__rdma_reap(mc_engine_t *e);
 /* Target side: a QP_CONNECT arrived on inbound connection c; answers it. */
 void mc__rdma_accept(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_t len);
-/* Initiator side: the QP_ACCEPT (status 0, payload) or refusal (status < 0, reason) for qp. */
+/* Initiator side: the QP_ACCEPT (status 0, payload) or refusal (status < 0, reason) for qp
+ * (the slice's qp; NULL when the QP went away while its QP_CONNECT was out: ignore it). */
 void mc__rdma_connected(mc_engine_t *e, mc_rdma_qp_t *qp, int status, const uint8_t *payload,
                         size_t len);
 /* Connection c (either role) is going away: the QPs set up over it go with it. */

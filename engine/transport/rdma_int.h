@@ -65,9 +65,10 @@ struct mc_rdma_qp {
     mc_list_t ctrl_link; /* initiator: in ctrl->qps */
     struct ibv_qp *qp;
     mc_rdma_dev_t *dev;
-    mc_peer_t *peer;     /* initiator */
-    mc_rail_t *rail;     /* initiator */
-    mc_tcp_conn_t *ctrl; /* the tcp connection it was set up over (NULL once that is gone) */
+    mc_peer_t *peer;           /* initiator */
+    mc_rail_t *rail;           /* initiator */
+    mc_tcp_conn_t *ctrl;       /* the tcp connection it was set up over (NULL once that is gone) */
+    mc_slice_t *connect_slice; /* its QP_CONNECT awaiting an answer: unlinked if qp goes first */
     uint8_t state;
     bool initiator;
     unsigned outstanding; /* work requests posted, not completed */

@@ -121,6 +121,8 @@ int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *re
 
 void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp)
 {
+    if (qp->connect_slice) /* the answer, if it comes, finds no QP */
+        qp->connect_slice->qp = NULL;
     mc_list_del(&qp->link);
     mc_list_del(&qp->ctrl_link);
     mc_list_del(&qp->post_link);
@@ -247,6 +249,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
     qp->ctrl = c;
     qp->state = QP_CONNECTING;
     r->qp = qp;
+    qp->connect_slice = s;
     mc_list_push_back(&rd->qps, &qp->link);
     mc_list_push_back(&c->qps, &qp->ctrl_link);
     rd->n_qps++;
@@ -266,6 +269,7 @@ void mc__rdma_connected(mc_engine_t *e, mc_rdma_qp_t *qp, int status, const uint
     mc_qp_info_t remote;
     int rc = status;
 
+    qp->connect_slice = NULL;
     if (qp->state != QP_CONNECTING)
         return;
     if (rc)

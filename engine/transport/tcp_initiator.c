@@ -188,6 +188,7 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
     mc_list_init(&failed);
     mc_list_splice_back(&failed, &c->ackq);
     mc_list_splice_back(&failed, &c->sendq);
+    mc__rdma_ctrl_lost(e, c); /* before its QP_CONNECT slices are freed below */
     mc_list_del(&c->link);
     mc_list_init(&c->link);
     p->n_conns--;
@@ -212,7 +213,6 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
             mc__slice_free(e, s);
     }
     c->window_used = 0;
-    mc__rdma_ctrl_lost(e, c);
     if (!reason)
         return;
     mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
@@ -330,7 +330,8 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     c->window_used--;
     c->last_io_ns = mc_now_ns();
     if (s->kind == MC_SL_QP) {
-        mc__rdma_connected(e, s->qp, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
+        if (s->qp)
+            mc__rdma_connected(e, s->qp, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
         mc__slice_free(e, s);
         return;
     }
