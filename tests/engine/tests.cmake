@@ -46,3 +46,9 @@ if(TARGET softverbs)
   set_property(TEST test_rdma_vram APPEND PROPERTY ENVIRONMENT
     "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=vram;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-vram")
 endif()
+# Transport choice and rdma settings (matrix, link layers, RoCE GID/MTU, bad port/GID, forced
+# tcp) through mooncake-bench on the software device.
+if(TARGET softverbs)
+  mc_script_test(test_rdma_select COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_rdma_select.sh
+    TIMEOUT 300 LABELS "integration;rdma")
+endif()
