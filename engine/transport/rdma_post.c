@@ -175,7 +175,17 @@ static void connect_rails(mc_engine_t *e, mc_peer_t *p)
     }
 }
 
-/* Take the next slice for rail r, or fail it here if it cannot go over rdma any more. */
+/* Fail a slice from inside fill_qps: without peers_lock, since finishing a task runs the
+ * caller's callback, which may open segments. Nothing of the descriptor is held across. */
+static void fail_unlocked(mc_engine_t *e, mc_slice_t *s, int err, const char *reason)
+{
+    pthread_rwlock_unlock(&e->peers_lock);
+    mc__slice_failed(e, s, err, false, reason);
+    pthread_rwlock_rdlock(&e->peers_lock);
+}
+
+/* Take the next slice for rail r, or fail it here if it cannot go over rdma any more. Caller
+ * holds peers_lock for reading. */
 static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
 {
     mc_slice_t *s = mc__sched_next_slice(e, p, MC_TP_RDMA);
@@ -186,8 +196,7 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
         return false;
     rb = remote_buf(p, s->task);
     if (!rb) {
-        mc__slice_failed(e, s, -MC_EACCESS, false,
-                         "the remote range is no longer registered by the segment");
+        fail_unlocked(e, s, -MC_EACCESS, "the remote range is no longer registered by the segment");
         return true;
     }
     const mc_buffer_t *lb = s->task->lbuf;
@@ -199,7 +208,7 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
             return false;
         }
         if (rc) {
-            mc__slice_failed(e, s, rc, false, mc_last_error());
+            fail_unlocked(e, s, rc, mc_last_error());
             return true;
         }
     }
@@ -208,8 +217,8 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
         if (s->stage)
             mc__rdma_stage_put(e, s, false);
         if (need > e->cfg.rdma_qp_depth) {
-            mc__slice_failed(e, s, -EINVAL, false,
-                             "slice crosses more memory regions than MC_RDMA_QP_DEPTH allows");
+            fail_unlocked(e, s, -EINVAL,
+                          "slice crosses more memory regions than MC_RDMA_QP_DEPTH allows");
             return true;
         }
         /* rare: a multi-piece slice at the end of the window */
@@ -221,13 +230,11 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
 }
 
 /* Hand slices to READY QPs with room, one each in turn, on the best-ranked rails for the
- * buffer's location. Rails without a QP get one first (a re-probed rail rejoins even under a
- * light load, and a failover target is ready). */
+ * buffer's location. Caller holds peers_lock for reading. */
 static void fill_qps(mc_engine_t *e, mc_peer_t *p)
 {
     const char *loc;
 
-    connect_rails(e, p);
     while ((loc = mc__sched_peek_location(p, MC_TP_RDMA))) {
         int best = best_rank(e, p, loc);
         bool took = false, empty = false;
@@ -250,6 +257,9 @@ void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
 {
     if (!e->rdma || !p->n_rdma_rails)
         return;
+    /* Rails without a QP get one first (a re-probed rail rejoins even under a light load, and
+     * a failover target is ready). Outside peers_lock: a failed connect may reload p->desc. */
+    connect_rails(e, p);
     /* Descriptor reloads swap p->desc under the write lock. */
     pthread_rwlock_rdlock(&e->peers_lock);
     fill_qps(e, p);
