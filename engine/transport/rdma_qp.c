@@ -195,14 +195,15 @@ void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p)
     p->n_rdma_rails = n;
 }
 
-/* Close one idle initiator QP of any peer to stay under MC_RDMA_MAX_QPS. */
-static bool evict_idle_qp(mc_engine_t *e)
+/* Close one idle initiator QP of another peer to stay under MC_RDMA_MAX_QPS (a peer never
+ * takes its own: it would tear down the QP it is about to use for a spare rail). */
+static bool evict_idle_qp(mc_engine_t *e, const mc_peer_t *p)
 {
     mc_list_t *pos;
 
     for (pos = e->rdma->qps.next; pos != &e->rdma->qps; pos = pos->next) {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
-        if (qp->state == QP_READY && !qp->outstanding) {
+        if (qp->state == QP_READY && !qp->outstanding && qp->peer != p) {
             mc__rdma_qp_drain(e, qp);
             return true;
         }
@@ -222,7 +223,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
         mc__rail_failed(r, mc_now_ns(), true);
         return;
     }
-    if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e))
+    if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e, p))
         return;
     c = mc__tcp_ctrl_conn(e, p);
     if (!c)

@@ -8,6 +8,7 @@
 #     --protocol rdma fails saying no byte went over rdma.
 #  5. MC_FORCE_TCP=1 wins over rdma; auto picks shm for a target on this host.
 #  6. MC_PROTOCOL=bogus is refused, naming the variable.
+#  7. MC_RDMA_MAX_QPS=1: one QP, so one rail carries everything, verified.
 set -euo pipefail
 B=${MC_BUILD_DIR:-build}
 BENCH=$B/bin/mooncake-bench
@@ -86,6 +87,12 @@ rc=0
 MC_PROTOCOL=bogus timeout 30 "$BENCH" --mode local --duration 1 >/dev/null 2>"$TMP/b.err" || rc=$?
 expect "MC_PROTOCOL=bogus refused" "$(grep -c 'MC_PROTOCOL=bogus' "$TMP/b.err")" 1
 expect "MC_PROTOCOL=bogus exit status" "$((rc != 0))" 1
+
+# 7. the QP cap
+bench "$TMP/q" MC_RDMA_MAX_QPS=1 -- --protocol rdma
+expect "one QP: verified over rdma" "$(field "$TMP/q" 'j["protocol"] + " " + j["verify"]')" "rdma ok"
+expect "one QP: rails that carried" \
+    "$(field "$TMP/q" 'sum(1 for n, x in r.items() if "->softverbs" in n and x["bytes"])')" 1
 
 [[ $fails == 0 ]] || exit 1
 echo PASSED
