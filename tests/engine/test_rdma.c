@@ -553,6 +553,59 @@ static void test_forged_rkey(void **state)
     assert_int_equal(th_remote_check(&fx->t, 0, b0, SMALL, 1002, 0), -1);
 }
 
+/* The descriptor as a peer on another host would publish it; arg: also relabel its RDMA
+ * devices as Ethernet (a link layer we do not share). */
+static void edit_other_host(json_t *root, void *arg)
+{
+    json_t *devs = json_object_get(root, "rdma"), *d;
+    size_t i;
+
+    json_object_set_new(root, "host", json_string("another-boot-id/net:1"));
+    assert_true(json_is_array(devs) && json_array_size(devs) == 2);
+    if (arg)
+        json_array_foreach(devs, i, d) json_object_set_new(d, "link", json_string("eth"));
+}
+
+/* MC_PROTOCOL=auto: a peer on another host that publishes devices on our link layer is reached
+ * over rdma; one whose devices are on another link layer over tcp. Verified both ways. */
+static void test_auto(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t b0 = tbuf(fx, 0);
+    mc_config_t cfg;
+    char why[512];
+
+    th_config(&cfg);
+    assert_string_equal(cfg.protocol, "auto");
+    for (int eth = 0; eth < 2; eth++) {
+        size_t len;
+        char *text = blob_edit(fx, edit_other_host, eth ? "eth" : NULL, &len);
+        mc_engine_t *e2 = th_engine(&cfg);
+        mc_segment_id_t seg2 = open_text(e2, text, len);
+        uint8_t *buf = th_buf(e2, SMALL);
+        mc_counters_t rdma, tcp, shm;
+
+        th_fill(buf, SMALL, 1100 + (uint64_t)eth);
+        assert_int_equal(xfer(e2, seg2, MC_WRITE, buf, b0, SMALL, why, sizeof(why)),
+                         MC_TASK_COMPLETED);
+        assert_int_equal(th_remote_check(&fx->t, 0, b0, SMALL, 1100 + (uint64_t)eth, 0), -1);
+        memset(buf, 0, SMALL);
+        assert_int_equal(xfer(e2, seg2, MC_READ, buf, b0, SMALL, why, sizeof(why)),
+                         MC_TASK_COMPLETED);
+        assert_int_equal(th_check(buf, SMALL, 1100 + (uint64_t)eth), -1);
+        counters(e2, "rdma", &rdma);
+        counters(e2, "tcp", &tcp);
+        counters(e2, "shm", &shm);
+        assert_int_equal(shm.bytes_written + shm.bytes_read, 0);
+        assert_int_equal((eth ? tcp : rdma).bytes_written, SMALL);
+        assert_int_equal((eth ? rdma : tcp).bytes_written, 0);
+        th_buf_free(e2, buf, SMALL);
+        assert_int_equal(mc_segment_close(e2, seg2), 0);
+        mc_engine_destroy(e2);
+        free(text);
+    }
+}
+
 /* Stretch the lower target buffer by 64 KiB over the higher one (adjacent mappings) and drop
  * the higher one from the descriptor, keeping the lower one's rkeys. */
 typedef struct stretch {
@@ -744,7 +797,7 @@ int main(int argc, char **argv)
         CASE(test_striping, big256),     CASE(test_port_down, big512),
         CASE(test_corrupt_rkey, small2), CASE(test_stale_descriptor, small2),
         CASE(test_forged_rkey, small2),  CASE(test_out_of_bounds, small2),
-        CASE(test_dead_peer, big256),
+        CASE(test_dead_peer, big256),    CASE(test_auto, small2),
     };
     int rc = cmocka_run_group_tests_name("rdma", tests, NULL, NULL);
     th_kill_all();
