@@ -200,7 +200,7 @@ void mc__rdma_close(mc_engine_t *e)
 /* Stop using the initiator QPs of a device whose port went down, or one that went fatal:
  * requests in flight flush and are retried elsewhere; idle QPs go at once, so the rail shows
  * no connection and gets a new QP (a re-probe) on its next use. */
-static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, mc_rdma_qp_t *only)
+static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
 {
     mc_list_t *pos, *tmp;
     uint64_t now = mc_now_ns();
@@ -208,7 +208,7 @@ static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, mc_rdma_qp_t *only)
     mc_list_for_each_safe(pos, tmp, &e->rdma->qps)
     {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
-        if (qp->dev != d || (only && qp != only) || qp->state == QP_DRAINING)
+        if (qp->dev != d || (only && qp->qp != only) || qp->state == QP_DRAINING)
             continue;
         mc__rail_failed(qp->rail, now, false); /* its flushed requests will not charge it */
         mc__rdma_qp_drain(e, qp);
@@ -232,8 +232,8 @@ static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         if (t == IBV_EVENT_PORT_ERR)
             drain_dev_qps(e, d, NULL);
         else if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
-                 t == IBV_EVENT_QP_ACCESS_ERR) /* ours only: a target QP stays with its link */
-            drain_dev_qps(e, d, ev.element.qp->qp_context);
+                 t == IBV_EVENT_QP_ACCESS_ERR)  /* ours only: a target QP stays with its link */
+            drain_dev_qps(e, d, ev.element.qp); /* matched, not dereferenced */
         ibv_ack_async_event(&ev);
     }
 }

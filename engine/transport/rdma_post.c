@@ -151,13 +151,15 @@ static int rail_rank(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, const char *loc
     return 2 * mc__rail_rank(e, r, loc) + !diag;
 }
 
+/* The best rank among rails with a QP that is ready or being connected: work waits the few
+ * round trips a preferred rail's QP takes rather than spilling to a worse rail meanwhile. */
 static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *loc)
 {
     int best = 1 << 20;
 
     for (unsigned i = 0; i < p->n_rdma_rails; i++) {
         mc_rail_t *r = &p->rdma_rails[i];
-        int rank = r->qp && r->qp->state == QP_READY ? rail_rank(e, p, r, loc) : 1 << 20;
+        int rank = r->qp && r->qp->state != QP_DRAINING ? rail_rank(e, p, r, loc) : 1 << 20;
         best = rank < best ? rank : best;
     }
     return best;

@@ -31,7 +31,6 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
                 .max_send_sge = 1,
                 .max_recv_sge = 1},
         .qp_type = IBV_QPT_RC,
-        .qp_context = qp,
     };
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .port_num = dev->port,

@@ -270,12 +270,35 @@ SV_EXPORT int ibv_get_pkey_index(struct ibv_context *ibctx, uint8_t port, __be16
     return -1;
 }
 
+static bool qp_event(enum ibv_event_type t)
+{
+    return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR || t == IBV_EVENT_QP_ACCESS_ERR ||
+           t == IBV_EVENT_COMM_EST || t == IBV_EVENT_SQ_DRAINED || t == IBV_EVENT_PATH_MIG ||
+           t == IBV_EVENT_PATH_MIG_ERR || t == IBV_EVENT_QP_LAST_WQE_REACHED;
+}
+
+/* Whether element is a QP of ctx that still exists. */
+static bool qp_alive(struct sv_context *ctx, void *element)
+{
+    bool found = false;
+
+    pthread_mutex_lock(&ctx->lock);
+    for (struct sv_qp *q = ctx->qps; q && !found; q = q->next)
+        found = &q->ibqp == element;
+    pthread_mutex_unlock(&ctx->lock);
+    return found;
+}
+
 SV_EXPORT int ibv_get_async_event(struct ibv_context *ibctx, struct ibv_async_event *event)
 {
     struct sv_async_rec rec;
 
-    if (read(ibctx->async_fd, &rec, sizeof(rec)) != (ssize_t)sizeof(rec))
-        return -1;
+    /* Events of a QP destroyed before they were read are dropped, as the kernel does: the
+     * caller must never see a pointer to a freed QP. */
+    do {
+        if (read(ibctx->async_fd, &rec, sizeof(rec)) != (ssize_t)sizeof(rec))
+            return -1;
+    } while (qp_event((enum ibv_event_type)rec.type) && !qp_alive(sv_ctx(ibctx), rec.element));
     memset(event, 0, sizeof(*event));
     event->event_type = (enum ibv_event_type)rec.type;
     switch (event->event_type) {
