@@ -13,7 +13,7 @@
  *
  * Slices become RDMA WRITE/READ work requests: one per slice unless it crosses a memory-region
  * boundary, chained per QP and posted once per fill pass (one doorbell per batch), at most
- * MC_RDMA_QP_DEPTH per QP and never more than the CQ holds. A completion error fails the slice
+ * MC_RDMA_QP_DEPTH slices per QP and never more than the CQ holds. A completion error fails the slice
  * back to the scheduler: a remote access error (bad rkey or range) fails its task, anything
  * else retries it on another rail, pauses the failing one (mc__rail_failed) and drains the QP
  * (flushed requests are retried too); a drained QP is destroyed and the rail re-probed later
@@ -79,8 +79,11 @@ struct mc_rdma_qp {
     mc_list_t post_link; /* in rdma->to_post while it has a chain */
 };
 
-#define MC_RDMA_SCRATCH     512 /* work requests built per fill pass before posting */
-#define MC_RDMA_STAGE_SLOTS 64  /* staging slots of MC_SLICE_SIZE for VRAM without GPUDirect */
+#define MC_RDMA_SCRATCH 512 /* work requests built per fill pass before posting */
+/* Send queue entries beyond MC_RDMA_QP_DEPTH: a slice may start while fewer than DEPTH requests
+ * are out, and one crossing a memory-region boundary on each side needs three. */
+#define MC_RDMA_SQ_SLACK    2
+#define MC_RDMA_STAGE_SLOTS 64 /* staging slots of MC_SLICE_SIZE for VRAM without GPUDirect */
 
 struct mc_rdma {
     mc_rdma_dev_t devs[MC_RDMA_MAX_DEVS];

@@ -135,9 +135,12 @@ static void post_all(mc_engine_t *e)
     rd->n_wr = 0;
 }
 
+/* A slice of `need` work requests may start on qp: its window (MC_RDMA_QP_DEPTH) has room,
+ * and its send queue and CQ hold them all. */
 static bool qp_room(mc_engine_t *e, const mc_rdma_qp_t *qp, unsigned need)
 {
-    return qp && qp->state == QP_READY && qp->outstanding + need <= e->cfg.rdma_qp_depth &&
+    return qp && qp->state == QP_READY && qp->outstanding < e->cfg.rdma_qp_depth &&
+           qp->outstanding + need <= e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK &&
            qp->dev->cq_used + need <= qp->dev->cq_size;
 }
 
@@ -214,16 +217,17 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
             return true;
         }
     }
-    unsigned need = pieces(s, rb, lb, la);
-    if (need > e->cfg.rdma_qp_depth || !qp_room(e, r->qp, need)) {
+    unsigned need = pieces(s, rb, lb, la), most = e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK;
+    if (need > most || !qp_room(e, r->qp, need)) {
         if (s->stage)
             mc__rdma_stage_put(e, s, false);
-        if (need > e->cfg.rdma_qp_depth) {
+        if (need > most) { /* only when MC_SLICE_SIZE exceeds a memory region many times */
             fail_unlocked(e, s, -EINVAL,
-                          "slice crosses more memory regions than MC_RDMA_QP_DEPTH allows");
+                          "slice crosses more memory regions than a QP's send queue holds "
+                          "(MC_RDMA_QP_DEPTH + 2)");
             return true;
         }
-        /* rare: a multi-piece slice at the end of the window */
+        /* rare: a multi-piece slice at the end of the window; it fits once the QP drains */
         mc_list_push_front(&p->q[MC_TP_RDMA].retry, &s->link);
         return false;
     }

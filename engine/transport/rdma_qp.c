@@ -26,7 +26,7 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
     struct ibv_qp_init_attr ia = {
         .send_cq = dev->cq,
         .recv_cq = dev->cq,
-        .cap = {.max_send_wr = initiator ? e->cfg.rdma_qp_depth : 1,
+        .cap = {.max_send_wr = initiator ? e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK : 1,
                 .max_recv_wr = 1,
                 .max_send_sge = 1,
                 .max_recv_sge = 1},

@@ -64,7 +64,7 @@ typedef struct mc_config {
     int gid_index;                  /* MC_GID_INDEX: -1 = pick (RoCE v2 IPv4 GID, else 0) */
     unsigned mtu;                   /* MC_MTU: 0 = the port's active MTU; else 256..4096 */
     unsigned ib_port;               /* MC_IB_PORT: port of every RDMA device */
-    unsigned rdma_qp_depth;         /* MC_RDMA_QP_DEPTH: work requests in flight per QP */
+    unsigned rdma_qp_depth;         /* MC_RDMA_QP_DEPTH: slices in flight per QP */
     unsigned rdma_max_qps;          /* MC_RDMA_MAX_QPS: QPs this engine initiates, all peers */
 } mc_config_t;
 
