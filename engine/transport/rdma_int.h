@@ -13,11 +13,11 @@
  *
  * Slices become RDMA WRITE/READ work requests: one per slice unless it crosses a memory-region
  * boundary, chained per QP and posted once per fill pass (one doorbell per batch), at most
- * MC_RDMA_QP_DEPTH slices per QP and never more than the CQ holds. A completion error fails the slice
- * back to the scheduler: a remote access error (bad rkey or range) fails its task, anything
- * else retries it on another rail, pauses the failing one (mc__rail_failed) and drains the QP
- * (flushed requests are retried too); a drained QP is destroyed and the rail re-probed later
- * with a new one.
+ * MC_RDMA_QP_DEPTH slices per QP and never more than the CQ holds. A completion error fails
+ * the slice back to the scheduler: a remote access error (bad rkey or range) fails its task,
+ * anything else retries it on another rail, pauses the failing one (mc__rail_failed) and
+ * drains the QP (flushed requests are retried too); a drained QP is destroyed and the rail
+ * re-probed later with a new one.
  */
 #ifndef MC_RDMA_INT_H
 #define MC_RDMA_INT_H
