@@ -142,17 +142,6 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
     return rc ? i - 1 : count;
 }
 
-/* The descriptor buffer holding [addr, addr+len), or NULL. Caller holds peers_lock. */
-static const mc_desc_buffer_t *desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
-{
-    for (size_t i = 0; i < d->n_buffers; i++) {
-        const mc_desc_buffer_t *b = &d->buffers[i];
-        if (addr >= b->addr && len <= b->len && addr - b->addr <= b->len - len)
-            return b;
-    }
-    return NULL;
-}
-
 /* Look the remote ranges up in the descriptors (one lock for the batch); note which are known
  * and which may go through a same-host mapping. Returns the first task missed, or NULL. */
 static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
@@ -162,7 +151,8 @@ static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
     pthread_rwlock_rdlock(&e->peers_lock);
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
-        const mc_desc_buffer_t *b = desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
+        const mc_desc_buffer_t *b =
+            mc__desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
         t->remote_known = b != NULL;
         t->remote_shm = b && b->shm;
         /* rdma when both ends have memory regions (or ours is staged VRAM) and a device pair;

@@ -234,6 +234,23 @@ int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
     return 0;
 }
 
+const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
+{
+    size_t lo = 0, hi = d->n_buffers;
+
+    while (lo < hi) { /* after the loop: buffers[lo - 1] is the last starting at or below addr */
+        size_t mid = (lo + hi) / 2;
+        if (d->buffers[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (!lo)
+        return NULL;
+    const mc_desc_buffer_t *b = &d->buffers[lo - 1];
+    return addr - b->addr <= b->len && len <= b->len - (addr - b->addr) ? b : NULL;
+}
+
 void mc_desc_free(mc_desc_t *d)
 {
     free(d->buffers);

@@ -115,6 +115,8 @@ int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p);
 /* Decode a peer descriptor; bounded, strict; -MC_EPROTO with a reason on bad input. */
 int mc_desc_decode(const void *buf, size_t len, mc_desc_t *d);
 void mc_desc_free(mc_desc_t *d);
+/* The buffer of d holding [addr, addr+len), or NULL (binary search: buffers are sorted). */
+const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len);
 
 /* ---- host identity ---- */
 int mc__host_id(char *buf, size_t size);
@@ -144,6 +146,7 @@ typedef struct mc_rail {
     uint64_t rate_bytes, rate_ns; /* bytes and time at the last tick */
     /* rdma rails: a pair of devices and the QP between them (progress-owned) */
     uint8_t ldev, rdev;
+    bool crossed; /* not a same-index pair: ranks after those */
     mc_rdma_qp_t *qp;
 } mc_rail_t;
 

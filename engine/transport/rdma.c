@@ -13,11 +13,6 @@
 
 #include "rdma_int.h"
 
-const char *mc__rdma_wc_status(enum ibv_wc_status s)
-{
-    return ibv_wc_status_str(s);
-}
-
 /* ---- devices ---- */
 
 /* MC_DEVICES, when set, names the devices to use (network interfaces too: ignored here). */
@@ -65,6 +60,7 @@ static int gid_pick(mc_engine_t *e, mc_rdma_dev_t *d, int table_len)
 }
 
 static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
+static void cq_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
 
 static int nonblocking(int fd)
 {
@@ -108,7 +104,7 @@ static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
     if (!d->cq)
         return mc_set_error(-ENOMEM, "%s: cannot create a PD, completion channel or CQ", d->name);
     d->cq_poll.fd = d->ch->fd;
-    d->cq_poll.handler = mc__rdma_cq_handler;
+    d->cq_poll.handler = cq_handler;
     d->async_poll.fd = d->ctx->async_fd;
     d->async_poll.handler = async_handler;
     if (nonblocking(d->ch->fd) || nonblocking(d->ctx->async_fd) || ibv_req_notify_cq(d->cq, 0) ||
@@ -238,7 +234,7 @@ static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     }
 }
 
-void mc__rdma_cq_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+static void cq_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     mc_rdma_dev_t *d = (mc_rdma_dev_t *)p;
     struct ibv_cq *cq;

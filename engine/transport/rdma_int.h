@@ -99,10 +99,6 @@ struct mc_rdma {
     struct mc_rdma_stage *stage; /* created on first use (rdma_vram.c) */
 };
 
-/* rdma.c */
-const char *mc__rdma_wc_status(enum ibv_wc_status s);
-void mc__rdma_cq_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
-
 /* rdma_qp.c */
 mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator);
 int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote);

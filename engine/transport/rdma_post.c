@@ -13,27 +13,14 @@ static const mc_desc_buffer_t *remote_buf(mc_peer_t *p, mc_task_t *t)
 {
     const mc_desc_t *d = &p->desc;
     uint64_t a = t->req.target_offset, len = t->req.length;
-    size_t lo = 0, hi = d->n_buffers;
+    const mc_desc_buffer_t *b = t->rbuf < d->n_buffers ? &d->buffers[t->rbuf] : NULL;
 
-    if (t->rbuf < d->n_buffers) {
-        const mc_desc_buffer_t *b = &d->buffers[t->rbuf];
-        if (a >= b->addr && a - b->addr <= b->len && len <= b->len - (a - b->addr))
-            return b->n_chunks ? b : NULL;
+    if (!b || a < b->addr || a - b->addr > b->len || len > b->len - (a - b->addr)) {
+        b = mc__desc_find(d, a, len);
+        if (b)
+            t->rbuf = (uint32_t)(b - d->buffers);
     }
-    while (lo < hi) { /* last buffer starting at or below a */
-        size_t mid = (lo + hi) / 2;
-        if (d->buffers[mid].addr <= a)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (!lo)
-        return NULL;
-    const mc_desc_buffer_t *b = &d->buffers[lo - 1];
-    if (a - b->addr > b->len || len > b->len - (a - b->addr) || !b->n_chunks)
-        return NULL;
-    t->rbuf = (uint32_t)(lo - 1);
-    return b;
+    return b && b->n_chunks ? b : NULL;
 }
 
 static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
@@ -146,12 +133,9 @@ static bool qp_room(mc_engine_t *e, const mc_rdma_qp_t *qp, unsigned need)
 
 /* Priority of a rail for a buffer at loc: the NIC matrix rank of our device, same-index device
  * pairs before crossed ones. Lower is better. */
-static int rail_rank(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, const char *loc)
+static int rail_rank(mc_engine_t *e, mc_rail_t *r, const char *loc)
 {
-    unsigned n = e->rdma->n_devs, m = p->desc.n_rdma;
-    bool diag = r->rdev == r->ldev % m || r->ldev == r->rdev % n;
-
-    return 2 * mc__rail_rank(e, r, loc) + !diag;
+    return 2 * mc__rail_rank(e, r, loc) + r->crossed;
 }
 
 /* The best rank among rails with a QP that is ready or being connected: work waits the few
@@ -162,7 +146,7 @@ static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *loc)
 
     for (unsigned i = 0; i < p->n_rdma_rails; i++) {
         mc_rail_t *r = &p->rdma_rails[i];
-        int rank = r->qp && r->qp->state != QP_DRAINING ? rail_rank(e, p, r, loc) : 1 << 20;
+        int rank = r->qp && r->qp->state != QP_DRAINING ? rail_rank(e, r, loc) : 1 << 20;
         best = rank < best ? rank : best;
     }
     return best;
@@ -246,7 +230,7 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
         bool took = false, empty = false;
         for (unsigned i = 0; i < p->n_rdma_rails && !empty; i++) {
             mc_rail_t *r = &p->rdma_rails[i];
-            if (!qp_room(e, r->qp, 1) || rail_rank(e, p, r, loc) > best)
+            if (!qp_room(e, r->qp, 1) || rail_rank(e, r, loc) > best)
                 continue;
             if (!place_one(e, p, r, &empty))
                 continue;
@@ -288,7 +272,7 @@ static void slice_error(mc_slice_t *s, const struct ibv_wc *wc)
     if (s->wc_err && wc->status == IBV_WC_WR_FLUSH_ERR)
         return; /* keep the cause, not the flush that followed it */
     s->wc_err = request_error(wc->status) ? -MC_EACCESS : -MC_EPEERDEAD;
-    s->wc_reason = mc__rdma_wc_status(wc->status);
+    s->wc_reason = ibv_wc_status_str(wc->status);
 }
 
 static void slice_end(mc_engine_t *e, mc_slice_t *s, mc_rail_t *r)
@@ -332,7 +316,7 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
             /* The first error of a QP: it is in ERR now. Charge the rail unless the request
              * itself was at fault; flushed requests follow and are retried. */
             mc_warn("rdma: rail %s to %s: %s", r->name, qp->peer->name,
-                    mc__rdma_wc_status(wc->status));
+                    ibv_wc_status_str(wc->status));
             if (!request_error(wc->status))
                 mc__rail_failed(r, mc_now_ns(), false);
             mc__rdma_qp_drain(e, qp); /* may free qp: not used below */

@@ -184,6 +184,7 @@ void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p)
                 memset(rl, 0, sizeof(*rl));
                 rl->ldev = (uint8_t)i;
                 rl->rdev = (uint8_t)j;
+                rl->crossed = pass == 1;
                 snprintf(rl->dev, sizeof(rl->dev), "%s", r->devs[i].name);
                 snprintf(name, sizeof(name), "%s->%s", r->devs[i].name, d->rdma[j].name);
                 memcpy(rl->name, name, sizeof(name));
