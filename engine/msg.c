@@ -74,7 +74,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
 
 int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len)
 {
-    mc_msg_t *m;
+    mc_msg_t *m = NULL;
     int rc;
 
     if (!e || id == 0)
@@ -95,7 +95,7 @@ int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *
 int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
                     size_t len)
 {
-    mc_msg_t *m;
+    mc_msg_t *m = NULL;
     int rc = msg_new(e, target, id, data, len, &m);
 
     if (!rc)

@@ -102,7 +102,7 @@ static int file_update(mc_meta_t *meta, const void *key, size_t key_len, int64_t
     mc_meta_file_t *f = MC_META_FILE(meta);
     char name[NAME_MAX + 1];
     int64_t rev = 0;
-    int lock_fd, rc = mc__meta_file_key_encode(key, key_len, name);
+    int lock_fd = -1, rc = mc__meta_file_key_encode(key, key_len, name);
 
     if (rc)
         return rc;
@@ -136,7 +136,7 @@ static int file_del(mc_meta_t *meta, const void *key, size_t key_len)
     mc_meta_file_t *f = MC_META_FILE(meta);
     char name[NAME_MAX + 1];
     int64_t cur;
-    int lock_fd, rc = mc__meta_file_key_encode(key, key_len, name);
+    int lock_fd = -1, rc = mc__meta_file_key_encode(key, key_len, name);
 
     if (rc || (rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd)) != 0)
         return rc;
@@ -181,7 +181,7 @@ static int file_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p)
 {
     mc_meta_file_t *f = MC_META_FILE(meta);
     int64_t id = 0;
-    int lock_fd, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
 
     if (rc)
         return rc;
@@ -199,7 +199,7 @@ static int file_lease_keepalive(mc_meta_t *meta, int64_t lease)
 {
     mc_meta_file_t *f = MC_META_FILE(meta);
     int64_t expiry, ttl;
-    int lock_fd, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
 
     if (rc)
         return rc;
@@ -220,7 +220,7 @@ static int file_lease_revoke(mc_meta_t *meta, int64_t lease)
 {
     mc_meta_file_t *f = MC_META_FILE(meta);
     char name[32];
-    int lock_fd, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
     bool existed;
 
     if (rc)
@@ -264,7 +264,7 @@ static int file_recover(mc_meta_file_t *f)
 {
     DIR *d;
     struct dirent *de;
-    int lock_fd, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
 
     if (rc)
         return rc;

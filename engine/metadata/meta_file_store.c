@@ -333,7 +333,7 @@ int mc__meta_file_lease_write(mc_meta_file_t *f, int64_t id, int64_t ttl_ms)
  * that a transient failure never deletes keys. */
 bool mc__meta_file_lease_alive(mc_meta_file_t *f, int64_t id)
 {
-    int64_t expiry, ttl;
+    int64_t expiry = 0, ttl = 0;
     int rc = mc__meta_file_lease_read(f, id, &expiry, &ttl);
 
     if (rc == -ENOENT)
@@ -434,7 +434,7 @@ int mc__meta_file_reap_locked(mc_meta_file_t *f)
 
 int mc__meta_file_reap(mc_meta_file_t *f)
 {
-    int lock_fd, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
 
     if (rc)
         return rc;
@@ -528,7 +528,7 @@ static int file_scan_once(mc_meta_file_t *f, mc_meta_file_scan_t *s)
 {
     DIR *d;
     struct dirent *de;
-    int lock_fd, rc = mc__meta_file_lock(f, LOCK_SH, &lock_fd);
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_SH, &lock_fd);
 
     if (rc)
         return rc;
