@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #define MC_BENCH_EXIT_SKIP 77
 
 /* Options every baseline understands; each program adds its own. */
@@ -46,9 +48,9 @@ int mc_bench_opts_check(const mc_bench_opts_t *opts);
 void *mc_bench_alloc(size_t size);
 void mc_bench_free(void *ptr, size_t size);
 
-/* Prints the human line and, when opts->json is set, a JSON object as the last line.  extra is
- * either NULL or further JSON members without braces, e.g. "\"operation\":\"write\"". */
-void mc_bench_report(const char *name, const mc_bench_opts_t *opts, const char *extra,
+/* Prints the human line and, when opts->json is set, a JSON object as the last line: extra's
+ * members (a JSON object, taken over and freed; NULL for none) and the figures. */
+void mc_bench_report(const char *name, const mc_bench_opts_t *opts, json_t *extra,
                      uint64_t bytes, double seconds);
 
 #endif

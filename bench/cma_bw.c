@@ -190,7 +190,7 @@ int main(int argc, char **argv)
     mc_bench_opts_t opts;
     mc_cma_opts_t co = {.write = 0, .batch = 1};
     mc_cma_peer_t peer;
-    char *lbuf, extra[96];
+    char *lbuf;
     uint64_t bytes = 0;
     double seconds = 0;
     int rc;
@@ -221,9 +221,10 @@ int main(int argc, char **argv)
     mc_cma_peer_stop(&peer);
     mc_bench_free(lbuf, opts.buffer_size);
     if (rc == 0) {
-        snprintf(extra, sizeof(extra), "\"operation\":\"%s\",\"batch_size\":%zu",
-                 co.write ? "write" : "read", co.batch);
-        mc_bench_report("cma", &opts, extra, bytes, seconds);
+        mc_bench_report("cma", &opts,
+                        json_pack("{s:s,s:I}", "operation", co.write ? "write" : "read",
+                                  "batch_size", (json_int_t)co.batch),
+                        bytes, seconds);
     }
     return rc;
 }

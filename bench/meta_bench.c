@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include <mooncake/error.h>
 
 #include "metadata/meta.h"
@@ -107,8 +109,14 @@ int main(int argc, char **argv)
     mc_meta_close(meta);
     if (failed)
         return 1;
-    printf("{\"tool\":\"mc-meta-bench\",\"count\":%ld,\"value_bytes\":%zu,\"threads\":%d,"
-           "\"puts_per_s\":%.0f,\"gets_per_s\":%.0f}\n",
-           count, vlen, threads, (double)count / tp, (double)count / tg);
+    json_t *line = json_pack("{s:s,s:I,s:I,s:i,s:f,s:f}", "tool", "mc-meta-bench", "count",
+                             (json_int_t)count, "value_bytes", (json_int_t)vlen, "threads",
+                             threads, "puts_per_s", (double)count / tp, "gets_per_s",
+                             (double)count / tg);
+    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (text)
+        puts(text);
+    free(text);
+    json_decref(line);
     return 0;
 }

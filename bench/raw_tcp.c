@@ -491,7 +491,6 @@ int main(int argc, char **argv)
     mc_tcp_opts_t to = {.mode = MC_TCP_LOCAL, .write = 1, .conns = 1};
     uint64_t bytes = 0;
     double seconds = 0;
-    char extra[128];
     int rc;
 
     mc_bench_opts_init(&opts);
@@ -521,8 +520,9 @@ int main(int argc, char **argv)
     if (rc != 0) {
         return 1;
     }
-    snprintf(extra, sizeof(extra), "\"operation\":\"%s\",\"protocol\":\"tcp\",\"connections\":%u",
-             to.write ? "write" : "read", to.conns);
-    mc_bench_report("raw-tcp", &opts, extra, bytes, seconds);
+    mc_bench_report("raw-tcp", &opts,
+                    json_pack("{s:s,s:s,s:i}", "operation", to.write ? "write" : "read",
+                              "protocol", "tcp", "connections", (int)to.conns),
+                    bytes, seconds);
     return 0;
 }

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "engine_int.h"
-#include "util/sha256.h"
+#include "util/crypto.h"
 
 #define MAX_EVENTS   64
 #define TICK_BUSY_MS 50   /* timer granularity while tasks are active */
@@ -280,7 +280,7 @@ static int engine_start(mc_engine_t *e)
 
     rc = mc__host_id(e->host_id, sizeof(e->host_id));
     if (!rc)
-        rc = mc_random_bytes(&e->instance, sizeof(e->instance));
+        rc = mc__random_bytes(&e->instance, sizeof(e->instance));
     if (!rc)
         rc = mc__topo_init(e);
     if (!rc)

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "engine_int.h"
 
 static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len)
@@ -23,8 +25,9 @@ static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len
 /* Called without meta_lock. */
 static int publish_once(mc_engine_t *e)
 {
-    char *json, endpoint[MC_NAME_MAX + 32];
+    char *json;
     size_t len;
+    json_t *endpoint;
     int rc;
 
     if (!e->lease) {
@@ -41,8 +44,14 @@ static int publish_once(mc_engine_t *e)
         e->lease = 0; /* the store lost our lease (restarted empty, or it expired): re-grant */
     if (rc)
         return rc;
-    len = (size_t)snprintf(endpoint, sizeof(endpoint), "{\"tcp\":\"%s\"}", e->listen_addrs[0]);
-    return put_key(e, "rpc_meta", endpoint, len);
+    endpoint = json_pack("{s:s}", "tcp", e->listen_addrs[0]);
+    json = endpoint ? json_dumps(endpoint, JSON_COMPACT) : NULL;
+    json_decref(endpoint);
+    if (!json)
+        return mc_set_error(-ENOMEM, "cannot encode the endpoint of segment %s", e->name);
+    rc = put_key(e, "rpc_meta", json, strlen(json));
+    free(json);
+    return rc;
 }
 
 /* Keep the lease alive every ttl/3; republish when the descriptor changed or the lease was

@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include <mooncake/engine.h>
 
 typedef struct opts {
@@ -437,29 +439,35 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
     return pid;
 }
 
+/* One compact JSON line on stdout (the --json summary). */
+static void print_json_line(const json_t *j)
+{
+    char *text = json_dumps(j, JSON_COMPACT);
+
+    if (text)
+        puts(text);
+    free(text);
+}
+
 /* Per-rail counters: a table on stdout, and the JSON array for the summary line. */
-static void report_rails(mc_engine_t *e, mc_segment_id_t seg, char *json, size_t size)
+static json_t *report_rails(mc_engine_t *e, mc_segment_id_t seg)
 {
     mc_rail_stats_t rs[16];
-    size_t n = 0, off = 0;
+    size_t n = 0;
+    json_t *arr = json_array();
 
     mc_stats_rails(e, seg, rs, 16, &n);
     printf("%-44s %8s %14s %10s %8s %7s\n", "rail", "state", "bytes", "slices", "errors", "weight");
-    off += (size_t)snprintf(json + off, size - off, "[");
     for (size_t i = 0; i < n && i < 16; i++) {
         const char *state = rs[i].state ? "paused" : "active";
         printf("%-44s %8s %14" PRIu64 " %10" PRIu64 " %8" PRIu64 " %7.3f\n", rs[i].name, state,
                rs[i].bytes, rs[i].slices, rs[i].errors, rs[i].weight);
-        off += (size_t)snprintf(json + off, size - off,
-                                "%s{\"name\":\"%s\",\"state\":\"%s\",\"bytes\":%" PRIu64
-                                ",\"slices\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"weight\":%.4f}",
-                                i ? "," : "", rs[i].name, state, rs[i].bytes, rs[i].slices,
-                                rs[i].errors, rs[i].weight);
-        if (off >= size)
-            break;
+        json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I,s:I,s:f}", "name", rs[i].name,
+                                             "state", state, "bytes", (json_int_t)rs[i].bytes,
+                                             "slices", (json_int_t)rs[i].slices, "errors",
+                                             (json_int_t)rs[i].errors, "weight", rs[i].weight));
     }
-    if (off < size)
-        snprintf(json + off, size - off, "]");
+    return arr;
 }
 
 /* The transport that carried the data: shm or rdma if it moved any byte. */
@@ -479,7 +487,7 @@ static void report(mc_engine_t *e, mc_segment_id_t seg, double secs, uint64_t by
 {
     double gbps = bytes / secs / 1e9;
     const char *proto = protocol_used(e);
-    char rails[4096];
+    json_t *rails;
 
     printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol", "block_size",
            "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
@@ -487,16 +495,20 @@ static void report(mc_engine_t *e, mc_segment_id_t seg, double secs, uint64_t by
            "%12.0f\n",
            o.operation, proto, o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
            requests / secs);
-    report_rails(e, seg, rails, sizeof(rails));
-    if (o.json)
-        printf("{\"operation\":\"%s\",\"protocol\":\"%s\",\"block_size\":%" PRIu64
-               ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"buffer_size\":%" PRIu64
-               ",\"memory\":\"%s\",\"pattern\":\"%s\",\"bytes\":%" PRIu64 ",\"requests\":%" PRIu64
-               ",\"seconds\":%.6f,\"gbps\":%.6f,\"verify\":\"%s\","
-               "\"same_host\":%s,\"rails\":%s}\n",
-               o.operation, proto, o.block_size, o.batch_size, o.threads, o.buffer_size, o.memory,
-               o.pattern, bytes, requests, secs, gbps, verified,
-               mc_segment_is_local_host(e, seg) == 1 ? "true" : "false", rails);
+    rails = report_rails(e, seg);
+    if (o.json) {
+        json_t *line = json_pack(
+            "{s:s,s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:f,s:f,s:s,s:b,s:o}", "operation",
+            o.operation, "protocol", proto, "block_size", (json_int_t)o.block_size, "batch_size",
+            (json_int_t)o.batch_size, "threads", (json_int_t)o.threads, "buffer_size",
+            (json_int_t)o.buffer_size, "memory", o.memory, "pattern", o.pattern, "bytes",
+            (json_int_t)bytes, "requests", (json_int_t)requests, "seconds", secs, "gbps", gbps,
+            "verify", verified, "same_host", mc_segment_is_local_host(e, seg) == 1, "rails", rails);
+        print_json_line(line);
+        json_decref(line);
+    } else {
+        json_decref(rails);
+    }
 }
 
 /* --interval: "rails t=SECONDS BYTES,BYTES,..." on stderr, to watch rails leave and rejoin. */

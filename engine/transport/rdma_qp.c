@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../util/sha256.h"
+#include "../util/crypto.h"
 #include "rdma_int.h"
 
 #define QP_TIMEOUT   14 /* 4.096 us * 2^14 = 67 ms per try */
@@ -54,7 +54,7 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
         free(qp);
         return NULL;
     }
-    mc_random_bytes(&qp->psn, sizeof(qp->psn));
+    mc__random_bytes(&qp->psn, sizeof(qp->psn));
     qp->psn &= 0xffffff;
     qp->dev = dev;
     qp->initiator = initiator;

@@ -13,11 +13,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "../util/sha256.h"
+#include "../util/crypto.h"
 #include "tcp_int.h"
 
-void mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
-                   const char *name, uint8_t out[32])
+int mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
+                  const char *name, uint8_t out[32])
 {
     struct iovec parts[4] = {
         {(void *)role, strlen(role) + 1},
@@ -26,7 +26,7 @@ void mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const 
         {(void *)name, strlen(name)},
     };
 
-    mc_hmac_sha256(token, strlen(token), parts, 4, out);
+    return mc__hmac_sha256(token, strlen(token), parts, 4, out);
 }
 
 /* ---- blocking helpers for the one-shot client ---- */
@@ -129,11 +129,14 @@ static int client_auth(mc_engine_t *e, int fd, const uint8_t *nonce, const mc_fr
                                             : "peer does not authenticate (MC_AUTH_TOKEN set)");
     if (!need)
         return 0;
-    mc__tcp_proof(token, "target", nonce, r->nonce, r->name, proof);
-    if (!mc_ct_equal(proof, r->proof, sizeof(proof)))
+    rc = mc__tcp_proof(token, "target", nonce, r->nonce, r->name, proof);
+    if (rc)
+        return rc;
+    if (!mc__ct_equal(proof, r->proof, sizeof(proof)))
         return mc_set_error(-MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
-    mc__tcp_proof(token, "initiator", r->nonce, nonce, e->name, proof);
-    rc = send_frame(fd, &f, proof, sizeof(proof), e->cfg.connect_timeout_ms);
+    rc = mc__tcp_proof(token, "initiator", r->nonce, nonce, e->name, proof);
+    if (!rc)
+        rc = send_frame(fd, &f, proof, sizeof(proof), e->cfg.connect_timeout_ms);
     if (!rc)
         rc = recv_frame(e, fd, MC_FR_READY, &f, &ready);
     if (!rc)
@@ -149,7 +152,7 @@ static int client_hello(mc_engine_t *e, int fd)
     char *reply;
     int rc;
 
-    mc_random_bytes(h.nonce, sizeof(h.nonce));
+    mc__random_bytes(h.nonce, sizeof(h.nonce));
     snprintf(h.name, sizeof(h.name), "%s", e->name);
     rc = send_frame(fd, &f, buf, (uint32_t)mc_hello_encode(&h, buf), e->cfg.connect_timeout_ms);
     if (!rc)

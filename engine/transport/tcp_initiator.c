@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../util/sha256.h"
+#include "../util/crypto.h"
 #include "tcp_int.h"
 
 #define RETIRE_KEEP_NS(e)                                                                          \
@@ -80,7 +80,7 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     uint64_t now = mc_now_ns();
     mc_frame_t f = {.type = MC_FR_HELLO, .id = c->id};
 
-    mc_random_bytes(c->nonce, sizeof(c->nonce));
+    mc__random_bytes(c->nonce, sizeof(c->nonce));
     memcpy(h.nonce, c->nonce, sizeof(h.nonce));
     snprintf(h.name, sizeof(h.name), "%s", e->name);
     snprintf(h.peer_name, sizeof(h.peer_name), "%s", p->name);
@@ -307,12 +307,15 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
         c->state = CS_READY;
         return;
     }
-    mc__tcp_proof(token, "target", c->nonce, h.nonce, h.name, proof);
-    if (!mc_ct_equal(proof, h.proof, sizeof(proof))) {
+    if (mc__tcp_proof(token, "target", c->nonce, h.nonce, h.name, proof) ||
+        !mc__ct_equal(proof, h.proof, sizeof(proof))) {
         mc__conn_fail(e, c, -MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
         return;
     }
-    mc__tcp_proof(token, "initiator", h.nonce, c->nonce, e->name, proof);
+    if (mc__tcp_proof(token, "initiator", h.nonce, c->nonce, e->name, proof)) {
+        mc__conn_fail(e, c, -MC_EAUTH, "%s", mc_last_error());
+        return;
+    }
     mc_frame_t f = {.type = MC_FR_AUTH};
     if (mc__conn_send_ctrl(e, c, &f, proof, sizeof(proof))) {
         mc__conn_fail(e, c, -ENOMEM, "out of memory");

@@ -88,7 +88,8 @@ int mc__tcp_listen(mc_engine_t *e);
 void mc__format_ip_port(const struct sockaddr_storage *sa, char *buf, size_t size);
 
 /* tcp_auth.c: handshake proofs, shared by both roles and the one-shot client */
-void mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
-                   const char *name, uint8_t out[32]);
+/* HMAC of role, both nonces and the speaker's name under MC_AUTH_TOKEN. 0 or -EIO. */
+int mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
+                  const char *name, uint8_t out[32]);
 
 #endif

@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../util/sha256.h"
+#include "../util/crypto.h"
 #include "tcp_int.h"
 
 /* Queue a response: data from registered memory (zero-copy, ref held) or a status/reason. */
@@ -154,11 +154,13 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     memcpy(c->peer_nonce, h.nonce, sizeof(c->peer_nonce));
     snprintf(c->remote_name, sizeof(c->remote_name), "%s", h.name);
     retire(e, c, h.retired, h.n_retired);
-    mc_random_bytes(c->nonce, sizeof(c->nonce));
+    mc__random_bytes(c->nonce, sizeof(c->nonce));
     memcpy(r.nonce, c->nonce, sizeof(r.nonce));
     snprintf(r.name, sizeof(r.name), "%s", e->name);
-    if (auth)
-        mc__tcp_proof(e->cfg.auth_token, "target", h.nonce, c->nonce, e->name, r.proof);
+    if (auth && mc__tcp_proof(e->cfg.auth_token, "target", h.nonce, c->nonce, e->name, r.proof)) {
+        reject(e, c, -MC_EAUTH, mc_last_error());
+        return;
+    }
     size_t len = mc_hello_encode(&r, buf);
     if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len)) {
         mc__conn_fail(e, c, -ENOMEM, "out of memory");
@@ -172,8 +174,9 @@ static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
     uint8_t proof[32];
     mc_frame_t f = {.type = MC_FR_READY};
 
-    mc__tcp_proof(e->cfg.auth_token, "initiator", c->nonce, c->peer_nonce, c->remote_name, proof);
-    if (c->ctrl_len != sizeof(proof) || !mc_ct_equal(proof, c->ctrl, sizeof(proof))) {
+    if (mc__tcp_proof(e->cfg.auth_token, "initiator", c->nonce, c->peer_nonce, c->remote_name,
+                      proof) ||
+        c->ctrl_len != sizeof(proof) || !mc__ct_equal(proof, c->ctrl, sizeof(proof))) {
         reject(e, c, -MC_EAUTH, "authentication failed: wrong MC_AUTH_TOKEN");
         return;
     }

@@ -1,4 +1,4 @@
-mc_unit_test(test_sha256 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sha256.c)
+mc_unit_test(test_crypto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_crypto.c)
 mc_unit_test(test_meta_file SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_meta_file.c)
 # Integration suites: real engines in child processes on loopback (harness.c).
 mc_unit_test(test_conformance SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_conformance.c
