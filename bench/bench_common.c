@@ -173,8 +173,8 @@ void mc_bench_free(void *ptr, size_t size)
     }
 }
 
-void mc_bench_report(const char *name, const mc_bench_opts_t *opts, json_t *extra,
-                     uint64_t bytes, double seconds)
+void mc_bench_report(const char *name, const mc_bench_opts_t *opts, json_t *extra, uint64_t bytes,
+                     double seconds)
 {
     double gbps = seconds > 0 ? (double)bytes / seconds / 1e9 : 0.0;
     json_t *line = extra ? extra : json_object();
@@ -183,11 +183,11 @@ void mc_bench_report(const char *name, const mc_bench_opts_t *opts, json_t *extr
     printf("%s: block %zu B, working set %zu B: %.1f MB in %.3f s = %.3f GB/s\n", name,
            opts->block_size, opts->buffer_size, (double)bytes / 1e6, seconds, gbps);
     if (opts->json) {
-        json_object_update_new(line, json_pack("{s:s,s:I,s:I,s:I,s:f,s:f}", "name", name,
-                                               "block_size", (json_int_t)opts->block_size,
-                                               "buffer_size", (json_int_t)opts->buffer_size,
-                                               "bytes", (json_int_t)bytes, "seconds", seconds,
-                                               "gbps", gbps));
+        json_object_update_new(line,
+                               json_pack("{s:s,s:I,s:I,s:I,s:f,s:f}", "name", name, "block_size",
+                                         (json_int_t)opts->block_size, "buffer_size",
+                                         (json_int_t)opts->buffer_size, "bytes", (json_int_t)bytes,
+                                         "seconds", seconds, "gbps", gbps));
         text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER);
         if (text)
             puts(text);

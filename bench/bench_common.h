@@ -50,7 +50,7 @@ void mc_bench_free(void *ptr, size_t size);
 
 /* Prints the human line and, when opts->json is set, a JSON object as the last line: extra's
  * members (a JSON object, taken over and freed; NULL for none) and the figures. */
-void mc_bench_report(const char *name, const mc_bench_opts_t *opts, json_t *extra,
-                     uint64_t bytes, double seconds);
+void mc_bench_report(const char *name, const mc_bench_opts_t *opts, json_t *extra, uint64_t bytes,
+                     double seconds);
 
 #endif

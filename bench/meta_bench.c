@@ -48,15 +48,15 @@ static void *run(void *arg)
         int n = snprintf(key, sizeof(key), "mc-bench/%d/%08ld", j->id, i), rc;
         mc_meta_kv_t kv;
         if (j->phase == 0) {
-            rc = mc_meta_put(j->meta, key, (size_t)n, val, j->vlen, 0, NULL);
+            rc = mc__meta_put(j->meta, key, (size_t)n, val, j->vlen, 0, NULL);
         } else if (j->phase == 1) {
-            rc = mc_meta_get(j->meta, key, (size_t)n, &kv);
+            rc = mc__meta_get(j->meta, key, (size_t)n, &kv);
             if (rc == 0 && (kv.value_len != j->vlen || memcmp(kv.value, val, j->vlen)))
                 rc = -1;
             if (rc == 0)
-                mc_meta_kv_free(&kv);
+                mc__meta_kv_free(&kv);
         } else {
-            rc = mc_meta_del(j->meta, key, (size_t)n);
+            rc = mc__meta_del(j->meta, key, (size_t)n);
         }
         if (rc) {
             fprintf(stderr, "mc-meta-bench: %s %s: %s\n", j->phase ? "get" : "put", key,
@@ -95,7 +95,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: mc-meta-bench URL [COUNT [VALUE_BYTES [THREADS]]]\n");
         return 2;
     }
-    if (mc_meta_open(argv[1], &meta)) {
+    if (mc__meta_open(argv[1], &meta)) {
         fprintf(stderr, "mc-meta-bench: %s: %s\n", argv[1], mc_last_error());
         return 1;
     }
@@ -106,13 +106,12 @@ int main(int argc, char **argv)
     double tg = failed ? 0 : phase(jobs, threads, 1, &failed);
     if (!failed)
         phase(jobs, threads, 2, &failed);
-    mc_meta_close(meta);
+    mc__meta_close(meta);
     if (failed)
         return 1;
     json_t *line = json_pack("{s:s,s:I,s:I,s:i,s:f,s:f}", "tool", "mc-meta-bench", "count",
-                             (json_int_t)count, "value_bytes", (json_int_t)vlen, "threads",
-                             threads, "puts_per_s", (double)count / tp, "gets_per_s",
-                             (double)count / tg);
+                             (json_int_t)count, "value_bytes", (json_int_t)vlen, "threads", threads,
+                             "puts_per_s", (double)count / tp, "gets_per_s", (double)count / tg);
     char *text = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (text)
         puts(text);

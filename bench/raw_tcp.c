@@ -521,8 +521,8 @@ int main(int argc, char **argv)
         return 1;
     }
     mc_bench_report("raw-tcp", &opts,
-                    json_pack("{s:s,s:s,s:i}", "operation", to.write ? "write" : "read",
-                              "protocol", "tcp", "connections", (int)to.conns),
+                    json_pack("{s:s,s:s,s:i}", "operation", to.write ? "write" : "read", "protocol",
+                              "tcp", "connections", (int)to.conns),
                     bytes, seconds);
     return 0;
 }

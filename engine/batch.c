@@ -15,14 +15,14 @@ int mc_batch_create(mc_engine_t *e, size_t max_tasks, mc_batch_t **batch_p)
     mc_batch_t *b;
 
     if (!e || !batch_p || max_tasks == 0 || max_tasks > (1u << 26))
-        return mc_set_error(-EINVAL, "mc_batch_create: need an engine and 1..2^26 tasks");
+        return mc__set_error(-EINVAL, "mc_batch_create: need an engine and 1..2^26 tasks");
     b = calloc(1, sizeof(*b));
     if (!b)
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     b->tasks = calloc(max_tasks, sizeof(*b->tasks));
     if (!b->tasks) {
         free(b);
-        return mc_set_error(-ENOMEM, "out of memory for %zu tasks", max_tasks);
+        return mc__set_error(-ENOMEM, "out of memory for %zu tasks", max_tasks);
     }
     b->engine = e;
     b->cap = max_tasks;
@@ -35,7 +35,7 @@ int mc_batch_destroy(mc_batch_t *b)
     if (!b)
         return 0;
     if (atomic_load(&b->busy))
-        return mc_set_error(-EBUSY, "batch has %zu tasks still in flight", atomic_load(&b->busy));
+        return mc__set_error(-EBUSY, "batch has %zu tasks still in flight", atomic_load(&b->busy));
     for (size_t i = 0; i < atomic_load(&b->n); i++)
         free(b->tasks[i].reason);
     free(b->tasks);
@@ -122,17 +122,17 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
         mc_task_t *t = &tasks[i];
         memset(t, 0, sizeof(*t));
         if (r->opcode != MC_READ && r->opcode != MC_WRITE)
-            rc = mc_set_error(-EINVAL, "request %zu: opcode %d is neither READ nor WRITE", i,
-                              (int)r->opcode);
+            rc = mc__set_error(-EINVAL, "request %zu: opcode %d is neither READ nor WRITE", i,
+                               (int)r->opcode);
         else if (r->length == 0 || r->target_offset + r->length < r->target_offset)
-            rc = mc_set_error(-EINVAL, "request %zu: length %llu is zero or wraps", i,
-                              (unsigned long long)r->length);
+            rc = mc__set_error(-EINVAL, "request %zu: length %llu is zero or wraps", i,
+                               (unsigned long long)r->length);
         else if (!(t->peer = mc__peer_get(e, r->target)))
-            rc = mc_set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
-                              r->target);
+            rc = mc__set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
+                               r->target);
         else if (!(t->lbuf = mc__mem_get_locked(e, (uint64_t)(uintptr_t)r->local, r->length)))
-            rc = mc_set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
-                              r->local, (unsigned long long)r->length);
+            rc = mc__set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
+                               r->local, (unsigned long long)r->length);
         else
             atomic_fetch_add(&t->peer->busy_tasks, 1);
     }
@@ -213,15 +213,15 @@ static int make_group(mc_engine_t *e, const mc_notify_req_t *n, size_t count,
     if (!n)
         return 0;
     if (n->len > MC_MSG_MAX || (n->len && !n->msg))
-        return mc_set_error(-EINVAL, "notification of %zu bytes (max %d)", n->len, MC_MSG_MAX);
+        return mc__set_error(-EINVAL, "notification of %zu bytes (max %d)", n->len, MC_MSG_MAX);
     pthread_rwlock_rdlock(&e->peers_lock);
     bool ok = mc__peer_get(e, n->target) != NULL;
     pthread_rwlock_unlock(&e->peers_lock);
     if (!ok)
-        return mc_set_error(-MC_ENOSEGMENT, "notification target %u is not open", n->target);
+        return mc__set_error(-MC_ENOSEGMENT, "notification target %u is not open", n->target);
     g = malloc(sizeof(*g) + n->len);
     if (!g)
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     g->target = n->target;
     g->left = (unsigned)count;
     g->failed = false;
@@ -242,12 +242,12 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
     int rc = 0;
 
     if (!b || (!reqs && count))
-        return mc_set_error(-EINVAL, "mc_batch_submit: NULL argument");
+        return mc__set_error(-EINVAL, "mc_batch_submit: NULL argument");
     e = b->engine;
     first = atomic_load(&b->n);
     if (count == 0 || count > b->cap - first)
-        return mc_set_error(-EINVAL, "mc_batch_submit: %zu requests, %zu slots left", count,
-                            b->cap - first);
+        return mc__set_error(-EINVAL, "mc_batch_submit: %zu requests, %zu slots left", count,
+                             b->cap - first);
     mc_task_t *tasks = &b->tasks[first];
     i = validate_requests(e, reqs, tasks, count, &rc);
     if (!rc)
@@ -256,7 +256,7 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         unwind_requests(e, tasks, i); /* the i requests validated so far */
         return rc;
     }
-    deadline = mc_now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
+    deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
     for (i = 0; i < count; i++) {
         mc_task_t *t = &tasks[i];
         t->batch = b;
@@ -283,9 +283,9 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
 int mc_task_status(mc_batch_t *b, size_t index, mc_task_status_t *st)
 {
     if (!b || !st)
-        return mc_set_error(-EINVAL, "mc_task_status: NULL argument");
+        return mc__set_error(-EINVAL, "mc_task_status: NULL argument");
     if (index >= atomic_load_explicit(&b->n, memory_order_acquire))
-        return mc_set_error(-EINVAL, "mc_task_status: no task %zu", index);
+        return mc__set_error(-EINVAL, "mc_task_status: no task %zu", index);
     if (!b->engine->has_thread)
         mc__progress_try(b->engine);
     mc_task_t *t = &b->tasks[index];
@@ -299,7 +299,7 @@ int mc_batch_status(mc_batch_t *b, mc_batch_status_t *st)
     size_t n;
 
     if (!b || !st)
-        return mc_set_error(-EINVAL, "mc_batch_status: NULL argument");
+        return mc__set_error(-EINVAL, "mc_batch_status: NULL argument");
     if (!b->engine->has_thread)
         mc__progress_try(b->engine);
     n = atomic_load_explicit(&b->n, memory_order_acquire);
@@ -331,7 +331,7 @@ int mc_batch_cancel(mc_batch_t *b)
     size_t n;
 
     if (!b)
-        return mc_set_error(-EINVAL, "mc_batch_cancel: NULL batch");
+        return mc__set_error(-EINVAL, "mc_batch_cancel: NULL batch");
     e = b->engine;
     n = atomic_load_explicit(&b->n, memory_order_acquire);
     for (size_t i = 0; i < n; i++)
@@ -361,15 +361,15 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
     uint64_t deadline;
 
     if (!b)
-        return mc_set_error(-EINVAL, "mc_batch_wait: NULL batch");
+        return mc__set_error(-EINVAL, "mc_batch_wait: NULL batch");
     e = b->engine;
     if (timeout_ms < 0)
         timeout_ms = (int)e->cfg.transfer_timeout_ms + 5000;
-    deadline = mc_now_ns() + (uint64_t)timeout_ms * MC_MS;
+    deadline = mc__now_ns() + (uint64_t)timeout_ms * MC_MS;
     while (!batch_final(b)) {
-        uint64_t now = mc_now_ns();
+        uint64_t now = mc__now_ns();
         if (now >= deadline)
-            return mc_set_error(-MC_ETIMEOUT, "batch not final after %d ms", timeout_ms);
+            return mc__set_error(-MC_ETIMEOUT, "batch not final after %d ms", timeout_ms);
         if (!e->has_thread) {
             struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
             if (!mc__progress_try(e))
@@ -377,7 +377,7 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
             continue;
         }
         struct timespec ts;
-        mc_abstime_in(&ts, 20); /* bounded: guards against a missed wake-up */
+        mc__abstime_in(&ts, 20); /* bounded: guards against a missed wake-up */
         atomic_fetch_add(&e->waiters, 1);
         pthread_mutex_lock(&e->done_lock);
         if (!batch_final(b))

@@ -49,8 +49,8 @@ static int env_u64(const char *var, uint64_t lo, uint64_t hi, uint64_t *out)
     errno = 0;
     unsigned long long x = strtoull(v, &end, 0);
     if (errno || *end || v[0] == '-' || x < lo || x > hi)
-        return mc_set_error(-MC_ECONFIG, "%s=%s: expected an integer in [%llu, %llu]", var, v,
-                            (unsigned long long)lo, (unsigned long long)hi);
+        return mc__set_error(-MC_ECONFIG, "%s=%s: expected an integer in [%llu, %llu]", var, v,
+                             (unsigned long long)lo, (unsigned long long)hi);
     *out = x;
     return 0;
 }
@@ -76,7 +76,7 @@ static int env_bool(const char *var, int *out)
              !strcasecmp(v, "off"))
         *out = 0;
     else
-        return mc_set_error(-MC_ECONFIG, "%s=%s: expected 0/1/true/false/yes/no/on/off", var, v);
+        return mc__set_error(-MC_ECONFIG, "%s=%s: expected 0/1/true/false/yes/no/on/off", var, v);
     return 0;
 }
 
@@ -87,7 +87,7 @@ static int env_str(const char *var, char *out, size_t size)
     if (!v)
         return 0;
     if (strlen(v) >= size)
-        return mc_set_error(-MC_ECONFIG, "%s: value longer than %zu bytes", var, size - 1);
+        return mc__set_error(-MC_ECONFIG, "%s: value longer than %zu bytes", var, size - 1);
     memcpy(out, v, strlen(v) + 1);
     return 0;
 }
@@ -99,7 +99,8 @@ static int env_protocol(mc_config_t *c)
     if (rc)
         return rc;
     if (strcmp(c->protocol, "auto") && strcmp(c->protocol, "rdma") && strcmp(c->protocol, "tcp"))
-        return mc_set_error(-MC_ECONFIG, "MC_PROTOCOL=%s: expected auto, rdma or tcp", c->protocol);
+        return mc__set_error(-MC_ECONFIG, "MC_PROTOCOL=%s: expected auto, rdma or tcp",
+                             c->protocol);
     return 0;
 }
 
@@ -116,7 +117,7 @@ static int env_rdma(mc_config_t *c)
     if (!rc)
         rc = env_uint("MC_MTU", 0, 4096, &c->mtu);
     if (!rc && c->mtu && (c->mtu < 256 || (c->mtu & (c->mtu - 1))))
-        rc = mc_set_error(-MC_ECONFIG, "MC_MTU=%u: expected 256, 512, 1024, 2048 or 4096", c->mtu);
+        rc = mc__set_error(-MC_ECONFIG, "MC_MTU=%u: expected 256, 512, 1024, 2048 or 4096", c->mtu);
     if (!rc)
         rc = env_uint("MC_IB_PORT", 1, 255, &c->ib_port);
     if (!rc)
@@ -140,15 +141,16 @@ static int env_ip_ports(const char *var, char *out, size_t size)
     for (const char *p = out; *p; n++) {
         size_t l = strcspn(p, ",");
         if (l >= sizeof(item) || n == MC_MAX_RAILS)
-            return mc_set_error(-MC_ECONFIG, "%s=%s: at most %d addresses", var, out, MC_MAX_RAILS);
+            return mc__set_error(-MC_ECONFIG, "%s=%s: at most %d addresses", var, out,
+                                 MC_MAX_RAILS);
         memcpy(item, p, l);
         item[l] = 0;
         if (mc__parse_ip_port(item, &sa, &len))
-            return mc_set_error(-MC_ECONFIG, "%s=%s: \"%s\" is not IPv4:port or [IPv6]:port", var,
-                                out, item);
+            return mc__set_error(-MC_ECONFIG, "%s=%s: \"%s\" is not IPv4:port or [IPv6]:port", var,
+                                 out, item);
         p += l + (p[l] == ',');
     }
-    return n ? 0 : mc_set_error(-MC_ECONFIG, "%s is empty", var);
+    return n ? 0 : mc__set_error(-MC_ECONFIG, "%s is empty", var);
 }
 
 static int env_metadata(mc_config_t *c)
@@ -159,10 +161,10 @@ static int env_metadata(mc_config_t *c)
         return rc;
     if (strcmp(c->metadata, "none") && strncmp(c->metadata, "file://", 7) &&
         strncmp(c->metadata, "etcd://", 7))
-        return mc_set_error(-MC_ECONFIG,
-                            "MC_METADATA=%s: expected file://DIR, etcd://HOST:PORT "
-                            "or none",
-                            c->metadata);
+        return mc__set_error(-MC_ECONFIG,
+                             "MC_METADATA=%s: expected file://DIR, etcd://HOST:PORT "
+                             "or none",
+                             c->metadata);
     return 0;
 }
 

@@ -35,7 +35,7 @@ static int copy_str(json_t *v, const char *field, char *out, size_t size)
     const char *s = json_string_value(json_object_get(v, field));
 
     if (!s || strlen(s) >= size || !*s)
-        return mc_set_error(-MC_EPROTO, "descriptor: \"%s\" missing, empty or too long", field);
+        return mc__set_error(-MC_EPROTO, "descriptor: \"%s\" missing, empty or too long", field);
     memcpy(out, s, strlen(s) + 1);
     return 0;
 }
@@ -46,7 +46,7 @@ static int decode_endpoints(json_t *root, mc_desc_t *d)
     size_t i;
 
     if (!json_is_array(eps))
-        return mc_set_error(-MC_EPROTO, "descriptor: \"endpoints\" is not an array");
+        return mc__set_error(-MC_EPROTO, "descriptor: \"endpoints\" is not an array");
     json_array_foreach(eps, i, ep)
     {
         const char *t = json_string_value(json_object_get(ep, "transport"));
@@ -64,7 +64,7 @@ static int decode_endpoints(json_t *root, mc_desc_t *d)
         d->n_tcp++;
     }
     if (!d->n_tcp)
-        return mc_set_error(-MC_EPROTO, "descriptor of %s has no tcp endpoint", d->name);
+        return mc__set_error(-MC_EPROTO, "descriptor of %s has no tcp endpoint", d->name);
     memcpy(d->tcp_addr, d->tcp_addrs[0], sizeof(d->tcp_addr));
     return 0;
 }
@@ -75,12 +75,12 @@ static int decode_buffer(json_t *jb, mc_desc_buffer_t *b)
 
     if (!json_is_integer(a) || !json_is_integer(l) || json_integer_value(a) < 0 ||
         json_integer_value(l) <= 0)
-        return mc_set_error(-MC_EPROTO, "descriptor: buffer without a valid addr/length");
+        return mc__set_error(-MC_EPROTO, "descriptor: buffer without a valid addr/length");
     b->addr = (uint64_t)json_integer_value(a);
     b->len = (uint64_t)json_integer_value(l);
     b->shm = json_is_true(json_object_get(jb, "shm"));
     if (b->addr + b->len < b->addr)
-        return mc_set_error(-MC_EPROTO, "descriptor: buffer wraps around");
+        return mc__set_error(-MC_EPROTO, "descriptor: buffer wraps around");
     return copy_str(jb, "location", b->location, sizeof(b->location));
 }
 
@@ -96,10 +96,10 @@ static int decode_rdma_dev(json_t *jd, mc_desc_rdma_t *r)
     if (!link || (strcmp(link, "ib") && strcmp(link, "eth")) || !gid ||
         inet_pton(AF_INET6, gid, r->gid) != 1 || !json_is_integer(lid) ||
         json_integer_value(lid) < 0 || json_integer_value(lid) > 0xffff)
-        return mc_set_error(-MC_EPROTO,
-                            "descriptor: RDMA device %s needs link ib|eth, a gid "
-                            "and a 16-bit lid",
-                            r->name);
+        return mc__set_error(-MC_EPROTO,
+                             "descriptor: RDMA device %s needs link ib|eth, a gid "
+                             "and a 16-bit lid",
+                             r->name);
     r->link = !strcmp(link, "ib") ? 1 /* IBV_LINK_LAYER_INFINIBAND */ : 2 /* _ETHERNET */;
     r->lid = (uint16_t)json_integer_value(lid);
     return 0;
@@ -113,8 +113,8 @@ static int decode_rdma(json_t *root, mc_desc_t *d)
     if (!arr)
         return 0;
     if (!json_is_array(arr) || json_array_size(arr) > MC_RDMA_MAX_DEVS)
-        return mc_set_error(-MC_EPROTO, "descriptor: \"rdma\" is not an array of at most %d",
-                            MC_RDMA_MAX_DEVS);
+        return mc__set_error(-MC_EPROTO, "descriptor: \"rdma\" is not an array of at most %d",
+                             MC_RDMA_MAX_DEVS);
     json_array_foreach(arr, i, jd)
     {
         int rc = decode_rdma_dev(jd, &d->rdma[i]);
@@ -135,17 +135,17 @@ static int decode_rkeys(json_t *jb, mc_desc_t *d, mc_desc_buffer_t *b, size_t *u
         return 0;
     if (!json_is_array(arr) || json_array_size(arr) != d->n_rdma || !d->n_rdma ||
         !json_is_integer(chunk) || json_integer_value(chunk) < DESC_MIN_CHUNK)
-        return mc_set_error(-MC_EPROTO,
-                            "descriptor: buffer 0x%llx: \"rkey\" needs one array "
-                            "per RDMA device and \"mr_chunk\" >= %d",
-                            (unsigned long long)b->addr, DESC_MIN_CHUNK);
+        return mc__set_error(-MC_EPROTO,
+                             "descriptor: buffer 0x%llx: \"rkey\" needs one array "
+                             "per RDMA device and \"mr_chunk\" >= %d",
+                             (unsigned long long)b->addr, DESC_MIN_CHUNK);
     b->chunk = (uint64_t)json_integer_value(chunk);
     b->n_chunks = (uint32_t)((b->len + b->chunk - 1) / b->chunk);
     if (*used + (size_t)b->n_chunks * d->n_rdma > DESC_MAX_RKEYS)
-        return mc_set_error(-MC_EPROTO, "descriptor: more than %u rkeys", DESC_MAX_RKEYS);
+        return mc__set_error(-MC_EPROTO, "descriptor: more than %u rkeys", DESC_MAX_RKEYS);
     uint32_t *v = realloc(d->rkeys, (*used + (size_t)b->n_chunks * d->n_rdma) * sizeof(*v));
     if (!v)
-        return mc_set_error(-ENOMEM, "out of memory decoding a descriptor");
+        return mc__set_error(-ENOMEM, "out of memory decoding a descriptor");
     d->rkeys = v;
     b->rkey_off = (uint32_t)*used;
     json_array_foreach(arr, i, dev)
@@ -153,15 +153,15 @@ static int decode_rkeys(json_t *jb, mc_desc_t *d, mc_desc_buffer_t *b, size_t *u
         json_t *k;
         size_t j;
         if (!json_is_array(dev) || json_array_size(dev) != b->n_chunks)
-            return mc_set_error(-MC_EPROTO,
-                                "descriptor: buffer 0x%llx: %u rkeys expected per "
-                                "device",
-                                (unsigned long long)b->addr, b->n_chunks);
+            return mc__set_error(-MC_EPROTO,
+                                 "descriptor: buffer 0x%llx: %u rkeys expected per "
+                                 "device",
+                                 (unsigned long long)b->addr, b->n_chunks);
         json_array_foreach(dev, j, k)
         {
             if (!json_is_integer(k) || json_integer_value(k) < 0 ||
                 json_integer_value(k) > 0xffffffffll)
-                return mc_set_error(-MC_EPROTO, "descriptor: an rkey is not a 32-bit integer");
+                return mc__set_error(-MC_EPROTO, "descriptor: an rkey is not a 32-bit integer");
             v[*used + i * b->n_chunks + j] = (uint32_t)json_integer_value(k);
         }
     }
@@ -182,11 +182,11 @@ static int decode_buffers(json_t *root, mc_desc_t *d)
     size_t i;
 
     if (!json_is_array(arr) || json_array_size(arr) > DESC_MAX_BUFFERS)
-        return mc_set_error(-MC_EPROTO, "descriptor: \"buffers\" is not an array of sane size");
+        return mc__set_error(-MC_EPROTO, "descriptor: \"buffers\" is not an array of sane size");
     d->n_buffers = json_array_size(arr);
     d->buffers = calloc(d->n_buffers ? d->n_buffers : 1, sizeof(*d->buffers));
     if (!d->buffers)
-        return mc_set_error(-ENOMEM, "out of memory decoding a descriptor");
+        return mc__set_error(-ENOMEM, "out of memory decoding a descriptor");
     json_array_foreach(arr, i, jb)
     {
         int rc = decode_buffer(jb, &d->buffers[i]);
@@ -199,7 +199,7 @@ static int decode_buffers(json_t *root, mc_desc_t *d)
     return 0;
 }
 
-int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
+int mc__desc_decode(const void *buf, size_t len, mc_desc_t *out)
 {
     json_error_t jerr;
     mc_desc_t d = {0};
@@ -208,15 +208,15 @@ int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
     int rc;
 
     if (!root)
-        return mc_set_error(-MC_EPROTO, "descriptor is not JSON: %s (offset %d)", jerr.text,
-                            jerr.position);
-    rc = json_is_object(root) ? 0 : mc_set_error(-MC_EPROTO, "descriptor is not an object");
+        return mc__set_error(-MC_EPROTO, "descriptor is not JSON: %s (offset %d)", jerr.text,
+                             jerr.position);
+    rc = json_is_object(root) ? 0 : mc__set_error(-MC_EPROTO, "descriptor is not an object");
     if (!rc)
         rc = copy_str(root, "name", d.name, sizeof(d.name));
     if (!rc)
         rc = copy_str(root, "host", d.host_id, sizeof(d.host_id));
     if (!rc && json_integer_value(json_object_get(root, "version")) != MC_PROTO_VERSION)
-        rc = mc_set_error(-MC_EVERSION, "descriptor version is not %d", MC_PROTO_VERSION);
+        rc = mc__set_error(-MC_EVERSION, "descriptor version is not %d", MC_PROTO_VERSION);
     if (!rc)
         rc = decode_endpoints(root, &d);
     if (!rc)
@@ -227,7 +227,7 @@ int mc_desc_decode(const void *buf, size_t len, mc_desc_t *out)
     d.pid = json_is_integer(pid) ? (int)json_integer_value(pid) : 0;
     json_decref(root);
     if (rc) {
-        mc_desc_free(&d);
+        mc__desc_free(&d);
         return rc;
     }
     *out = d;
@@ -251,7 +251,7 @@ const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_
     return addr - b->addr <= b->len && len <= b->len - (addr - b->addr) ? b : NULL;
 }
 
-void mc_desc_free(mc_desc_t *d)
+void mc__desc_free(mc_desc_t *d)
 {
     free(d->buffers);
     free(d->rkeys);

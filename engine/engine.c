@@ -19,7 +19,7 @@
 
 static __thread bool in_pass;
 
-uint64_t mc_now_ns(void)
+uint64_t mc__now_ns(void)
 {
     struct timespec ts;
 
@@ -27,7 +27,7 @@ uint64_t mc_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void mc_abstime_in(struct timespec *ts, unsigned ms)
+void mc__abstime_in(struct timespec *ts, unsigned ms)
 {
     clock_gettime(CLOCK_REALTIME, ts);
     ts->tv_sec += ms / 1000;
@@ -56,7 +56,7 @@ int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     struct epoll_event ev = {.events = events, .data.ptr = p};
 
     if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, p->fd, &ev) < 0)
-        return mc_set_error(-errno, "epoll_ctl ADD fd %d: %s", p->fd, strerror(errno));
+        return mc__set_error(-errno, "epoll_ctl ADD fd %d: %s", p->fd, strerror(errno));
     return 0;
 }
 
@@ -65,7 +65,7 @@ int mc__epoll_mod(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     struct epoll_event ev = {.events = events, .data.ptr = p};
 
     if (epoll_ctl(e->epfd, EPOLL_CTL_MOD, p->fd, &ev) < 0)
-        return mc_set_error(-errno, "epoll_ctl MOD fd %d: %s", p->fd, strerror(errno));
+        return mc__set_error(-errno, "epoll_ctl MOD fd %d: %s", p->fd, strerror(errno));
     return 0;
 }
 
@@ -161,7 +161,7 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
     if (atomic_exchange(&e->revoke_abort, false))
         mc__shm_revoke_abort(e);
     mc__sched_run(e);
-    now = mc_now_ns();
+    now = mc__now_ns();
     if (now >= e->next_timer_ns) {
         mc__sched_timers(e, now);
         mc__tcp_timers(e, now);
@@ -196,7 +196,7 @@ int mc__progress_try(mc_engine_t *e)
 int mc_engine_progress(mc_engine_t *e)
 {
     if (!e)
-        return mc_set_error(-EINVAL, "mc_engine_progress: NULL engine");
+        return mc__set_error(-EINVAL, "mc_engine_progress: NULL engine");
     if (e->has_thread)
         return 0;
     return mc__progress_try(e);
@@ -204,7 +204,7 @@ int mc_engine_progress(mc_engine_t *e)
 
 int mc_engine_event_fd(const mc_engine_t *e)
 {
-    return e ? e->epfd : mc_set_error(-EINVAL, "mc_engine_event_fd: NULL engine");
+    return e ? e->epfd : mc__set_error(-EINVAL, "mc_engine_event_fd: NULL engine");
 }
 
 /* The internal progress thread: sleeps in epoll_wait (never spins), then handles the events it
@@ -235,12 +235,12 @@ static int engine_fds(mc_engine_t *e)
     e->doorbell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     e->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (e->epfd < 0 || e->doorbell < 0 || e->timerfd < 0)
-        return mc_set_error(-errno, "cannot create engine descriptors: %s", strerror(errno));
+        return mc__set_error(-errno, "cannot create engine descriptors: %s", strerror(errno));
     if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->doorbell, &ev) < 0)
-        return mc_set_error(-errno, "epoll_ctl doorbell: %s", strerror(errno));
+        return mc__set_error(-errno, "epoll_ctl doorbell: %s", strerror(errno));
     ev.data.ptr = &e->timerfd;
     if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->timerfd, &ev) < 0)
-        return mc_set_error(-errno, "epoll_ctl timerfd: %s", strerror(errno));
+        return mc__set_error(-errno, "epoll_ctl timerfd: %s", strerror(errno));
     return 0;
 }
 
@@ -301,7 +301,7 @@ static int engine_start(mc_engine_t *e)
     if (e->cfg.progress_thread) {
         rc = pthread_create(&e->progress_tid, NULL, progress_thread, e);
         if (rc)
-            return mc_set_error(-rc, "cannot start the progress thread: %s", strerror(rc));
+            return mc__set_error(-rc, "cannot start the progress thread: %s", strerror(rc));
         e->has_thread = true;
     }
     return 0;
@@ -313,14 +313,14 @@ int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p)
     int rc;
 
     if (!cfg || !engine_p)
-        return mc_set_error(-EINVAL, "mc_engine_create: NULL argument");
+        return mc__set_error(-EINVAL, "mc_engine_create: NULL argument");
     if (cfg->slice_size < 4096 || cfg->slice_size > MC_PROTO_MAX_DATA || !cfg->tcp_conns ||
         !cfg->tcp_window || !cfg->max_conns)
-        return mc_set_error(-MC_ECONFIG, "mc_engine_create: slice size, tcp_conns, tcp_window "
-                                         "and max_conns must be positive and in range");
+        return mc__set_error(-MC_ECONFIG, "mc_engine_create: slice size, tcp_conns, tcp_window "
+                                          "and max_conns must be positive and in range");
     e = calloc(1, sizeof(*e));
     if (!e)
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     e->cfg = *cfg;
     if (!strcmp(cfg->protocol, "tcp"))
         e->cfg.force_tcp = 1;
@@ -331,7 +331,7 @@ int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p)
         char reason[512];
         snprintf(reason, sizeof(reason), "%s", mc_last_error());
         mc_engine_destroy(e);
-        return mc_set_error(rc, "%s", reason);
+        return mc__set_error(rc, "%s", reason);
     }
     mc_info("engine %s started (metadata %s, %s progress)", e->name, e->cfg.metadata,
             e->has_thread ? "thread" : "caller");
@@ -377,7 +377,7 @@ void mc_engine_destroy(mc_engine_t *e)
     mc__memtab_fini(e);
     mc__rdma_close(e); /* after the memory regions are gone */
     if (e->meta)
-        mc_meta_close(e->meta);
+        mc__meta_close(e->meta);
     if (e->epfd >= 0)
         close(e->epfd);
     if (e->doorbell >= 0)
@@ -405,7 +405,7 @@ static void counters_load(_Atomic uint64_t *c, mc_counters_t *out)
 int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out)
 {
     if (!e || !transport || !out)
-        return mc_set_error(-EINVAL, "mc_stats_transport: NULL argument");
+        return mc__set_error(-EINVAL, "mc_stats_transport: NULL argument");
     if (!strcmp(transport, "tcp"))
         counters_load(e->tcp_c, out);
     else if (!strcmp(transport, "shm"))
@@ -413,7 +413,7 @@ int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out
     else if (!strcmp(transport, "rdma"))
         counters_load(e->rdma_c, out);
     else
-        return mc_set_error(-ENOENT, "no transport \"%s\" in this engine", transport);
+        return mc__set_error(-ENOENT, "no transport \"%s\" in this engine", transport);
     return 0;
 }
 
@@ -422,11 +422,11 @@ int mc_stats_peer(mc_engine_t *e, mc_segment_id_t id, mc_counters_t *out)
     mc_peer_t *p;
 
     if (!e || !out)
-        return mc_set_error(-EINVAL, "mc_stats_peer: NULL argument");
+        return mc__set_error(-EINVAL, "mc_stats_peer: NULL argument");
     pthread_rwlock_rdlock(&e->peers_lock);
     p = mc__peer_get(e, id);
     if (p)
         counters_load(p->c, out);
     pthread_rwlock_unlock(&e->peers_lock);
-    return p ? 0 : mc_set_error(-ENOENT, "no open segment with id %u", id);
+    return p ? 0 : mc__set_error(-ENOENT, "no open segment with id %u", id);
 }

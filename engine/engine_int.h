@@ -41,9 +41,9 @@ enum { MC_TP_TCP, MC_TP_RDMA, MC_TP_N };
 #define MC_RDMA_MAX_DEVS 8
 
 /* ---- time ---- */
-uint64_t mc_now_ns(void);
+uint64_t mc__now_ns(void);
 /* CLOCK_REALTIME deadline ms from now, for pthread_cond_timedwait. */
-void mc_abstime_in(struct timespec *ts, unsigned ms);
+void mc__abstime_in(struct timespec *ts, unsigned ms);
 #define MC_MS (1000000ull)
 
 /* ---- registered memory (memory.c) ---- */
@@ -113,8 +113,8 @@ typedef struct mc_desc {
 /* Encode the local engine's descriptor (malloc'ed JSON text, *len_p without the NUL). */
 int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p);
 /* Decode a peer descriptor; bounded, strict; -MC_EPROTO with a reason on bad input. */
-int mc_desc_decode(const void *buf, size_t len, mc_desc_t *d);
-void mc_desc_free(mc_desc_t *d);
+int mc__desc_decode(const void *buf, size_t len, mc_desc_t *d);
+void mc__desc_free(mc_desc_t *d);
 /* The buffer of d holding [addr, addr+len), or NULL (binary search: buffers are sorted). */
 const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len);
 

@@ -21,12 +21,12 @@ int mc__host_id(char *buf, size_t size)
     if (!f || !fgets(boot, sizeof(boot), f)) {
         if (f)
             fclose(f);
-        return mc_set_error(-EIO, "cannot read /proc/sys/kernel/random/boot_id");
+        return mc__set_error(-EIO, "cannot read /proc/sys/kernel/random/boot_id");
     }
     fclose(f);
     boot[strcspn(boot, "\n")] = 0;
     if (stat("/proc/self/ns/net", &st) < 0)
-        return mc_set_error(-errno, "cannot stat /proc/self/ns/net");
+        return mc__set_error(-errno, "cannot stat /proc/self/ns/net");
     snprintf(buf, size, "%s/net:%llu", boot, (unsigned long long)st.st_ino);
     return 0;
 }
@@ -70,7 +70,7 @@ static json_t *matrix_json(mc_engine_t *e)
     char *text;
     json_t *m = NULL;
 
-    if (e->topo && mc_topo_matrix_json(e->topo, &text) == 0) {
+    if (e->topo && mc__topo_matrix_json(e->topo, &text) == 0) {
         m = json_loads(text, 0, NULL);
         free(text);
     }
@@ -92,11 +92,11 @@ int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
         json_decref(rdma);
 
     if (!root)
-        return mc_set_error(-ENOMEM, "cannot build the segment descriptor");
+        return mc__set_error(-ENOMEM, "cannot build the segment descriptor");
     text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!text)
-        return mc_set_error(-ENOMEM, "cannot encode the segment descriptor");
+        return mc__set_error(-ENOMEM, "cannot encode the segment descriptor");
     *json_p = text;
     *len_p = strlen(text);
     return 0;

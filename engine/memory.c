@@ -96,13 +96,13 @@ static int location_parse(const char *loc, int *kind_p, int *index_p)
     int idx, n = 0;
 
     if (sscanf(loc, "%7[a-z]:%d%n", kind, &idx, &n) != 2 || loc[n] || idx < 0)
-        return mc_set_error(-EINVAL, "location \"%s\": expected cpu:N, cuda:N or *", loc);
+        return mc__set_error(-EINVAL, "location \"%s\": expected cpu:N, cuda:N or *", loc);
     if (!strcmp(kind, "cpu"))
         *kind_p = 0;
     else if (!strcmp(kind, "cuda"))
         *kind_p = 1;
     else
-        return mc_set_error(-EINVAL, "location \"%s\": unknown kind \"%s\"", loc, kind);
+        return mc__set_error(-EINVAL, "location \"%s\": unknown kind \"%s\"", loc, kind);
     *index_p = idx;
     return 0;
 }
@@ -166,8 +166,8 @@ static int location_resolve(const void *addr, const char *loc, char *out)
     if (rc)
         return rc;
     if (kind == 1 && idx >= cuda_device_count())
-        return mc_set_error(-MC_ENODEV, "location %s: no CUDA device %d (%d found)", loc, idx,
-                            cuda_device_count());
+        return mc__set_error(-MC_ENODEV, "location %s: no CUDA device %d (%d found)", loc, idx,
+                             cuda_device_count());
     snprintf(out, MC_LOCATION_MAX, "%s", loc);
     return 0;
 }
@@ -177,19 +177,19 @@ static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
     ssize_t i = memtab_floor(t, b->addr);
 
     if (i >= 0 && b->addr - t->v[i]->addr < t->v[i]->len)
-        return mc_set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
-                            (unsigned long long)b->addr, (unsigned long long)b->len,
-                            (unsigned long long)t->v[i]->addr, (unsigned long long)t->v[i]->len);
+        return mc__set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
+                             (unsigned long long)b->addr, (unsigned long long)b->len,
+                             (unsigned long long)t->v[i]->addr, (unsigned long long)t->v[i]->len);
     if ((size_t)(i + 1) < t->n && t->v[i + 1]->addr - b->addr < b->len)
-        return mc_set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
-                            (unsigned long long)b->addr, (unsigned long long)b->len,
-                            (unsigned long long)t->v[i + 1]->addr,
-                            (unsigned long long)t->v[i + 1]->len);
+        return mc__set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
+                             (unsigned long long)b->addr, (unsigned long long)b->len,
+                             (unsigned long long)t->v[i + 1]->addr,
+                             (unsigned long long)t->v[i + 1]->len);
     if (t->n == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 16;
         mc_buffer_t **v = realloc(t->v, cap * sizeof(*v));
         if (!v)
-            return mc_set_error(-ENOMEM, "out of memory growing the registration table");
+            return mc__set_error(-ENOMEM, "out of memory growing the registration table");
         t->v = v;
         t->cap = cap;
     }
@@ -205,14 +205,14 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     int rc;
 
     if (!e || !addr || !location)
-        return mc_set_error(-EINVAL, "mc_mem_register: NULL argument");
+        return mc__set_error(-EINVAL, "mc_mem_register: NULL argument");
     if (len == 0)
-        return mc_set_error(-EINVAL, "mc_mem_register: zero length at %p", addr);
+        return mc__set_error(-EINVAL, "mc_mem_register: zero length at %p", addr);
     if ((uint64_t)(uintptr_t)addr + len < (uint64_t)(uintptr_t)addr)
-        return mc_set_error(-EINVAL, "mc_mem_register: %p+%zu wraps around", addr, len);
+        return mc__set_error(-EINVAL, "mc_mem_register: %p+%zu wraps around", addr, len);
     b = calloc(1, sizeof(*b));
     if (!b)
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     b->addr = (uint64_t)(uintptr_t)addr;
     b->len = len;
     b->memfd = memfd;
@@ -268,14 +268,14 @@ static bool mem_wait(mc_engine_t *e, mc_buffer_t *b, bool (*done)(mc_engine_t *,
                      uint64_t deadline)
 {
     while (!done(e, b)) {
-        if (mc_now_ns() > deadline)
+        if (mc__now_ns() > deadline)
             return false;
         if (!e->has_thread) {
             mc__progress_try(e);
             continue;
         }
         struct timespec ts;
-        mc_abstime_in(&ts, 10);
+        mc__abstime_in(&ts, 10);
         pthread_mutex_lock(&e->mem.drain_lock);
         if (!done(e, b))
             pthread_cond_timedwait(&e->mem.drain_cond, &e->mem.drain_lock, &ts);
@@ -307,12 +307,12 @@ static void mem_revoke(mc_engine_t *e, mc_buffer_t *b)
     e->revoke_addr = b->addr;
     atomic_store(&e->revoke_req, true);
     mc__doorbell(e);
-    if (!mem_wait(e, b, revoked, mc_now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
+    if (!mem_wait(e, b, revoked, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
         mc_warn("unregister 0x%llx: %u same-host peers did not acknowledge; disconnecting them",
                 (unsigned long long)b->addr, atomic_load(&e->revoke_left));
         atomic_store(&e->revoke_abort, true);
         mc__doorbell(e);
-        mem_wait(e, b, revoked, mc_now_ns() + 1000 * MC_MS);
+        mem_wait(e, b, revoked, mc__now_ns() + 1000 * MC_MS);
     }
     pthread_mutex_unlock(&e->revoke_mutex);
 }
@@ -320,12 +320,12 @@ static void mem_revoke(mc_engine_t *e, mc_buffer_t *b)
 /* Wait until nothing in flight references b. */
 static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
 {
-    uint64_t deadline = mc_now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
+    uint64_t deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
 
     if (!mem_wait(e, b, refs_drained, deadline))
-        return mc_set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
-                            (unsigned long long)b->addr, atomic_load(&b->refs));
-    mc__regtab_grace(e, mc_now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
+        return mc__set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
+                             (unsigned long long)b->addr, atomic_load(&b->refs));
+    mc__regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
     mem_revoke(e, b);
     return 0;
 }
@@ -336,12 +336,12 @@ static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *le
     int rc;
 
     if (!e)
-        return mc_set_error(-EINVAL, "mc_mem_unregister: NULL engine");
+        return mc__set_error(-EINVAL, "mc_mem_unregister: NULL engine");
     if (mc__in_progress())
-        return mc_set_error(-EDEADLK, "memory cannot be unregistered from a callback");
+        return mc__set_error(-EDEADLK, "memory cannot be unregistered from a callback");
     b = memtab_remove(e, (uint64_t)(uintptr_t)addr);
     if (!b)
-        return mc_set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
+        return mc__set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
     mc__publish_kick(e);
     rc = mem_drain(e, b);
     if (rc)
@@ -364,8 +364,8 @@ int mc_mem_unregister(mc_engine_t *e, void *addr)
         bool allocated = b->memfd >= 0 && b->addr == (uint64_t)(uintptr_t)addr;
         mc__mem_put(e, b);
         if (allocated)
-            return mc_set_error(-EINVAL, "%p comes from mc_mem_alloc: free it with mc_mem_free",
-                                addr);
+            return mc__set_error(-EINVAL, "%p comes from mc_mem_alloc: free it with mc_mem_free",
+                                 addr);
     }
     return mem_unregister(e, addr, &memfd, &len);
 }
@@ -377,33 +377,33 @@ int mc_mem_alloc(mc_engine_t *e, size_t len, const char *location, void **addr_p
     void *p;
 
     if (!e || !len || !location || !addr_p)
-        return mc_set_error(-EINVAL, "mc_mem_alloc: invalid argument");
+        return mc__set_error(-EINVAL, "mc_mem_alloc: invalid argument");
     if (strcmp(location, "*")) {
         rc = location_parse(location, &kind, &node);
         if (rc)
             return rc;
         if (kind != 0)
-            return mc_set_error(-EINVAL, "mc_mem_alloc: %s: only cpu:N or * is supported",
-                                location);
+            return mc__set_error(-EINVAL, "mc_mem_alloc: %s: only cpu:N or * is supported",
+                                 location);
     }
     fd = memfd_create("mooncake", MFD_CLOEXEC);
     if (fd < 0)
-        return mc_set_error(-errno, "memfd_create: %s", strerror(errno));
+        return mc__set_error(-errno, "memfd_create: %s", strerror(errno));
     if (ftruncate(fd, (off_t)len) < 0) {
-        rc = mc_set_error(-errno, "ftruncate memfd to %zu: %s", len, strerror(errno));
+        rc = mc__set_error(-errno, "ftruncate memfd to %zu: %s", len, strerror(errno));
         goto err_close;
     }
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
-        rc = mc_set_error(-errno, "mmap %zu bytes: %s", len, strerror(errno));
+        rc = mc__set_error(-errno, "mmap %zu bytes: %s", len, strerror(errno));
         goto err_close;
     }
     if (node >= 0) {
         unsigned long mask = 1ul << node;
         if (node >= (int)(8 * sizeof(mask)) ||
             mbind(p, len, MPOL_BIND, &mask, 8 * sizeof(mask), 0) < 0) {
-            rc = mc_set_error(node >= 64 ? -EINVAL : -errno, "mc_mem_alloc: cannot place on %s",
-                              location);
+            rc = mc__set_error(node >= 64 ? -EINVAL : -errno, "mc_mem_alloc: cannot place on %s",
+                               location);
             goto err_unmap;
         }
     }

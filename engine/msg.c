@@ -12,7 +12,7 @@
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
     if (!e || id == 0)
-        return mc_set_error(-EINVAL, "mc_msg_handler_set: id 0 is reserved for notifications");
+        return mc__set_error(-EINVAL, "mc_msg_handler_set: id 0 is reserved for notifications");
     pthread_mutex_lock(&e->handlers_lock);
     e->handlers[id] = cb;
     e->handler_args[id] = arg;
@@ -28,11 +28,11 @@ static int msg_reserve(mc_engine_t *e, mc_segment_id_t target)
     pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, target);
     if (!p)
-        rc = mc_set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
+        rc = mc__set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
     else if (atomic_fetch_add(&p->queued_msgs, 1) >= MAX_QUEUED_MSGS) {
         atomic_fetch_sub(&p->queued_msgs, 1);
-        rc = mc_set_error(-EAGAIN, "%d messages to segment %u already queued", MAX_QUEUED_MSGS,
-                          target);
+        rc = mc__set_error(-EAGAIN, "%d messages to segment %u already queued", MAX_QUEUED_MSGS,
+                           target);
     }
     pthread_rwlock_unlock(&e->peers_lock);
     return rc;
@@ -54,14 +54,14 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     int rc;
 
     if (len > MC_MSG_MAX || (len && !data))
-        return mc_set_error(-EINVAL, "message of %zu bytes (max %d)", len, MC_MSG_MAX);
+        return mc__set_error(-EINVAL, "message of %zu bytes (max %d)", len, MC_MSG_MAX);
     rc = msg_reserve(e, target);
     if (rc)
         return rc;
     m = malloc(sizeof(*m) + len);
     if (!m) {
         msg_unreserve(e, target);
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     }
     m->target = target;
     m->id = id;
@@ -78,7 +78,7 @@ int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *
     int rc;
 
     if (!e || id == 0)
-        return mc_set_error(-EINVAL, "mc_msg_send: id 0 is reserved for notifications");
+        return mc__set_error(-EINVAL, "mc_msg_send: id 0 is reserved for notifications");
     rc = msg_new(e, target, id, data, len, &m);
     if (rc)
         return rc;
@@ -165,7 +165,7 @@ int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
     mc_list_t *n;
 
     if (!e || !out)
-        return mc_set_error(-EINVAL, "mc_notify_pop: NULL argument");
+        return mc__set_error(-EINVAL, "mc_notify_pop: NULL argument");
     if (!e->has_thread)
         mc__progress_try(e);
     pthread_mutex_lock(&e->notify_lock);

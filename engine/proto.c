@@ -39,7 +39,7 @@ static uint64_t get64(const uint8_t *p)
     return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
-void mc_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
+void mc__frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
 {
     put32(out, MC_PROTO_MAGIC);
     out[4] = MC_PROTO_VERSION;
@@ -62,7 +62,7 @@ static const char *const type_names[MC_FR_TYPE_MAX] = {
     [MC_FR_QP_ACCEPT] = "QP_ACCEPT",
 };
 
-const char *mc_frame_type_name(unsigned type)
+const char *mc__frame_type_name(unsigned type)
 {
     if (type == 0 || type >= MC_FR_TYPE_MAX)
         return "UNKNOWN";
@@ -93,17 +93,17 @@ static uint64_t frame_limit(uint8_t type, uint64_t desc_max)
     }
 }
 
-int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *out)
+int mc__frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *out)
 {
     mc_frame_t f;
 
     if (get32(in) != MC_PROTO_MAGIC)
-        return mc_set_error(-MC_EPROTO, "bad frame magic 0x%08x", get32(in));
+        return mc__set_error(-MC_EPROTO, "bad frame magic 0x%08x", get32(in));
     if (in[4] != MC_PROTO_VERSION)
-        return mc_set_error(-MC_EVERSION, "protocol version %u, expected %u", in[4],
-                            MC_PROTO_VERSION);
+        return mc__set_error(-MC_EVERSION, "protocol version %u, expected %u", in[4],
+                             MC_PROTO_VERSION);
     if (in[5] == 0 || in[5] >= MC_FR_TYPE_MAX)
-        return mc_set_error(-MC_EPROTO, "unknown frame type %u", in[5]);
+        return mc__set_error(-MC_EPROTO, "unknown frame type %u", in[5]);
     f.type = in[5];
     f.flags = get16(in + 6);
     f.length = get32(in + 8);
@@ -111,21 +111,21 @@ int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_fr
     f.addr = get64(in + 16);
     f.aux = get64(in + 24);
     if (f.length > frame_limit(f.type, desc_max))
-        return mc_set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
-                            mc_frame_type_name(f.type), f.length,
-                            (unsigned long long)frame_limit(f.type, desc_max));
+        return mc__set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
+                             mc__frame_type_name(f.type), f.length,
+                             (unsigned long long)frame_limit(f.type, desc_max));
     if (f.type == MC_FR_READ && f.aux > MC_PROTO_MAX_DATA)
-        return mc_set_error(-MC_EPROTO, "READ of %llu bytes exceeds the slice limit",
-                            (unsigned long long)f.aux);
+        return mc__set_error(-MC_EPROTO, "READ of %llu bytes exceeds the slice limit",
+                             (unsigned long long)f.aux);
     if (f.type == MC_FR_RETIRE && f.length % 4)
-        return mc_set_error(-MC_EPROTO, "RETIRE payload of %u bytes", f.length);
+        return mc__set_error(-MC_EPROTO, "RETIRE payload of %u bytes", f.length);
     *out = f;
     return 0;
 }
 
 /* Hello layout: u64 instance, nonce, proof, u8 name_len, name, u8 peer_len, peer_name,
  * u8 n_retired, u32 ids. */
-size_t mc_hello_encode(const mc_hello_t *h, uint8_t *buf)
+size_t mc__hello_encode(const mc_hello_t *h, uint8_t *buf)
 {
     size_t nl = strnlen(h->name, sizeof(h->name) - 1);
     size_t pl = strnlen(h->peer_name, sizeof(h->peer_name) - 1);
@@ -164,24 +164,24 @@ static int take_str(const uint8_t **p, const uint8_t *end, char *out, size_t siz
     return 0;
 }
 
-int mc_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
+int mc__hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
 {
     const uint8_t *p = buf, *end = buf + len;
     const size_t fixed = 8 + MC_PROTO_NONCE_LEN + sizeof(h->proof);
 
     memset(h, 0, sizeof(*h));
     if (len < fixed)
-        return mc_set_error(-MC_EPROTO, "hello of %zu bytes is truncated", len);
+        return mc__set_error(-MC_EPROTO, "hello of %zu bytes is truncated", len);
     h->instance = get64(p);
     memcpy(h->nonce, p + 8, MC_PROTO_NONCE_LEN);
     memcpy(h->proof, p + 8 + MC_PROTO_NONCE_LEN, sizeof(h->proof));
     p += fixed;
     if (take_str(&p, end, h->name, sizeof(h->name)) ||
         take_str(&p, end, h->peer_name, sizeof(h->peer_name)) || p >= end)
-        return mc_set_error(-MC_EPROTO, "hello names are malformed");
+        return mc__set_error(-MC_EPROTO, "hello names are malformed");
     h->n_retired = *p++;
     if (h->n_retired > MC_PROTO_MAX_RETIRE || (size_t)(end - p) != 4 * (size_t)h->n_retired)
-        return mc_set_error(-MC_EPROTO, "hello retire list is malformed");
+        return mc__set_error(-MC_EPROTO, "hello retire list is malformed");
     for (unsigned i = 0; i < h->n_retired; i++, p += 4)
         h->retired[i] = get32(p);
     return 0;
@@ -190,7 +190,7 @@ int mc_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
 /* ---- QP exchange ----
  *   0 u8 dev   1 u8 peer_dev   2 u8 link   3 u8 0   4 u16 lid   6 u16 mtu
  *   8 u32 qpn 12 u32 psn      16 gid[16] */
-void mc_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
+void mc__qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
 {
     memset(out, 0, MC_QP_INFO_LEN);
     out[0] = q->dev;
@@ -203,10 +203,10 @@ void mc_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
     memcpy(out + 16, q->gid, 16);
 }
 
-int mc_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
+int mc__qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
 {
     if (len != MC_QP_INFO_LEN)
-        return mc_set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d", len, MC_QP_INFO_LEN);
+        return mc__set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d", len, MC_QP_INFO_LEN);
     q->dev = in[0];
     q->peer_dev = in[1];
     q->link = in[2];
@@ -217,7 +217,7 @@ int mc_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
     memcpy(q->gid, in + 16, 16);
     if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 256 || q->mtu > 4096 ||
         (q->mtu & (q->mtu - 1)))
-        return mc_set_error(-MC_EPROTO, "QP info out of range (qpn %u, psn %u, mtu %u)", q->qpn,
-                            q->psn, q->mtu);
+        return mc__set_error(-MC_EPROTO, "QP info out of range (qpn %u, psn %u, mtu %u)", q->qpn,
+                             q->psn, q->mtu);
     return 0;
 }

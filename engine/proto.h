@@ -54,13 +54,13 @@ typedef struct mc_frame {
     uint64_t aux;
 } mc_frame_t;
 
-void mc_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN]);
+void mc__frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN]);
 
 /* Decode and validate a header: magic, version, type, and length against the type's limit
  * (desc_max bounds DESC_REPLY). Returns 0, -MC_EVERSION or -MC_EPROTO (reason set). */
-int mc_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *f);
+int mc__frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *f);
 
-const char *mc_frame_type_name(unsigned type);
+const char *mc__frame_type_name(unsigned type);
 
 /* HELLO / HELLO_REPLY payload: who is speaking and the challenge material. */
 typedef struct mc_hello {
@@ -74,9 +74,9 @@ typedef struct mc_hello {
 } mc_hello_t;
 
 /* Encode into buf (size >= MC_PROTO_MAX_CTRL). Returns the length. */
-size_t mc_hello_encode(const mc_hello_t *h, uint8_t *buf);
+size_t mc__hello_encode(const mc_hello_t *h, uint8_t *buf);
 /* Decode; -MC_EPROTO on any inconsistency (reason set). */
-int mc_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h);
+int mc__hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h);
 
 /* QP_CONNECT / QP_ACCEPT payload: one end of an RC connection (the engine's own exchange, no
  * librdmacm). dev: the sender's device (its index in the sender's descriptor); peer_dev: the
@@ -89,8 +89,8 @@ typedef struct mc_qp_info {
     uint8_t gid[16];
 } mc_qp_info_t;
 
-void mc_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN]);
+void mc__qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN]);
 /* -MC_EPROTO (reason set) unless len is MC_QP_INFO_LEN and the values are in range. */
-int mc_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q);
+int mc__qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q);
 
 #endif

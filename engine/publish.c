@@ -15,11 +15,11 @@
 static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len)
 {
     char key[512];
-    int n = mc_meta_key(key, sizeof(key), e->cfg.cluster_id, kind, e->name);
+    int n = mc__meta_key(key, sizeof(key), e->cfg.cluster_id, kind, e->name);
 
     if (n < 0)
-        return mc_set_error(-ENAMETOOLONG, "segment name too long for a metadata key");
-    return mc_meta_put(e->meta, key, (size_t)n, val, len, e->lease, NULL);
+        return mc__set_error(-ENAMETOOLONG, "segment name too long for a metadata key");
+    return mc__meta_put(e->meta, key, (size_t)n, val, len, e->lease, NULL);
 }
 
 /* Called without meta_lock. */
@@ -31,7 +31,7 @@ static int publish_once(mc_engine_t *e)
     int rc;
 
     if (!e->lease) {
-        rc = mc_meta_lease_grant(e->meta, e->cfg.metadata_ttl_s, &e->lease);
+        rc = mc__meta_lease_grant(e->meta, e->cfg.metadata_ttl_s, &e->lease);
         if (rc)
             return rc;
     }
@@ -48,7 +48,7 @@ static int publish_once(mc_engine_t *e)
     json = endpoint ? json_dumps(endpoint, JSON_COMPACT) : NULL;
     json_decref(endpoint);
     if (!json)
-        return mc_set_error(-ENOMEM, "cannot encode the endpoint of segment %s", e->name);
+        return mc__set_error(-ENOMEM, "cannot encode the endpoint of segment %s", e->name);
     rc = put_key(e, "rpc_meta", json, strlen(json));
     free(json);
     return rc;
@@ -67,7 +67,7 @@ static void *publish_thread(void *arg)
         bool dirty = e->meta_dirty;
         e->meta_dirty = false;
         pthread_mutex_unlock(&e->meta_lock);
-        int rc = dirty ? 0 : mc_meta_lease_keepalive(e->meta, e->lease);
+        int rc = dirty ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
         if (rc == -ENOENT)
             e->lease = 0;
         if (dirty || rc)
@@ -77,7 +77,7 @@ static void *publish_thread(void *arg)
             mc_warn("publishing segment %s failed: %s (will retry)", e->name, mc_last_error());
             e->meta_dirty = true;
         }
-        mc_abstime_in(&ts, rc ? 500 : period_ms);
+        mc__abstime_in(&ts, rc ? 500 : period_ms);
         if (!e->meta_stop && (rc || !e->meta_dirty))
             pthread_cond_timedwait(&e->meta_cond, &e->meta_lock, &ts);
     }
@@ -91,16 +91,16 @@ int mc__publish_start(mc_engine_t *e)
 
     if (!strcmp(e->cfg.metadata, "none"))
         return 0;
-    rc = mc_meta_open(e->cfg.metadata, &e->meta);
+    rc = mc__meta_open(e->cfg.metadata, &e->meta);
     if (rc)
-        return mc_set_error(rc, "metadata %s: %s", e->cfg.metadata, mc_last_error());
+        return mc__set_error(rc, "metadata %s: %s", e->cfg.metadata, mc_last_error());
     rc = publish_once(e);
     if (rc)
-        return mc_set_error(rc, "publishing segment %s in %s: %s", e->name, e->cfg.metadata,
-                            mc_last_error());
+        return mc__set_error(rc, "publishing segment %s in %s: %s", e->name, e->cfg.metadata,
+                             mc_last_error());
     rc = pthread_create(&e->meta_tid, NULL, publish_thread, e);
     if (rc)
-        return mc_set_error(-rc, "cannot start the metadata thread: %s", strerror(rc));
+        return mc__set_error(-rc, "cannot start the metadata thread: %s", strerror(rc));
     e->has_meta_thread = true;
     return 0;
 }
@@ -125,7 +125,7 @@ void mc__publish_stop(mc_engine_t *e)
         pthread_join(e->meta_tid, NULL);
         e->has_meta_thread = false;
     }
-    if (e->meta && e->lease && mc_meta_lease_revoke(e->meta, e->lease))
+    if (e->meta && e->lease && mc__meta_lease_revoke(e->meta, e->lease))
         mc_warn("revoking the lease of segment %s: %s", e->name, mc_last_error());
     e->lease = 0;
 }

@@ -44,9 +44,9 @@ static char topo_err[512];
 
 static void topo_discover(void)
 {
-    topo_rc = mc_topo_discover(NULL, &topo);
+    topo_rc = mc__topo_discover(NULL, &topo);
     if (!topo_rc)
-        topo_rc = mc_topo_matrix_build_env(topo);
+        topo_rc = mc__topo_matrix_build_env(topo);
     if (topo_rc)
         snprintf(topo_err, sizeof(topo_err), "%s", mc_last_error());
 }
@@ -55,7 +55,7 @@ int mc__topo_init(mc_engine_t *e)
 {
     pthread_once(&topo_once, topo_discover);
     if (topo_rc)
-        return mc_set_error(topo_rc, "%s", topo_err);
+        return mc__set_error(topo_rc, "%s", topo_err);
     e->topo = topo;
     return 0;
 }
@@ -94,7 +94,7 @@ int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location)
 
     if (!strcmp(r->rank_loc, location))
         return r->rank;
-    if (!e->topo || !r->dev[0] || mc_topo_matrix_get(e->topo, location, &pref, &np, &avail, &na))
+    if (!e->topo || !r->dev[0] || mc__topo_matrix_get(e->topo, location, &pref, &np, &avail, &na))
         r->rank = 1; /* nothing says otherwise: usable */
     else
         r->rank = listed(pref, np, r->dev) ? 0 : listed(avail, na, r->dev) ? 1 : 2;
@@ -196,11 +196,11 @@ int mc_stats_rails(mc_engine_t *e, mc_segment_id_t id, mc_rail_stats_t *out, siz
     int rc = 0;
 
     if (!e || !count_p || (max && !out))
-        return mc_set_error(-EINVAL, "mc_stats_rails: invalid argument");
+        return mc__set_error(-EINVAL, "mc_stats_rails: invalid argument");
     pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, id);
     if (!p) {
-        rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
+        rc = mc__set_error(-ENOENT, "no open segment with id %u", id);
     } else {
         /* rdma rails (device pairs) first, then tcp ones (interface pairs). */
         const mc_rail_t *all[2 * MC_MAX_RAILS];

@@ -61,14 +61,14 @@ static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
     mc_peer_t *p = calloc(1, sizeof(*p));
 
     if (!p)
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     snprintf(p->name, sizeof(p->name), "%s", d->name);
     p->desc = *d;
     mc__rails_build(e, p);
     if (!p->n_rails) {
         free(p);
-        return mc_set_error(-MC_EPROTO, "segment %s: no usable tcp endpoint (\"%s\")", d->name,
-                            d->tcp_addr);
+        return mc__set_error(-MC_EPROTO, "segment %s: no usable tcp endpoint (\"%s\")", d->name,
+                             d->tcp_addr);
     }
     p->local_host = !strcmp(d->host_id, e->host_id);
     p->refcnt = 1;
@@ -85,7 +85,7 @@ static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
 
 static void peer_free(mc_peer_t *p)
 {
-    mc_desc_free(&p->desc);
+    mc__desc_free(&p->desc);
     free(p);
 }
 
@@ -117,7 +117,7 @@ static int peer_insert(mc_engine_t *e, mc_peer_t *p, mc_segment_id_t *id_p)
     }
     mc_peer_t **v = realloc(e->peers, (e->n_peers + 1) * sizeof(*v));
     if (!v) {
-        rc = mc_set_error(-ENOMEM, "out of memory");
+        rc = mc__set_error(-ENOMEM, "out of memory");
     } else {
         e->peers = v;
         p->id = (mc_segment_id_t)e->n_peers;
@@ -135,13 +135,13 @@ static int open_desc(mc_engine_t *e, const void *blob, size_t len, bool by_meta,
 {
     mc_desc_t d;
     mc_peer_t *p = NULL;
-    int rc = mc_desc_decode(blob, len, &d);
+    int rc = mc__desc_decode(blob, len, &d);
 
     if (rc)
         return rc;
     rc = peer_create(e, &d, &p);
     if (rc) {
-        mc_desc_free(&d);
+        mc__desc_free(&d);
         return rc;
     }
     p->by_metadata = by_meta;
@@ -158,7 +158,7 @@ int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
     int rc;
 
     if (!e || !name || !id_p || !*name || strlen(name) >= MC_NAME_MAX)
-        return mc_set_error(-EINVAL, "mc_segment_open: invalid argument");
+        return mc__set_error(-EINVAL, "mc_segment_open: invalid argument");
     pthread_rwlock_wrlock(&e->peers_lock);
     mc_peer_t *p = peer_find_ref(e, name);
     if (p)
@@ -170,15 +170,15 @@ int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
         rc = mc__meta_lookup(e, name, false, &kv);
         if (rc == 0) {
             rc = open_desc(e, kv.value, kv.value_len, true, id_p);
-            mc_meta_kv_free(&kv);
+            mc__meta_kv_free(&kv);
             return rc;
         }
         if (rc != -ENOENT)
             return rc;
     }
     if (mc__parse_ip_port(name, &sa, &sa_len))
-        return mc_set_error(-MC_ENOSEGMENT, "segment %s is not in metadata %s%s", name,
-                            e->cfg.metadata, " and is not an ip:port to ask directly");
+        return mc__set_error(-MC_ENOSEGMENT, "segment %s is not in metadata %s%s", name,
+                             e->cfg.metadata, " and is not an ip:port to ask directly");
     rc = mc__tcp_fetch_desc(e, name, &json, &len);
     if (rc)
         return rc;
@@ -190,10 +190,10 @@ int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
 int mc_segment_open_blob(mc_engine_t *e, const void *blob, size_t len, mc_segment_id_t *id_p)
 {
     if (!e || !blob || !id_p)
-        return mc_set_error(-EINVAL, "mc_segment_open_blob: NULL argument");
+        return mc__set_error(-EINVAL, "mc_segment_open_blob: NULL argument");
     if (len > e->cfg.handshake_max)
-        return mc_set_error(-EINVAL, "descriptor of %zu bytes exceeds MC_HANDSHAKE_MAX_LENGTH",
-                            len);
+        return mc__set_error(-EINVAL, "descriptor of %zu bytes exceeds MC_HANDSHAKE_MAX_LENGTH",
+                             len);
     return open_desc(e, blob, len, false, id_p);
 }
 
@@ -204,14 +204,14 @@ int mc_segment_export(mc_engine_t *e, void *buf, size_t *len_p)
     int rc;
 
     if (!e || !len_p || (!buf && *len_p))
-        return mc_set_error(-EINVAL, "mc_segment_export: invalid argument");
+        return mc__set_error(-EINVAL, "mc_segment_export: invalid argument");
     rc = mc__desc_encode_local(e, &json, &len);
     if (rc)
         return rc;
     if (len > *len_p) {
         *len_p = len;
         free(json);
-        return mc_set_error(-ENOSPC, "descriptor needs %zu bytes", len);
+        return mc__set_error(-ENOSPC, "descriptor needs %zu bytes", len);
     }
     memcpy(buf, json, len);
     *len_p = len;
@@ -225,11 +225,11 @@ int mc_segment_buffers(mc_engine_t *e, mc_segment_id_t id, mc_buffer_info_t *out
     int rc = 0;
 
     if (!e || !count_p || (max && !out))
-        return mc_set_error(-EINVAL, "mc_segment_buffers: invalid argument");
+        return mc__set_error(-EINVAL, "mc_segment_buffers: invalid argument");
     pthread_rwlock_rdlock(&e->peers_lock); /* also guards descriptor refreshes */
     mc_peer_t *p = mc__peer_get(e, id);
     if (!p) {
-        rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
+        rc = mc__set_error(-ENOENT, "no open segment with id %u", id);
     } else {
         for (size_t i = 0; i < p->desc.n_buffers && i < max; i++) {
             out[i].addr = p->desc.buffers[i].addr;
@@ -247,10 +247,10 @@ int mc_segment_is_local_host(mc_engine_t *e, mc_segment_id_t id)
     int rc;
 
     if (!e)
-        return mc_set_error(-EINVAL, "NULL engine");
+        return mc__set_error(-EINVAL, "NULL engine");
     pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, id);
-    rc = p ? p->local_host : mc_set_error(-ENOENT, "no open segment with id %u", id);
+    rc = p ? p->local_host : mc__set_error(-ENOENT, "no open segment with id %u", id);
     pthread_rwlock_unlock(&e->peers_lock);
     return rc;
 }
@@ -277,19 +277,19 @@ int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
     int rc = 0;
 
     if (!e)
-        return mc_set_error(-EINVAL, "NULL engine");
+        return mc__set_error(-EINVAL, "NULL engine");
     if (mc__in_progress())
-        return mc_set_error(-EDEADLK, "segments cannot be closed from a callback");
+        return mc__set_error(-EDEADLK, "segments cannot be closed from a callback");
     pthread_mutex_lock(&e->lock);
     pthread_rwlock_wrlock(&e->peers_lock);
     p = mc__peer_get(e, id);
     if (!p)
-        rc = mc_set_error(-ENOENT, "no open segment with id %u", id);
+        rc = mc__set_error(-ENOENT, "no open segment with id %u", id);
     else if (p->refcnt > 1)
         p->refcnt--;
     else if (atomic_load(&p->busy_tasks))
-        rc = mc_set_error(-EBUSY, "segment %s has %u tasks in flight", p->name,
-                          atomic_load(&p->busy_tasks));
+        rc = mc__set_error(-EBUSY, "segment %s has %u tasks in flight", p->name,
+                           atomic_load(&p->busy_tasks));
     else
         destroy = true;
     if (destroy)
@@ -319,8 +319,8 @@ static int fetch_from_meta(mc_engine_t *e, mc_peer_t *p, bool cached_only, mc_de
 
     if (rc)
         return rc;
-    rc = mc_desc_decode(kv.value, kv.value_len, d);
-    mc_meta_kv_free(&kv);
+    rc = mc__desc_decode(kv.value, kv.value_len, d);
+    mc__meta_kv_free(&kv);
     return rc;
 }
 
@@ -336,7 +336,7 @@ static int fetch_from_peer(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
     rc = mc__tcp_fetch_desc(e, addr, &json, &len);
     if (rc)
         return rc;
-    rc = mc_desc_decode(json, len, d);
+    rc = mc__desc_decode(json, len, d);
     free(json);
     return rc;
 }
@@ -353,7 +353,7 @@ static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool may_block, mc_desc_t *d
     if (fetch_from_peer(e, p, d) == 0)
         return 0;
     return meta ? fetch_from_meta(e, p, false, d)
-                : mc_set_error(-MC_EPEERDEAD, "%s", mc_last_error());
+                : mc__set_error(-MC_EPEERDEAD, "%s", mc_last_error());
 }
 
 int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block)
@@ -364,11 +364,11 @@ int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block)
     if (rc)
         return rc;
     if (strcmp(d.name, p->name)) {
-        mc_desc_free(&d);
-        return mc_set_error(-MC_ENOSEGMENT, "segment %s now answers as %s", p->name, d.name);
+        mc__desc_free(&d);
+        return mc__set_error(-MC_ENOSEGMENT, "segment %s now answers as %s", p->name, d.name);
     }
     pthread_rwlock_wrlock(&e->peers_lock);
-    mc_desc_free(&p->desc);
+    mc__desc_free(&p->desc);
     p->desc = d;
     mc__rails_build(e, p);
     pthread_rwlock_unlock(&e->peers_lock);

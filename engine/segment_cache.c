@@ -96,7 +96,7 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
     size_t n;
     int64_t rev = 0;
 
-    if (mc_meta_list(e->meta, c->prefix, c->prefix_len, &kvs, &n))
+    if (mc__meta_list(e->meta, c->prefix, c->prefix_len, &kvs, &n))
         return -1;
     for (size_t i = 0; i < n; i++) {
         const char *name = key_name(c, &kvs[i]);
@@ -105,7 +105,7 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
         if (kvs[i].mod_revision > rev)
             rev = kvs[i].mod_revision;
     }
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
     return rev;
 }
 
@@ -118,13 +118,13 @@ static void *cache_thread(void *arg)
     while (!atomic_load(&c->stop)) {
         mc_meta_watch_t *w;
         int64_t rev = relist(e, c);
-        if (rev < 0 || mc_meta_watch_create(e->meta, c->prefix, c->prefix_len, rev + 1, &w)) {
+        if (rev < 0 || mc__meta_watch_create(e->meta, c->prefix, c->prefix_len, rev + 1, &w)) {
             usleep(WATCH_RETRY_US);
             continue;
         }
         while (!atomic_load(&c->stop)) {
             mc_meta_event_t ev;
-            int rc = mc_meta_watch_next(w, WATCH_POLL_MS, &ev);
+            int rc = mc__meta_watch_next(w, WATCH_POLL_MS, &ev);
             if (rc == -ETIMEDOUT)
                 continue;
             if (rc)
@@ -134,9 +134,9 @@ static void *cache_thread(void *arg)
                 cache_put(c, name, ev.kv.value, ev.kv.value_len);
             else if (name)
                 cache_del(c, name);
-            mc_meta_kv_free(&ev.kv);
+            mc__meta_kv_free(&ev.kv);
         }
-        mc_meta_watch_destroy(w);
+        mc__meta_watch_destroy(w);
     }
     return NULL;
 }
@@ -149,7 +149,7 @@ static void cache_start(mc_engine_t *e)
     if (!c)
         return;
     pthread_mutex_init(&c->lock, NULL);
-    n = mc_meta_key(c->prefix, sizeof(c->prefix), e->cfg.cluster_id, "ram", "");
+    n = mc__meta_key(c->prefix, sizeof(c->prefix), e->cfg.cluster_id, "ram", "");
     c->prefix_len = n > 0 ? (size_t)n : 0;
     e->seg_cache = c;
     if (n <= 0 || pthread_create(&c->tid, NULL, cache_thread, e)) {
@@ -176,7 +176,7 @@ static int cache_get(struct mc_seg_cache *c, const char *key, size_t key_len, co
             kv->key_len = key_len;
             rc = 0;
         } else {
-            mc_meta_kv_free(kv);
+            mc__meta_kv_free(kv);
         }
     }
     pthread_mutex_unlock(&c->lock);
@@ -186,11 +186,11 @@ static int cache_get(struct mc_seg_cache *c, const char *key, size_t key_len, co
 int mc__meta_lookup(mc_engine_t *e, const char *name, bool cached_only, mc_meta_kv_t *kv)
 {
     char key[512];
-    int n = mc_meta_key(key, sizeof(key), e->cfg.cluster_id, "ram", name);
+    int n = mc__meta_key(key, sizeof(key), e->cfg.cluster_id, "ram", name);
     int rc;
 
     if (n < 0)
-        return mc_set_error(-ENAMETOOLONG, "segment name too long: %s", name);
+        return mc__set_error(-ENAMETOOLONG, "segment name too long: %s", name);
     pthread_mutex_lock(&e->meta_lock);
     if (!e->seg_cache)
         cache_start(e);
@@ -198,7 +198,7 @@ int mc__meta_lookup(mc_engine_t *e, const char *name, bool cached_only, mc_meta_
     struct mc_seg_cache *c = e->seg_cache;
     if (cached_only)
         return c ? cache_get(c, key, (size_t)n, name, kv) : -ENOENT;
-    rc = mc_meta_get(e->meta, key, (size_t)n, kv);
+    rc = mc__meta_get(e->meta, key, (size_t)n, kv);
     if (!c || rc == -ENOENT)
         return rc;
     if (rc == 0) {

@@ -45,7 +45,7 @@ static int topo_add_dev(topo_build_t *b, const mc_topo_dev_t *dev)
         mc_topo_dev_t *devs = realloc(t->devs, cap * sizeof(*devs));
 
         if (!devs)
-            return mc_set_error(-ENOMEM, "topology: out of memory");
+            return mc__set_error(-ENOMEM, "topology: out of memory");
         t->devs = devs;
         b->cap = cap;
     }
@@ -53,7 +53,7 @@ static int topo_add_dev(topo_build_t *b, const mc_topo_dev_t *dev)
     return 0;
 }
 
-const mc_topo_dev_t *mc_topo_find(const mc_topo_t *t, const char *name)
+const mc_topo_dev_t *mc__topo_find(const mc_topo_t *t, const char *name)
 {
     for (size_t i = 0; i < t->n_devs; i++)
         if (!strcmp(t->devs[i].name, name))
@@ -61,7 +61,7 @@ const mc_topo_dev_t *mc_topo_find(const mc_topo_t *t, const char *name)
     return NULL;
 }
 
-size_t mc_topo_count(const mc_topo_t *t, int kind)
+size_t mc__topo_count(const mc_topo_t *t, int kind)
 {
     size_t n = 0;
 
@@ -201,7 +201,7 @@ static int hwloc_collect_numa(topo_build_t *b, hwloc_topology_t topo)
         n = b->live && numa_available() >= 0 ? numa_max_node() + 1 : 1;
     t->numa = calloc((size_t)n, sizeof(*t->numa));
     if (!t->numa)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     t->n_numa = n;
     for (int i = 0; i < n; i++) {
         hwloc_obj_t obj = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, (unsigned)i);
@@ -222,15 +222,16 @@ static int hwloc_open(const char *xml_path, hwloc_topology_t *topo_p)
     int err;
 
     if (hwloc_topology_init(&topo) < 0)
-        return mc_set_error(-ENOMEM, "topology: hwloc_topology_init failed");
+        return mc__set_error(-ENOMEM, "topology: hwloc_topology_init failed");
     hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     if (xml_path && hwloc_topology_set_xml(topo, xml_path) < 0) {
-        err = mc_set_error(-MC_ECONFIG, "topology file %s: %s", xml_path, strerror(errno));
+        err = mc__set_error(-MC_ECONFIG, "topology file %s: %s", xml_path, strerror(errno));
         goto err_destroy;
     }
     if (hwloc_topology_load(topo) < 0) {
-        err = mc_set_error(xml_path ? -MC_ECONFIG : -MC_ENODEV, "topology %s: hwloc cannot load it",
-                           xml_path ? xml_path : "of this host");
+        err =
+            mc__set_error(xml_path ? -MC_ECONFIG : -MC_ENODEV, "topology %s: hwloc cannot load it",
+                          xml_path ? xml_path : "of this host");
         goto err_destroy;
     }
     *topo_p = topo;
@@ -285,7 +286,7 @@ static int sysfs_collect_class(topo_build_t *b, const char *cls, int kind)
         size_t len = strlen(de->d_name);
 
         if (de->d_name[0] == '.' || !strcmp(de->d_name, "lo") || len >= sizeof(dev.name) ||
-            mc_topo_find(b->t, de->d_name))
+            mc__topo_find(b->t, de->d_name))
             continue;
         /* memcpy, not snprintf: the length is checked above, yet gcc in Debug builds warns
          * (-Werror) that d_name[256] may not fit. */
@@ -323,7 +324,7 @@ static void collect_addrs(mc_topo_t *t)
         return;
     }
     for (ifa = ifa_list; ifa; ifa = ifa->ifa_next) {
-        mc_topo_dev_t *dev = (mc_topo_dev_t *)mc_topo_find(t, ifa->ifa_name);
+        mc_topo_dev_t *dev = (mc_topo_dev_t *)mc__topo_find(t, ifa->ifa_name);
 
         if (!dev || dev->kind != MC_DEV_NET || !ifa->ifa_addr)
             continue;
@@ -348,7 +349,7 @@ static int verbs_collect_devs(topo_build_t *b)
         const char *name = ibv_get_device_name(list[i]);
         mc_topo_dev_t dev = {.kind = MC_DEV_RDMA, .gpu_index = -1};
 
-        if (!name || strlen(name) >= sizeof(dev.name) || mc_topo_find(b->t, name))
+        if (!name || strlen(name) >= sizeof(dev.name) || mc__topo_find(b->t, name))
             continue; /* found by hwloc or sysfs already */
         memcpy(dev.name, name, strlen(name) + 1);
         snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/numa_node", name);
@@ -411,14 +412,14 @@ static int topo_collect_live(topo_build_t *b, hwloc_topology_t topo)
         rc = sysfs_collect_class(b, "infiniband", MC_DEV_RDMA);
     if (!rc)
         rc = verbs_collect_devs(b);
-    if (!rc && !mc_topo_count(b->t, MC_DEV_GPU))
+    if (!rc && !mc__topo_count(b->t, MC_DEV_GPU))
         rc = cuda_collect_gpus(b, topo);
     if (!rc)
         collect_addrs(b->t);
     return rc;
 }
 
-int mc_topo_discover(const char *xml_path, mc_topo_t **topo_p)
+int mc__topo_discover(const char *xml_path, mc_topo_t **topo_p)
 {
     topo_build_t b = {.live = xml_path == NULL};
     hwloc_topology_t topo = NULL;
@@ -426,7 +427,7 @@ int mc_topo_discover(const char *xml_path, mc_topo_t **topo_p)
 
     b.t = calloc(1, sizeof(*b.t));
     if (!b.t)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     rc = hwloc_open(xml_path, &topo);
     if (rc < 0)
         goto err_free;
@@ -435,7 +436,7 @@ int mc_topo_discover(const char *xml_path, mc_topo_t **topo_p)
         rc = hwloc_collect_devs(&b, topo);
     if (!rc && b.live)
         rc = topo_collect_live(&b, topo);
-    else if (!rc && !mc_topo_count(b.t, MC_DEV_GPU))
+    else if (!rc && !mc__topo_count(b.t, MC_DEV_GPU))
         snprintf(b.t->gpu_note, sizeof(b.t->gpu_note), "no CUDA device in %s", xml_path);
     hwloc_topology_destroy(topo);
     if (rc < 0)
@@ -444,15 +445,15 @@ int mc_topo_discover(const char *xml_path, mc_topo_t **topo_p)
     return 0;
 
 err_free:
-    mc_topo_free(b.t);
+    mc__topo_free(b.t);
     return rc;
 }
 
-void mc_topo_free(mc_topo_t *t)
+void mc__topo_free(mc_topo_t *t)
 {
     if (!t)
         return;
-    mc_topo_matrix_free(t->matrix);
+    mc__topo_matrix_free(t->matrix);
     free(t->devs);
     free(t->numa);
     free(t);
@@ -489,7 +490,7 @@ static json_t *topo_to_jansson(const mc_topo_t *t)
                                         t->numa[i].cpus, "memory", (json_int_t)t->numa[i].memory));
     for (size_t i = 0; i < t->n_devs; i++)
         json_array_append_new(t->devs[i].kind == MC_DEV_GPU ? gpus : devs, dev_json(&t->devs[i]));
-    if (t->matrix && !mc_topo_matrix_to_json(t->matrix, &mtext)) {
+    if (t->matrix && !mc__topo_matrix_to_json(t->matrix, &mtext)) {
         matrix = json_loads(mtext, 0, NULL);
         free(mtext);
     }
@@ -497,17 +498,17 @@ static json_t *topo_to_jansson(const mc_topo_t *t)
                      "gpu_note", t->gpu_note, "matrix", matrix ? matrix : json_object());
 }
 
-int mc_topo_json(const mc_topo_t *t, char **json_p)
+int mc__topo_json(const mc_topo_t *t, char **json_p)
 {
     json_t *root = topo_to_jansson(t);
     char *text;
 
     if (!root)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!text)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     *json_p = text;
     return 0;
 }

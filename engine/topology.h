@@ -1,9 +1,9 @@
 /*
  * Host topology and the NIC priority matrix (internal).
  *
- * mc_topo_discover() finds NUMA nodes, network interfaces, RDMA devices and GPUs with hwloc
+ * mc__topo_discover() finds NUMA nodes, network interfaces, RDMA devices and GPUs with hwloc
  * (libnuma and sysfs fill in what hwloc does not say; the CUDA runtime adds GPUs when the build
- * has it and a device is visible). mc_topo_matrix_build() then derives the priority matrix
+ * has it and a device is visible). mc__topo_matrix_build() then derives the priority matrix
  *
  *     {"cpu:0":  [["mlx5_0","mlx5_1"], ["mlx5_2","mlx5_3"]],
  *      "cuda:0": [["mlx5_0"],          ["mlx5_1","mlx5_2","mlx5_3"]], ...}
@@ -11,7 +11,7 @@
  * where, for each location, the first list holds the preferred devices (same NUMA node; for a
  * GPU, the closest of those by PCIe path) and the second the other available ones. The matrix
  * is what the segment descriptor publishes, so a peer can pick its own side as well; peers
- * parse it back with mc_topo_matrix_parse().
+ * parse it back with mc__topo_matrix_parse().
  *
  * Objects here are plain data: no locking; a topology is used by one thread at a time or
  * read-only after it is built.
@@ -74,7 +74,7 @@ typedef struct mc_topo {
     /* Why there are no GPUs, for mooncake-info: "no CUDA device (<CUDA's reason>)",
      * "no CUDA device (built without CUDA)", "no CUDA device in FILE"; "" when GPUs were found. */
     char gpu_note[128];
-    mc_topo_matrix_t *matrix; /* NULL until mc_topo_matrix_build() */
+    mc_topo_matrix_t *matrix; /* NULL until mc__topo_matrix_build() */
 } mc_topo_t;
 
 /* Discover the topology. xml_path NULL: this host (hwloc with I/O devices, sysfs network
@@ -82,18 +82,18 @@ typedef struct mc_topo {
  * from libibverbs' device list (userspace devices such as softverbs have no sysfs entry: NUMA
  * node 0, no PCI address), CUDA devices when built with CUDA). xml_path set: load that hwloc XML
  * file instead (tests, mooncake-info --topology); GPUs are the CUDA OS devices ("cudaN") written in
- * it. On success *topo_p is a new topology to free with mc_topo_free(); it has no matrix yet.
+ * it. On success *topo_p is a new topology to free with mc__topo_free(); it has no matrix yet.
  * Returns 0, -ENOMEM, or -MC_ECONFIG / -MC_ENODEV when hwloc cannot load the file or the host. */
-int mc_topo_discover(const char *xml_path, mc_topo_t **topo_p);
+int mc__topo_discover(const char *xml_path, mc_topo_t **topo_p);
 
 /* Free a topology and its matrix. NULL is accepted. */
-void mc_topo_free(mc_topo_t *t);
+void mc__topo_free(mc_topo_t *t);
 
 /* Find a device by name; NULL if unknown. The pointer lives as long as t. */
-const mc_topo_dev_t *mc_topo_find(const mc_topo_t *t, const char *name);
+const mc_topo_dev_t *mc__topo_find(const mc_topo_t *t, const char *name);
 
 /* Number of devices of one kind. */
-size_t mc_topo_count(const mc_topo_t *t, int kind);
+size_t mc__topo_count(const mc_topo_t *t, int kind);
 
 /* (Re)build t's matrix. devices_filter is MC_DEVICES (comma-separated device names, NULL or ""
  * for all): the matrix then uses exactly those devices, each of which must be a network or RDMA
@@ -102,39 +102,39 @@ size_t mc_topo_count(const mc_topo_t *t, int kind);
  * file that holds one; NULL or "" to compute it): its devices must exist in t, and a filter
  * still removes the devices it does not name. On failure the previous matrix is kept.
  * Returns 0, -ENOMEM, or -MC_ECONFIG with a reason naming the variable. */
-int mc_topo_matrix_build(mc_topo_t *t, const char *devices_filter, const char *override);
+int mc__topo_matrix_build(mc_topo_t *t, const char *devices_filter, const char *override);
 
-/* Convenience: mc_topo_matrix_build() with getenv("MC_DEVICES") and
+/* Convenience: mc__topo_matrix_build() with getenv("MC_DEVICES") and
  * getenv("MC_NIC_PRIORITY_MATRIX"). */
-int mc_topo_matrix_build_env(mc_topo_t *t);
+int mc__topo_matrix_build_env(mc_topo_t *t);
 
 /* t's matrix as compact JSON, malloc'ed, for the caller to free(). -EINVAL if not built. */
-int mc_topo_matrix_json(const mc_topo_t *t, char **json_p);
+int mc__topo_matrix_json(const mc_topo_t *t, char **json_p);
 
 /* Look up one location of t's matrix. The arrays and strings belong to the matrix and stay
  * valid until it is rebuilt or t is freed. Returns 0, -EINVAL if not built, -ENOENT if the
  * location is not in the matrix. */
-int mc_topo_matrix_get(const mc_topo_t *t, const char *location, const char ***preferred_p,
-                       size_t *np, const char ***available_p, size_t *na);
+int mc__topo_matrix_get(const mc_topo_t *t, const char *location, const char ***preferred_p,
+                        size_t *np, const char ***available_p, size_t *na);
 
 /* Everything (NUMA nodes, devices, GPUs, matrix when built) as one JSON object, malloc'ed;
  * the caller frees it. Returns 0 or -ENOMEM. */
-int mc_topo_json(const mc_topo_t *t, char **json_p);
+int mc__topo_json(const mc_topo_t *t, char **json_p);
 
 /* --- Matrices on their own (a peer's, from its segment descriptor) --- */
 
 /* Parse a matrix from JSON text. what names its source in error reasons
  * ("MC_NIC_PRIORITY_MATRIX", "peer descriptor"). Device names are not checked. On success
- * *m_p is a new matrix for mc_topo_matrix_free(). Returns 0, -ENOMEM or -MC_ECONFIG. */
-int mc_topo_matrix_parse(const char *json, const char *what, mc_topo_matrix_t **m_p);
+ * *m_p is a new matrix for mc__topo_matrix_free(). Returns 0, -ENOMEM or -MC_ECONFIG. */
+int mc__topo_matrix_parse(const char *json, const char *what, mc_topo_matrix_t **m_p);
 
 /* Free a matrix. NULL is accepted. */
-void mc_topo_matrix_free(mc_topo_matrix_t *m);
+void mc__topo_matrix_free(mc_topo_matrix_t *m);
 
 /* Serialize a matrix as compact JSON, malloc'ed. Returns 0 or -ENOMEM. */
-int mc_topo_matrix_to_json(const mc_topo_matrix_t *m, char **json_p);
+int mc__topo_matrix_to_json(const mc_topo_matrix_t *m, char **json_p);
 
 /* Find a row; NULL if the location is absent. */
-const mc_topo_loc_t *mc_topo_matrix_find(const mc_topo_matrix_t *m, const char *location);
+const mc_topo_loc_t *mc__topo_matrix_find(const mc_topo_matrix_t *m, const char *location);
 
 #endif

@@ -41,7 +41,7 @@ static void loc_clear(mc_topo_loc_t *loc)
     free(loc->location);
 }
 
-void mc_topo_matrix_free(mc_topo_matrix_t *m)
+void mc__topo_matrix_free(mc_topo_matrix_t *m)
 {
     if (!m)
         return;
@@ -84,7 +84,7 @@ static mc_topo_loc_t *matrix_add_loc(mc_topo_matrix_t *m, const char *location)
     return loc;
 }
 
-const mc_topo_loc_t *mc_topo_matrix_find(const mc_topo_matrix_t *m, const char *location)
+const mc_topo_loc_t *mc__topo_matrix_find(const mc_topo_matrix_t *m, const char *location)
 {
     for (size_t i = 0; m && i < m->n_locs; i++)
         if (!strcmp(m->locs[i].location, location))
@@ -106,7 +106,7 @@ static json_t *list_json(const char **v, size_t n)
     return a;
 }
 
-int mc_topo_matrix_to_json(const mc_topo_matrix_t *m, char **json_p)
+int mc__topo_matrix_to_json(const mc_topo_matrix_t *m, char **json_p)
 {
     json_t *root = json_object();
     char *text = NULL;
@@ -123,7 +123,7 @@ int mc_topo_matrix_to_json(const mc_topo_matrix_t *m, char **json_p)
         text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!text)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     *json_p = text;
     return 0;
 }
@@ -168,26 +168,26 @@ static int parse_row(mc_topo_matrix_t *m, const char *what, const char *key, jso
     int rc;
 
     if (!location_valid(key))
-        return mc_set_error(-MC_ECONFIG, "%s: bad location \"%s\" (want cpu:N or cuda:N)", what,
-                            key);
+        return mc__set_error(-MC_ECONFIG, "%s: bad location \"%s\" (want cpu:N or cuda:N)", what,
+                             key);
     if (len < 1 || len > 2)
-        return mc_set_error(-MC_ECONFIG, "%s: \"%s\" must be [[preferred...], [available...]]",
-                            what, key);
+        return mc__set_error(-MC_ECONFIG, "%s: \"%s\" must be [[preferred...], [available...]]",
+                             what, key);
     loc = matrix_add_loc(m, key);
     if (!loc)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     rc = parse_list(json_array_get(row, 0), &loc->preferred, &loc->n_preferred);
     if (!rc && len == 2)
         rc = parse_list(json_array_get(row, 1), &loc->available, &loc->n_available);
     if (rc == -ENOMEM)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     if (rc < 0)
-        return mc_set_error(rc, "%s: \"%s\": each list must hold device names (strings)", what,
-                            key);
+        return mc__set_error(rc, "%s: \"%s\": each list must hold device names (strings)", what,
+                             key);
     return 0;
 }
 
-int mc_topo_matrix_parse(const char *json, const char *what, mc_topo_matrix_t **m_p)
+int mc__topo_matrix_parse(const char *json, const char *what, mc_topo_matrix_t **m_p)
 {
     json_error_t jerr;
     json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
@@ -197,17 +197,17 @@ int mc_topo_matrix_parse(const char *json, const char *what, mc_topo_matrix_t **
     int rc = 0;
 
     if (!root)
-        return mc_set_error(-MC_ECONFIG, "%s: invalid JSON at line %d column %d: %s", what,
-                            jerr.line, jerr.column, jerr.text);
+        return mc__set_error(-MC_ECONFIG, "%s: invalid JSON at line %d column %d: %s", what,
+                             jerr.line, jerr.column, jerr.text);
     if (!json_is_object(root)) {
         json_decref(root);
-        return mc_set_error(-MC_ECONFIG, "%s: must be a JSON object {\"cpu:0\": [[...], [...]]}",
-                            what);
+        return mc__set_error(-MC_ECONFIG, "%s: must be a JSON object {\"cpu:0\": [[...], [...]]}",
+                             what);
     }
     m = calloc(1, sizeof(*m));
     if (!m) {
         json_decref(root);
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     }
     json_object_foreach(root, key, row)
     {
@@ -217,7 +217,7 @@ int mc_topo_matrix_parse(const char *json, const char *what, mc_topo_matrix_t **
     }
     json_decref(root);
     if (rc < 0) {
-        mc_topo_matrix_free(m);
+        mc__topo_matrix_free(m);
         return rc;
     }
     *m_p = m;
@@ -334,7 +334,7 @@ static int matrix_compute(const mc_topo_t *t, const dev_set_t *cand, mc_topo_mat
         rc = row_gpu(m, cand, gpus.v[i], &tmp);
     free(gpus.v);
     free(tmp.v);
-    return rc < 0 ? mc_set_error(rc, "topology: out of memory") : 0;
+    return rc < 0 ? mc__set_error(rc, "topology: out of memory") : 0;
 }
 
 /* Without MC_DEVICES: the RDMA devices, else the network interfaces. On a live host an
@@ -342,7 +342,7 @@ static int matrix_compute(const mc_topo_t *t, const dev_set_t *cand, mc_topo_mat
  * unless no interface has one; MC_DEVICES can still name it. */
 static int cand_default(const mc_topo_t *t, dev_set_t *cand)
 {
-    int kind = mc_topo_count(t, MC_DEV_RDMA) ? MC_DEV_RDMA : MC_DEV_NET;
+    int kind = mc__topo_count(t, MC_DEV_RDMA) ? MC_DEV_RDMA : MC_DEV_NET;
     int any_addr = 0;
 
     for (size_t i = 0; i < t->n_devs; i++)
@@ -356,7 +356,7 @@ static int cand_default(const mc_topo_t *t, dev_set_t *cand)
 static int cand_filter(const mc_topo_t *t, const char *filter, dev_set_t *cand)
 {
     char *copy = strdup(filter), *save = NULL;
-    int rc = copy ? 0 : mc_set_error(-ENOMEM, "topology: out of memory");
+    int rc = copy ? 0 : mc__set_error(-ENOMEM, "topology: out of memory");
 
     for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && !rc;
          tok = strtok_r(NULL, ",", &save)) {
@@ -369,11 +369,11 @@ static int cand_filter(const mc_topo_t *t, const char *filter, dev_set_t *cand)
             *--end = '\0';
         if (!*tok)
             continue;
-        d = mc_topo_find(t, tok);
+        d = mc__topo_find(t, tok);
         if (!d)
-            rc = mc_set_error(-MC_ECONFIG, ENV_DEVICES ": unknown device \"%s\"", tok);
+            rc = mc__set_error(-MC_ECONFIG, ENV_DEVICES ": unknown device \"%s\"", tok);
         else if (d->kind == MC_DEV_GPU)
-            rc = mc_set_error(-MC_ECONFIG, ENV_DEVICES ": \"%s\" is a GPU, not a NIC", tok);
+            rc = mc__set_error(-MC_ECONFIG, ENV_DEVICES ": \"%s\" is a GPU, not a NIC", tok);
         else if (!set_has(cand, d))
             cand->v[cand->n++] = d;
     }
@@ -388,7 +388,8 @@ static int read_file(const char *path, char **text_p)
     size_t len = 0, cap = 0, got;
 
     if (!f)
-        return mc_set_error(-MC_ECONFIG, ENV_MATRIX ": cannot open @%s: %s", path, strerror(errno));
+        return mc__set_error(-MC_ECONFIG, ENV_MATRIX ": cannot open @%s: %s", path,
+                             strerror(errno));
     do {
         if (cap - len < 4096) {
             char *nt = realloc(text, cap + 65536);
@@ -396,7 +397,7 @@ static int read_file(const char *path, char **text_p)
             if (!nt) {
                 free(text);
                 fclose(f);
-                return mc_set_error(-ENOMEM, "topology: out of memory");
+                return mc__set_error(-ENOMEM, "topology: out of memory");
             }
             text = nt;
             cap += 65536;
@@ -417,11 +418,11 @@ static int override_check_list(const mc_topo_t *t, const char *location, const c
     size_t kept = 0;
 
     for (size_t i = 0; i < *n; i++) {
-        const mc_topo_dev_t *d = mc_topo_find(t, v[i]);
+        const mc_topo_dev_t *d = mc__topo_find(t, v[i]);
 
         if (!d || d->kind == MC_DEV_GPU)
-            return mc_set_error(-MC_ECONFIG, ENV_MATRIX ": unknown device \"%s\" in \"%s\"", v[i],
-                                location);
+            return mc__set_error(-MC_ECONFIG, ENV_MATRIX ": unknown device \"%s\" in \"%s\"", v[i],
+                                 location);
         if (filter && !set_has(filter, d)) {
             free((char *)v[i]);
             continue;
@@ -444,7 +445,7 @@ static int matrix_override(const mc_topo_t *t, const char *override, const dev_s
         if (rc < 0)
             return rc;
     }
-    rc = mc_topo_matrix_parse(text ? text : override, ENV_MATRIX, &m);
+    rc = mc__topo_matrix_parse(text ? text : override, ENV_MATRIX, &m);
     free(text);
     if (rc < 0)
         return rc;
@@ -456,14 +457,14 @@ static int matrix_override(const mc_topo_t *t, const char *override, const dev_s
             rc = override_check_list(t, loc->location, loc->available, &loc->n_available, filter);
     }
     if (rc < 0) {
-        mc_topo_matrix_free(m);
+        mc__topo_matrix_free(m);
         return rc;
     }
     *m_p = m;
     return 0;
 }
 
-int mc_topo_matrix_build(mc_topo_t *t, const char *devices_filter, const char *override)
+int mc__topo_matrix_build(mc_topo_t *t, const char *devices_filter, const char *override)
 {
     dev_set_t cand = {calloc(t->n_devs + 1, sizeof(*cand.v)), 0};
     int filtered = devices_filter && *devices_filter;
@@ -471,7 +472,7 @@ int mc_topo_matrix_build(mc_topo_t *t, const char *devices_filter, const char *o
     int rc;
 
     if (!cand.v)
-        return mc_set_error(-ENOMEM, "topology: out of memory");
+        return mc__set_error(-ENOMEM, "topology: out of memory");
     rc = filtered ? cand_filter(t, devices_filter, &cand) : cand_default(t, &cand);
     if (rc < 0)
         goto out;
@@ -479,42 +480,42 @@ int mc_topo_matrix_build(mc_topo_t *t, const char *devices_filter, const char *o
         rc = matrix_override(t, override, filtered ? &cand : NULL, &m);
     } else {
         m = calloc(1, sizeof(*m));
-        rc = m ? matrix_compute(t, &cand, m) : mc_set_error(-ENOMEM, "topology: out of memory");
+        rc = m ? matrix_compute(t, &cand, m) : mc__set_error(-ENOMEM, "topology: out of memory");
     }
     if (rc < 0) {
-        mc_topo_matrix_free(m);
+        mc__topo_matrix_free(m);
         goto out;
     }
-    mc_topo_matrix_free(t->matrix);
+    mc__topo_matrix_free(t->matrix);
     t->matrix = m;
 out:
     free(cand.v);
     return rc;
 }
 
-int mc_topo_matrix_build_env(mc_topo_t *t)
+int mc__topo_matrix_build_env(mc_topo_t *t)
 {
-    return mc_topo_matrix_build(t, getenv(ENV_DEVICES), getenv(ENV_MATRIX));
+    return mc__topo_matrix_build(t, getenv(ENV_DEVICES), getenv(ENV_MATRIX));
 }
 
-int mc_topo_matrix_json(const mc_topo_t *t, char **json_p)
+int mc__topo_matrix_json(const mc_topo_t *t, char **json_p)
 {
     if (!t->matrix)
-        return mc_set_error(-EINVAL, "topology: the priority matrix is not built");
-    return mc_topo_matrix_to_json(t->matrix, json_p);
+        return mc__set_error(-EINVAL, "topology: the priority matrix is not built");
+    return mc__topo_matrix_to_json(t->matrix, json_p);
 }
 
-int mc_topo_matrix_get(const mc_topo_t *t, const char *location, const char ***preferred_p,
-                       size_t *np, const char ***available_p, size_t *na)
+int mc__topo_matrix_get(const mc_topo_t *t, const char *location, const char ***preferred_p,
+                        size_t *np, const char ***available_p, size_t *na)
 {
     const mc_topo_loc_t *loc;
 
     if (!t->matrix)
-        return mc_set_error(-EINVAL, "topology: the priority matrix is not built");
-    loc = mc_topo_matrix_find(t->matrix, location);
+        return mc__set_error(-EINVAL, "topology: the priority matrix is not built");
+    loc = mc__topo_matrix_find(t->matrix, location);
     if (!loc)
-        return mc_set_error(-ENOENT, "topology: no location \"%s\" in the priority matrix",
-                            location);
+        return mc__set_error(-ENOENT, "topology: no location \"%s\" in the priority matrix",
+                             location);
     *preferred_p = loc->preferred;
     *np = loc->n_preferred;
     *available_p = loc->available;

@@ -66,12 +66,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     memset(&d, 0xa5, sizeof(d));
     memcpy(&before, &d, sizeof(d));
-    if (mc_desc_decode(data, size, &d)) {
+    if (mc__desc_decode(data, size, &d)) {
         CHECK(memcmp(&d, &before, sizeof(d)) == 0);
         return 0;
     }
     check_desc(&d, data, size);
-    mc_desc_free(&d);
+    mc__desc_free(&d);
     CHECK(d.buffers == NULL && d.n_buffers == 0);
     return 0;
 }

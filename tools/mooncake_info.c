@@ -225,8 +225,8 @@ static void print_list(const char **v, size_t n, int width)
 
 static void print_devices(const mc_topo_t *t)
 {
-    printf("\nDevices (%zu network, %zu RDMA)\n", mc_topo_count(t, MC_DEV_NET),
-           mc_topo_count(t, MC_DEV_RDMA));
+    printf("\nDevices (%zu network, %zu RDMA)\n", mc__topo_count(t, MC_DEV_NET),
+           mc__topo_count(t, MC_DEV_RDMA));
     printf("  %-16s %-5s %-14s %-5s %s\n", "name", "kind", "pci", "numa", "addresses");
     for (size_t i = 0; i < t->n_devs; i++) {
         const mc_topo_dev_t *d = &t->devs[i];
@@ -235,10 +235,10 @@ static void print_devices(const mc_topo_t *t)
             printf("  %-16s %-5s %-14s %-5d %s\n", d->name, kind_name(d->kind), or_dash(d->pci),
                    d->numa, or_dash(d->addrs));
     }
-    if (!mc_topo_count(t, MC_DEV_NET) && !mc_topo_count(t, MC_DEV_RDMA))
+    if (!mc__topo_count(t, MC_DEV_NET) && !mc__topo_count(t, MC_DEV_RDMA))
         printf("  (none)\n");
-    printf("\nGPUs (%zu)\n", mc_topo_count(t, MC_DEV_GPU));
-    if (!mc_topo_count(t, MC_DEV_GPU)) {
+    printf("\nGPUs (%zu)\n", mc__topo_count(t, MC_DEV_GPU));
+    if (!mc__topo_count(t, MC_DEV_GPU)) {
         printf("  %s\n", t->gpu_note);
         return;
     }
@@ -314,7 +314,7 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
 {
     json_t *root, *rdma;
     char *text;
-    int rc = mc_topo_json(t, &text);
+    int rc = mc__topo_json(t, &text);
 
     if (rc < 0)
         return rc;
@@ -366,15 +366,15 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    rc = mc_topo_discover(xml, &t);
+    rc = mc__topo_discover(xml, &t);
     if (rc < 0) {
         fprintf(stderr, "mooncake-info: %s\n", mc_last_error());
         return 1;
     }
-    rc = mc_topo_matrix_build_env(t);
+    rc = mc__topo_matrix_build_env(t);
     if (rc < 0) {
         fprintf(stderr, "mooncake-info: %s\n", mc_last_error());
-        mc_topo_free(t);
+        mc__topo_free(t);
         return 1;
     }
     rdma_probe(&rdma);
@@ -383,7 +383,7 @@ int main(int argc, char **argv)
     else
         print_table(t, &rdma);
     json_decref(rdma.ports);
-    mc_topo_free(t);
+    mc__topo_free(t);
     if (rc < 0) {
         fprintf(stderr, "mooncake-info: %s\n", mc_strerror(rc));
         return 1;

@@ -30,22 +30,22 @@ static const mc_meta_ops_t *meta_backend_find(const char *scheme, size_t len)
     return NULL;
 }
 
-int mc_meta_open(const char *url, mc_meta_t **meta_p)
+int mc__meta_open(const char *url, mc_meta_t **meta_p)
 {
     const char *sep = url ? strstr(url, "://") : NULL;
     const mc_meta_ops_t *ops;
 
     if (!sep || sep == url)
-        return mc_set_error(-EINVAL, "metadata URL '%s' is not of the form scheme://...",
-                            url ? url : "(null)");
+        return mc__set_error(-EINVAL, "metadata URL '%s' is not of the form scheme://...",
+                             url ? url : "(null)");
     ops = meta_backend_find(url, (size_t)(sep - url));
     if (!ops)
-        return mc_set_error(-EINVAL, "metadata URL '%s': unknown scheme '%.*s'", url,
-                            (int)(sep - url), url);
+        return mc__set_error(-EINVAL, "metadata URL '%s': unknown scheme '%.*s'", url,
+                             (int)(sep - url), url);
     return ops->open(sep + 3, meta_p);
 }
 
-void mc_meta_close(mc_meta_t *meta)
+void mc__meta_close(mc_meta_t *meta)
 {
     if (meta)
         meta->ops->close(meta);
@@ -54,90 +54,90 @@ void mc_meta_close(mc_meta_t *meta)
 static int meta_check_key(const void *key, size_t key_len)
 {
     if (!key || key_len == 0)
-        return mc_set_error(-EINVAL, "metadata key is empty");
+        return mc__set_error(-EINVAL, "metadata key is empty");
     return 0;
 }
 
-int mc_meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p)
+int mc__meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p)
 {
     int rc = meta_check_key(key, key_len);
 
     return rc ? rc : meta->ops->get(meta, key, key_len, kv_p);
 }
 
-int mc_meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
-                int64_t lease, int64_t *revision_p)
+int mc__meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
+                 int64_t lease, int64_t *revision_p)
 {
     int rc = meta_check_key(key, key_len);
 
     return rc ? rc : meta->ops->put(meta, key, key_len, val, val_len, lease, revision_p);
 }
 
-int mc_meta_del(mc_meta_t *meta, const void *key, size_t key_len)
+int mc__meta_del(mc_meta_t *meta, const void *key, size_t key_len)
 {
     int rc = meta_check_key(key, key_len);
 
     return rc ? rc : meta->ops->del(meta, key, key_len);
 }
 
-int mc_meta_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
-                 size_t *count_p)
+int mc__meta_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
+                  size_t *count_p)
 {
     return meta->ops->list(meta, prefix, prefix_len, kvs_p, count_p);
 }
 
-int mc_meta_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
-                const void *val, size_t val_len, int64_t lease, int64_t *revision_p)
+int mc__meta_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
+                 const void *val, size_t val_len, int64_t lease, int64_t *revision_p)
 {
     int rc = meta_check_key(key, key_len);
 
     if (rc)
         return rc;
     if (expected_mod_revision < 0)
-        return mc_set_error(-EINVAL, "CAS expected revision %lld is negative",
-                            (long long)expected_mod_revision);
+        return mc__set_error(-EINVAL, "CAS expected revision %lld is negative",
+                             (long long)expected_mod_revision);
     return meta->ops->cas(meta, key, key_len, expected_mod_revision, val, val_len, lease,
                           revision_p);
 }
 
-int mc_meta_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p)
+int mc__meta_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p)
 {
     if (ttl_s == 0)
-        return mc_set_error(-EINVAL, "lease TTL must be at least 1 s");
+        return mc__set_error(-EINVAL, "lease TTL must be at least 1 s");
     return meta->ops->lease_grant(meta, ttl_s, lease_p);
 }
 
-int mc_meta_lease_keepalive(mc_meta_t *meta, int64_t lease)
+int mc__meta_lease_keepalive(mc_meta_t *meta, int64_t lease)
 {
     return meta->ops->lease_keepalive(meta, lease);
 }
 
-int mc_meta_lease_revoke(mc_meta_t *meta, int64_t lease)
+int mc__meta_lease_revoke(mc_meta_t *meta, int64_t lease)
 {
     return meta->ops->lease_revoke(meta, lease);
 }
 
-int mc_meta_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,
-                         int64_t start_revision, mc_meta_watch_t **watch_p)
+int mc__meta_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,
+                          int64_t start_revision, mc_meta_watch_t **watch_p)
 {
     if (start_revision < 0)
-        return mc_set_error(-EINVAL, "watch start revision %lld is negative",
-                            (long long)start_revision);
+        return mc__set_error(-EINVAL, "watch start revision %lld is negative",
+                             (long long)start_revision);
     return meta->ops->watch_create(meta, prefix, prefix_len, start_revision, watch_p);
 }
 
-int mc_meta_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p)
+int mc__meta_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p)
 {
     return watch->meta->ops->watch_next(watch, timeout_ms, event_p);
 }
 
-void mc_meta_watch_destroy(mc_meta_watch_t *watch)
+void mc__meta_watch_destroy(mc_meta_watch_t *watch)
 {
     if (watch)
         watch->meta->ops->watch_destroy(watch);
 }
 
-void mc_meta_kv_free(mc_meta_kv_t *kv)
+void mc__meta_kv_free(mc_meta_kv_t *kv)
 {
     if (!kv)
         return;
@@ -146,14 +146,14 @@ void mc_meta_kv_free(mc_meta_kv_t *kv)
     memset(kv, 0, sizeof(*kv));
 }
 
-void mc_meta_kvs_free(mc_meta_kv_t *kvs, size_t count)
+void mc__meta_kvs_free(mc_meta_kv_t *kvs, size_t count)
 {
     for (size_t i = 0; i < count; i++)
-        mc_meta_kv_free(&kvs[i]);
+        mc__meta_kv_free(&kvs[i]);
     free(kvs);
 }
 
-int mc_meta_key(char *buf, size_t size, const char *cluster_id, const char *kind, const char *name)
+int mc__meta_key(char *buf, size_t size, const char *cluster_id, const char *kind, const char *name)
 {
     int n;
 
@@ -162,7 +162,7 @@ int mc_meta_key(char *buf, size_t size, const char *cluster_id, const char *kind
     else
         n = snprintf(buf, size, "mooncake/%s/%s", kind, name);
     if (n < 0 || (size_t)n >= size)
-        return mc_set_error(-ENAMETOOLONG, "metadata key for %s/%s does not fit in %zu bytes", kind,
-                            name, size);
+        return mc__set_error(-ENAMETOOLONG, "metadata key for %s/%s does not fit in %zu bytes",
+                             kind, name, size);
     return n;
 }

@@ -67,54 +67,55 @@ struct mc_meta {
     const mc_meta_ops_t *ops;
 };
 
-/* Every backend watch starts with this, so that mc_meta_watch_next() can find the ops. */
+/* Every backend watch starts with this, so that mc__meta_watch_next() can find the ops. */
 struct mc_meta_watch {
     mc_meta_t *meta;
 };
 
 /* Open a backend from a URL ("file:///dir", "etcd://127.0.0.1:2379"). Errors: -EINVAL for an
  * unknown scheme or a malformed URL (reason in mc_last_error()), backend errors otherwise. */
-int mc_meta_open(const char *url, mc_meta_t **meta_p);
-void mc_meta_close(mc_meta_t *meta);
+int mc__meta_open(const char *url, mc_meta_t **meta_p);
+void mc__meta_close(mc_meta_t *meta);
 
-/* Get one key. -ENOENT if absent (or its lease expired). Free with mc_meta_kv_free(). */
-int mc_meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
+/* Get one key. -ENOENT if absent (or its lease expired). Free with mc__meta_kv_free(). */
+int mc__meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
 
 /* Put a key (lease 0 = none). *revision_p (may be NULL) gets the new store revision. */
-int mc_meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
-                int64_t lease, int64_t *revision_p);
+int mc__meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
+                 int64_t lease, int64_t *revision_p);
 
 /* Delete a key. -ENOENT if absent. */
-int mc_meta_del(mc_meta_t *meta, const void *key, size_t key_len);
+int mc__meta_del(mc_meta_t *meta, const void *key, size_t key_len);
 
 /* All keys starting with prefix (empty prefix = every key), sorted by key bytes. Free with
- * mc_meta_kvs_free(). */
-int mc_meta_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
-                 size_t *count_p);
+ * mc__meta_kvs_free(). */
+int mc__meta_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
+                  size_t *count_p);
 
 /* Put only if the key's mod_revision equals expected (0 = key absent). -MC_ECONFLICT if not. */
-int mc_meta_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
-                const void *val, size_t val_len, int64_t lease, int64_t *revision_p);
+int mc__meta_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
+                 const void *val, size_t val_len, int64_t lease, int64_t *revision_p);
 
 /* Leases: grant with a TTL in seconds (>= 1), keep alive (-ENOENT once expired), revoke
  * (deletes its keys). */
-int mc_meta_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p);
-int mc_meta_lease_keepalive(mc_meta_t *meta, int64_t lease);
-int mc_meta_lease_revoke(mc_meta_t *meta, int64_t lease);
+int mc__meta_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p);
+int mc__meta_lease_keepalive(mc_meta_t *meta, int64_t lease);
+int mc__meta_lease_revoke(mc_meta_t *meta, int64_t lease);
 
 /* Watch keys under prefix from start_revision (0 = from now). watch_next waits up to
  * timeout_ms (-1 = forever) for the next event: 0 and *event_p filled (free its kv with
- * mc_meta_kv_free), or -ETIMEDOUT. Events of one key arrive in revision order. */
-int mc_meta_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,
-                         int64_t start_revision, mc_meta_watch_t **watch_p);
-int mc_meta_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p);
-void mc_meta_watch_destroy(mc_meta_watch_t *watch);
+ * mc__meta_kv_free), or -ETIMEDOUT. Events of one key arrive in revision order. */
+int mc__meta_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,
+                          int64_t start_revision, mc_meta_watch_t **watch_p);
+int mc__meta_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p);
+void mc__meta_watch_destroy(mc_meta_watch_t *watch);
 
-void mc_meta_kv_free(mc_meta_kv_t *kv);
-void mc_meta_kvs_free(mc_meta_kv_t *kvs, size_t count);
+void mc__meta_kv_free(mc_meta_kv_t *kv);
+void mc__meta_kvs_free(mc_meta_kv_t *kvs, size_t count);
 
 /* Build "mooncake/[cluster/]<kind>/<name>" into buf (NUL-terminated). Returns its length, or
  * -ENAMETOOLONG. */
-int mc_meta_key(char *buf, size_t size, const char *cluster_id, const char *kind, const char *name);
+int mc__meta_key(char *buf, size_t size, const char *cluster_id, const char *kind,
+                 const char *name);
 
 #endif

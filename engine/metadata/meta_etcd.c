@@ -21,11 +21,11 @@ int mc__etcd_kv_decode(json_t *jkv, mc_meta_kv_t *kv_p)
 
     rc = mc__etcd_b64_decode(k ? k : "", &key, &kv.key_len);
     if (rc)
-        return mc_set_error(-MC_EMETA, "etcd sent a key that is not base64");
+        return mc__set_error(-MC_EMETA, "etcd sent a key that is not base64");
     rc = mc__etcd_b64_decode(v ? v : "", &val, &kv.value_len);
     if (rc) {
         free(key);
-        return mc_set_error(-MC_EMETA, "etcd sent a value that is not base64");
+        return mc__set_error(-MC_EMETA, "etcd sent a value that is not base64");
     }
     kv.key = key;
     kv.value = val;
@@ -45,7 +45,7 @@ int mc__etcd_prefix_range(const void *prefix, size_t len, char **key_p, char **e
     char *k, *e;
 
     if (!end)
-        return mc_set_error(-ENOMEM, "no memory for a key range");
+        return mc__set_error(-ENOMEM, "no memory for a key range");
     memcpy(end, prefix, len);
     while (n > 0 && end[n - 1] == 0xff)
         n--;
@@ -59,7 +59,7 @@ int mc__etcd_prefix_range(const void *prefix, size_t len, char **key_p, char **e
     if (!k || !e) {
         free(k);
         free(e);
-        return mc_set_error(-ENOMEM, "no memory for a key range");
+        return mc__set_error(-ENOMEM, "no memory for a key range");
     }
     *key_p = k;
     *end_p = e;
@@ -100,7 +100,7 @@ err:
 
 static int no_memory(void)
 {
-    return mc_set_error(-ENOMEM, "no memory for an etcd request");
+    return mc__set_error(-ENOMEM, "no memory for an etcd request");
 }
 
 /* Send req (consumed; NULL when building it ran out of memory) to path. */
@@ -125,8 +125,8 @@ static int etcd_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv
         return rc;
     json_t *kvs = json_object_get(resp, "kvs");
     if (json_array_size(kvs) == 0)
-        rc = mc_set_error(-ENOENT, "metadata key %.*s not found in etcd", (int)key_len,
-                          (const char *)key);
+        rc = mc__set_error(-ENOENT, "metadata key %.*s not found in etcd", (int)key_len,
+                           (const char *)key);
     else
         rc = mc__etcd_kv_decode(json_array_get(kvs, 0), kv_p);
     json_decref(resp);
@@ -157,8 +157,8 @@ static int etcd_del(mc_meta_t *meta, const void *key, size_t key_len)
     if (rc)
         return rc;
     if (mc__etcd_int(resp, "deleted") == 0)
-        rc = mc_set_error(-ENOENT, "metadata key %.*s not found in etcd", (int)key_len,
-                          (const char *)key);
+        rc = mc__set_error(-ENOENT, "metadata key %.*s not found in etcd", (int)key_len,
+                           (const char *)key);
     json_decref(resp);
     return rc;
 }
@@ -187,7 +187,7 @@ static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
         rc = mc__etcd_kv_decode(json_array_get(arr, i), &kvs[i]);
     json_decref(resp);
     if (rc) {
-        mc_meta_kvs_free(kvs, i);
+        mc__meta_kvs_free(kvs, i);
         return rc;
     }
     *kvs_p = kvs;
@@ -227,7 +227,7 @@ static int etcd_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t ex
         json_t *r = json_object_get(json_array_get(json_object_get(resp, "responses"), 0),
                                     "response_range");
         json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
-        rc = mc_set_error(
+        rc = mc__set_error(
             -MC_ECONFLICT, "CAS on %.*s: mod_revision is %" PRId64 ", expected %" PRId64,
             (int)key_len, (const char *)key, mc__etcd_int(kv, "mod_revision"), expected);
     }
@@ -254,7 +254,7 @@ static int etcd_lease_grant(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p)
     id = mc__etcd_int(resp, "ID");
     json_decref(resp);
     if (id == 0)
-        return mc_set_error(-MC_EMETA, "etcd granted no lease");
+        return mc__set_error(-MC_EMETA, "etcd granted no lease");
     *lease_p = id;
     return 0;
 }
@@ -268,7 +268,7 @@ static int etcd_lease_keepalive(mc_meta_t *meta, int64_t lease)
     if (rc)
         return rc;
     if (mc__etcd_int(json_object_get(resp, "result"), "TTL") <= 0)
-        rc = mc_set_error(-ENOENT, "etcd lease %" PRId64 " expired or does not exist", lease);
+        rc = mc__set_error(-ENOENT, "etcd lease %" PRId64 " expired or does not exist", lease);
     json_decref(resp);
     return rc;
 }

@@ -98,7 +98,7 @@ static int env_copy(const char *name, char **out_p)
     if (!v || !*v)
         return 0;
     *out_p = strdup(v);
-    return *out_p ? 0 : mc_set_error(-ENOMEM, "no memory for %s", name);
+    return *out_p ? 0 : mc__set_error(-ENOMEM, "no memory for %s", name);
 }
 
 static int env_file(const char *name, char **out_p)
@@ -106,8 +106,8 @@ static int env_file(const char *name, char **out_p)
     int rc = env_copy(name, out_p);
 
     if (rc == 0 && *out_p && access(*out_p, R_OK) != 0)
-        return mc_set_error(-MC_ECONFIG, "%s=%s: cannot read the file: %s", name, *out_p,
-                            strerror(errno));
+        return mc__set_error(-MC_ECONFIG, "%s=%s: cannot read the file: %s", name, *out_p,
+                             strerror(errno));
     return rc;
 }
 
@@ -121,23 +121,23 @@ static int etcd_config(mc_meta_etcd_t *m)
         char *end;
         long v = strtol(t, &end, 10);
         if (*end || v < 100 || v > 600000)
-            return mc_set_error(-MC_ECONFIG, "MC_ETCD_TIMEOUT_MS=%s: want 100..600000", t);
+            return mc__set_error(-MC_ECONFIG, "MC_ETCD_TIMEOUT_MS=%s: want 100..600000", t);
         m->timeout_ms = v;
     }
     if ((rc = env_copy("MC_ETCD_USER", &m->user)) ||
         (rc = env_copy("MC_ETCD_PASSWORD", &m->password)))
         return rc;
     if (!m->user != !m->password)
-        return mc_set_error(-MC_ECONFIG, "%s is set but %s is not: set both or neither",
-                            m->user ? "MC_ETCD_USER" : "MC_ETCD_PASSWORD",
-                            m->user ? "MC_ETCD_PASSWORD" : "MC_ETCD_USER");
+        return mc__set_error(-MC_ECONFIG, "%s is set but %s is not: set both or neither",
+                             m->user ? "MC_ETCD_USER" : "MC_ETCD_PASSWORD",
+                             m->user ? "MC_ETCD_PASSWORD" : "MC_ETCD_USER");
     if ((rc = env_file("MC_ETCD_CACERT", &m->cacert)) ||
         (rc = env_file("MC_ETCD_CERT", &m->cert)) || (rc = env_file("MC_ETCD_KEY", &m->key)))
         return rc;
     if (!m->cert != !m->key)
-        return mc_set_error(-MC_ECONFIG, "%s is set but %s is not: set both or neither",
-                            m->cert ? "MC_ETCD_CERT" : "MC_ETCD_KEY",
-                            m->cert ? "MC_ETCD_KEY" : "MC_ETCD_CERT");
+        return mc__set_error(-MC_ECONFIG, "%s is set but %s is not: set both or neither",
+                             m->cert ? "MC_ETCD_CERT" : "MC_ETCD_KEY",
+                             m->cert ? "MC_ETCD_KEY" : "MC_ETCD_CERT");
     return 0;
 }
 
@@ -151,14 +151,14 @@ static int etcd_parse_endpoints(mc_meta_etcd_t *m, const char *rest)
         size_t n = strcspn(p, ",/");
         const char *colon = memchr(p, ':', n);
         if (n == 0 || !colon || colon == p || colon + 1 == p + n)
-            return mc_set_error(-EINVAL, "metadata URL etcd://%s: want host:port[,host:port...]",
-                                rest);
+            return mc__set_error(-EINVAL, "metadata URL etcd://%s: want host:port[,host:port...]",
+                                 rest);
         if (m->n_endpoints == MC_ETCD_MAX_ENDPOINTS)
-            return mc_set_error(-EINVAL, "metadata URL etcd://%s: more than %d endpoints", rest,
-                                MC_ETCD_MAX_ENDPOINTS);
+            return mc__set_error(-EINVAL, "metadata URL etcd://%s: more than %d endpoints", rest,
+                                 MC_ETCD_MAX_ENDPOINTS);
         char *ep = malloc(n + 16);
         if (!ep)
-            return mc_set_error(-ENOMEM, "no memory for an etcd endpoint");
+            return mc__set_error(-ENOMEM, "no memory for an etcd endpoint");
         snprintf(ep, n + 16, "%s://%.*s", scheme, (int)n, p);
         m->endpoints[m->n_endpoints++] = ep;
         p += n;
@@ -166,7 +166,8 @@ static int etcd_parse_endpoints(mc_meta_etcd_t *m, const char *rest)
             p++;
     }
     if (m->n_endpoints == 0 || (*p == '/' && p[1]))
-        return mc_set_error(-EINVAL, "metadata URL etcd://%s: want host:port[,host:port...]", rest);
+        return mc__set_error(-EINVAL, "metadata URL etcd://%s: want host:port[,host:port...]",
+                             rest);
     return 0;
 }
 
@@ -185,7 +186,7 @@ int mc__etcd_http_init(mc_meta_etcd_t *m, const char *rest_of_url)
     pthread_mutex_init(&m->lock, NULL); /* first: fini destroys it whatever failed */
     pthread_once(&curl_once, curl_init);
     if (curl_init_rc != CURLE_OK)
-        return mc_set_error(-MC_EMETA, "curl_global_init: %s", curl_easy_strerror(curl_init_rc));
+        return mc__set_error(-MC_EMETA, "curl_global_init: %s", curl_easy_strerror(curl_init_rc));
     rc = etcd_config(m);
     if (rc == 0)
         rc = etcd_parse_endpoints(m, rest_of_url);
@@ -300,19 +301,19 @@ static int curl_error(mc_meta_etcd_t *m, const char *url, CURLcode c, const char
 
     switch (c) {
     case CURLE_OPERATION_TIMEDOUT:
-        return mc_set_error(-MC_ETIMEOUT, "etcd %s: no answer within %ld ms (%s)", url,
-                            m->timeout_ms, why);
+        return mc__set_error(-MC_ETIMEOUT, "etcd %s: no answer within %ld ms (%s)", url,
+                             m->timeout_ms, why);
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_SSL_CERTPROBLEM:
     case CURLE_USE_SSL_FAILED:
-        return mc_set_error(-MC_EAUTH,
-                            "etcd %s: TLS handshake failed: %s (check MC_ETCD_CACERT, "
-                            "MC_ETCD_CERT, MC_ETCD_KEY)",
-                            url, why);
+        return mc__set_error(-MC_EAUTH,
+                             "etcd %s: TLS handshake failed: %s (check MC_ETCD_CACERT, "
+                             "MC_ETCD_CERT, MC_ETCD_KEY)",
+                             url, why);
     default:
-        return mc_set_error(-MC_EMETA, "etcd %s: %s", url, why);
+        return mc__set_error(-MC_EMETA, "etcd %s: %s", url, why);
     }
 }
 
@@ -332,16 +333,16 @@ static int grpc_error(const char *url, long http, json_t *body)
     if (code == 16 || code == 7 || http == 401 || http == 403 ||
         strstr(msg, "authentication failed") || strstr(msg, "invalid auth token") ||
         strstr(msg, "user name is empty") || strstr(msg, "permission denied"))
-        return mc_set_error(-MC_EAUTH, "etcd %s: %s (check MC_ETCD_USER, MC_ETCD_PASSWORD)", url,
-                            msg);
+        return mc__set_error(-MC_EAUTH, "etcd %s: %s (check MC_ETCD_USER, MC_ETCD_PASSWORD)", url,
+                             msg);
     if (strstr(msg, "too large") || code == 8)
-        return mc_set_error(-EMSGSIZE,
-                            "etcd %s: %s (etcd's --max-request-bytes, 1.5 MiB by "
-                            "default, bounds a key plus its value)",
-                            url, msg);
+        return mc__set_error(-EMSGSIZE,
+                             "etcd %s: %s (etcd's --max-request-bytes, 1.5 MiB by "
+                             "default, bounds a key plus its value)",
+                             url, msg);
     if (code == 5 || strstr(msg, "not found"))
-        return mc_set_error(-ENOENT, "etcd %s: %s", url, msg);
-    return mc_set_error(-MC_EMETA, "etcd %s: HTTP %ld, gRPC code %d: %s", url, http, code, msg);
+        return mc__set_error(-ENOENT, "etcd %s: %s", url, msg);
+    return mc__set_error(-MC_EMETA, "etcd %s: HTTP %ld, gRPC code %d: %s", url, http, code, msg);
 }
 
 /* One exchange with one endpoint. Returns 0 with *resp_p, or an error; *conn_err_p says if
@@ -359,7 +360,7 @@ static int http_post(mc_meta_etcd_t *m, unsigned ep, const char *path, const cha
 
     *conn_err_p = *auth_err_p = false;
     if (!h)
-        return mc_set_error(-ENOMEM, "curl_easy_init failed");
+        return mc__set_error(-ENOMEM, "curl_easy_init failed");
     snprintf(url, sizeof(url), "%s/v3/%s", m->endpoints[ep], path);
     hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
     hdrs = curl_slist_append(hdrs, "Expect:");
@@ -395,8 +396,8 @@ static int http_post(mc_meta_etcd_t *m, unsigned ep, const char *path, const cha
     if (!json_is_object(resp)) {
         json_decref(resp);
         *conn_err_p = http >= 500; /* e.g. a proxy in front of a dead etcd */
-        return mc_set_error(-MC_EMETA, "etcd %s: HTTP %ld with a body that is not a JSON object",
-                            url, http);
+        return mc__set_error(-MC_EMETA, "etcd %s: HTTP %ld with a body that is not a JSON object",
+                             url, http);
     }
     if (http == 200 && !json_object_get(resp, "error")) {
         *resp_p = resp;
@@ -449,7 +450,7 @@ int mc__etcd_call(mc_meta_etcd_t *m, const char *path, json_t *req, json_t **res
     int rc;
 
     if (!body)
-        return mc_set_error(-ENOMEM, "no memory for an etcd request");
+        return mc__set_error(-ENOMEM, "no memory for an etcd request");
     char *token = mc__etcd_token(m, &gen);
     rc = call_once(m, path, body, token, resp_p, &auth_err);
     free(token);
@@ -480,19 +481,19 @@ int mc__etcd_authenticate(mc_meta_etcd_t *m)
     body = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     if (!body)
-        return mc_set_error(-ENOMEM, "no memory for an etcd request");
+        return mc__set_error(-ENOMEM, "no memory for an etcd request");
     rc = call_once(m, "auth/authenticate", body, NULL, &resp, &auth_err);
     free(body);
     if (rc == -MC_EAUTH || (rc == -MC_EMETA && strstr(mc_last_error(), "authentication")))
-        return mc_set_error(-MC_EAUTH, "etcd: authenticating as MC_ETCD_USER=%s failed: %s",
-                            m->user, mc_last_error());
+        return mc__set_error(-MC_EAUTH, "etcd: authenticating as MC_ETCD_USER=%s failed: %s",
+                             m->user, mc_last_error());
     if (rc)
         return rc;
     const char *tok = json_string_value(json_object_get(resp, "token"));
     char *copy = tok ? strdup(tok) : NULL;
     json_decref(resp);
     if (!copy)
-        return mc_set_error(-MC_EMETA, "etcd: authenticate answered without a token");
+        return mc__set_error(-MC_EMETA, "etcd: authenticate answered without a token");
     pthread_mutex_lock(&m->lock);
     free(m->token);
     m->token = copy;

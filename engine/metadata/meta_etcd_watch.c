@@ -302,7 +302,7 @@ static int watch_current_rev(etcd_watch_t *w, int64_t *rev_p)
     int rc;
 
     if (!req)
-        return mc_set_error(-ENOMEM, "no memory for an etcd request");
+        return mc__set_error(-ENOMEM, "no memory for an etcd request");
     rc = mc__etcd_call(w->m, "kv/range", req, &resp);
     json_decref(req);
     if (rc)
@@ -318,7 +318,7 @@ static void watch_free(etcd_watch_t *w)
 
     for (n = w->head; n; n = next) {
         next = n->next;
-        mc_meta_kv_free(&n->ev.kv);
+        mc__meta_kv_free(&n->ev.kv);
         free(n);
     }
     if (w->multi)
@@ -339,7 +339,7 @@ int mc__etcd_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len
     int rc;
 
     if (!w)
-        return mc_set_error(-ENOMEM, "no memory for a watch");
+        return mc__set_error(-ENOMEM, "no memory for a watch");
     w->base.meta = meta;
     w->m = MC_META_ETCD(meta);
     w->tail = &w->head;
@@ -359,12 +359,12 @@ int mc__etcd_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len
         goto err_free;
     w->multi = curl_multi_init();
     if (!w->multi) {
-        rc = mc_set_error(-ENOMEM, "curl_multi_init failed");
+        rc = mc__set_error(-ENOMEM, "curl_multi_init failed");
         goto err_free;
     }
     rc = pthread_create(&w->tid, NULL, watch_thread, w);
     if (rc) {
-        rc = mc_set_error(-rc, "cannot start an etcd watch thread: %s", strerror(rc));
+        rc = mc__set_error(-rc, "cannot start an etcd watch thread: %s", strerror(rc));
         goto err_free;
     }
     *watch_p = &w->base;

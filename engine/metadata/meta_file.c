@@ -38,7 +38,7 @@ static int file_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv
     kv.key = malloc(key_len + 1);
     if (!kv.key) {
         free(kv.value);
-        return mc_set_error(-ENOMEM, "no memory for a metadata key");
+        return mc__set_error(-ENOMEM, "no memory for a metadata key");
     }
     memcpy(kv.key, key, key_len);
     kv.key[key_len] = '\0';
@@ -50,7 +50,7 @@ static int file_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv
     return 0;
 
 out_absent:
-    return rc == -ENOENT ? mc_set_error(-ENOENT, "metadata key %s not found", name) : rc;
+    return rc == -ENOENT ? mc__set_error(-ENOENT, "metadata key %s not found", name) : rc;
 }
 
 /* The key's mod_revision, 0 if absent or its lease is dead. Caller holds the exclusive lock. */
@@ -78,15 +78,15 @@ static int file_update_locked(mc_meta_file_t *f, const char *name, int64_t expec
     int rc;
 
     if (lease && !mc__meta_file_lease_alive(f, lease))
-        return mc_set_error(-ENOENT, "lease %" PRId64 " does not exist or expired", lease);
+        return mc__set_error(-ENOENT, "lease %" PRId64 " does not exist or expired", lease);
     if (expected >= 0) {
         rc = file_current_rev(f, name, &cur);
         if (rc)
             return rc;
         if (cur != expected)
-            return mc_set_error(-MC_ECONFLICT,
-                                "CAS on %s: mod_revision is %" PRId64 ", expected %" PRId64, name,
-                                cur, expected);
+            return mc__set_error(-MC_ECONFLICT,
+                                 "CAS on %s: mod_revision is %" PRId64 ", expected %" PRId64, name,
+                                 cur, expected);
     }
     rc = mc__meta_file_rev_bump(f, &rev);
     if (rc == 0)
@@ -107,8 +107,8 @@ static int file_update(mc_meta_t *meta, const void *key, size_t key_len, int64_t
     if (rc)
         return rc;
     if (val_len > MC_META_FILE_VALUE_MAX)
-        return mc_set_error(-EMSGSIZE, "metadata value of %zu bytes exceeds %u", val_len,
-                            MC_META_FILE_VALUE_MAX);
+        return mc__set_error(-EMSGSIZE, "metadata value of %zu bytes exceeds %u", val_len,
+                             MC_META_FILE_VALUE_MAX);
     rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
     if (rc)
         return rc;
@@ -142,7 +142,7 @@ static int file_del(mc_meta_t *meta, const void *key, size_t key_len)
         return rc;
     rc = file_current_rev(f, name, &cur);
     if (rc == 0 && cur == 0)
-        rc = mc_set_error(-ENOENT, "metadata key %s not found", name);
+        rc = mc__set_error(-ENOENT, "metadata key %s not found", name);
     if (rc == 0)
         rc = mc__meta_file_key_remove(f, name);
     mc__meta_file_unlock(lock_fd);
@@ -209,7 +209,7 @@ static int file_lease_keepalive(mc_meta_t *meta, int64_t lease)
         rc = -ENOENT;
     }
     if (rc == -ENOENT)
-        rc = mc_set_error(-ENOENT, "lease %" PRId64 " does not exist or expired", lease);
+        rc = mc__set_error(-ENOENT, "lease %" PRId64 " does not exist or expired", lease);
     if (rc == 0)
         rc = mc__meta_file_lease_write(f, lease, ttl);
     mc__meta_file_unlock(lock_fd);
@@ -230,7 +230,7 @@ static int file_lease_revoke(mc_meta_t *meta, int64_t lease)
     rc = lease ? mc__meta_file_sweep_keys(f, lease) : 0;
     mc__meta_file_unlock(lock_fd);
     if (rc == 0 && !existed)
-        rc = mc_set_error(-ENOENT, "lease %" PRId64 " does not exist", lease);
+        rc = mc__set_error(-ENOENT, "lease %" PRId64 " does not exist", lease);
     return rc;
 }
 
@@ -245,7 +245,7 @@ static int file_mkdirs(char *path)
         if (!end)
             *p = '/';
         if (rc < 0 && errno != EEXIST)
-            return mc_set_error(-MC_EMETA, "metadata store: mkdir %s: %s", path, strerror(errno));
+            return mc__set_error(-MC_EMETA, "metadata store: mkdir %s: %s", path, strerror(errno));
         if (end)
             return 0;
     }
@@ -316,11 +316,11 @@ static int file_open(const char *path, mc_meta_t **meta_p)
     int rc;
 
     if (path[0] != '/')
-        return mc_set_error(-EINVAL, "metadata URL file://%s: the path must be absolute", path);
+        return mc__set_error(-EINVAL, "metadata URL file://%s: the path must be absolute", path);
     f = calloc(1, sizeof(*f));
     if (!f || !(f->dir = strdup(path))) {
         free(f);
-        return mc_set_error(-ENOMEM, "no memory for metadata store %s", path);
+        return mc__set_error(-ENOMEM, "no memory for metadata store %s", path);
     }
     f->base.ops = &mc__meta_file_ops;
     f->dir_fd = f->keys_fd = f->leases_fd = f->tmp_fd = -1;

@@ -97,7 +97,7 @@ int mc__meta_file_reap_locked(mc_meta_file_t *f);
 int mc__meta_file_reap(mc_meta_file_t *f);
 int mc__meta_file_kv_cmp(const void *a, const void *b);
 /* List the live keys under s->prefix into s->kvs (sorted; the caller frees them with
- * mc_meta_kvs_free), reaping expired leases first if it meets any. Takes the shared lock. */
+ * mc__meta_kvs_free), reaping expired leases first if it meets any. Takes the shared lock. */
 int mc__meta_file_scan(mc_meta_file_t *f, mc_meta_file_scan_t *s);
 
 /* Watches (meta_file_watch.c). */

@@ -21,8 +21,8 @@
 
 int mc__meta_file_err(mc_meta_file_t *f, const char *what, const char *name)
 {
-    return mc_set_error(-MC_EMETA, "metadata store %s: %s %s: %s", f->dir, what, name,
-                        strerror(errno));
+    return mc__set_error(-MC_EMETA, "metadata store %s: %s %s: %s", f->dir, what, name,
+                         strerror(errno));
 }
 
 int64_t mc__meta_file_now_ms(void)
@@ -50,7 +50,7 @@ int mc__meta_file_key_encode(const void *key, size_t len, char name[NAME_MAX + 1
 
     for (size_t i = 0; i < len; i++) {
         if (n + 3 > NAME_MAX)
-            return mc_set_error(-ENAMETOOLONG, "metadata key of %zu bytes is too long", len);
+            return mc__set_error(-ENAMETOOLONG, "metadata key of %zu bytes is too long", len);
         if (file_char_plain(k[i], i))
             name[n++] = (char)k[i];
         else
@@ -257,7 +257,7 @@ int mc__meta_file_record_open(mc_meta_file_t *f, const char *name, mc_meta_file_
     }
     if (file_hdr_parse(buf, (size_t)n, hdr_p) < 0 ||
         (size_t)st.st_size != hdr_p->hdr_len + hdr_p->value_len) {
-        mc_set_error(-MC_EMETA, "metadata store %s: key file %s is corrupt", f->dir, name);
+        mc__set_error(-MC_EMETA, "metadata store %s: key file %s is corrupt", f->dir, name);
         goto err_close_fd;
     }
     *fd_p = fd;
@@ -275,7 +275,7 @@ int mc__meta_file_record_value(mc_meta_file_t *f, int fd, const mc_meta_file_hdr
     size_t done = 0;
 
     if (!value)
-        return mc_set_error(-ENOMEM, "no memory for a %zu-byte value", hdr->value_len);
+        return mc__set_error(-ENOMEM, "no memory for a %zu-byte value", hdr->value_len);
     while (done < hdr->value_len) {
         ssize_t n = pread(fd, value + done, hdr->value_len - done, (off_t)(hdr->hdr_len + done));
         if (n < 0 && errno == EINTR)
@@ -313,7 +313,7 @@ int mc__meta_file_lease_read(mc_meta_file_t *f, int64_t id, int64_t *expiry_p, i
     if (rc)
         return rc;
     if (sscanf(buf, "%lld %lld", &expiry, &ttl) != 2)
-        return mc_set_error(-MC_EMETA, "metadata store %s: lease %s is corrupt", f->dir, name);
+        return mc__set_error(-MC_EMETA, "metadata store %s: lease %s is corrupt", f->dir, name);
     *expiry_p = expiry;
     *ttl_p = ttl;
     return 0;
@@ -451,7 +451,7 @@ static int file_scan_grow(mc_meta_file_scan_t *s)
     mc_meta_kv_t *kvs = realloc(s->kvs, cap * sizeof(*kvs));
 
     if (!kvs)
-        return mc_set_error(-ENOMEM, "no memory to list %zu metadata keys", cap);
+        return mc__set_error(-ENOMEM, "no memory to list %zu metadata keys", cap);
     s->kvs = kvs;
     s->cap = cap;
     return 0;
@@ -496,7 +496,7 @@ static int file_scan_entry(mc_meta_file_t *f, mc_meta_file_scan_t *s, const char
     }
     rc = file_scan_read(f, s, kv, name);
     if (rc) {
-        mc_meta_kv_free(kv);
+        mc__meta_kv_free(kv);
         return rc == -ENOENT ? 0 : rc;
     }
     s->count++;
@@ -516,7 +516,7 @@ int mc__meta_file_kv_cmp(const void *a, const void *b)
 
 static void file_scan_reset(mc_meta_file_scan_t *s)
 {
-    mc_meta_kvs_free(s->kvs, s->count);
+    mc__meta_kvs_free(s->kvs, s->count);
     s->kvs = NULL;
     s->count = s->cap = 0;
     s->expired = false;

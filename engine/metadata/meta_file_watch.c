@@ -58,7 +58,7 @@ static int file_watch_push(file_watch_t *w, mc_meta_event_type_t type, mc_meta_k
         size_t cap = w->ev_cap ? w->ev_cap * 2 : 16;
         mc_meta_event_t *ev = realloc(w->events, cap * sizeof(*ev));
         if (!ev)
-            return mc_set_error(-ENOMEM, "no memory for %zu watch events", cap);
+            return mc__set_error(-ENOMEM, "no memory for %zu watch events", cap);
         w->events = ev;
         w->ev_cap = cap;
     }
@@ -89,7 +89,7 @@ static int file_watch_queue_puts(file_watch_t *w, mc_meta_file_scan_t *s)
             memcpy(kv.key, s->kvs[i].key, kv.key_len + 1);
         if (!kv.key || file_watch_push(w, MC_META_PUT, &kv) != 0) {
             free(kv.key);
-            return mc_set_error(-ENOMEM, "no memory for a watch event");
+            return mc__set_error(-ENOMEM, "no memory for a watch event");
         }
         s->kvs[i].value = NULL;
     }
@@ -112,8 +112,8 @@ static int file_watch_queue_dels(file_watch_t *w, mc_meta_file_scan_t *s)
         if (kv.key)
             memcpy(kv.key, old->key, old->key_len + 1);
         if (!kv.key || !kv.value || file_watch_push(w, MC_META_DELETE, &kv) != 0) {
-            mc_meta_kv_free(&kv);
-            return mc_set_error(-ENOMEM, "no memory for a watch event");
+            mc__meta_kv_free(&kv);
+            return mc__set_error(-ENOMEM, "no memory for a watch event");
         }
     }
     return 0;
@@ -133,10 +133,10 @@ static int file_watch_poll(file_watch_t *w)
     if (rc == 0)
         rc = file_watch_queue_dels(w, &s);
     if (rc) {
-        mc_meta_kvs_free(s.kvs, s.count);
+        mc__meta_kvs_free(s.kvs, s.count);
         return rc;
     }
-    mc_meta_kvs_free(w->snap, w->nsnap);
+    mc__meta_kvs_free(w->snap, w->nsnap);
     w->snap = s.kvs;
     w->nsnap = s.count;
     w->primed = true;
@@ -154,9 +154,9 @@ void mc__meta_file_watch_destroy(mc_meta_watch_t *watch)
     file_watch_t *w = (file_watch_t *)watch;
 
     for (size_t i = w->ev_head; i < w->ev_count; i++)
-        mc_meta_kv_free(&w->events[i].kv);
+        mc__meta_kv_free(&w->events[i].kv);
     free(w->events);
-    mc_meta_kvs_free(w->snap, w->nsnap);
+    mc__meta_kvs_free(w->snap, w->nsnap);
     if (w->ino_fd >= 0)
         close(w->ino_fd);
     free(w->prefix);
@@ -187,7 +187,7 @@ int mc__meta_file_watch_create(mc_meta_t *meta, const void *prefix, size_t prefi
 
     if (!w || !(w->prefix = malloc(prefix_len + 1))) {
         free(w);
-        return mc_set_error(-ENOMEM, "no memory for a metadata watch");
+        return mc__set_error(-ENOMEM, "no memory for a metadata watch");
     }
     w->base.meta = meta;
     if (prefix_len)
@@ -261,7 +261,7 @@ int mc__meta_file_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_eve
         }
         left = deadline - file_mono_ms();
         if (timeout_ms >= 0 && left <= 0)
-            return mc_set_error(-ETIMEDOUT, "no metadata event within %d ms", timeout_ms);
+            return mc__set_error(-ETIMEDOUT, "no metadata event within %d ms", timeout_ms);
         if (timeout_ms < 0 || left > FILE_WATCH_TICK_MS)
             left = FILE_WATCH_TICK_MS;
         changed = file_watch_wait(w, (int)left);

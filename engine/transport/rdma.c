@@ -74,10 +74,10 @@ static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
     struct ibv_port_attr pa;
 
     if (ibv_query_device(d->ctx, &da) || ibv_query_port(d->ctx, d->port, &pa))
-        return mc_set_error(-EIO, "%s: cannot query the device or port %u", d->name, d->port);
+        return mc__set_error(-EIO, "%s: cannot query the device or port %u", d->name, d->port);
     if (pa.state != IBV_PORT_ACTIVE)
-        return mc_set_error(-MC_ENODEV, "%s port %u is %s", d->name, d->port,
-                            ibv_port_state_str(pa.state));
+        return mc__set_error(-MC_ENODEV, "%s port %u is %s", d->name, d->port,
+                             ibv_port_state_str(pa.state));
     d->link = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
                                                        : IBV_LINK_LAYER_INFINIBAND;
     d->lid = pa.lid;
@@ -86,13 +86,13 @@ static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
         d->mtu = (uint16_t)e->cfg.mtu;
     d->gid_index = gid_pick(e, d, pa.gid_tbl_len);
     if (ibv_query_gid(d->ctx, d->port, d->gid_index, &d->gid))
-        return mc_set_error(-MC_ECONFIG, "%s: no GID at index %d (MC_GID_INDEX)", d->name,
-                            d->gid_index);
+        return mc__set_error(-MC_ECONFIG, "%s: no GID at index %d (MC_GID_INDEX)", d->name,
+                             d->gid_index);
     /* Pieces of at most 1 TiB keep offsets and JSON integers small. */
     d->max_mr = (da.max_mr_size < (1ull << 40) ? da.max_mr_size : 1ull << 40) & ~4095ull;
     if (!d->max_mr)
-        return mc_set_error(-MC_ENODEV, "%s: max_mr_size %llu is below a page", d->name,
-                            (unsigned long long)da.max_mr_size);
+        return mc__set_error(-MC_ENODEV, "%s: max_mr_size %llu is below a page", d->name,
+                             (unsigned long long)da.max_mr_size);
     d->max_rd_atomic = da.max_qp_rd_atom < 16 ? (unsigned)da.max_qp_rd_atom : 16;
     d->cq_size = da.max_cqe < MC_RDMA_CQ_MAX ? (unsigned)da.max_cqe : MC_RDMA_CQ_MAX;
     /* Relaxed ordering is an optional flag: devices without it ignore it. */
@@ -102,14 +102,14 @@ static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
     d->ch = d->pd ? ibv_create_comp_channel(d->ctx) : NULL;
     d->cq = d->ch ? ibv_create_cq(d->ctx, (int)d->cq_size, d, d->ch, 0) : NULL;
     if (!d->cq)
-        return mc_set_error(-ENOMEM, "%s: cannot create a PD, completion channel or CQ", d->name);
+        return mc__set_error(-ENOMEM, "%s: cannot create a PD, completion channel or CQ", d->name);
     d->cq_poll.fd = d->ch->fd;
     d->cq_poll.handler = cq_handler;
     d->async_poll.fd = d->ctx->async_fd;
     d->async_poll.handler = async_handler;
     if (nonblocking(d->ch->fd) || nonblocking(d->ctx->async_fd) || ibv_req_notify_cq(d->cq, 0) ||
         mc__epoll_add(e, &d->cq_poll, EPOLLIN) || mc__epoll_add(e, &d->async_poll, EPOLLIN))
-        return mc_set_error(-EIO, "%s: cannot watch its completion channel", d->name);
+        return mc__set_error(-EIO, "%s: cannot watch its completion channel", d->name);
     return 0;
 }
 
@@ -149,7 +149,7 @@ int mc__rdma_init(mc_engine_t *e)
     r = calloc(1, sizeof(*r));
     if (!r) {
         ibv_free_device_list(list);
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     }
     mc_list_init(&r->qps);
     mc_list_init(&r->to_post);
@@ -199,7 +199,7 @@ void mc__rdma_close(mc_engine_t *e)
 static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
 {
     mc_list_t *pos, *tmp;
-    uint64_t now = mc_now_ns();
+    uint64_t now = mc__now_ns();
 
     mc_list_for_each_safe(pos, tmp, &e->rdma->qps)
     {
@@ -276,7 +276,7 @@ int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
     uint32_t n_chunks = (uint32_t)((b->len + r->chunk - 1) / r->chunk);
     m = calloc(1, sizeof(*m) + (size_t)r->n_devs * n_chunks * sizeof(m->mr[0]));
     if (!m)
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     m->chunk = r->chunk;
     m->n_chunks = n_chunks;
     m->n_devs = r->n_devs;
@@ -298,9 +298,9 @@ int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
             if (!mr) {
                 int err = errno ? errno : EIO;
                 mrs_free(m);
-                return mc_set_error(-err, "rdma: cannot register %p+%llu (%s) with %s: %s",
-                                    (void *)(uintptr_t)(b->addr + off), (unsigned long long)len,
-                                    b->location, r->devs[d].name, strerror(err));
+                return mc__set_error(-err, "rdma: cannot register %p+%llu (%s) with %s: %s",
+                                     (void *)(uintptr_t)(b->addr + off), (unsigned long long)len,
+                                     b->location, r->devs[d].name, strerror(err));
             }
             m->mr[d * n_chunks + c] = mr;
         }

@@ -155,7 +155,7 @@ static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *loc)
 /* Set up QPs on usable rails that have none (a failover target is then ready too). */
 static void connect_rails(mc_engine_t *e, mc_peer_t *p)
 {
-    uint64_t now = mc_now_ns();
+    uint64_t now = mc__now_ns();
 
     for (unsigned i = 0; i < p->n_rdma_rails; i++) {
         mc_rail_t *r = &p->rdma_rails[i];
@@ -318,7 +318,7 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
             mc_warn("rdma: rail %s to %s: %s", r->name, qp->peer->name,
                     ibv_wc_status_str(wc->status));
             if (!request_error(wc->status))
-                mc__rail_failed(r, mc_now_ns(), false);
+                mc__rail_failed(r, mc__now_ns(), false);
             mc__rdma_qp_drain(e, qp); /* may free qp: not used below */
         } else if (!qp->outstanding) {
             mc__rdma_qp_destroy(e, qp);
@@ -336,13 +336,13 @@ void mc__rdma_fini(mc_engine_t *e)
 {
     struct mc_rdma *rd = e->rdma;
     mc_list_t *pos, *tmp;
-    uint64_t deadline = mc_now_ns() + 2000 * MC_MS;
+    uint64_t deadline = mc__now_ns() + 2000 * MC_MS;
 
     if (!rd)
         return;
     mc_list_for_each_safe(pos, tmp, &rd->qps)
         mc__rdma_qp_drain(e, mc_container_of(pos, mc_rdma_qp_t, link));
-    while (!mc_list_empty(&rd->qps) && mc_now_ns() < deadline) {
+    while (!mc_list_empty(&rd->qps) && mc__now_ns() < deadline) {
         for (unsigned i = 0; i < rd->n_devs; i++) {
             struct ibv_wc wc[32];
             int n = ibv_poll_cq(rd->devs[i].cq, 32, wc);

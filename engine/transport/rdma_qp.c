@@ -38,18 +38,18 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
                                                IBV_ACCESS_LOCAL_WRITE};
 
     if (!qp) {
-        mc_set_error(-ENOMEM, "out of memory");
+        mc__set_error(-ENOMEM, "out of memory");
         return NULL;
     }
     qp->qp = ibv_create_qp(dev->pd, &ia);
     if (!qp->qp) {
-        mc_set_error(-errno, "%s: ibv_create_qp: %s", dev->name, strerror(errno));
+        mc__set_error(-errno, "%s: ibv_create_qp: %s", dev->name, strerror(errno));
         free(qp);
         return NULL;
     }
     if (ibv_modify_qp(qp->qp, &a,
                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-        mc_set_error(-errno, "%s: QP to INIT: %s", dev->name, strerror(errno));
+        mc__set_error(-errno, "%s: QP to INIT: %s", dev->name, strerror(errno));
         ibv_destroy_qp(qp->qp);
         free(qp);
         return NULL;
@@ -101,8 +101,8 @@ int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *re
     if (ibv_modify_qp(qp->qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return mc_set_error(-errno, "%s: QP %u to RTR: %s", d->name, qp->qp->qp_num,
-                            strerror(errno));
+        return mc__set_error(-errno, "%s: QP %u to RTR: %s", d->name, qp->qp->qp_num,
+                             strerror(errno));
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
     a.timeout = QP_TIMEOUT;
@@ -113,8 +113,8 @@ int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *re
     if (ibv_modify_qp(qp->qp, &a,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-        return mc_set_error(-errno, "%s: QP %u to RTS: %s", d->name, qp->qp->qp_num,
-                            strerror(errno));
+        return mc__set_error(-errno, "%s: QP %u to RTS: %s", d->name, qp->qp->qp_num,
+                             strerror(errno));
     return 0;
 }
 
@@ -220,7 +220,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
     uint8_t *buf;
 
     if (rd->devs[r->ldev].port_down) { /* counts as a failed connect: backs off, pauses */
-        mc__rail_failed(r, mc_now_ns(), true);
+        mc__rail_failed(r, mc__now_ns(), true);
         return;
     }
     if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e, p))
@@ -239,12 +239,12 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
             ibv_destroy_qp(qp->qp);
             free(qp);
         }
-        mc__rail_failed(r, mc_now_ns(), true);
+        mc__rail_failed(r, mc__now_ns(), true);
         return;
     }
     mc__rdma_qp_info(qp, &info);
     info.peer_dev = r->rdev;
-    mc_qp_info_encode(&info, buf);
+    mc__qp_info_encode(&info, buf);
     qp->peer = p;
     qp->rail = r;
     qp->ctrl = c;
@@ -274,14 +274,14 @@ void mc__rdma_connected(mc_engine_t *e, mc_rdma_qp_t *qp, int status, const uint
     if (qp->state != QP_CONNECTING)
         return;
     if (rc)
-        mc_set_error(rc, "refused: %.*s", (int)len, (const char *)payload);
-    else if (!(rc = mc_qp_info_decode(payload, len, &remote)) && remote.dev != r->rdev)
-        rc = mc_set_error(-MC_EPROTO, "answered for device %u, asked %u", remote.dev, r->rdev);
+        mc__set_error(rc, "refused: %.*s", (int)len, (const char *)payload);
+    else if (!(rc = mc__qp_info_decode(payload, len, &remote)) && remote.dev != r->rdev)
+        rc = mc__set_error(-MC_EPROTO, "answered for device %u, asked %u", remote.dev, r->rdev);
     if (!rc)
         rc = mc__rdma_qp_connect(e, qp, &remote);
     if (rc) {
         mc_warn("rail %s to %s: %s", r->name, qp->peer->name, mc_last_error());
-        mc__rail_failed(r, mc_now_ns(), true);
+        mc__rail_failed(r, mc__now_ns(), true);
         mc__rdma_qp_drain(e, qp);
         mc__peer_activate(e, qp->peer);
         return;
@@ -316,18 +316,18 @@ static int accept_qp(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_
 {
     mc_qp_info_t in;
     mc_rdma_dev_t *d;
-    int rc = mc_qp_info_decode(req, len, &in);
+    int rc = mc__qp_info_decode(req, len, &in);
 
     if (rc)
         return rc;
     if (!e->rdma || in.peer_dev >= e->rdma->n_devs)
-        return mc_set_error(-MC_ENODEV, "%s has no RDMA device %u", e->name, in.peer_dev);
+        return mc__set_error(-MC_ENODEV, "%s has no RDMA device %u", e->name, in.peer_dev);
     d = &e->rdma->devs[in.peer_dev];
     if (d->link != in.link)
-        return mc_set_error(-MC_ENODEV, "%s is not on the link layer of the initiator", d->name);
+        return mc__set_error(-MC_ENODEV, "%s is not on the link layer of the initiator", d->name);
     uint16_t pair = (uint16_t)(in.dev << 8 | in.peer_dev);
     if (count_qps(e, c, pair) >= MC_RDMA_INBOUND_QP)
-        return mc_set_error(-ENOSPC, "at most %d QPs per connection", MC_RDMA_INBOUND_QP);
+        return mc__set_error(-ENOSPC, "at most %d QPs per connection", MC_RDMA_INBOUND_QP);
     mc_rdma_qp_t *qp = mc__rdma_qp_create(e, d, false);
     if (!qp)
         return -EIO;
@@ -358,13 +358,13 @@ void mc__rdma_accept(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_
         const char *why = mc_last_error();
         mc_warn("rdma: QP from %s refused: %s", c->remote_name, why);
         f.aux = (uint64_t)(int64_t)rc;
-        if (mc__conn_send_ctrl(e, c, &f, why, (uint32_t)strlen(why)))
-            mc__conn_fail(e, c, -ENOMEM, "out of memory");
+        if (mc__tcp_conn_send_ctrl(e, c, &f, why, (uint32_t)strlen(why)))
+            mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
     }
-    mc_qp_info_encode(&out, buf);
-    if (mc__conn_send_ctrl(e, c, &f, buf, sizeof(buf)))
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    mc__qp_info_encode(&out, buf);
+    if (mc__tcp_conn_send_ctrl(e, c, &f, buf, sizeof(buf)))
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
 void mc__rdma_ctrl_lost(mc_engine_t *e, mc_tcp_conn_t *c)

@@ -75,7 +75,7 @@ static int copy(void *dst, const void *src, size_t len, enum cudaMemcpyKind kind
     cudaError_t err = cudaMemcpy(dst, src, len, kind);
 
     if (err != cudaSuccess)
-        return mc_set_error(-EIO, "cudaMemcpy: %s", cudaGetErrorString(err));
+        return mc__set_error(-EIO, "cudaMemcpy: %s", cudaGetErrorString(err));
     return 0;
 }
 
@@ -106,7 +106,7 @@ static int copy(void *dst, const void *src, size_t len, int kind)
     (void)src;
     (void)len;
     (void)kind;
-    return mc_set_error(-ENOTSUP, "built without CUDA");
+    return mc__set_error(-ENOTSUP, "built without CUDA");
 }
 
 static void *host_alloc(size_t len)
@@ -139,7 +139,7 @@ static int stage_create(mc_engine_t *e)
 
     if (!mem) {
         free(st);
-        return mc_set_error(-ENOMEM, "no pinned host memory for VRAM staging");
+        return mc__set_error(-ENOMEM, "no pinned host memory for VRAM staging");
     }
     st->buf.addr = (uint64_t)(uintptr_t)mem;
     st->buf.len = MC_RDMA_STAGE_SLOTS * e->cfg.slice_size;

@@ -69,7 +69,7 @@ void mc__regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
         seen[i] = atomic_load(&t->slot[i].active);
     for (int i = 0; i < MC_REGTAB_SLOTS; i++) {
         while ((seen[i] & 1) && atomic_load(&t->slot[i].active) == seen[i]) {
-            if (mc_now_ns() > deadline_ns) {
+            if (mc__now_ns() > deadline_ns) {
                 mc_warn("unregister: a same-host peer's copy did not finish in time");
                 return;
             }

@@ -31,7 +31,7 @@ int mc__tcp_init(mc_engine_t *e)
 void mc__tcp_peer_close(mc_engine_t *e, mc_peer_t *p)
 {
     while (!mc_list_empty(&p->conns))
-        mc__conn_close(e, mc_container_of(p->conns.next, mc_tcp_conn_t, link));
+        mc__tcp_conn_close(e, mc_container_of(p->conns.next, mc_tcp_conn_t, link));
 }
 
 void mc__tcp_fini(mc_engine_t *e)
@@ -41,12 +41,12 @@ void mc__tcp_fini(mc_engine_t *e)
         if (!p)
             continue;
         while (!mc_list_empty(&p->conns))
-            mc__conn_fail(e, mc_container_of(p->conns.next, mc_tcp_conn_t, link), -MC_ECANCELED,
-                          "engine destroyed");
+            mc__tcp_conn_fail(e, mc_container_of(p->conns.next, mc_tcp_conn_t, link), -MC_ECANCELED,
+                              "engine destroyed");
         mc__sched_fail_peer(e, p, -MC_ECANCELED, "engine destroyed");
     }
     while (!mc_list_empty(&e->inbound))
-        mc__conn_close(e, mc_container_of(e->inbound.next, mc_tcp_conn_t, link));
+        mc__tcp_conn_close(e, mc_container_of(e->inbound.next, mc_tcp_conn_t, link));
     for (unsigned i = 0; i < e->n_listens; i++) {
         mc__epoll_del(e, &e->listens[i]);
         close(e->listens[i].fd);
@@ -64,13 +64,13 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
         uint64_t idle = now - c->last_io_ns;
         if (c->state != CS_READY && now - c->since_ns > e->cfg.connect_timeout_ms * MC_MS)
-            mc__conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
-                          e->cfg.connect_timeout_ms);
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
+                              e->cfg.connect_timeout_ms);
         else if (c->state == CS_READY && c->window_used && idle > e->cfg.io_timeout_ms * MC_MS)
-            mc__conn_fail(e, c, -MC_ETIMEOUT,
-                          "no progress for %llu ms with %u requests in "
-                          "flight",
-                          (unsigned long long)(idle / MC_MS), c->window_used);
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT,
+                              "no progress for %llu ms with %u requests in "
+                              "flight",
+                              (unsigned long long)(idle / MC_MS), c->window_used);
     }
 }
 
@@ -85,8 +85,8 @@ static void inbound_timers(mc_engine_t *e, uint64_t now)
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
         bool busy = c->have_hdr || !mc_list_empty(&c->sendq) || c->state != CS_READY;
         if (busy && now - c->last_io_ns > e->cfg.io_timeout_ms * MC_MS)
-            mc__conn_fail(e, c, -MC_ETIMEOUT, "inbound connection from %s stalled",
-                          c->remote_name[0] ? c->remote_name : "(handshake)");
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "inbound connection from %s stalled",
+                              c->remote_name[0] ? c->remote_name : "(handshake)");
     }
 }
 

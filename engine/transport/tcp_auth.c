@@ -76,7 +76,7 @@ static int send_frame(int fd, mc_frame_t *f, const void *payload, uint32_t len, 
     int rc;
 
     f->length = len;
-    mc_frame_encode(f, hdr);
+    mc__frame_encode(f, hdr);
     rc = io_all(fd, hdr, sizeof(hdr), true, ms);
     if (!rc && len)
         rc = io_all(fd, (void *)payload, len, true, ms);
@@ -93,7 +93,7 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     char *p;
 
     if (!rc)
-        rc = mc_frame_decode(hdr, e->cfg.handshake_max, f);
+        rc = mc__frame_decode(hdr, e->cfg.handshake_max, f);
     if (rc)
         return rc;
     p = malloc((size_t)f->length + 1);
@@ -102,10 +102,10 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     rc = io_all(fd, p, f->length, false, ms);
     p[f->length] = 0;
     if (!rc && f->type == MC_FR_ERROR)
-        rc = mc_set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s", p);
+        rc = mc__set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s", p);
     else if (!rc && f->type != type)
-        rc = mc_set_error(-MC_EPROTO, "expected %s, got %s", mc_frame_type_name(type),
-                          mc_frame_type_name(f->type));
+        rc = mc__set_error(-MC_EPROTO, "expected %s, got %s", mc__frame_type_name(type),
+                           mc__frame_type_name(f->type));
     if (rc) {
         free(p);
         return rc;
@@ -125,15 +125,15 @@ static int client_auth(mc_engine_t *e, int fd, const uint8_t *nonce, const mc_fr
     int rc;
 
     if (need != (token[0] != 0))
-        return mc_set_error(-MC_EAUTH, need ? "peer requires MC_AUTH_TOKEN"
-                                            : "peer does not authenticate (MC_AUTH_TOKEN set)");
+        return mc__set_error(-MC_EAUTH, need ? "peer requires MC_AUTH_TOKEN"
+                                             : "peer does not authenticate (MC_AUTH_TOKEN set)");
     if (!need)
         return 0;
     rc = mc__tcp_proof(token, "target", nonce, r->nonce, r->name, proof);
     if (rc)
         return rc;
     if (!mc__ct_equal(proof, r->proof, sizeof(proof)))
-        return mc_set_error(-MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
+        return mc__set_error(-MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
     rc = mc__tcp_proof(token, "initiator", r->nonce, nonce, e->name, proof);
     if (!rc)
         rc = send_frame(fd, &f, proof, sizeof(proof), e->cfg.connect_timeout_ms);
@@ -154,12 +154,12 @@ static int client_hello(mc_engine_t *e, int fd)
 
     mc__random_bytes(h.nonce, sizeof(h.nonce));
     snprintf(h.name, sizeof(h.name), "%s", e->name);
-    rc = send_frame(fd, &f, buf, (uint32_t)mc_hello_encode(&h, buf), e->cfg.connect_timeout_ms);
+    rc = send_frame(fd, &f, buf, (uint32_t)mc__hello_encode(&h, buf), e->cfg.connect_timeout_ms);
     if (!rc)
         rc = recv_frame(e, fd, MC_FR_HELLO_REPLY, &f, &reply);
     if (rc)
         return rc;
-    rc = mc_hello_decode((uint8_t *)reply, f.length, &r);
+    rc = mc__hello_decode((uint8_t *)reply, f.length, &r);
     free(reply);
     if (!rc)
         rc = client_auth(e, fd, h.nonce, &f, &r);
@@ -175,10 +175,10 @@ int mc__tcp_fetch_desc(mc_engine_t *e, const char *ip_port, char **json_p, size_
     int fd, rc;
 
     if (mc__parse_ip_port(ip_port, &sa, &sa_len))
-        return mc_set_error(-EINVAL, "\"%s\" is not ip:port", ip_port);
+        return mc__set_error(-EINVAL, "\"%s\" is not ip:port", ip_port);
     fd = connect_timeout(&sa, sa_len, e->cfg.connect_timeout_ms);
     if (fd < 0)
-        return mc_set_error(-MC_ENOSEGMENT, "segment %s: connect: %s", ip_port, strerror(-fd));
+        return mc__set_error(-MC_ENOSEGMENT, "segment %s: connect: %s", ip_port, strerror(-fd));
     rc = client_hello(e, fd);
     if (!rc)
         rc = send_frame(fd, &f, NULL, 0, e->cfg.connect_timeout_ms);
@@ -187,7 +187,7 @@ int mc__tcp_fetch_desc(mc_engine_t *e, const char *ip_port, char **json_p, size_
     close(fd);
     if (rc) {
         if (!*mc_last_error() || rc == -MC_ETIMEOUT || rc == -MC_EPEERDEAD)
-            mc_set_error(rc, "segment %s: handshake failed: %s", ip_port, mc_strerror(rc));
+            mc__set_error(rc, "segment %s: handshake failed: %s", ip_port, mc_strerror(rc));
         return rc;
     }
     *json_p = json;

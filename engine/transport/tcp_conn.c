@@ -15,7 +15,7 @@
 #define RX_READS   64 /* socket reads per connection per pass, so none starves the others */
 #define RX_SYSCALL 2  /* step result: progress made with a socket read */
 
-mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
+mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound)
 {
     mc_tcp_conn_t *c = calloc(1, sizeof(*c));
 
@@ -27,10 +27,10 @@ mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
         return NULL;
     }
     c->pollable.fd = fd;
-    c->pollable.handler = mc__conn_handler;
+    c->pollable.handler = mc__tcp_conn_handler;
     c->outbound = outbound;
     c->state = outbound ? CS_CONNECTING : CS_HELLO;
-    c->since_ns = c->last_io_ns = mc_now_ns();
+    c->since_ns = c->last_io_ns = mc__now_ns();
     mc_list_init(&c->sendq);
     mc_list_init(&c->ackq);
     mc_list_init(&c->qps);
@@ -39,7 +39,7 @@ mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound)
     return c;
 }
 
-void mc__conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     uint32_t ev = 0;
 
@@ -53,7 +53,7 @@ void mc__conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c)
         c->events = ev;
 }
 
-int mc__conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len)
+int mc__tcp_conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len)
 {
     (void)e;
     if (len > c->ctrl_cap) {
@@ -66,8 +66,8 @@ int mc__conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len)
     return 0;
 }
 
-int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f, const void *payload,
-                       uint32_t len)
+int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
+                           const void *payload, uint32_t len)
 {
     mc_slice_t *s = mc__slice_alloc(e);
 
@@ -86,7 +86,7 @@ int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f, co
     }
     mc_frame_t fr = *f;
     fr.length = len;
-    mc_frame_encode(&fr, s->hdr);
+    mc__frame_encode(&fr, s->hdr);
     mc_list_push_back(&c->sendq, &s->link);
     return 0;
 }
@@ -102,7 +102,7 @@ static void conn_bury(mc_engine_t *e, mc_tcp_conn_t *c)
     mc_list_push_back(&e->graveyard, &c->link);
 }
 
-void mc__conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
+void mc__tcp_conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
 {
     char reason[256];
     va_list ap;
@@ -113,20 +113,20 @@ void mc__conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, .
     vsnprintf(reason, sizeof(reason), fmt, ap);
     va_end(ap);
     if (c->outbound)
-        mc__out_failed(e, c, err, reason); /* logs, then requeues its slices */
+        mc__tcp_out_failed(e, c, err, reason); /* logs, then requeues its slices */
     else
-        mc__in_failed(e, c);
+        mc__tcp_in_failed(e, c);
     conn_bury(e, c);
 }
 
-void mc__conn_close(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_conn_close(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     if (c->state == CS_DEAD)
         return;
     if (c->outbound)
-        mc__out_failed(e, c, 0, NULL);
+        mc__tcp_out_failed(e, c, 0, NULL);
     else
-        mc__in_failed(e, c);
+        mc__tcp_in_failed(e, c);
     conn_bury(e, c);
 }
 
@@ -203,7 +203,7 @@ static void advance_sent(mc_engine_t *e, mc_tcp_conn_t *c, size_t n)
     }
 }
 
-void mc__conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     struct iovec iov[MC_TCP_IOV_MAX];
 
@@ -213,13 +213,13 @@ void mc__conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 break;
-            mc__conn_fail(e, c, -MC_EPEERDEAD, "send: %s", strerror(errno));
+            mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "send: %s", strerror(errno));
             return;
         }
-        c->last_io_ns = mc_now_ns();
+        c->last_io_ns = mc__now_ns();
         advance_sent(e, c, (size_t)n);
     }
-    mc__conn_update_events(e, c);
+    mc__tcp_conn_update_events(e, c);
 }
 
 /* ---- receiving ---- */
@@ -243,15 +243,15 @@ static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
     ssize_t n = recv(c->pollable.fd, c->rx + c->rx_end, want, 0);
     if (n > 0) {
         c->rx_end += (uint32_t)n;
-        c->last_io_ns = mc_now_ns();
+        c->last_io_ns = mc__now_ns();
         return RX_SYSCALL;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return 0;
     if (n == 0)
-        mc__conn_fail(e, c, -MC_EPEERDEAD, "connection closed by peer");
+        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connection closed by peer");
     else
-        mc__conn_fail(e, c, -MC_EPEERDEAD, "recv: %s", strerror(errno));
+        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "recv: %s", strerror(errno));
     return -1;
 }
 
@@ -259,18 +259,18 @@ static void frame_done(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     c->have_hdr = false;
     if (c->outbound)
-        mc__out_frame(e, c);
+        mc__tcp_out_frame(e, c);
     else
-        mc__in_frame(e, c);
+        mc__tcp_in_frame(e, c);
 }
 
 static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    int rc = mc_frame_decode(c->rx + c->rx_start, e->cfg.handshake_max, &c->fr);
+    int rc = mc__frame_decode(c->rx + c->rx_start, e->cfg.handshake_max, &c->fr);
 
     c->rx_start += MC_FRAME_HDR_LEN;
     if (rc) {
-        mc__conn_fail(e, c, rc, "%s", mc_last_error());
+        mc__tcp_conn_fail(e, c, rc, "%s", mc_last_error());
         return rc;
     }
     c->have_hdr = true;
@@ -278,11 +278,11 @@ static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
     c->dst_kind = DST_NONE;
     c->left = c->fr.length;
     c->ctrl_len = c->fr.length;
-    rc = c->outbound ? mc__out_header(e, c) : mc__in_header(e, c);
+    rc = c->outbound ? mc__tcp_out_header(e, c) : mc__tcp_in_header(e, c);
     if (rc)
         return rc;
-    if (c->dst_kind == DST_CTRL && mc__conn_ctrl_reserve(e, c, c->fr.length)) {
-        mc__conn_fail(e, c, -ENOMEM, "out of memory for a %u-byte frame", c->fr.length);
+    if (c->dst_kind == DST_CTRL && mc__tcp_conn_ctrl_reserve(e, c, c->fr.length)) {
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory for a %u-byte frame", c->fr.length);
         return -ENOMEM;
     }
     if (c->dst_kind == DST_CTRL)
@@ -311,11 +311,11 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
         if (n <= 0) {
             if (n < 0 && (errno == EAGAIN || errno == EINTR))
                 return 0;
-            mc__conn_fail(e, c, -MC_EPEERDEAD, n ? "recv: %s" : "connection closed by peer%s",
-                          n ? strerror(errno) : "");
+            mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, n ? "recv: %s" : "connection closed by peer%s",
+                              n ? strerror(errno) : "");
             return -1;
         }
-        c->last_io_ns = mc_now_ns();
+        c->last_io_ns = mc__now_ns();
         c->dst += n;
         c->left -= (uint64_t)n;
         rc = RX_SYSCALL;
@@ -356,7 +356,7 @@ static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
     }
 }
 
-void mc__conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     mc_tcp_conn_t *c = (mc_tcp_conn_t *)p;
 
@@ -364,7 +364,7 @@ void mc__conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         return;
     if (c->state == CS_CONNECTING) {
         if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
-            mc__out_connected(e, c);
+            mc__tcp_out_connected(e, c);
         return;
     }
     if (events & (EPOLLIN | EPOLLERR | EPOLLHUP) || rx_staged(c))
@@ -373,7 +373,7 @@ void mc__conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
      * report them, since they are no longer in the socket. */
     for (int i = 0; i < 16 && c->state != CS_DEAD; i++) {
         unsigned before = c->n_resp;
-        mc__conn_flush(e, c);
+        mc__tcp_conn_flush(e, c);
         if (!rx_staged(c) || c->n_resp >= MC_TCP_RESP_MAX || c->n_resp == before)
             break;
         conn_readable(e, c);

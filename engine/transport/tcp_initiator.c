@@ -41,19 +41,19 @@ static int conn_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
     pthread_rwlock_unlock(&e->peers_lock);
     int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return mc_set_error(-errno, "socket: %s", strerror(errno));
+        return mc__set_error(-errno, "socket: %s", strerror(errno));
     mc__tcp_sockopts(e, fd);
     /* Bound to the rail's local address, the connection leaves through that link. */
     if ((local_len && bind(fd, (struct sockaddr *)&local, local_len) < 0) ||
         (connect(fd, (struct sockaddr *)&sa, sa_len) < 0 && errno != EINPROGRESS)) {
         int err = errno;
         close(fd);
-        return mc_set_error(-err, "rail %s: %s", r->name, strerror(err));
+        return mc__set_error(-err, "rail %s: %s", r->name, strerror(err));
     }
-    c = mc__conn_new(e, fd, true);
+    c = mc__tcp_conn_new(e, fd, true);
     if (!c) {
         close(fd);
-        return mc_set_error(-ENOMEM, "out of memory");
+        return mc__set_error(-ENOMEM, "out of memory");
     }
     c->peer = p;
     c->rail = r;
@@ -77,7 +77,7 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     mc_peer_t *p = c->peer;
     mc_hello_t h = {.instance = e->instance};
     uint8_t buf[MC_PROTO_MAX_CTRL];
-    uint64_t now = mc_now_ns();
+    uint64_t now = mc__now_ns();
     mc_frame_t f = {.type = MC_FR_HELLO, .id = c->id};
 
     mc__random_bytes(c->nonce, sizeof(c->nonce));
@@ -87,25 +87,25 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     for (unsigned i = 0; i < p->n_retired; i++)
         if (now - p->retired_at[i] < RETIRE_KEEP_NS(e))
             h.retired[h.n_retired++] = p->retired[i];
-    size_t len = mc_hello_encode(&h, buf);
-    if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    size_t len = mc__hello_encode(&h, buf);
+    if (mc__tcp_conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
-void mc__out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     int err = 0;
     socklen_t len = sizeof(err);
 
     getsockopt(c->pollable.fd, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err) {
-        mc__conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->peer->name, strerror(err));
+        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->peer->name, strerror(err));
         return;
     }
     c->state = CS_HELLO;
-    c->last_io_ns = mc_now_ns();
+    c->last_io_ns = mc__now_ns();
     send_hello(e, c);
-    mc__conn_flush(e, c);
+    mc__tcp_conn_flush(e, c);
 }
 
 /* ---- retire bookkeeping ---- */
@@ -119,7 +119,7 @@ static void retire_remember(mc_engine_t *e, mc_peer_t *p, uint32_t id)
         p->n_retired--;
     }
     p->retired[p->n_retired] = id;
-    p->retired_at[p->n_retired++] = mc_now_ns();
+    p->retired_at[p->n_retired++] = mc__now_ns();
     (void)e;
 }
 
@@ -139,8 +139,8 @@ static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, uint64_t after_ns)
             ids[4 * n + (uint32_t)b] = (uint8_t)(p->retired[i] >> (8 * b));
         n++;
     }
-    if (n && mc__conn_send_ctrl(e, c, &f, ids, 4 * n))
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    if (n && mc__tcp_conn_send_ctrl(e, c, &f, ids, 4 * n))
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
 /* Every rail of the peer has failed to connect several times in a row, or is paused. */
@@ -173,7 +173,7 @@ static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *wh
     }
 }
 
-void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason)
+void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason)
 {
     mc_peer_t *p = c->peer;
     mc_rail_t *r = c->rail;
@@ -195,7 +195,7 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
     r->n_conns--;
     e->n_outbound--;
     if (reason)
-        mc__rail_failed(r, mc_now_ns(), connecting);
+        mc__rail_failed(r, mc__now_ns(), connecting);
     if (had_data) {
         retire_remember(e, p, c->id);
         mc_list_t *pos;
@@ -226,20 +226,20 @@ void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reaso
 static int expect_head(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t **s_p)
 {
     if (c->state != CS_READY || mc_list_empty(&c->ackq)) {
-        mc__conn_fail(e, c, -MC_EPROTO, "unexpected %s", mc_frame_type_name(c->fr.type));
+        mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s", mc__frame_type_name(c->fr.type));
         return -MC_EPROTO;
     }
     mc_slice_t *s = mc_container_of(c->ackq.next, mc_slice_t, link);
     if (s->cookie != c->fr.id) {
-        mc__conn_fail(e, c, -MC_EPROTO, "%s for request %u, expected %u",
-                      mc_frame_type_name(c->fr.type), c->fr.id, s->cookie);
+        mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s for request %u, expected %u",
+                          mc__frame_type_name(c->fr.type), c->fr.id, s->cookie);
         return -MC_EPROTO;
     }
     *s_p = s;
     return 0;
 }
 
-int mc__out_header(mc_engine_t *e, mc_tcp_conn_t *c)
+int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     mc_slice_t *s;
 
@@ -276,8 +276,8 @@ int mc__out_header(mc_engine_t *e, mc_tcp_conn_t *c)
         }
         return 0;
     }
-    mc__conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from target",
-                  mc_frame_type_name(c->fr.type));
+    mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from target",
+                      mc__frame_type_name(c->fr.type));
     return -MC_EPROTO;
 }
 
@@ -288,19 +288,19 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
     uint8_t proof[32];
     mc_hello_t h;
 
-    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h)) {
-        mc__conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
+    if (mc__hello_decode(c->ctrl, c->ctrl_len, &h)) {
+        mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
         return;
     }
     if (strcmp(h.name, c->peer->name)) {
-        mc__conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->peer->name, h.name);
+        mc__tcp_conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->peer->name, h.name);
         return;
     }
     if (need != (token[0] != 0)) {
-        mc__conn_fail(e, c, -MC_EAUTH,
-                      need ? "peer requires MC_AUTH_TOKEN"
-                           : "peer does not authenticate (MC_AUTH_TOKEN "
-                             "is set here)");
+        mc__tcp_conn_fail(e, c, -MC_EAUTH,
+                          need ? "peer requires MC_AUTH_TOKEN"
+                               : "peer does not authenticate (MC_AUTH_TOKEN "
+                                 "is set here)");
         return;
     }
     if (!need) {
@@ -309,16 +309,16 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
     }
     if (mc__tcp_proof(token, "target", c->nonce, h.nonce, h.name, proof) ||
         !mc__ct_equal(proof, h.proof, sizeof(proof))) {
-        mc__conn_fail(e, c, -MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
+        mc__tcp_conn_fail(e, c, -MC_EAUTH, "peer's proof of MC_AUTH_TOKEN is wrong");
         return;
     }
     if (mc__tcp_proof(token, "initiator", h.nonce, c->nonce, e->name, proof)) {
-        mc__conn_fail(e, c, -MC_EAUTH, "%s", mc_last_error());
+        mc__tcp_conn_fail(e, c, -MC_EAUTH, "%s", mc_last_error());
         return;
     }
     mc_frame_t f = {.type = MC_FR_AUTH};
-    if (mc__conn_send_ctrl(e, c, &f, proof, sizeof(proof))) {
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    if (mc__tcp_conn_send_ctrl(e, c, &f, proof, sizeof(proof))) {
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
     }
     c->state = CS_AUTH;
@@ -331,7 +331,7 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
 
     mc_list_del(&s->link);
     c->window_used--;
-    c->last_io_ns = mc_now_ns();
+    c->last_io_ns = mc__now_ns();
     if (s->kind == MC_SL_QP) {
         if (s->qp)
             mc__rdma_connected(e, s->qp, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
@@ -350,7 +350,7 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     mc__slice_failed(e, s, (int)(int64_t)c->fr.aux, false, reason);
 }
 
-void mc__out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     switch (c->fr.type) {
     case MC_FR_HELLO_REPLY:
@@ -360,8 +360,8 @@ void mc__out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         c->state = CS_READY;
         break;
     case MC_FR_ERROR:
-        mc__conn_fail(e, c, (int)(int64_t)c->fr.aux, "peer: %.*s", (int)c->ctrl_len,
-                      (char *)c->ctrl);
+        mc__tcp_conn_fail(e, c, (int)(int64_t)c->fr.aux, "peer: %.*s", (int)c->ctrl_len,
+                          (char *)c->ctrl);
         return;
     default:
         on_response(e, c);
@@ -393,9 +393,9 @@ static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
         f.aux = s->len;
         s->payload_len = 0;
     }
-    mc_frame_encode(&f, s->hdr);
+    mc__frame_encode(&f, s->hdr);
     if (c->window_used++ == 0)
-        c->last_io_ns = mc_now_ns(); /* the no-progress clock starts now */
+        c->last_io_ns = mc__now_ns(); /* the no-progress clock starts now */
     mc_list_push_back(&c->sendq, &s->link);
 }
 
@@ -408,7 +408,7 @@ static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
         mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
         mc_frame_t f = {.type = MC_FR_MSG, .flags = m->id};
         atomic_fetch_sub(&p->queued_msgs, 1);
-        if (mc__conn_send_ctrl(e, c, &f, m->data, m->len))
+        if (mc__tcp_conn_send_ctrl(e, c, &f, m->data, m->len))
             mc_error("message to %s dropped: out of memory", p->name);
         free(m);
     }
@@ -427,7 +427,7 @@ static void rail_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
     }
     if (conn_open(e, p, r)) {
         mc_warn("%s", mc_last_error());
-        mc__rail_failed(r, mc_now_ns(), true);
+        mc__rail_failed(r, mc__now_ns(), true);
         connect_failed(e, p, -MC_EPEERDEAD, mc_last_error());
     }
 }
@@ -445,7 +445,7 @@ static bool evict_idle(mc_engine_t *e)
             /* A connection that set up QPs carries them: closing it would take them down. */
             if (c->state == CS_READY && !c->window_used && mc_list_empty(&c->sendq) &&
                 mc_list_empty(&c->qps)) {
-                mc__conn_close(e, c);
+                mc__tcp_conn_close(e, c);
                 return true;
             }
         }
@@ -474,11 +474,11 @@ void mc__tcp_send_qp(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     mc_frame_t f = {.type = MC_FR_QP_CONNECT, .id = ++e->next_cookie, .length = s->payload_len};
 
     s->cookie = f.id;
-    mc_frame_encode(&f, s->hdr);
+    mc__frame_encode(&f, s->hdr);
     if (c->window_used++ == 0)
-        c->last_io_ns = mc_now_ns(); /* an unanswered QP_CONNECT times out like a request */
+        c->last_io_ns = mc__now_ns(); /* an unanswered QP_CONNECT times out like a request */
     mc_list_push_back(&c->sendq, &s->link);
-    mc__conn_flush(e, c);
+    mc__tcp_conn_flush(e, c);
 }
 
 /* The best rank (see mc__rail_rank) among rails with a ready connection, for location. */
@@ -500,7 +500,7 @@ static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *location)
  * up to MC_TCP_CONNS per rail. */
 static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best)
 {
-    uint64_t now = mc_now_ns();
+    uint64_t now = mc__now_ns();
     mc_rail_t *extra = NULL;
 
     for (unsigned i = 0; i < p->n_rails; i++) {
@@ -568,6 +568,6 @@ void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
         if (c->state == CS_READY && !mc_list_empty(&c->sendq))
-            mc__conn_flush(e, c);
+            mc__tcp_conn_flush(e, c);
     }
 }

@@ -62,26 +62,26 @@ struct mc_tcp_conn {
 };
 
 /* tcp_conn.c: connection mechanics */
-mc_tcp_conn_t *mc__conn_new(mc_engine_t *e, int fd, bool outbound);
-void mc__conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
-void mc__conn_flush(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
+mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound);
+void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
+void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-void mc__conn_close(mc_engine_t *e, mc_tcp_conn_t *c); /* idle close, no error */
-int mc__conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len);
+void mc__tcp_conn_close(mc_engine_t *e, mc_tcp_conn_t *c); /* idle close, no error */
+int mc__tcp_conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len);
 /* Queue a control frame (payload copied). */
-int mc__conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f, const void *payload,
-                       uint32_t len);
+int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
+                           const void *payload, uint32_t len);
 
 /* tcp_initiator.c / tcp_target.c: frame handlers for each role */
-int mc__out_header(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__out_frame(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__out_connected(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason);
-int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__in_frame(mc_engine_t *e, mc_tcp_conn_t *c);
-void mc__in_failed(mc_engine_t *e, mc_tcp_conn_t *c);
+int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason);
+int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c);
 
 void mc__tcp_sockopts(mc_engine_t *e, int fd);
 int mc__tcp_listen(mc_engine_t *e);

@@ -22,7 +22,7 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
     if (!s) {
         if (ref)
             mc__mem_put(e, ref);
-        mc__conn_fail(e, c, -ENOMEM, "out of memory for a response");
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory for a response");
         return;
     }
     s->kind = MC_SL_RESP;
@@ -37,7 +37,7 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
         s->ref = ref;
     }
     f.length = s->payload_len;
-    mc_frame_encode(&f, s->hdr);
+    mc__frame_encode(&f, s->hdr);
     mc_list_push_back(&c->sendq, &s->link);
     c->n_resp++;
 }
@@ -72,13 +72,13 @@ static void reject(mc_engine_t *e, mc_tcp_conn_t *c, int code, const char *reaso
     struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)reason, rl}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
 
-    mc_frame_encode(&f, hdr);
+    mc__frame_encode(&f, hdr);
     if (sendmsg(c->pollable.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         mc_debug("error frame not sent: %s", strerror(errno));
-    mc__conn_fail(e, c, code, "%s", reason);
+    mc__tcp_conn_fail(e, c, code, "%s", reason);
 }
 
-int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c)
+int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     uint8_t t = c->fr.type;
 
@@ -87,8 +87,8 @@ int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return 0;
     }
     if (c->state != CS_READY) {
-        mc__conn_fail(e, c, -MC_EPROTO, "%s frame before the handshake completed",
-                      mc_frame_type_name(t));
+        mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s frame before the handshake completed",
+                          mc__frame_type_name(t));
         return -MC_EPROTO;
     }
     switch (t) {
@@ -107,7 +107,8 @@ int mc__in_header(mc_engine_t *e, mc_tcp_conn_t *c)
         c->dst_kind = DST_CTRL;
         return 0;
     }
-    mc__conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from initiator", mc_frame_type_name(t));
+    mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from initiator",
+                      mc__frame_type_name(t));
     return -MC_EPROTO;
 }
 
@@ -124,7 +125,7 @@ static void retire(mc_engine_t *e, mc_tcp_conn_t *by, const uint64_t *ids, unsig
         for (unsigned i = 0; i < n; i++) {
             if (c->id == (uint32_t)ids[i]) {
                 mc_info("dropping retired connection %u from %s", c->id, by->remote_name);
-                mc__conn_close(e, c);
+                mc__tcp_conn_close(e, c);
                 break;
             }
         }
@@ -138,7 +139,7 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     bool auth = e->cfg.auth_token[0] != 0;
     mc_frame_t f = {.type = MC_FR_HELLO_REPLY, .flags = auth ? MC_HELLO_AUTH_REQUIRED : 0};
 
-    if (mc_hello_decode(c->ctrl, c->ctrl_len, &h)) {
+    if (mc__hello_decode(c->ctrl, c->ctrl_len, &h)) {
         reject(e, c, -MC_EPROTO, mc_last_error());
         return;
     }
@@ -161,9 +162,9 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
         reject(e, c, -MC_EAUTH, mc_last_error());
         return;
     }
-    size_t len = mc_hello_encode(&r, buf);
-    if (mc__conn_send_ctrl(e, c, &f, buf, (uint32_t)len)) {
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    size_t len = mc__hello_encode(&r, buf);
+    if (mc__tcp_conn_send_ctrl(e, c, &f, buf, (uint32_t)len)) {
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
     }
     c->state = auth ? CS_AUTH : CS_READY;
@@ -180,8 +181,8 @@ static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
         reject(e, c, -MC_EAUTH, "authentication failed: wrong MC_AUTH_TOKEN");
         return;
     }
-    if (mc__conn_send_ctrl(e, c, &f, NULL, 0)) {
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    if (mc__tcp_conn_send_ctrl(e, c, &f, NULL, 0)) {
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
     }
     c->state = CS_READY;
@@ -226,8 +227,8 @@ static void on_desc_req(mc_engine_t *e, mc_tcp_conn_t *c)
         reject(e, c, -EIO, "cannot encode the segment descriptor");
         return;
     }
-    if (mc__conn_send_ctrl(e, c, &f, json, (uint32_t)len))
-        mc__conn_fail(e, c, -ENOMEM, "out of memory");
+    if (mc__tcp_conn_send_ctrl(e, c, &f, json, (uint32_t)len))
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
     free(json);
 }
 
@@ -253,7 +254,7 @@ static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
     mc__msg_deliver(e, c->remote_name, (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
 }
 
-/* mc__in_header admits only these frame types. */
+/* mc__tcp_in_header admits only these frame types. */
 static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *) = {
     [MC_FR_HELLO] = on_hello,       [MC_FR_AUTH] = on_auth,
     [MC_FR_WRITE] = on_write,       [MC_FR_READ] = on_read,
@@ -261,12 +262,12 @@ static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *)
     [MC_FR_MSG] = on_msg,           [MC_FR_QP_CONNECT] = on_qp_connect,
 };
 
-void mc__in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     in_handlers[c->fr.type](e, c);
 }
 
-void mc__in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
+void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     mc_list_t *n;
 
@@ -296,7 +297,7 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
                 mc_warn("accept: %s", strerror(errno));
             return;
         }
-        mc_tcp_conn_t *c = mc__conn_new(e, fd, false);
+        mc_tcp_conn_t *c = mc__tcp_conn_new(e, fd, false);
         if (!c) {
             close(fd);
             continue;
@@ -321,16 +322,16 @@ static int listen_one(mc_engine_t *e, const char *addr)
     int one = 1, fd;
 
     if (mc__parse_ip_port(addr, &sa, &len))
-        return mc_set_error(-MC_ECONFIG, "MC_LISTEN: \"%s\" is not ip:port", addr);
+        return mc__set_error(-MC_ECONFIG, "MC_LISTEN: \"%s\" is not ip:port", addr);
     fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return mc_set_error(-errno, "socket: %s", strerror(errno));
+        return mc__set_error(-errno, "socket: %s", strerror(errno));
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, (struct sockaddr *)&sa, len) < 0 || listen(fd, 1024) < 0 ||
         getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
         int err = errno;
         close(fd);
-        return mc_set_error(-err, "cannot listen on %s: %s", addr, strerror(err));
+        return mc__set_error(-err, "cannot listen on %s: %s", addr, strerror(err));
     }
     l->fd = fd;
     l->handler = on_accept;
@@ -354,7 +355,7 @@ int mc__tcp_listen(mc_engine_t *e)
     while (*p && e->n_listens < MC_MAX_RAILS) {
         size_t l = strcspn(p, ",");
         if (l >= sizeof(addr))
-            return mc_set_error(-MC_ECONFIG, "MC_LISTEN: address too long");
+            return mc__set_error(-MC_ECONFIG, "MC_LISTEN: address too long");
         memcpy(addr, p, l);
         addr[l] = 0;
         int rc = listen_one(e, addr);
@@ -362,5 +363,5 @@ int mc__tcp_listen(mc_engine_t *e)
             return rc;
         p += l + (p[l] == ',');
     }
-    return e->n_listens ? 0 : mc_set_error(-MC_ECONFIG, "MC_LISTEN is empty");
+    return e->n_listens ? 0 : mc__set_error(-MC_ECONFIG, "MC_LISTEN is empty");
 }

@@ -28,8 +28,8 @@ int mc__hmac_sha256(const void *key, size_t key_len, const struct iovec *parts, 
     EVP_MAC_CTX_free(ctx);
     EVP_MAC_free(mac);
     if (!ok)
-        return mc_set_error(-EIO, "HMAC-SHA-256 through libcrypto failed: %s",
-                            ERR_reason_error_string(ERR_get_error()));
+        return mc__set_error(-EIO, "HMAC-SHA-256 through libcrypto failed: %s",
+                             ERR_reason_error_string(ERR_get_error()));
     return 0;
 }
 

@@ -28,7 +28,7 @@ void mc__log(int level, const char *fmt, ...)
     fprintf(stderr, "%s\n", line);
 }
 
-int mc_set_error(int code, const char *fmt, ...)
+int mc__set_error(int code, const char *fmt, ...)
 {
     va_list ap;
 
@@ -85,6 +85,6 @@ int mc__log_init_from_env(void)
             return 0;
         }
     }
-    return mc_set_error(-MC_ECONFIG, "MC_LOG_LEVEL=%s: expected error, warn, info, debug or 0-3",
-                        v);
+    return mc__set_error(-MC_ECONFIG, "MC_LOG_LEVEL=%s: expected error, warn, info, debug or 0-3",
+                         v);
 }

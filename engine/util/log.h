@@ -2,8 +2,8 @@
  * Logging and the thread-local "last error" reason (internal).
  *
  * mc_log(level, fmt, ...) prints "mooncake[pid] LEVEL: message" to stderr when level is at or
- * below MC_LOG_LEVEL. mc_set_error(code, fmt, ...) records the reason of a failure for
- * mc_last_error() and returns code, so that `return mc_set_error(-EINVAL, "...")` reads well.
+ * below MC_LOG_LEVEL. mc__set_error(code, fmt, ...) records the reason of a failure for
+ * mc_last_error() and returns code, so that `return mc__set_error(-EINVAL, "...")` reads well.
  * Log once, where the error is found.
  */
 #ifndef MC_UTIL_LOG_H
@@ -28,7 +28,7 @@ void mc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define mc_debug(...) mc_log(MC_LOG_DEBUG, __VA_ARGS__)
 
 /* Record a reason for mc_last_error() and return code. */
-int mc_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int mc__set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Parse MC_LOG_LEVEL ("error|warn|info|debug" or 0-3) once; returns <0 if invalid. */
 int mc__log_init_from_env(void);

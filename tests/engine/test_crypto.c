@@ -94,7 +94,8 @@ static void test_hmac_parts(void **state)
         {.iov_base = msg + 1, .iov_len = 70},   {.iov_base = msg + 71, .iov_len = 64},
         {.iov_base = msg + 135, .iov_len = 65},
     };
-    assert_int_equal(mc__hmac_sha256(key, strlen(key), parts, sizeof(parts) / sizeof(parts[0]), got), 0);
+    assert_int_equal(
+        mc__hmac_sha256(key, strlen(key), parts, sizeof(parts) / sizeof(parts[0]), got), 0);
     assert_memory_equal(got, want, MC_HMAC_LEN);
 
     /* A different key must give a different MAC. */

@@ -50,7 +50,7 @@ static int setup(void **state)
     assert_non_null(mkdtemp(fx->dir));
     /* A nested path: open must create the missing directories. */
     snprintf(fx->url, sizeof(fx->url), "file://%s/a/b/store", fx->dir);
-    assert_int_equal(mc_meta_open(fx->url, &fx->meta), 0);
+    assert_int_equal(mc__meta_open(fx->url, &fx->meta), 0);
     *state = fx;
     return 0;
 }
@@ -65,7 +65,7 @@ static int teardown(void **state)
 {
     fixture_t *fx = *state;
 
-    mc_meta_close(fx->meta);
+    mc__meta_close(fx->meta);
     nftw(fx->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     free(fx);
     return 0;
@@ -75,7 +75,7 @@ static int64_t put_str(mc_meta_t *meta, const char *key, const char *val, int64_
 {
     int64_t rev = -1;
 
-    assert_int_equal(mc_meta_put(meta, key, strlen(key), val, strlen(val), lease, &rev), 0);
+    assert_int_equal(mc__meta_put(meta, key, strlen(key), val, strlen(val), lease, &rev), 0);
     assert_true(rev > 0);
     return rev;
 }
@@ -85,20 +85,20 @@ static void assert_value(mc_meta_t *meta, const void *key, size_t key_len, const
 {
     mc_meta_kv_t kv;
 
-    assert_int_equal(mc_meta_get(meta, key, key_len, &kv), 0);
+    assert_int_equal(mc__meta_get(meta, key, key_len, &kv), 0);
     assert_int_equal(kv.key_len, key_len);
     assert_memory_equal(kv.key, key, key_len);
     assert_int_equal(kv.value_len, strlen(want));
     assert_string_equal(kv.value, want);
     assert_int_equal(kv.mod_revision, want_rev);
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
 }
 
 static void assert_absent(mc_meta_t *meta, const char *key)
 {
     mc_meta_kv_t kv;
 
-    assert_int_equal(mc_meta_get(meta, key, strlen(key), &kv), -ENOENT);
+    assert_int_equal(mc__meta_get(meta, key, strlen(key), &kv), -ENOENT);
 }
 
 static void test_put_get_overwrite_delete(void **state)
@@ -112,13 +112,13 @@ static void test_put_get_overwrite_delete(void **state)
     r2 = put_str(meta, "k1", "value two", 0);
     assert_int_equal(r2, 2);
     assert_value(meta, "k1", 2, "value two", 2);
-    assert_int_equal(mc_meta_del(meta, "k1", 2), 0);
+    assert_int_equal(mc__meta_del(meta, "k1", 2), 0);
     assert_absent(meta, "k1");
-    assert_int_equal(mc_meta_del(meta, "k1", 2), -ENOENT);
+    assert_int_equal(mc__meta_del(meta, "k1", 2), -ENOENT);
     /* The delete took revision 3. */
     assert_int_equal(put_str(meta, "k2", "", 0), 4);
     assert_value(meta, "k2", 2, "", 4);
-    assert_int_equal(mc_meta_put(meta, "", 0, "x", 1, 0, NULL), -EINVAL);
+    assert_int_equal(mc__meta_put(meta, "", 0, "x", 1, 0, NULL), -EINVAL);
 }
 
 static void test_revisions_increase(void **state)
@@ -157,7 +157,7 @@ static void test_binary_keys(void **state)
         char val[24];
         snprintf(val, sizeof(val), "v%zu", i);
         assert_int_equal(
-            mc_meta_put(meta, binary_keys[i].key, binary_keys[i].len, val, strlen(val), 0, NULL),
+            mc__meta_put(meta, binary_keys[i].key, binary_keys[i].len, val, strlen(val), 0, NULL),
             0);
     }
     for (size_t i = 0; i < NBINARY; i++) {
@@ -165,24 +165,24 @@ static void test_binary_keys(void **state)
         snprintf(val, sizeof(val), "v%zu", i);
         assert_value(meta, binary_keys[i].key, binary_keys[i].len, val, (int64_t)(NBINARY - i));
     }
-    assert_int_equal(mc_meta_list(meta, "", 0, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "", 0, &kvs, &n), 0);
     assert_int_equal(n, NBINARY);
     for (size_t i = 0; i < NBINARY; i++) {
         assert_int_equal(kvs[i].key_len, binary_keys[i].len);
         assert_memory_equal(kvs[i].key, binary_keys[i].key, binary_keys[i].len);
     }
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
     /* "ab" lists ab, ab\0, ab\xff, ab\xff\xff but not ac. */
-    assert_int_equal(mc_meta_list(meta, "ab", 2, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "ab", 2, &kvs, &n), 0);
     assert_int_equal(n, 4);
     for (size_t i = 0; i < n; i++)
         assert_memory_equal(kvs[i].key, binary_keys[2 + i].key, binary_keys[2 + i].len);
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_list(meta, "ab\xff", 3, &kvs, &n), 0);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_list(meta, "ab\xff", 3, &kvs, &n), 0);
     assert_int_equal(n, 2);
     assert_string_equal(kvs[0].value, "v4");
     assert_string_equal(kvs[1].value, "v5");
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
 }
 
 static void test_list_prefix(void **state)
@@ -195,22 +195,22 @@ static void test_list_prefix(void **state)
     put_str(meta, "ab/2", "b2", 0);
     put_str(meta, "ab/1", "b1", 0);
     put_str(meta, "a", "a", 0);
-    assert_int_equal(mc_meta_list(meta, "ab", 2, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "ab", 2, &kvs, &n), 0);
     assert_int_equal(n, 2);
     assert_string_equal(kvs[0].key, "ab/1");
     assert_string_equal(kvs[0].value, "b1");
     assert_int_equal(kvs[0].mod_revision, 3);
     assert_string_equal(kvs[1].key, "ab/2");
     assert_int_equal(kvs[1].mod_revision, 2);
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_list(meta, NULL, 0, &kvs, &n), 0);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_list(meta, NULL, 0, &kvs, &n), 0);
     assert_int_equal(n, 4);
     assert_string_equal(kvs[0].key, "a");
     assert_string_equal(kvs[3].key, "ac/1");
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_list(meta, "zz", 2, &kvs, &n), 0);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_list(meta, "zz", 2, &kvs, &n), 0);
     assert_int_equal(n, 0);
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
 }
 
 static void test_cas(void **state)
@@ -218,18 +218,18 @@ static void test_cas(void **state)
     mc_meta_t *meta = ((fixture_t *)*state)->meta;
     int64_t rev, rev2;
 
-    assert_int_equal(mc_meta_cas(meta, "c", 1, 0, "one", 3, 0, &rev), 0);
+    assert_int_equal(mc__meta_cas(meta, "c", 1, 0, "one", 3, 0, &rev), 0);
     assert_int_equal(rev, 1);
-    assert_int_equal(mc_meta_cas(meta, "c", 1, 0, "two", 3, 0, &rev2), -MC_ECONFLICT);
+    assert_int_equal(mc__meta_cas(meta, "c", 1, 0, "two", 3, 0, &rev2), -MC_ECONFLICT);
     assert_true(strlen(mc_last_error()) > 0);
-    assert_int_equal(mc_meta_cas(meta, "c", 1, rev + 5, "two", 3, 0, &rev2), -MC_ECONFLICT);
-    assert_int_equal(mc_meta_cas(meta, "d", 1, 1, "two", 3, 0, &rev2), -MC_ECONFLICT);
+    assert_int_equal(mc__meta_cas(meta, "c", 1, rev + 5, "two", 3, 0, &rev2), -MC_ECONFLICT);
+    assert_int_equal(mc__meta_cas(meta, "d", 1, 1, "two", 3, 0, &rev2), -MC_ECONFLICT);
     assert_value(meta, "c", 1, "one", 1);
-    assert_int_equal(mc_meta_cas(meta, "c", 1, rev, "two", 3, 0, &rev2), 0);
+    assert_int_equal(mc__meta_cas(meta, "c", 1, rev, "two", 3, 0, &rev2), 0);
     assert_int_equal(rev2, 2);
     assert_value(meta, "c", 1, "two", 2);
-    assert_int_equal(mc_meta_del(meta, "c", 1), 0);
-    assert_int_equal(mc_meta_cas(meta, "c", 1, 0, "three", 5, 0, NULL), 0);
+    assert_int_equal(mc__meta_del(meta, "c", 1), 0);
+    assert_int_equal(mc__meta_cas(meta, "c", 1, 0, "three", 5, 0, NULL), 0);
     assert_value(meta, "c", 1, "three", 4);
 }
 
@@ -240,12 +240,12 @@ static void cas_child(const char *url, int start_fd, const char *key, const char
     char c;
     int rc;
 
-    if (mc_meta_open(url, &meta) != 0)
+    if (mc__meta_open(url, &meta) != 0)
         _exit(3);
     if (read(start_fd, &c, 1) != 0)
         _exit(4);
-    rc = mc_meta_cas(meta, key, strlen(key), 0, me, strlen(me), 0, NULL);
-    mc_meta_close(meta);
+    rc = mc__meta_cas(meta, key, strlen(key), 0, me, strlen(me), 0, NULL);
+    mc__meta_close(meta);
     _exit(rc == 0 ? 0 : rc == -MC_ECONFLICT ? 1 : 2);
 }
 
@@ -304,10 +304,10 @@ static void *incr_thread(void *arg)
     for (int done = 0; done < NINCR;) {
         mc_meta_kv_t kv;
         char val[16];
-        assert_int_equal(mc_meta_get(meta, "ctr", 3, &kv), 0);
+        assert_int_equal(mc__meta_get(meta, "ctr", 3, &kv), 0);
         snprintf(val, sizeof(val), "%d", atoi(kv.value) + 1);
-        int rc = mc_meta_cas(meta, "ctr", 3, kv.mod_revision, val, strlen(val), 0, NULL);
-        mc_meta_kv_free(&kv);
+        int rc = mc__meta_cas(meta, "ctr", 3, kv.mod_revision, val, strlen(val), 0, NULL);
+        mc__meta_kv_free(&kv);
         assert_true(rc == 0 || rc == -MC_ECONFLICT);
         done += rc == 0;
     }
@@ -327,10 +327,10 @@ static void test_cas_threads(void **state)
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(th[i], NULL);
     snprintf(want, sizeof(want), "%d", NTHREADS * NINCR);
-    assert_int_equal(mc_meta_get(meta, "ctr", 3, &kv), 0);
+    assert_int_equal(mc__meta_get(meta, "ctr", 3, &kv), 0);
     assert_string_equal(kv.value, want);
     assert_int_equal(kv.mod_revision, 1 + NTHREADS * NINCR);
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
 }
 
 static void test_large_value(void **state)
@@ -342,12 +342,12 @@ static void test_large_value(void **state)
 
     for (size_t i = 0; i < len; i++)
         val[i] = (char)(i * 7 + (i >> 13));
-    assert_int_equal(mc_meta_put(meta, "big", 3, val, len, 0, NULL), 0);
-    assert_int_equal(mc_meta_get(meta, "big", 3, &kv), 0);
+    assert_int_equal(mc__meta_put(meta, "big", 3, val, len, 0, NULL), 0);
+    assert_int_equal(mc__meta_get(meta, "big", 3, &kv), 0);
     assert_int_equal(kv.value_len, len);
     assert_memory_equal(kv.value, val, len);
     assert_int_equal(kv.value[len], '\0');
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
     free(val);
 }
 
@@ -358,9 +358,9 @@ static int64_t wait_absent(mc_meta_t *meta, const char *key, int64_t limit_ms)
     mc_meta_kv_t kv;
 
     while (now_ms() - start < limit_ms) {
-        if (mc_meta_get(meta, key, strlen(key), &kv) == -ENOENT)
+        if (mc__meta_get(meta, key, strlen(key), &kv) == -ENOENT)
             return now_ms() - start;
-        mc_meta_kv_free(&kv);
+        mc__meta_kv_free(&kv);
         sleep_ms(50);
     }
     return -1;
@@ -373,23 +373,23 @@ static void test_lease_expiry(void **state)
     mc_meta_kv_t *kvs;
     size_t n;
 
-    assert_int_equal(mc_meta_lease_grant(meta, 1, &lease), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 1, &lease), 0);
     assert_true(lease > 0);
     int64_t rev = put_str(meta, "l/a", "A", lease);
     put_str(meta, "l/b", "B", 0);
     mc_meta_kv_t kv;
-    assert_int_equal(mc_meta_get(meta, "l/a", 3, &kv), 0);
+    assert_int_equal(mc__meta_get(meta, "l/a", 3, &kv), 0);
     assert_int_equal(kv.lease, lease);
     assert_int_equal(kv.mod_revision, rev);
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
     waited = wait_absent(meta, "l/a", 3000);
     assert_true(waited >= 500 && waited < 2000);
-    assert_int_equal(mc_meta_list(meta, "l/", 2, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "l/", 2, &kvs, &n), 0);
     assert_int_equal(n, 1);
     assert_string_equal(kvs[0].key, "l/b");
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_lease_keepalive(meta, lease), -ENOENT);
-    assert_int_equal(mc_meta_put(meta, "l/c", 3, "C", 1, lease, NULL), -ENOENT);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_lease_keepalive(meta, lease), -ENOENT);
+    assert_int_equal(mc__meta_put(meta, "l/c", 3, "C", 1, lease, NULL), -ENOENT);
     /* The reaping deleted l/a with revision 3, so the next put gets 4. */
     assert_int_equal(put_str(meta, "l/d", "D", 0), 4);
 }
@@ -399,14 +399,14 @@ static void test_lease_keepalive(void **state)
     mc_meta_t *meta = ((fixture_t *)*state)->meta;
     int64_t lease;
 
-    assert_int_equal(mc_meta_lease_grant(meta, 1, &lease), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 1, &lease), 0);
     int64_t rev = put_str(meta, "k/a", "A", lease);
     for (int i = 0; i < 8; i++) { /* 2 s in all, twice the TTL */
         sleep_ms(250);
-        assert_int_equal(mc_meta_lease_keepalive(meta, lease), 0);
+        assert_int_equal(mc__meta_lease_keepalive(meta, lease), 0);
     }
     assert_value(meta, "k/a", 3, "A", rev);
-    assert_int_equal(mc_meta_lease_revoke(meta, lease), 0);
+    assert_int_equal(mc__meta_lease_revoke(meta, lease), 0);
     assert_absent(meta, "k/a");
 }
 
@@ -417,24 +417,24 @@ static void test_lease_revoke(void **state)
     mc_meta_kv_t *kvs;
     size_t n;
 
-    assert_int_equal(mc_meta_lease_grant(meta, 60, &l1), 0);
-    assert_int_equal(mc_meta_lease_grant(meta, 60, &l2), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 60, &l1), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 60, &l2), 0);
     assert_true(l1 != l2);
     put_str(meta, "v/1", "1", l1);
     put_str(meta, "v/2", "2", l1);
     put_str(meta, "v/3", "3", l2);
     put_str(meta, "v/4", "4", 0);
-    assert_int_equal(mc_meta_lease_revoke(meta, l1), 0);
-    assert_int_equal(mc_meta_list(meta, "v/", 2, &kvs, &n), 0);
+    assert_int_equal(mc__meta_lease_revoke(meta, l1), 0);
+    assert_int_equal(mc__meta_list(meta, "v/", 2, &kvs, &n), 0);
     assert_int_equal(n, 2);
     assert_string_equal(kvs[0].key, "v/3");
     assert_int_equal(kvs[0].lease, l2);
     assert_string_equal(kvs[1].key, "v/4");
     assert_int_equal(kvs[1].lease, 0);
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_lease_revoke(meta, l1), -ENOENT);
-    assert_int_equal(mc_meta_lease_keepalive(meta, l1), -ENOENT);
-    assert_int_equal(mc_meta_lease_keepalive(meta, l2), 0);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_lease_revoke(meta, l1), -ENOENT);
+    assert_int_equal(mc__meta_lease_keepalive(meta, l1), -ENOENT);
+    assert_int_equal(mc__meta_lease_keepalive(meta, l2), 0);
     /* Two deletions: revisions 5 and 6. */
     assert_int_equal(put_str(meta, "v/5", "5", 0), 7);
 }
@@ -444,13 +444,13 @@ static void next_event(mc_meta_watch_t *w, int timeout_ms, mc_meta_event_type_t 
 {
     mc_meta_event_t ev;
 
-    assert_int_equal(mc_meta_watch_next(w, timeout_ms, &ev), 0);
+    assert_int_equal(mc__meta_watch_next(w, timeout_ms, &ev), 0);
     assert_int_equal(ev.type, type);
     assert_string_equal(ev.kv.key, key);
     assert_int_equal(ev.kv.key_len, strlen(key));
     assert_string_equal(ev.kv.value, value);
     assert_int_equal(ev.kv.mod_revision, rev);
-    mc_meta_kv_free(&ev.kv);
+    mc__meta_kv_free(&ev.kv);
 }
 
 static void test_watch_put_delete(void **state)
@@ -460,18 +460,18 @@ static void test_watch_put_delete(void **state)
     mc_meta_event_t ev;
 
     put_str(meta, "w/old", "o", 0); /* before the watch: not reported */
-    assert_int_equal(mc_meta_watch_create(meta, "w/", 2, 0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "w/", 2, 0, &w), 0);
     put_str(meta, "w/b", "B", 0); /* rev 2 */
     put_str(meta, "x/b", "X", 0); /* rev 3, outside the prefix */
     put_str(meta, "w/a", "A", 0); /* rev 4 */
     next_event(w, 1000, MC_META_PUT, "w/b", "B", 2);
     next_event(w, 1000, MC_META_PUT, "w/a", "A", 4);
-    assert_int_equal(mc_meta_del(meta, "w/b", 3), 0); /* rev 5 */
+    assert_int_equal(mc__meta_del(meta, "w/b", 3), 0); /* rev 5 */
     next_event(w, 1000, MC_META_DELETE, "w/b", "", 5);
     put_str(meta, "w/a", "A2", 0); /* rev 6 */
     next_event(w, 1000, MC_META_PUT, "w/a", "A2", 6);
-    assert_int_equal(mc_meta_watch_next(w, 0, &ev), -ETIMEDOUT);
-    mc_meta_watch_destroy(w);
+    assert_int_equal(mc__meta_watch_next(w, 0, &ev), -ETIMEDOUT);
+    mc__meta_watch_destroy(w);
 }
 
 static void test_watch_start_revision(void **state)
@@ -483,11 +483,11 @@ static void test_watch_start_revision(void **state)
     put_str(meta, "s/1", "one", 0);
     put_str(meta, "s/3", "three", 0);
     put_str(meta, "s/2", "two", 0);
-    assert_int_equal(mc_meta_watch_create(meta, "s/", 2, 2, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "s/", 2, 2, &w), 0);
     next_event(w, 0, MC_META_PUT, "s/3", "three", 2);
     next_event(w, 0, MC_META_PUT, "s/2", "two", 3);
-    assert_int_equal(mc_meta_watch_next(w, 50, &ev), -ETIMEDOUT);
-    mc_meta_watch_destroy(w);
+    assert_int_equal(mc__meta_watch_next(w, 50, &ev), -ETIMEDOUT);
+    mc__meta_watch_destroy(w);
 }
 
 static void test_watch_timeout(void **state)
@@ -498,11 +498,11 @@ static void test_watch_timeout(void **state)
     int64_t start;
 
     put_str(meta, "t/1", "x", 0);
-    assert_int_equal(mc_meta_watch_create(meta, "t/", 2, 0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "t/", 2, 0, &w), 0);
     start = now_ms();
-    assert_int_equal(mc_meta_watch_next(w, 300, &ev), -ETIMEDOUT);
+    assert_int_equal(mc__meta_watch_next(w, 300, &ev), -ETIMEDOUT);
     assert_in_range(now_ms() - start, 290, 1000);
-    mc_meta_watch_destroy(w);
+    mc__meta_watch_destroy(w);
 }
 
 static void test_watch_lease_expiry(void **state)
@@ -512,16 +512,16 @@ static void test_watch_lease_expiry(void **state)
     mc_meta_event_t ev;
     int64_t lease, start;
 
-    assert_int_equal(mc_meta_lease_grant(meta, 1, &lease), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 1, &lease), 0);
     put_str(meta, "e/a", "A", lease); /* rev 1 */
     put_str(meta, "e/b", "B", 0);     /* rev 2 */
-    assert_int_equal(mc_meta_watch_create(meta, "e/", 2, 0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "e/", 2, 0, &w), 0);
     start = now_ms();
     /* Nobody else touches the store: the watch itself must notice and reap (rev 3). */
     next_event(w, 3000, MC_META_DELETE, "e/a", "", 3);
     assert_in_range(now_ms() - start, 500, 2000);
-    assert_int_equal(mc_meta_watch_next(w, 0, &ev), -ETIMEDOUT);
-    mc_meta_watch_destroy(w);
+    assert_int_equal(mc__meta_watch_next(w, 0, &ev), -ETIMEDOUT);
+    mc__meta_watch_destroy(w);
 }
 
 static void *delayed_put(void *arg)
@@ -539,13 +539,13 @@ static void test_watch_wakes(void **state)
     pthread_t th;
     int64_t start;
 
-    assert_int_equal(mc_meta_watch_create(meta, "d/", 2, 0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "d/", 2, 0, &w), 0);
     start = now_ms();
     assert_int_equal(pthread_create(&th, NULL, delayed_put, meta), 0);
     next_event(w, 5000, MC_META_PUT, "d/k", "late", 1);
     assert_in_range(now_ms() - start, 150, 1500);
     pthread_join(th, NULL);
-    mc_meta_watch_destroy(w);
+    mc__meta_watch_destroy(w);
 }
 
 /* A process that dies without revoking its lease loses its keys once the TTL runs out. */
@@ -560,16 +560,16 @@ static void test_dead_process_keys_vanish(void **state)
     if (pid == 0) {
         mc_meta_t *meta;
         int64_t lease;
-        if (mc_meta_open(fx->url, &meta) != 0 || mc_meta_lease_grant(meta, 1, &lease) != 0 ||
-            mc_meta_put(meta, "dead/k", 6, "bye", 3, lease, NULL) != 0)
+        if (mc__meta_open(fx->url, &meta) != 0 || mc__meta_lease_grant(meta, 1, &lease) != 0 ||
+            mc__meta_put(meta, "dead/k", 6, "bye", 3, lease, NULL) != 0)
             _exit(1);
         _exit(0); /* no close, no revoke: as if it crashed */
     }
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    assert_int_equal(mc_meta_get(fx->meta, "dead/k", 6, &kv), 0);
+    assert_int_equal(mc__meta_get(fx->meta, "dead/k", 6, &kv), 0);
     assert_string_equal(kv.value, "bye");
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
     assert_in_range(wait_absent(fx->meta, "dead/k", 3000), 1, 2000);
 }
 
@@ -580,10 +580,10 @@ static void test_key_too_long(void **state)
     mc_meta_kv_t kv;
 
     memset(key, 'k', sizeof(key));
-    assert_int_equal(mc_meta_put(meta, key, sizeof(key), "v", 1, 0, NULL), -ENAMETOOLONG);
-    assert_int_equal(mc_meta_get(meta, key, sizeof(key), &kv), -ENAMETOOLONG);
+    assert_int_equal(mc__meta_put(meta, key, sizeof(key), "v", 1, 0, NULL), -ENAMETOOLONG);
+    assert_int_equal(mc__meta_get(meta, key, sizeof(key), &kv), -ENAMETOOLONG);
     /* 200 plain bytes fit in one file name. */
-    assert_int_equal(mc_meta_put(meta, key, 200, "v", 1, 0, NULL), 0);
+    assert_int_equal(mc__meta_put(meta, key, 200, "v", 1, 0, NULL), 0);
     assert_value(meta, key, 200, "v", 1);
 }
 
@@ -593,13 +593,13 @@ static void test_open_errors(void **state)
     mc_meta_t *meta = NULL;
 
     (void)fx;
-    assert_int_equal(mc_meta_open("nope:///tmp/x", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("nope:///tmp/x", &meta), -EINVAL);
     assert_non_null(strstr(mc_last_error(), "nope"));
-    assert_int_equal(mc_meta_open("file://relative/dir", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("file://relative/dir", &meta), -EINVAL);
     assert_non_null(strstr(mc_last_error(), "absolute"));
-    assert_int_equal(mc_meta_open("file://", &meta), -EINVAL);
-    assert_int_equal(mc_meta_open("/tmp/no-scheme", &meta), -EINVAL);
-    assert_int_equal(mc_meta_open("://x", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("file://", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("/tmp/no-scheme", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("://x", &meta), -EINVAL);
     assert_null(meta);
 }
 
@@ -610,11 +610,11 @@ static void test_reopen_shares_store(void **state)
     mc_meta_t *other;
 
     put_str(fx->meta, "shared", "yes", 0);
-    assert_int_equal(mc_meta_open(fx->url, &other), 0);
+    assert_int_equal(mc__meta_open(fx->url, &other), 0);
     assert_value(other, "shared", 6, "yes", 1);
     assert_int_equal(put_str(other, "shared", "again", 0), 2);
     assert_value(fx->meta, "shared", 6, "again", 2);
-    mc_meta_close(other);
+    mc__meta_close(other);
 }
 
 static void test_meta_key(void **state)
@@ -622,17 +622,17 @@ static void test_meta_key(void **state)
     char buf[64];
 
     (void)state;
-    assert_int_equal(mc_meta_key(buf, sizeof(buf), "c1", "segment", "node-0"),
+    assert_int_equal(mc__meta_key(buf, sizeof(buf), "c1", "segment", "node-0"),
                      (int)strlen("mooncake/c1/segment/node-0"));
     assert_string_equal(buf, "mooncake/c1/segment/node-0");
-    assert_int_equal(mc_meta_key(buf, sizeof(buf), NULL, "segment", "node-0"),
+    assert_int_equal(mc__meta_key(buf, sizeof(buf), NULL, "segment", "node-0"),
                      (int)strlen("mooncake/segment/node-0"));
     assert_string_equal(buf, "mooncake/segment/node-0");
-    assert_int_equal(mc_meta_key(buf, sizeof(buf), "", "rpc", "n"), 14);
+    assert_int_equal(mc__meta_key(buf, sizeof(buf), "", "rpc", "n"), 14);
     assert_string_equal(buf, "mooncake/rpc/n");
     /* Exactly fitting (14 chars + NUL) works; one byte less does not. */
-    assert_int_equal(mc_meta_key(buf, 15, NULL, "rpc", "n"), 14);
-    assert_int_equal(mc_meta_key(buf, 14, NULL, "rpc", "n"), -ENAMETOOLONG);
+    assert_int_equal(mc__meta_key(buf, 15, NULL, "rpc", "n"), 14);
+    assert_int_equal(mc__meta_key(buf, 14, NULL, "rpc", "n"), -ENAMETOOLONG);
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)

@@ -27,7 +27,7 @@ static int64_t put_str(const char *key, const char *val, int64_t lease)
 {
     int64_t rev = -1;
 
-    assert_int_equal(mc_meta_put(meta, key, strlen(key), val, strlen(val), lease, &rev), 0);
+    assert_int_equal(mc__meta_put(meta, key, strlen(key), val, strlen(val), lease, &rev), 0);
     assert_true(rev > 0);
     return rev;
 }
@@ -36,12 +36,12 @@ static void assert_value(const void *key, size_t klen, const char *val)
 {
     mc_meta_kv_t kv;
 
-    assert_int_equal(mc_meta_get(meta, key, klen, &kv), 0);
+    assert_int_equal(mc__meta_get(meta, key, klen, &kv), 0);
     assert_int_equal(kv.value_len, strlen(val));
     assert_memory_equal(kv.value, val, kv.value_len);
     assert_int_equal(kv.key_len, klen);
     assert_memory_equal(kv.key, key, klen);
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
 }
 
 static void test_base64(void **state)
@@ -108,15 +108,15 @@ static void test_put_get_delete(void **state)
     assert_value("pgd/a", 5, "one");
     r2 = put_str("pgd/a", "two", 0);
     assert_true(r2 > r1);
-    assert_int_equal(mc_meta_get(meta, "pgd/a", 5, &kv), 0);
+    assert_int_equal(mc__meta_get(meta, "pgd/a", 5, &kv), 0);
     assert_int_equal(kv.mod_revision, r2);
     assert_int_equal(kv.lease, 0);
-    mc_meta_kv_free(&kv);
-    assert_int_equal(mc_meta_del(meta, "pgd/a", 5), 0);
-    assert_int_equal(mc_meta_get(meta, "pgd/a", 5, &kv), -ENOENT);
-    assert_int_equal(mc_meta_del(meta, "pgd/a", 5), -ENOENT);
+    mc__meta_kv_free(&kv);
+    assert_int_equal(mc__meta_del(meta, "pgd/a", 5), 0);
+    assert_int_equal(mc__meta_get(meta, "pgd/a", 5, &kv), -ENOENT);
+    assert_int_equal(mc__meta_del(meta, "pgd/a", 5), -ENOENT);
     /* An empty value is a value. */
-    assert_int_equal(mc_meta_put(meta, "pgd/e", 5, "", 0, 0, NULL), 0);
+    assert_int_equal(mc__meta_put(meta, "pgd/e", 5, "", 0, 0, NULL), 0);
     assert_value("pgd/e", 5, "");
 }
 
@@ -132,37 +132,37 @@ static void test_binary_keys_and_list(void **state)
     put_str("bim", "outside", 0);
     put_str("bio", "outside", 0);
     for (int i = 0; i < 6; i++)
-        assert_int_equal(mc_meta_put(meta, keys[i], lens[i], keys[i], lens[i], 0, NULL), 0);
+        assert_int_equal(mc__meta_put(meta, keys[i], lens[i], keys[i], lens[i], 0, NULL), 0);
     for (int i = 0; i < 6; i++) {
         mc_meta_kv_t kv;
-        assert_int_equal(mc_meta_get(meta, keys[i], lens[i], &kv), 0);
+        assert_int_equal(mc__meta_get(meta, keys[i], lens[i], &kv), 0);
         assert_int_equal(kv.value_len, lens[i]);
         assert_memory_equal(kv.value, keys[i], lens[i]);
-        mc_meta_kv_free(&kv);
+        mc__meta_kv_free(&kv);
     }
-    assert_int_equal(mc_meta_list(meta, "bin/", 4, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "bin/", 4, &kvs, &n), 0);
     assert_int_equal(n, 6);
     for (size_t i = 1; i < n; i++) { /* sorted by bytes */
         size_t m = kvs[i - 1].key_len < kvs[i].key_len ? kvs[i - 1].key_len : kvs[i].key_len;
         int c = memcmp(kvs[i - 1].key, kvs[i].key, m);
         assert_true(c < 0 || (c == 0 && kvs[i - 1].key_len < kvs[i].key_len));
     }
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
     /* A prefix ending in 0xff: its range end carries over. */
-    assert_int_equal(mc_meta_list(meta, "bin/a\xff", 6, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "bin/a\xff", 6, &kvs, &n), 0);
     assert_int_equal(n, 3);
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_list(meta, "bin/\xff", 5, &kvs, &n), 0);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_list(meta, "bin/\xff", 5, &kvs, &n), 0);
     assert_int_equal(n, 1);
     assert_int_equal(kvs[0].key_len, 6);
-    mc_meta_kvs_free(kvs, n);
-    assert_int_equal(mc_meta_list(meta, "nothing/", 8, &kvs, &n), 0);
+    mc__meta_kvs_free(kvs, n);
+    assert_int_equal(mc__meta_list(meta, "nothing/", 8, &kvs, &n), 0);
     assert_int_equal(n, 0);
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
     /* The empty prefix lists everything. */
-    assert_int_equal(mc_meta_list(meta, "", 0, &kvs, &n), 0);
+    assert_int_equal(mc__meta_list(meta, "", 0, &kvs, &n), 0);
     assert_true(n >= 8);
-    mc_meta_kvs_free(kvs, n);
+    mc__meta_kvs_free(kvs, n);
 }
 
 static void test_cas(void **state)
@@ -170,13 +170,13 @@ static void test_cas(void **state)
     int64_t r1, r2, r3;
 
     (void)state;
-    assert_int_equal(mc_meta_cas(meta, "cas/k", 5, 0, "a", 1, 0, &r1), 0);
-    assert_int_equal(mc_meta_cas(meta, "cas/k", 5, 0, "b", 1, 0, &r2), -MC_ECONFLICT);
+    assert_int_equal(mc__meta_cas(meta, "cas/k", 5, 0, "a", 1, 0, &r1), 0);
+    assert_int_equal(mc__meta_cas(meta, "cas/k", 5, 0, "b", 1, 0, &r2), -MC_ECONFLICT);
     assert_non_null(strstr(mc_last_error(), "mod_revision is"));
-    assert_int_equal(mc_meta_cas(meta, "cas/k", 5, r1 + 1000, "b", 1, 0, &r2), -MC_ECONFLICT);
-    assert_int_equal(mc_meta_cas(meta, "cas/k", 5, r1, "b", 1, 0, &r2), 0);
+    assert_int_equal(mc__meta_cas(meta, "cas/k", 5, r1 + 1000, "b", 1, 0, &r2), -MC_ECONFLICT);
+    assert_int_equal(mc__meta_cas(meta, "cas/k", 5, r1, "b", 1, 0, &r2), 0);
     assert_true(r2 > r1);
-    assert_int_equal(mc_meta_cas(meta, "cas/k", 5, r1, "c", 1, 0, &r3), -MC_ECONFLICT);
+    assert_int_equal(mc__meta_cas(meta, "cas/k", 5, r1, "c", 1, 0, &r3), -MC_ECONFLICT);
     assert_value("cas/k", 5, "b");
 }
 
@@ -195,16 +195,16 @@ static void test_cas_race_processes(void **state)
         if (pids[p] == 0) {
             mc_meta_t *m;
             char key[32];
-            if (mc_meta_open(etcd.url, &m))
+            if (mc__meta_open(etcd.url, &m))
                 _exit(2);
             for (int r = 0; r < ROUNDS; r++) {
                 snprintf(key, sizeof(key), "race/%d", r);
-                int rc = mc_meta_cas(m, key, strlen(key), 0, p ? "1" : "0", 1, 0, NULL);
+                int rc = mc__meta_cas(m, key, strlen(key), 0, p ? "1" : "0", 1, 0, NULL);
                 char c = rc == 0 ? 'W' : rc == -MC_ECONFLICT ? 'L' : 'E';
                 if (write(pipes[p][1], &c, 1) != 1)
                     _exit(3);
             }
-            mc_meta_close(m);
+            mc__meta_close(m);
             _exit(0);
         }
         close(pipes[p][1]);
@@ -227,9 +227,9 @@ static void test_cas_race_processes(void **state)
         assert_true((res[0][r] == 'W') != (res[1][r] == 'W'));
         assert_true(res[0][r] != 'E' && res[1][r] != 'E');
         snprintf(key, sizeof(key), "race/%d", r);
-        assert_int_equal(mc_meta_get(meta, key, strlen(key), &kv), 0);
+        assert_int_equal(mc__meta_get(meta, key, strlen(key), &kv), 0);
         assert_int_equal(kv.value[0], res[0][r] == 'W' ? '0' : '1');
-        mc_meta_kv_free(&kv);
+        mc__meta_kv_free(&kv);
     }
 }
 
@@ -242,16 +242,16 @@ static void test_large_values(void **state)
     (void)state;
     for (size_t i = 0; i < big; i++)
         v[i] = (char)(i * 131 + (i >> 13));
-    assert_int_equal(mc_meta_put(meta, "big/ok", 6, v, ok, 0, NULL), 0);
-    assert_int_equal(mc_meta_get(meta, "big/ok", 6, &kv), 0);
+    assert_int_equal(mc__meta_put(meta, "big/ok", 6, v, ok, 0, NULL), 0);
+    assert_int_equal(mc__meta_get(meta, "big/ok", 6, &kv), 0);
     assert_int_equal(kv.value_len, ok);
     assert_memory_equal(kv.value, v, ok);
-    mc_meta_kv_free(&kv);
-    assert_int_equal(mc_meta_put(meta, "big/no", 6, v, big, 0, NULL), -EMSGSIZE);
+    mc__meta_kv_free(&kv);
+    assert_int_equal(mc__meta_put(meta, "big/no", 6, v, big, 0, NULL), -EMSGSIZE);
     assert_non_null(strstr(mc_last_error(), "max-request-bytes"));
-    assert_int_equal(mc_meta_put(meta, "big/no", 6, v, 1600 * 1024, 0, NULL), -EMSGSIZE);
+    assert_int_equal(mc__meta_put(meta, "big/no", 6, v, 1600 * 1024, 0, NULL), -EMSGSIZE);
     assert_non_null(strstr(mc_last_error(), "too large"));
-    assert_int_equal(mc_meta_cas(meta, "big/no", 6, 0, v, big, 0, NULL), -EMSGSIZE);
+    assert_int_equal(mc__meta_cas(meta, "big/no", 6, 0, v, big, 0, NULL), -EMSGSIZE);
     free(v);
 }
 
@@ -260,7 +260,7 @@ static void next_event(mc_meta_watch_t *w, int timeout_ms, mc_meta_event_type_t 
 {
     mc_meta_event_t ev;
 
-    assert_int_equal(mc_meta_watch_next(w, timeout_ms, &ev), 0);
+    assert_int_equal(mc__meta_watch_next(w, timeout_ms, &ev), 0);
     assert_int_equal(ev.type, type);
     assert_int_equal(ev.kv.key_len, strlen(key));
     assert_memory_equal(ev.kv.key, key, ev.kv.key_len);
@@ -269,7 +269,7 @@ static void next_event(mc_meta_watch_t *w, int timeout_ms, mc_meta_event_type_t 
         assert_memory_equal(ev.kv.value, val, ev.kv.value_len);
     }
     assert_true(ev.kv.mod_revision > 0);
-    mc_meta_kv_free(&ev.kv);
+    mc__meta_kv_free(&ev.kv);
 }
 
 static void test_lease_expiry_seen_by_watch(void **state)
@@ -279,26 +279,26 @@ static void test_lease_expiry_seen_by_watch(void **state)
     int64_t lease, t0;
 
     (void)state;
-    assert_int_equal(mc_meta_lease_grant(meta, 2, &lease), 0);
-    assert_int_equal(mc_meta_watch_create(meta, "lease/", 6, 0, &w), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 2, &lease), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "lease/", 6, 0, &w), 0);
     put_str("lease/k", "v", lease);
     next_event(w, 5000, MC_META_PUT, "lease/k", "v");
-    assert_int_equal(mc_meta_get(meta, "lease/k", 7, &kv), 0);
+    assert_int_equal(mc__meta_get(meta, "lease/k", 7, &kv), 0);
     assert_int_equal(kv.lease, lease);
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
     for (int i = 0; i < 3; i++) { /* kept alive past its TTL */
         etcd_test_sleep_ms(1000);
-        assert_int_equal(mc_meta_lease_keepalive(meta, lease), 0);
+        assert_int_equal(mc__meta_lease_keepalive(meta, lease), 0);
     }
-    assert_int_equal(mc_meta_get(meta, "lease/k", 7, &kv), 0);
-    mc_meta_kv_free(&kv);
+    assert_int_equal(mc__meta_get(meta, "lease/k", 7, &kv), 0);
+    mc__meta_kv_free(&kv);
     t0 = etcd_test_now_ms();
     next_event(w, 8000, MC_META_DELETE, "lease/k", NULL); /* expires once left alone */
     assert_true(etcd_test_now_ms() - t0 >= 1000);
-    assert_int_equal(mc_meta_get(meta, "lease/k", 7, &kv), -ENOENT);
-    assert_int_equal(mc_meta_lease_keepalive(meta, lease), -ENOENT);
-    assert_int_equal(mc_meta_put(meta, "lease/x", 7, "v", 1, lease, NULL), -ENOENT);
-    mc_meta_watch_destroy(w);
+    assert_int_equal(mc__meta_get(meta, "lease/k", 7, &kv), -ENOENT);
+    assert_int_equal(mc__meta_lease_keepalive(meta, lease), -ENOENT);
+    assert_int_equal(mc__meta_put(meta, "lease/x", 7, "v", 1, lease, NULL), -ENOENT);
+    mc__meta_watch_destroy(w);
 }
 
 static void test_lease_revoke(void **state)
@@ -307,15 +307,15 @@ static void test_lease_revoke(void **state)
     int64_t lease;
 
     (void)state;
-    assert_int_equal(mc_meta_lease_grant(meta, 30, &lease), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 30, &lease), 0);
     assert_true(lease > (int64_t)1 << 53 || lease > 0); /* ids beyond 2^53 survive parsing */
     put_str("rv/a", "1", lease);
     put_str("rv/b", "2", lease);
-    assert_int_equal(mc_meta_lease_revoke(meta, lease), 0);
-    assert_int_equal(mc_meta_get(meta, "rv/a", 4, &kv), -ENOENT);
-    assert_int_equal(mc_meta_get(meta, "rv/b", 4, &kv), -ENOENT);
-    assert_int_equal(mc_meta_lease_revoke(meta, lease), -ENOENT);
-    assert_int_equal(mc_meta_lease_keepalive(meta, lease), -ENOENT);
+    assert_int_equal(mc__meta_lease_revoke(meta, lease), 0);
+    assert_int_equal(mc__meta_get(meta, "rv/a", 4, &kv), -ENOENT);
+    assert_int_equal(mc__meta_get(meta, "rv/b", 4, &kv), -ENOENT);
+    assert_int_equal(mc__meta_lease_revoke(meta, lease), -ENOENT);
+    assert_int_equal(mc__meta_lease_keepalive(meta, lease), -ENOENT);
 }
 
 static void test_watch_history_and_timeout(void **state)
@@ -328,15 +328,15 @@ static void test_watch_history_and_timeout(void **state)
     r1 = put_str("wh/a", "1", 0);
     put_str("wh/b", "2", 0);
     put_str("whx", "outside", 0);
-    assert_int_equal(mc_meta_del(meta, "wh/a", 4), 0);
-    assert_int_equal(mc_meta_watch_create(meta, "wh/", 3, r1, &w), 0);
+    assert_int_equal(mc__meta_del(meta, "wh/a", 4), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "wh/", 3, r1, &w), 0);
     next_event(w, 5000, MC_META_PUT, "wh/a", "1");
     next_event(w, 5000, MC_META_PUT, "wh/b", "2");
     next_event(w, 5000, MC_META_DELETE, "wh/a", NULL);
     int64_t t0 = etcd_test_now_ms();
-    assert_int_equal(mc_meta_watch_next(w, 300, &ev), -ETIMEDOUT);
+    assert_int_equal(mc__meta_watch_next(w, 300, &ev), -ETIMEDOUT);
     assert_true(etcd_test_now_ms() - t0 >= 250);
-    assert_int_equal(mc_meta_watch_next(w, 0, &ev), -ETIMEDOUT);
+    assert_int_equal(mc__meta_watch_next(w, 0, &ev), -ETIMEDOUT);
     put_str("wh/c", "3", 0);
     next_event(w, 5000, MC_META_PUT, "wh/c", "3");
     /* A big event arrives in many pieces. */
@@ -347,7 +347,7 @@ static void test_watch_history_and_timeout(void **state)
     put_str("wh/big", v, 0);
     next_event(w, 5000, MC_META_PUT, "wh/big", v);
     free(v);
-    mc_meta_watch_destroy(w);
+    mc__meta_watch_destroy(w);
 }
 
 static void test_failover_and_down(void **state)
@@ -361,21 +361,21 @@ static void test_failover_and_down(void **state)
     put_str("fo/k", "v", 0);
     /* Port 1 refuses connections: the second endpoint answers. */
     snprintf(url, sizeof(url), "etcd://127.0.0.1:1,%s", etcd.endpoint);
-    assert_int_equal(mc_meta_open(url, &m), 0);
+    assert_int_equal(mc__meta_open(url, &m), 0);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(mc_meta_get(m, "fo/k", 4, &kv), 0);
-        mc_meta_kv_free(&kv);
+        assert_int_equal(mc__meta_get(m, "fo/k", 4, &kv), 0);
+        mc__meta_kv_free(&kv);
     }
-    mc_meta_close(m);
+    mc__meta_close(m);
     /* Nothing answers: a prompt, clear error. */
-    assert_int_equal(mc_meta_open("etcd://127.0.0.1:1,127.0.0.1:2", &m), 0);
+    assert_int_equal(mc__meta_open("etcd://127.0.0.1:1,127.0.0.1:2", &m), 0);
     t0 = etcd_test_now_ms();
-    assert_int_equal(mc_meta_get(m, "fo/k", 4, &kv), -MC_EMETA);
+    assert_int_equal(mc__meta_get(m, "fo/k", 4, &kv), -MC_EMETA);
     assert_true(etcd_test_now_ms() - t0 < 3000);
     assert_non_null(strstr(mc_last_error(), "127.0.0.1:2"));
     mc_meta_watch_t *w;
-    assert_int_equal(mc_meta_watch_create(m, "fo/", 3, 0, &w), -MC_EMETA);
-    mc_meta_close(m);
+    assert_int_equal(mc__meta_watch_create(m, "fo/", 3, 0, &w), -MC_EMETA);
+    mc__meta_close(m);
 }
 
 static void test_open_errors(void **state)
@@ -383,27 +383,27 @@ static void test_open_errors(void **state)
     mc_meta_t *m;
 
     (void)state;
-    assert_int_equal(mc_meta_open("etcd://", &m), -EINVAL);
-    assert_int_equal(mc_meta_open("etcd://host", &m), -EINVAL);
-    assert_int_equal(mc_meta_open("etcd://127.0.0.1:2379,,", &m), -EINVAL);
-    assert_int_equal(mc_meta_open("etcd://:2379", &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://", &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://host", &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://127.0.0.1:2379,,", &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://:2379", &m), -EINVAL);
     setenv("MC_ETCD_USER", "root", 1);
-    assert_int_equal(mc_meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_PASSWORD"));
     unsetenv("MC_ETCD_USER");
     setenv("MC_ETCD_CERT", "/etc/hostname", 1);
-    assert_int_equal(mc_meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_KEY"));
     unsetenv("MC_ETCD_CERT");
     setenv("MC_ETCD_CACERT", "/nonexistent/ca.pem", 1);
-    assert_int_equal(mc_meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_CACERT"));
     unsetenv("MC_ETCD_CACERT");
     setenv("MC_ETCD_TIMEOUT_MS", "5", 1);
-    assert_int_equal(mc_meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
     unsetenv("MC_ETCD_TIMEOUT_MS");
-    assert_int_equal(mc_meta_open(etcd.url, &m), 0);
-    mc_meta_close(m);
+    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    mc__meta_close(m);
 }
 
 static int group_setup(void **state)
@@ -415,13 +415,13 @@ static int group_setup(void **state)
         exit(77);
     }
     assert_int_equal(rc, 0);
-    return mc_meta_open(etcd.url, &meta);
+    return mc__meta_open(etcd.url, &meta);
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    mc_meta_close(meta);
+    mc__meta_close(meta);
     etcd_proc_stop(&etcd);
     return 0;
 }

@@ -32,7 +32,7 @@ static void put_seq(const char *prefix, int i)
     snprintf(key, sizeof(key), "%s%04d", prefix, i);
     snprintf(val, sizeof(val), "%d", i);
     for (int t = 0; t < 100 && rc; t++) {
-        rc = mc_meta_put(meta, key, strlen(key), val, strlen(val), 0, NULL);
+        rc = mc__meta_put(meta, key, strlen(key), val, strlen(val), 0, NULL);
         if (rc)
             etcd_test_sleep_ms(100);
     }
@@ -46,12 +46,12 @@ static void expect_seq(mc_meta_watch_t *w, const char *prefix, int from, int n)
         mc_meta_event_t ev;
         char key[64];
         snprintf(key, sizeof(key), "%s%04d", prefix, i);
-        assert_int_equal(mc_meta_watch_next(w, 10000, &ev), 0);
+        assert_int_equal(mc__meta_watch_next(w, 10000, &ev), 0);
         assert_int_equal(ev.type, MC_META_PUT);
         if (ev.kv.key_len != strlen(key) || memcmp(ev.kv.key, key, ev.kv.key_len))
             fail_msg("event %d: got key %.*s, want %s", i, (int)ev.kv.key_len, ev.kv.key, key);
         assert_int_equal(atoi(ev.kv.value), i);
-        mc_meta_kv_free(&ev.kv);
+        mc__meta_kv_free(&ev.kv);
     }
 }
 
@@ -62,24 +62,24 @@ static void watch_across_restart(int sig, const char *prefix)
     mc_meta_kv_t kv;
     int64_t t0;
 
-    assert_int_equal(mc_meta_watch_create(meta, prefix, strlen(prefix), 0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, prefix, strlen(prefix), 0, &w), 0);
     for (int i = 0; i < 10; i++)
         put_seq(prefix, i);
     expect_seq(w, prefix, 0, 5); /* the stream is up; 5 more are queued or in flight */
     etcd_proc_kill(&etcd, sig);
     /* While etcd is away, calls fail within their bound. */
     t0 = etcd_test_now_ms();
-    assert_true(mc_meta_get(meta, "x", 1, &kv) < 0);
+    assert_true(mc__meta_get(meta, "x", 1, &kv) < 0);
     assert_true(etcd_test_now_ms() - t0 < 4000);
-    assert_true(mc_meta_lease_keepalive(meta, 12345) < 0);
+    assert_true(mc__meta_lease_keepalive(meta, 12345) < 0);
     etcd_test_sleep_ms(1500); /* the watcher backs off */
     assert_int_equal(etcd_proc_restart(&etcd), 0);
     /* Made before the watcher is back on its feet: none may be lost. */
     for (int i = 10; i < 30; i++)
         put_seq(prefix, i);
     expect_seq(w, prefix, 5, 25);
-    assert_int_equal(mc_meta_watch_next(w, 500, &ev), -ETIMEDOUT); /* and none repeated */
-    mc_meta_watch_destroy(w);
+    assert_int_equal(mc__meta_watch_next(w, 500, &ev), -ETIMEDOUT); /* and none repeated */
+    mc__meta_watch_destroy(w);
 }
 
 static void test_watch_survives_sigkill(void **state)
@@ -101,21 +101,21 @@ static void test_lease_across_restart(void **state)
     mc_meta_kv_t kv;
 
     (void)state;
-    assert_int_equal(mc_meta_lease_grant(meta, 30, &lease), 0);
-    assert_int_equal(mc_meta_put(meta, "lr/k", 4, "v", 1, lease, NULL), 0);
+    assert_int_equal(mc__meta_lease_grant(meta, 30, &lease), 0);
+    assert_int_equal(mc__meta_put(meta, "lr/k", 4, "v", 1, lease, NULL), 0);
     etcd_proc_kill(&etcd, SIGKILL);
-    assert_true(mc_meta_lease_keepalive(meta, lease) < 0);
+    assert_true(mc__meta_lease_keepalive(meta, lease) < 0);
     assert_int_equal(etcd_proc_restart(&etcd), 0);
     int rc = -1;
     for (int t = 0; t < 50 && rc; t++) {
-        rc = mc_meta_lease_keepalive(meta, lease);
+        rc = mc__meta_lease_keepalive(meta, lease);
         if (rc)
             etcd_test_sleep_ms(100);
     }
     assert_int_equal(rc, 0);
-    assert_int_equal(mc_meta_get(meta, "lr/k", 4, &kv), 0);
-    mc_meta_kv_free(&kv);
-    assert_int_equal(mc_meta_lease_revoke(meta, lease), 0);
+    assert_int_equal(mc__meta_get(meta, "lr/k", 4, &kv), 0);
+    mc__meta_kv_free(&kv);
+    assert_int_equal(mc__meta_lease_revoke(meta, lease), 0);
 }
 
 /* A watch from a revision etcd compacted away re-lists the prefix, then goes on. */
@@ -125,30 +125,30 @@ static void test_watch_compacted(void **state)
     int64_t r0, rev;
 
     (void)state;
-    assert_int_equal(mc_meta_put(meta, "cmp/a", 5, "1", 1, 0, &r0), 0);
-    assert_int_equal(mc_meta_put(meta, "cmp/a", 5, "2", 1, 0, NULL), 0);
-    assert_int_equal(mc_meta_put(meta, "cmp/b", 5, "3", 1, 0, &rev), 0);
+    assert_int_equal(mc__meta_put(meta, "cmp/a", 5, "1", 1, 0, &r0), 0);
+    assert_int_equal(mc__meta_put(meta, "cmp/a", 5, "2", 1, 0, NULL), 0);
+    assert_int_equal(mc__meta_put(meta, "cmp/b", 5, "3", 1, 0, &rev), 0);
     assert_int_equal(etcd_proc_sh(&etcd,
                                   "curl -sf -m 5 %s/v3/kv/compaction -d '{\"revision\":\"%lld\"}'"
                                   " >/dev/null",
                                   etcd.http, (long long)rev),
                      0);
-    assert_int_equal(mc_meta_watch_create(meta, "cmp/", 4, r0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(meta, "cmp/", 4, r0, &w), 0);
     mc_meta_event_t ev;
-    assert_int_equal(mc_meta_watch_next(w, 10000, &ev), 0);
+    assert_int_equal(mc__meta_watch_next(w, 10000, &ev), 0);
     assert_int_equal(ev.type, MC_META_PUT);
     assert_memory_equal(ev.kv.key, "cmp/a", 5);
     assert_memory_equal(ev.kv.value, "2", 1);
-    mc_meta_kv_free(&ev.kv);
-    assert_int_equal(mc_meta_watch_next(w, 10000, &ev), 0);
+    mc__meta_kv_free(&ev.kv);
+    assert_int_equal(mc__meta_watch_next(w, 10000, &ev), 0);
     assert_memory_equal(ev.kv.key, "cmp/b", 5);
-    mc_meta_kv_free(&ev.kv);
-    assert_int_equal(mc_meta_put(meta, "cmp/c", 5, "4", 1, 0, NULL), 0);
-    assert_int_equal(mc_meta_watch_next(w, 10000, &ev), 0);
+    mc__meta_kv_free(&ev.kv);
+    assert_int_equal(mc__meta_put(meta, "cmp/c", 5, "4", 1, 0, NULL), 0);
+    assert_int_equal(mc__meta_watch_next(w, 10000, &ev), 0);
     assert_memory_equal(ev.kv.key, "cmp/c", 5);
-    mc_meta_kv_free(&ev.kv);
-    assert_int_equal(mc_meta_watch_next(w, 300, &ev), -ETIMEDOUT);
-    mc_meta_watch_destroy(w);
+    mc__meta_kv_free(&ev.kv);
+    assert_int_equal(mc__meta_watch_next(w, 300, &ev), -ETIMEDOUT);
+    mc__meta_watch_destroy(w);
 }
 
 static int group_setup(void **state)
@@ -161,13 +161,13 @@ static int group_setup(void **state)
     }
     assert_int_equal(rc, 0);
     setenv("MC_ETCD_TIMEOUT_MS", "2000", 1);
-    return mc_meta_open(etcd.url, &meta);
+    return mc__meta_open(etcd.url, &meta);
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    mc_meta_close(meta);
+    mc__meta_close(meta);
     etcd_proc_stop(&etcd);
     return 0;
 }

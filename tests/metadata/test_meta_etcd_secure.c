@@ -34,10 +34,10 @@ static void roundtrip(mc_meta_t *m, const char *key)
 {
     mc_meta_kv_t kv;
 
-    assert_int_equal(mc_meta_put(m, key, strlen(key), "v", 1, 0, NULL), 0);
-    assert_int_equal(mc_meta_get(m, key, strlen(key), &kv), 0);
+    assert_int_equal(mc__meta_put(m, key, strlen(key), "v", 1, 0, NULL), 0);
+    assert_int_equal(mc__meta_get(m, key, strlen(key), &kv), 0);
     assert_memory_equal(kv.value, "v", 1);
-    mc_meta_kv_free(&kv);
+    mc__meta_kv_free(&kv);
 }
 
 /* ---- authentication ---- */
@@ -73,7 +73,7 @@ static void test_auth_wrong_password(void **state)
     (void)state;
     setenv("MC_ETCD_USER", "root", 1);
     setenv("MC_ETCD_PASSWORD", "wrong", 1);
-    assert_int_equal(mc_meta_open(etcd.url, &m), -MC_EAUTH);
+    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_EAUTH);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_USER=root"));
     unset_all();
 }
@@ -84,10 +84,10 @@ static void test_auth_missing(void **state)
     mc_meta_kv_t kv;
 
     (void)state;
-    assert_int_equal(mc_meta_open(etcd.url, &m), 0);
-    assert_int_equal(mc_meta_get(m, "k", 1, &kv), -MC_EAUTH);
+    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_get(m, "k", 1, &kv), -MC_EAUTH);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_USER"));
-    mc_meta_close(m);
+    mc__meta_close(m);
 }
 
 /* Tokens live 2 s here: every call after a pause needs a fresh one. */
@@ -101,24 +101,24 @@ static void test_auth_token_expiry(void **state)
     (void)state;
     setenv("MC_ETCD_USER", "root", 1);
     setenv("MC_ETCD_PASSWORD", "s3cret", 1);
-    assert_int_equal(mc_meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
     roundtrip(m, "auth/a");
-    assert_int_equal(mc_meta_watch_create(m, "auth/", 5, 0, &w), 0);
+    assert_int_equal(mc__meta_watch_create(m, "auth/", 5, 0, &w), 0);
     etcd_test_sleep_ms(3500);
     roundtrip(m, "auth/b");
-    assert_int_equal(mc_meta_lease_grant(m, 10, &lease), 0);
+    assert_int_equal(mc__meta_lease_grant(m, 10, &lease), 0);
     etcd_test_sleep_ms(3500);
-    assert_int_equal(mc_meta_lease_keepalive(m, lease), 0);
+    assert_int_equal(mc__meta_lease_keepalive(m, lease), 0);
     roundtrip(m, "auth/c");
-    assert_int_equal(mc_meta_watch_next(w, 5000, &ev), 0);
+    assert_int_equal(mc__meta_watch_next(w, 5000, &ev), 0);
     assert_memory_equal(ev.kv.key, "auth/b", 6);
-    mc_meta_kv_free(&ev.kv);
-    assert_int_equal(mc_meta_watch_next(w, 5000, &ev), 0);
+    mc__meta_kv_free(&ev.kv);
+    assert_int_equal(mc__meta_watch_next(w, 5000, &ev), 0);
     assert_memory_equal(ev.kv.key, "auth/c", 6);
-    mc_meta_kv_free(&ev.kv);
-    mc_meta_watch_destroy(w);
-    assert_int_equal(mc_meta_lease_revoke(m, lease), 0);
-    mc_meta_close(m);
+    mc__meta_kv_free(&ev.kv);
+    mc__meta_watch_destroy(w);
+    assert_int_equal(mc__meta_lease_revoke(m, lease), 0);
+    mc__meta_close(m);
     unset_all();
 }
 
@@ -190,14 +190,14 @@ static void test_tls_ok(void **state)
 
     (void)state;
     set_tls("ca.pem", "client.pem", "client.key");
-    assert_int_equal(mc_meta_open(etcd.url, &m), 0);
-    assert_int_equal(mc_meta_watch_create(m, "tls/", 4, 0, &w), 0);
+    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_watch_create(m, "tls/", 4, 0, &w), 0);
     roundtrip(m, "tls/a");
-    assert_int_equal(mc_meta_watch_next(w, 5000, &ev), 0);
+    assert_int_equal(mc__meta_watch_next(w, 5000, &ev), 0);
     assert_memory_equal(ev.kv.key, "tls/a", 5);
-    mc_meta_kv_free(&ev.kv);
-    mc_meta_watch_destroy(w);
-    mc_meta_close(m);
+    mc__meta_kv_free(&ev.kv);
+    mc__meta_watch_destroy(w);
+    mc__meta_close(m);
     unset_all();
 }
 
@@ -208,12 +208,12 @@ static void test_tls_wrong_ca(void **state)
 
     (void)state;
     set_tls("ca2.pem", "client.pem", "client.key");
-    assert_int_equal(mc_meta_open(etcd.url, &m), 0);
-    assert_int_equal(mc_meta_get(m, "k", 1, &kv), -MC_EAUTH);
+    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_get(m, "k", 1, &kv), -MC_EAUTH);
     printf("wrong CA: %s\n", mc_last_error());
     assert_non_null(strstr(mc_last_error(), "TLS"));
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_CACERT"));
-    mc_meta_close(m);
+    mc__meta_close(m);
     unset_all();
 }
 
@@ -224,11 +224,11 @@ static void test_tls_no_client_cert(void **state)
 
     (void)state;
     set_tls("ca.pem", NULL, NULL);
-    assert_int_equal(mc_meta_open(etcd.url, &m), 0);
-    int rc = mc_meta_get(m, "k", 1, &kv);
+    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    int rc = mc__meta_get(m, "k", 1, &kv);
     printf("no client certificate: %s\n", mc_last_error());
     assert_true(rc == -MC_EAUTH || rc == -MC_EMETA);
-    mc_meta_close(m);
+    mc__meta_close(m);
     unset_all();
 }
 

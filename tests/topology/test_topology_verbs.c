@@ -42,9 +42,9 @@ static void test_discovered(void **state)
     mc_topo_t *t = NULL;
 
     (void)state;
-    assert_int_equal(mc_topo_discover(NULL, &t), 0);
+    assert_int_equal(mc__topo_discover(NULL, &t), 0);
     for (size_t i = 0; i < 2; i++) {
-        const mc_topo_dev_t *d = mc_topo_find(t, sv_names[i]);
+        const mc_topo_dev_t *d = mc__topo_find(t, sv_names[i]);
 
         assert_non_null(d);
         assert_int_equal(d->kind, MC_DEV_RDMA);
@@ -54,7 +54,7 @@ static void test_discovered(void **state)
     }
     for (size_t i = 0; i < t->n_devs; i++)
         assert_int_equal(count_named(t, t->devs[i].name), 1);
-    mc_topo_free(t);
+    mc__topo_free(t);
 }
 
 /* Every row of the computed matrix offers both devices: preferred on node 0, available
@@ -66,9 +66,9 @@ static void test_matrix(void **state)
     size_t np, na;
 
     (void)state;
-    assert_int_equal(mc_topo_discover(NULL, &t), 0);
-    assert_int_equal(mc_topo_matrix_build(t, NULL, NULL), 0);
-    assert_int_equal(mc_topo_matrix_get(t, "cpu:0", &p, &np, &a, &na), 0);
+    assert_int_equal(mc__topo_discover(NULL, &t), 0);
+    assert_int_equal(mc__topo_matrix_build(t, NULL, NULL), 0);
+    assert_int_equal(mc__topo_matrix_get(t, "cpu:0", &p, &np, &a, &na), 0);
     assert_true(in_list(p, np, "softverbs0") && in_list(p, np, "softverbs1"));
     for (size_t r = 0; r < t->matrix->n_locs; r++) {
         const mc_topo_loc_t *loc = &t->matrix->locs[r];
@@ -78,12 +78,12 @@ static void test_matrix(void **state)
                         in_list(loc->available, loc->n_available, sv_names[i]));
     }
     /* MC_DEVICES accepts them like any RDMA device. */
-    assert_int_equal(mc_topo_matrix_build(t, "softverbs1", NULL), 0);
-    assert_int_equal(mc_topo_matrix_get(t, "cpu:0", &p, &np, &a, &na), 0);
+    assert_int_equal(mc__topo_matrix_build(t, "softverbs1", NULL), 0);
+    assert_int_equal(mc__topo_matrix_get(t, "cpu:0", &p, &np, &a, &na), 0);
     assert_int_equal(np, 1);
     assert_string_equal(p[0], "softverbs1");
     assert_int_equal(na, 0);
-    mc_topo_free(t);
+    mc__topo_free(t);
 }
 
 /* A topology file describes another host: this host's verbs devices do not belong in it. */
@@ -95,10 +95,10 @@ static void test_xml_has_none(void **state)
 
     (void)state;
     snprintf(path, sizeof(path), "%s/tests/topology/one-socket.xml", src ? src : ".");
-    assert_int_equal(mc_topo_discover(path, &t), 0);
-    assert_null(mc_topo_find(t, "softverbs0"));
-    assert_int_equal(mc_topo_count(t, MC_DEV_RDMA), 0);
-    mc_topo_free(t);
+    assert_int_equal(mc__topo_discover(path, &t), 0);
+    assert_null(mc__topo_find(t, "softverbs0"));
+    assert_int_equal(mc__topo_count(t, MC_DEV_RDMA), 0);
+    mc__topo_free(t);
 }
 
 static int have_softverbs(void)
