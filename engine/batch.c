@@ -8,7 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine_int.h"
+#include "msg.h"
+#include "transport/transport.h"
 
 int mc_batch_create(mc_engine_t *e, size_t max_tasks, mc_batch_t **batch_p)
 {
@@ -142,9 +143,34 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
     return rc ? i - 1 : count;
 }
 
-/* Look the remote ranges up in the descriptors (one lock for the batch); note which are known
- * and which may go through a same-host mapping. Returns the first task missed, or NULL. */
-static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
+/* Give t to the first transport from position k of its peer's order that accepts it. Caller
+ * holds peers_lock for reading; rb is t's remote buffer. Fails t (with every transport's reason)
+ * if none does. */
+static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb, unsigned k)
+{
+    const mc_peer_t *p = t->peer;
+    char why[512];
+    size_t n = 0;
+
+    why[0] = 0;
+    for (; k < p->n_order; k++) {
+        const mc_transport_ops_t *ops = mc__transports[p->order[k]];
+        const char *no = MC_TP_HAS(ops, accept) ? ops->accept(e, t, rb) : NULL;
+        if (!no) {
+            t->tp = p->order[k];
+            return;
+        }
+        if (n < sizeof(why))
+            n += (size_t)snprintf(why + n, sizeof(why) - n, "%s%s: %s", n ? "; " : "", ops->name,
+                                  no);
+    }
+    mc__task_finish(t, MC_TASK_FAILED, "no transport to segment %s can carry it (%s)", p->name,
+                    why[0] ? why : "none reaches it");
+}
+
+/* Look the remote ranges up in the peers' descriptors and route each task (one lock for the
+ * batch). Returns the first task whose range is in no buffer, or NULL. */
+static mc_task_t *route(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
     mc_task_t *first_miss = NULL;
 
@@ -153,15 +179,12 @@ static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
         mc_task_t *t = &tasks[i];
         const mc_desc_buffer_t *b =
             mc__desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
-        t->remote_known = b != NULL;
-        t->remote_shm = b && b->shm;
-        /* rdma when both ends have memory regions (or ours is staged VRAM) and a device pair;
-         * tcp otherwise. */
-        bool local_ok = t->lbuf->mrs || (t->lbuf->vram && e->rdma);
-        t->tp = b && b->n_chunks && local_ok && t->peer->n_rdma_rails ? MC_TP_RDMA : MC_TP_TCP;
+        t->tp = (uint8_t)e->ctrl;
         t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
-        t->rbuf = b ? (uint32_t)(b - t->peer->desc.buffers) : 0;
-        if (!b && !first_miss)
+        t->rbuf = b ? (uint32_t)(b - t->peer->desc.buffers) : MC_RBUF_NONE;
+        if (b)
+            route_from(e, t, b, 0);
+        else if (!first_miss)
             first_miss = t;
     }
     pthread_rwlock_unlock(&e->peers_lock);
@@ -175,25 +198,44 @@ static mc_task_t *remote_lookup(mc_engine_t *e, mc_task_t *tasks, size_t n)
  * registered memory since we opened it). */
 static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
-    mc_task_t *miss = remote_lookup(e, tasks, n);
+    mc_task_t *miss = route(e, tasks, n);
 
     if (miss && !mc__in_progress() && mc__peer_reload(e, miss->peer, true) == 0)
-        remote_lookup(e, tasks, n);
-    for (size_t i = 0; i < n; i++) {
+        miss = route(e, tasks, n);
+    for (size_t i = 0; miss && i < n; i++) {
         mc_task_t *t = &tasks[i];
-        if (!t->remote_known)
+        if (t->rbuf == MC_RBUF_NONE)
             mc__task_finish(t, MC_TASK_FAILED,
                             "remote range 0x%llx+%llu is not inside a buffer registered by "
                             "segment %s",
                             (unsigned long long)t->req.target_offset,
                             (unsigned long long)t->req.length, t->peer->name);
-        else if (t->vram && t->tp != MC_TP_RDMA)
-            mc__task_finish(t, MC_TASK_FAILED,
-                            "VRAM moves over rdma only, and there is no rdma path for it to "
-                            "segment %s (no device pair, or the remote VRAM has no GPUDirect "
-                            "registration)",
-                            t->peer->name);
     }
+}
+
+void mc__task_reroute(mc_engine_t *e, mc_task_t *t)
+{
+    const mc_peer_t *p = t->peer;
+    unsigned k = 0;
+
+    pthread_rwlock_rdlock(&e->peers_lock);
+    while (k < p->n_order && p->order[k] != t->tp)
+        k++;
+    const mc_desc_buffer_t *b = mc__desc_find(&p->desc, t->req.target_offset, t->req.length);
+    if (b)
+        route_from(e, t, b, k + 1);
+    else
+        mc__task_finish(t, MC_TASK_FAILED, "remote range is no longer registered by segment %s",
+                        p->name);
+    pthread_rwlock_unlock(&e->peers_lock);
+}
+
+/* Transports that move data in the submitting thread take their tasks now. */
+static void submit_now(mc_engine_t *e, mc_task_t *tasks, size_t n)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], submit))
+            mc__transports[i]->submit(e, tasks, n);
 }
 
 static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)
@@ -267,7 +309,7 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         mc_list_init(&t->alink);
     }
     check_remote(e, tasks, count);
-    mc__shm_submit(e, tasks, count);
+    submit_now(e, tasks, count);
     atomic_fetch_add(&b->busy, count);
     atomic_store_explicit(&b->n, first + count, memory_order_release);
     pthread_mutex_lock(&e->sub_lock);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "engine_int.h"
+#include "util/sockaddr.h"
 
 static void config_defaults(mc_config_t *c)
 {
@@ -191,7 +192,7 @@ int mc_config_init(mc_config_t *c)
     if (!rc)
         rc = env_bool("MC_PROGRESS_THREAD", &c->progress_thread);
     if (!rc)
-        rc = env_u64("MC_SLICE_SIZE", 4096, MC_PROTO_MAX_DATA, &c->slice_size);
+        rc = env_u64("MC_SLICE_SIZE", 4096, MC_SLICE_MAX, &c->slice_size);
     if (!rc)
         rc = env_uint("MC_RETRY_CNT", 0, 100, &c->retry_cnt);
     if (!rc)

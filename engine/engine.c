@@ -10,7 +10,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine_int.h"
+#include "msg.h"
+#include "scheduler.h"
+#include "task.h"
+#include "topology/topology.h"
+#include "transport/transport.h"
 #include "util/crypto.h"
 
 #define MAX_EVENTS   64
@@ -18,25 +22,6 @@
 #define TICK_IDLE_MS 1000 /* while connections exist but nothing is submitted */
 
 static __thread bool in_pass;
-
-uint64_t mc__now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void mc__abstime_in(struct timespec *ts, unsigned ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000;
-    if (ts->tv_nsec >= 1000000000) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000;
-    }
-}
 
 bool mc__in_progress(void)
 {
@@ -105,11 +90,13 @@ static void drain_submissions(mc_engine_t *e)
     }
 }
 
+/* Timer ticks: fast while tasks are active, slow while peers are open (connections time out,
+ * rails re-probe), none otherwise. */
 static int tick_ms(mc_engine_t *e)
 {
     if (!mc_list_empty(&e->active_tasks))
         return TICK_BUSY_MS;
-    if (e->n_outbound || !mc_list_empty(&e->inbound))
+    if (atomic_load_explicit(&e->n_links, memory_order_relaxed))
         return TICK_IDLE_MS;
     return -1;
 }
@@ -156,20 +143,23 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
             p->handler(e, p, evs[i].events);
     }
     drain_submissions(e);
-    if (atomic_exchange(&e->revoke_req, false))
-        mc__shm_revoke_start(e);
-    if (atomic_exchange(&e->revoke_abort, false))
-        mc__shm_revoke_abort(e);
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
+            mc__transports[i]->progress(e);
     mc__sched_run(e);
     now = mc__now_ns();
     if (now >= e->next_timer_ns) {
         mc__sched_timers(e, now);
-        mc__tcp_timers(e, now);
+        for (unsigned i = 0; i < mc__n_transports; i++)
+            if (e->tp[i] && MC_TP_HAS(mc__transports[i], timers))
+                mc__transports[i]->timers(e, now);
+        mc__rails_tick(e, now);
         e->next_timer_ns = now + TICK_BUSY_MS * MC_MS;
         mc__sched_run(e);
     }
-    mc__tcp_reap(e);
-    mc__shm_reap(e);
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
+            mc__transports[i]->reap(e);
     arm_timer(e);
     in_pass = false;
     if (atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
@@ -254,47 +244,90 @@ static void engine_init_state(mc_engine_t *e)
     pthread_mutex_init(&e->handlers_lock, NULL);
     pthread_mutex_init(&e->notify_lock, NULL);
     pthread_mutex_init(&e->meta_lock, NULL);
-    pthread_mutex_init(&e->revoke_mutex, NULL);
-    pthread_mutex_init(&e->shm_lock, NULL);
-    mc_list_init(&e->shm_conns);
-    mc_list_init(&e->shm_grave);
-    mc_list_init(&e->shm_peers);
-    e->shm_listen.fd = -1;
     pthread_cond_init(&e->meta_cond, NULL);
     mc_list_init(&e->subq);
     mc_list_init(&e->msgq_in);
     mc_list_init(&e->cancelq);
     mc_list_init(&e->active_peers);
     mc_list_init(&e->active_tasks);
-    mc_list_init(&e->graveyard);
-    mc_list_init(&e->inbound);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
     e->armed_ms = -2;
     mc__memtab_init(&e->mem);
 }
 
+static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
+static mc_topo_t *topo;
+static int topo_rc;
+static char topo_err[512];
+
+static void topo_discover(void)
+{
+    topo_rc = mc__topo_discover(NULL, &topo);
+    if (!topo_rc)
+        topo_rc = mc__topo_matrix_build_env(topo);
+    if (topo_rc)
+        snprintf(topo_err, sizeof(topo_err), "%s", mc_last_error());
+}
+
+/* The host's topology and priority matrix, discovered once per process (hwloc is slow). */
+static int engine_topology(mc_engine_t *e)
+{
+    pthread_once(&topo_once, topo_discover);
+    if (topo_rc)
+        return mc__set_error(topo_rc, "%s", topo_err);
+    e->topo = topo;
+    return 0;
+}
+
+/* Whether transport i is to start: with MC_PROTOCOL naming one, only that one and the control
+ * transport do. */
+static bool transport_wanted(const mc_engine_t *e, unsigned i)
+{
+    const mc_transport_ops_t *ops = mc__transports[i];
+
+    return !strcmp(e->cfg.protocol, "auto") || !strcmp(e->cfg.protocol, ops->name) ||
+           (ops->flags & MC_TP_CONTROL);
+}
+
+static int transports_init(mc_engine_t *e)
+{
+    mc__transports_setup();
+    for (unsigned i = 0; i < mc__n_transports; i++) {
+        const mc_transport_ops_t *ops = mc__transports[i];
+        if (ops->flags & MC_TP_CONTROL)
+            e->ctrl = i;
+        if (!transport_wanted(e, i) || !ops->init)
+            continue;
+        int rc = ops->init(e);
+        if (rc)
+            return rc;
+        if (!e->tp[i] && (ops->flags & MC_TP_CONTROL))
+            return mc__set_error(-MC_ENODEV, "the control transport %s is not available",
+                                 ops->name);
+    }
+    return 0;
+}
+
 static int engine_start(mc_engine_t *e)
 {
+    const mc_transport_ops_t *ctrl;
     int rc;
 
     rc = mc__host_id(e->host_id, sizeof(e->host_id));
     if (!rc)
         rc = mc__random_bytes(&e->instance, sizeof(e->instance));
     if (!rc)
-        rc = mc__topo_init(e);
+        rc = engine_topology(e);
     if (!rc)
         rc = engine_fds(e);
     if (!rc)
-        rc = mc__tcp_init(e);
-    if (!rc)
-        rc = mc__shm_init(e);
-    if (!rc)
-        rc = mc__rdma_init(e);
+        rc = transports_init(e);
     if (rc)
         return rc;
+    ctrl = mc__transports[e->ctrl];
     snprintf(e->name, sizeof(e->name), "%s",
-             e->cfg.segment_name[0] ? e->cfg.segment_name : e->listen_addrs[0]);
+             e->cfg.segment_name[0] ? e->cfg.segment_name : ctrl->address(e));
     rc = mc__publish_start(e);
     if (rc)
         return rc;
@@ -314,16 +347,16 @@ int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p)
 
     if (!cfg || !engine_p)
         return mc__set_error(-EINVAL, "mc_engine_create: NULL argument");
-    if (cfg->slice_size < 4096 || cfg->slice_size > MC_PROTO_MAX_DATA || !cfg->tcp_conns ||
-        !cfg->tcp_window || !cfg->max_conns)
-        return mc__set_error(-MC_ECONFIG, "mc_engine_create: slice size, tcp_conns, tcp_window "
-                                          "and max_conns must be positive and in range");
+    if (cfg->slice_size < 4096 || cfg->slice_size > MC_SLICE_MAX)
+        return mc__set_error(-MC_ECONFIG, "mc_engine_create: slice size %llu is not in [4096, %u]",
+                             (unsigned long long)cfg->slice_size, MC_SLICE_MAX);
     e = calloc(1, sizeof(*e));
     if (!e)
         return mc__set_error(-ENOMEM, "out of memory");
     e->cfg = *cfg;
-    if (!strcmp(cfg->protocol, "tcp"))
-        e->cfg.force_tcp = 1;
+    if (cfg->force_tcp) /* the control transport alone */
+        snprintf(e->cfg.protocol, sizeof(e->cfg.protocol), "%s",
+                 mc__transports[mc__transport_control()]->name);
     mc__log_level = cfg->log_level;
     engine_init_state(e);
     rc = engine_start(e);
@@ -352,6 +385,26 @@ static void engine_abort_tasks(mc_engine_t *e)
     }
 }
 
+/* Close every link and fail what is in flight, so that tasks release: the control transport
+ * first (other transports' link-bound state goes with its links), then the others. */
+static void transports_stop(mc_engine_t *e)
+{
+    const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];
+
+    if (e->tp[e->ctrl] && ctrl->stop)
+        ctrl->stop(e);
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (i != e->ctrl && e->tp[i] && mc__transports[i]->stop)
+            mc__transports[i]->stop(e);
+}
+
+static void transports_fini(mc_engine_t *e)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && mc__transports[i]->fini)
+            mc__transports[i]->fini(e);
+}
+
 void mc_engine_destroy(mc_engine_t *e)
 {
     if (!e)
@@ -366,16 +419,20 @@ void mc_engine_destroy(mc_engine_t *e)
     pthread_mutex_lock(&e->lock);
     in_pass = true;
     engine_abort_tasks(e);
-    mc__tcp_fini(e); /* fails in-flight slices, so tasks release */
-    mc__rdma_fini(e);
-    mc__shm_fini(e);
+    transports_stop(e);
+    for (size_t i = 0; i < e->n_peers; i++)
+        if (e->peers[i])
+            mc__sched_fail_peer(e, e->peers[i], -MC_ECANCELED, "engine destroyed");
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
+            mc__transports[i]->reap(e);
     mc__sched_fini(e);
     in_pass = false;
     pthread_mutex_unlock(&e->lock);
     mc__peers_fini(e);
     mc__msgs_fini(e);
     mc__memtab_fini(e);
-    mc__rdma_close(e); /* after the memory regions are gone */
+    transports_fini(e); /* after the peers and the memory registrations are gone */
     if (e->meta)
         mc__meta_close(e->meta);
     if (e->epfd >= 0)
@@ -404,16 +461,14 @@ static void counters_load(_Atomic uint64_t *c, mc_counters_t *out)
 
 int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out)
 {
+    int slot;
+
     if (!e || !transport || !out)
         return mc__set_error(-EINVAL, "mc_stats_transport: NULL argument");
-    if (!strcmp(transport, "tcp"))
-        counters_load(e->tcp_c, out);
-    else if (!strcmp(transport, "shm"))
-        counters_load(e->shm_c, out);
-    else if (!strcmp(transport, "rdma"))
-        counters_load(e->rdma_c, out);
-    else
+    slot = mc__transport_find(transport);
+    if (slot < 0)
         return mc__set_error(-ENOENT, "no transport \"%s\" in this engine", transport);
+    counters_load(e->c[slot], out);
     return 0;
 }
 

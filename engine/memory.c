@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "engine_int.h"
+#include "transport/transport.h"
 
 int mc__memtab_init(mc_memtab_t *t)
 {
@@ -23,12 +23,43 @@ int mc__memtab_init(mc_memtab_t *t)
     return 0;
 }
 
+/* Every transport's registration of b, in table order; undone in reverse on failure. */
+static int tp_register(mc_engine_t *e, mc_buffer_t *b)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++) {
+        const mc_transport_ops_t *ops = mc__transports[i];
+        int rc = e->tp[i] && MC_TP_HAS(ops, mem_register) ? ops->mem_register(e, b) : 0;
+        if (rc) {
+            while (i-- > 0)
+                if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_deregister))
+                    mc__transports[i]->mem_deregister(e, b);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void tp_deregister(mc_engine_t *e, mc_buffer_t *b)
+{
+    for (unsigned i = mc__n_transports; i-- > 0;)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_deregister))
+            mc__transports[i]->mem_deregister(e, b);
+}
+
+/* The table changed (caller holds mem.lock for writing). */
+static void tp_changed(mc_engine_t *e)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_changed))
+            mc__transports[i]->mem_changed(e);
+}
+
 void mc__memtab_fini(mc_engine_t *e)
 {
     mc_memtab_t *t = &e->mem;
 
     for (size_t i = 0; i < t->n; i++) {
-        mc__rdma_mr_deregister(t->v[i]);
+        tp_deregister(e, t->v[i]);
         if (t->v[i]->memfd >= 0) {
             munmap((void *)(uintptr_t)t->v[i]->addr, t->v[i]->len);
             close(t->v[i]->memfd);
@@ -219,13 +250,13 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     rc = location_resolve(addr, location, b->location);
     b->vram = !strncmp(b->location, "cuda:", 5);
     if (!rc)
-        rc = mc__rdma_mr_register(e, b);
+        rc = tp_register(e, b);
     if (rc)
         goto err_free;
     pthread_rwlock_wrlock(&e->mem.lock);
     rc = memtab_insert(&e->mem, b);
     if (!rc)
-        mc__regtab_publish(e);
+        tp_changed(e);
     pthread_rwlock_unlock(&e->mem.lock);
     if (rc)
         goto err_dereg;
@@ -233,7 +264,7 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     return 0;
 
 err_dereg:
-    mc__rdma_mr_deregister(b);
+    tp_deregister(e, b);
 err_free:
     free(b);
     return rc;
@@ -256,77 +287,52 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr)
         memmove(&t->v[i], &t->v[i + 1], (t->n - (size_t)i - 1) * sizeof(*t->v));
         t->n--;
         atomic_store(&b->dead, true);
-        mc__regtab_publish(e);
+        tp_changed(e);
     }
     pthread_rwlock_unlock(&t->lock);
     return b;
 }
 
-/* Wait until done(e, b), or the deadline. In caller-progress mode we drive progress
- * ourselves, since nobody else will. */
-static bool mem_wait(mc_engine_t *e, mc_buffer_t *b, bool (*done)(mc_engine_t *, mc_buffer_t *),
-                     uint64_t deadline)
+bool mc__mem_wait(mc_engine_t *e, bool (*done)(mc_engine_t *, void *), void *arg,
+                  uint64_t deadline_ns)
 {
-    while (!done(e, b)) {
-        if (mc__now_ns() > deadline)
+    while (!done(e, arg)) {
+        if (mc__now_ns() > deadline_ns)
             return false;
-        if (!e->has_thread) {
+        if (!e->has_thread) { /* caller-progress mode: nobody else drives progress */
             mc__progress_try(e);
             continue;
         }
         struct timespec ts;
         mc__abstime_in(&ts, 10);
         pthread_mutex_lock(&e->mem.drain_lock);
-        if (!done(e, b))
+        if (!done(e, arg))
             pthread_cond_timedwait(&e->mem.drain_cond, &e->mem.drain_lock, &ts);
         pthread_mutex_unlock(&e->mem.drain_lock);
     }
     return true;
 }
 
-static bool refs_drained(mc_engine_t *e, mc_buffer_t *b)
+static bool refs_drained(mc_engine_t *e, void *arg)
 {
+    mc_buffer_t *b = arg;
+
     (void)e;
     return atomic_load(&b->refs) == 0;
 }
 
-static bool revoked(mc_engine_t *e, mc_buffer_t *b)
-{
-    (void)b;
-    return !atomic_load(&e->revoke_req) && !atomic_load(&e->revoke_left);
-}
-
-/* Same-host peers may have the buffer mapped: have each unmap it and acknowledge (see
- * transport/shm.c). One that does not answer within MC_IO_TIMEOUT_MS is disconnected, which
- * makes it drop every mapping of ours. */
-static void mem_revoke(mc_engine_t *e, mc_buffer_t *b)
-{
-    if (b->memfd < 0 || !e->shm_name[0])
-        return;
-    pthread_mutex_lock(&e->revoke_mutex);
-    e->revoke_addr = b->addr;
-    atomic_store(&e->revoke_req, true);
-    mc__doorbell(e);
-    if (!mem_wait(e, b, revoked, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
-        mc_warn("unregister 0x%llx: %u same-host peers did not acknowledge; disconnecting them",
-                (unsigned long long)b->addr, atomic_load(&e->revoke_left));
-        atomic_store(&e->revoke_abort, true);
-        mc__doorbell(e);
-        mem_wait(e, b, revoked, mc__now_ns() + 1000 * MC_MS);
-    }
-    pthread_mutex_unlock(&e->revoke_mutex);
-}
-
-/* Wait until nothing in flight references b. */
+/* Wait until nothing in flight references b, ours first, then whatever peers can still reach
+ * through the transports (same-host mappings and copies). */
 static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
 {
     uint64_t deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
 
-    if (!mem_wait(e, b, refs_drained, deadline))
+    if (!mc__mem_wait(e, refs_drained, b, deadline))
         return mc__set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
                              (unsigned long long)b->addr, atomic_load(&b->refs));
-    mc__regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
-    mem_revoke(e, b);
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_release))
+            mc__transports[i]->mem_release(e, b);
     return 0;
 }
 
@@ -349,7 +355,7 @@ static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *le
     *memfd_p = b->memfd;
     *len_p = b->len;
     /* Remote peers' NICs can no longer reach it once the regions are gone. */
-    mc__rdma_mr_deregister(b);
+    tp_deregister(e, b);
     free(b);
     return 0;
 }

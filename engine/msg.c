@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine_int.h"
+#include "msg.h"
 
 #define MAX_QUEUED_MSGS 4096  /* per peer, not yet on the wire */
 #define MAX_NOTIFY      65536 /* received, not yet popped */
@@ -101,6 +102,12 @@ int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
     if (!rc)
         mc__msg_route(e, m);
     return rc;
+}
+
+void mc__msg_sent(mc_peer_t *p, mc_msg_t *m)
+{
+    (void)m;
+    atomic_fetch_sub(&p->queued_msgs, 1);
 }
 
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m)

@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "engine_int.h"
+#include "transport/transport.h"
 
 static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len)
 {
@@ -44,7 +44,8 @@ static int publish_once(mc_engine_t *e)
         e->lease = 0; /* the store lost our lease (restarted empty, or it expired): re-grant */
     if (rc)
         return rc;
-    endpoint = json_pack("{s:s}", "tcp", e->listen_addrs[0]);
+    const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];
+    endpoint = json_pack("{s:s}", ctrl->name, ctrl->address(e));
     json = endpoint ? json_dumps(endpoint, JSON_COMPACT) : NULL;
     json_decref(endpoint);
     if (!json)

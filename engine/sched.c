@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_int.h"
+#include "transport/transport.h"
 
 #define SLICE_CHUNK 256
 
@@ -90,7 +90,7 @@ static void slice_release(mc_engine_t *e, mc_slice_t *s)
     mc__task_maybe_release(e, t);
 }
 
-mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, int tp)
+mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
     mc_list_t *n;
     mc_slice_t *s;
@@ -129,7 +129,7 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, int tp)
     return NULL;
 }
 
-const char *mc__sched_peek_location(mc_peer_t *p, int tp)
+const char *mc__sched_peek_location(mc_peer_t *p, unsigned tp)
 {
     if (!mc_list_empty(&p->q[tp].retry))
         return mc_container_of(p->q[tp].retry.next, mc_slice_t, link)->task->lbuf->location;
@@ -138,20 +138,16 @@ const char *mc__sched_peek_location(mc_peer_t *p, int tp)
     return NULL;
 }
 
-static bool has_slices(mc_peer_t *p, int tp)
+static bool has_slices(mc_peer_t *p, unsigned tp)
 {
     return !mc_list_empty(&p->q[tp].pending) || !mc_list_empty(&p->q[tp].retry);
 }
 
-static bool peer_has_work(mc_peer_t *p)
+/* Whether transport tp has work for p: slices, or messages for the control transport, which
+ * carries them. */
+static bool tp_has_work(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
-    return has_slices(p, MC_TP_TCP) || has_slices(p, MC_TP_RDMA) || !mc_list_empty(&p->msgq);
-}
-
-/* Counters of the transport that carries t. */
-static _Atomic uint64_t *tp_counters(mc_engine_t *e, const mc_task_t *t)
-{
-    return t->tp == MC_TP_RDMA ? e->rdma_c : e->tcp_c;
+    return has_slices(p, tp) || (tp == e->ctrl && !mc_list_empty(&p->msgq));
 }
 
 void mc__sched_run(mc_engine_t *e)
@@ -161,11 +157,13 @@ void mc__sched_run(mc_engine_t *e)
     mc_list_for_each_safe(pos, tmp, &e->active_peers)
     {
         mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
-        if (has_slices(p, MC_TP_RDMA))
-            mc__rdma_fill(e, p);
-        if (has_slices(p, MC_TP_TCP) || !mc_list_empty(&p->msgq))
-            mc__tcp_fill(e, p);
-        if (!peer_has_work(p)) {
+        bool work = false;
+        for (unsigned tp = 0; tp < mc__n_transports; tp++) {
+            if (e->tp[tp] && tp_has_work(e, p, tp) && MC_TP_HAS(mc__transports[tp], fill))
+                mc__transports[tp]->fill(e, p);
+            work = work || tp_has_work(e, p, tp);
+        }
+        if (!work) {
             mc_list_del(&p->active_link);
             p->active = false;
         }
@@ -180,24 +178,23 @@ void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
 
     mc__count(&p->c[cnt], s->len);
     mc__count(&p->c[MC_CNT_REQUESTS], 1);
-    mc__count(&tp_counters(e, t)[cnt], s->len);
-    mc__count(&tp_counters(e, t)[MC_CNT_REQUESTS], 1);
+    mc__tp_count(e, t->tp, cnt, s->len);
+    mc__tp_count(e, t->tp, MC_CNT_REQUESTS, 1);
     if (atomic_fetch_add(&t->bytes, s->len) + s->len == t->req.length)
         mc__task_finish(t, MC_TASK_COMPLETED, NULL);
     slice_release(e, s);
 }
 
 /* "a->b, c->d": the rails a slice was tried on. */
-static void paths_tried(const mc_peer_t *p, int tp, uint32_t mask, char *buf, size_t size)
+static void paths_tried(const mc_peer_t *p, unsigned tp, uint32_t mask, char *buf, size_t size)
 {
-    const mc_rail_t *rails = tp == MC_TP_RDMA ? p->rdma_rails : p->rails;
-    unsigned n_rails = tp == MC_TP_RDMA ? p->n_rdma_rails : p->n_rails;
+    const mc_rail_set_t *rails = &p->rails[tp];
     size_t n = 0;
 
     buf[0] = 0;
-    for (unsigned i = 0; i < n_rails && n < size; i++)
+    for (unsigned i = 0; i < rails->n && n < size; i++)
         if (mask & (1u << i))
-            n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? ", " : "", rails[i].name);
+            n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? ", " : "", rails->v[i]->name);
     if (!buf[0])
         snprintf(buf, size, "no path");
 }
@@ -208,11 +205,11 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     mc_peer_t *p = t->peer;
 
     mc__count(&p->c[MC_CNT_ERRORS], 1);
-    mc__count(&tp_counters(e, t)[MC_CNT_ERRORS], 1);
+    mc__tp_count(e, t->tp, MC_CNT_ERRORS, 1);
     if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable && s->attempts < e->cfg.retry_cnt) {
         s->attempts++;
         mc__count(&p->c[MC_CNT_RETRIES], 1);
-        mc__count(&tp_counters(e, t)[MC_CNT_RETRIES], 1);
+        mc__tp_count(e, t->tp, MC_CNT_RETRIES, 1);
         mc_list_push_back(&p->q[t->tp].retry, &s->link);
         mc__peer_activate(e, p);
         return;
@@ -231,7 +228,7 @@ void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reas
 {
     mc_list_t *n;
 
-    for (int tp = 0; tp < MC_TP_N; tp++) {
+    for (unsigned tp = 0; tp < mc__n_transports; tp++) {
         while ((n = mc_list_pop_front(&p->q[tp].retry))) {
             mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
             mc__task_finish(s->task, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));

@@ -1,92 +1,85 @@
 /* Peer segments: open by name (metadata, or handshake with the peer), by descriptor blob,
- * close, export. */
-#include <arpa/inet.h>
+ * close, export; and which transports reach each peer. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_int.h"
+#include "msg.h"
+#include "transport/transport.h"
 
 mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id)
 {
     return id < e->n_peers ? e->peers[id] : NULL;
 }
 
-int mc__parse_ip_port(const char *s, struct sockaddr_storage *sa, socklen_t *len_p)
+/* Let every transport look at p's (new) descriptor, and order those that reach it, best first.
+ * Caller holds peers_lock for writing, or owns p alone. The control transport must reach it. */
+static int peer_route(mc_engine_t *e, mc_peer_t *p)
 {
-    char host[64];
-    const char *colon;
-    char *end;
-    unsigned long port;
-    struct sockaddr_in *v4 = (struct sockaddr_in *)sa;
-    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)sa;
+    int score[MC_TP_MAX] = {0};
+    unsigned n = 0;
 
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close || close[1] != ':' || (size_t)(close - s - 1) >= sizeof(host))
-            return -EINVAL;
-        memcpy(host, s + 1, (size_t)(close - s - 1));
-        host[close - s - 1] = 0;
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon || (size_t)(colon - s) >= sizeof(host))
-            return -EINVAL;
-        memcpy(host, s, (size_t)(colon - s));
-        host[colon - s] = 0;
+    for (unsigned i = 0; i < mc__n_transports; i++) {
+        const mc_transport_ops_t *ops = mc__transports[i];
+        if (!e->tp[i] || !MC_TP_HAS(ops, peer_update))
+            continue;
+        score[i] = ops->peer_update(e, p);
+        if (score[i] < 0)
+            return score[i];
     }
-    errno = 0;
-    port = strtoul(colon + 1, &end, 10);
-    if (errno || *end || colon[1] == 0 || port > 65535)
-        return -EINVAL;
-    memset(sa, 0, sizeof(*sa));
-    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
-        v4->sin_family = AF_INET;
-        v4->sin_port = htons((uint16_t)port);
-        *len_p = sizeof(*v4);
-        return 0;
+    if (score[e->ctrl] <= 0)
+        return mc__set_error(-MC_EPROTO, "segment %s cannot be reached over %s: %s", p->name,
+                             mc__transports[e->ctrl]->name, mc_last_error());
+    for (unsigned i = 0; i < mc__n_transports; i++) { /* insertion by score, stable */
+        unsigned k = n++;
+        if (score[i] <= 0) {
+            n--;
+            continue;
+        }
+        while (k > 0 && score[p->order[k - 1]] < score[i]) {
+            p->order[k] = p->order[k - 1];
+            k--;
+        }
+        p->order[k] = (uint8_t)i;
     }
-    if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
-        v6->sin6_family = AF_INET6;
-        v6->sin6_port = htons((uint16_t)port);
-        *len_p = sizeof(*v6);
-        return 0;
-    }
-    return -EINVAL;
+    p->n_order = n;
+    return 0;
+}
+
+static void peer_free(mc_engine_t *e, mc_peer_t *p)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (p->tp[i] && MC_TP_HAS(mc__transports[i], peer_close))
+            mc__transports[i]->peer_close(e, p);
+    mc__desc_free(&p->desc);
+    free(p);
 }
 
 static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
 {
     mc_peer_t *p = calloc(1, sizeof(*p));
+    int rc;
 
     if (!p)
         return mc__set_error(-ENOMEM, "out of memory");
     snprintf(p->name, sizeof(p->name), "%s", d->name);
     p->desc = *d;
-    mc__rails_build(e, p);
-    if (!p->n_rails) {
-        free(p);
-        return mc__set_error(-MC_EPROTO, "segment %s: no usable tcp endpoint (\"%s\")", d->name,
-                             d->tcp_addr);
-    }
     p->local_host = !strcmp(d->host_id, e->host_id);
     p->refcnt = 1;
-    for (int tp = 0; tp < MC_TP_N; tp++) {
+    for (int tp = 0; tp < MC_TP_MAX; tp++) {
         mc_list_init(&p->q[tp].pending);
         mc_list_init(&p->q[tp].retry);
     }
     mc_list_init(&p->msgq);
-    mc_list_init(&p->conns);
     mc_list_init(&p->active_link);
+    rc = peer_route(e, p);
+    if (rc) {
+        peer_free(e, p);
+        return rc;
+    }
     *p_p = p;
     return 0;
-}
-
-static void peer_free(mc_peer_t *p)
-{
-    mc__desc_free(&p->desc);
-    free(p);
 }
 
 /* Find an open peer by name and take a reference. Caller holds peers_lock for writing. */
@@ -112,7 +105,7 @@ static int peer_insert(mc_engine_t *e, mc_peer_t *p, mc_segment_id_t *id_p)
     if (old) {
         *id_p = old->id;
         pthread_rwlock_unlock(&e->peers_lock);
-        peer_free(p);
+        peer_free(e, p);
         return 0;
     }
     mc_peer_t **v = realloc(e->peers, (e->n_peers + 1) * sizeof(*v));
@@ -126,7 +119,7 @@ static int peer_insert(mc_engine_t *e, mc_peer_t *p, mc_segment_id_t *id_p)
     }
     pthread_rwlock_unlock(&e->peers_lock);
     if (rc)
-        peer_free(p);
+        peer_free(e, p);
     return rc;
 }
 
@@ -139,19 +132,16 @@ static int open_desc(mc_engine_t *e, const void *blob, size_t len, bool by_meta,
 
     if (rc)
         return rc;
-    rc = peer_create(e, &d, &p);
-    if (rc) {
-        mc__desc_free(&d);
+    rc = peer_create(e, &d, &p); /* owns d from here */
+    if (rc)
         return rc;
-    }
     p->by_metadata = by_meta;
     return peer_insert(e, p, id_p);
 }
 
 int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
 {
-    struct sockaddr_storage sa;
-    socklen_t sa_len;
+    const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];
     mc_meta_kv_t kv;
     char *json;
     size_t len;
@@ -176,10 +166,12 @@ int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
         if (rc != -ENOENT)
             return rc;
     }
-    if (mc__parse_ip_port(name, &sa, &sa_len))
-        return mc__set_error(-MC_ENOSEGMENT, "segment %s is not in metadata %s%s", name,
-                             e->cfg.metadata, " and is not an ip:port to ask directly");
-    rc = mc__tcp_fetch_desc(e, name, &json, &len);
+    rc = ctrl->fetch_desc(e, name, NULL, &json, &len);
+    if (rc == -EINVAL)
+        return mc__set_error(-MC_ENOSEGMENT,
+                             "segment %s is not in metadata %s and is not an %s "
+                             "address to ask directly",
+                             name, e->cfg.metadata, ctrl->name);
     if (rc)
         return rc;
     rc = open_desc(e, json, len, false, id_p);
@@ -260,14 +252,11 @@ static void peer_destroy(mc_engine_t *e, mc_peer_t *p)
 {
     mc_list_t *n;
 
-    mc__tcp_peer_close(e, p);
-    mc__rdma_peer_close(e, p);
-    mc__shm_peer_close(e, p);
     while ((n = mc_list_pop_front(&p->msgq)))
         free(mc_container_of(n, mc_msg_t, link));
     if (p->active)
         mc_list_del(&p->active_link);
-    peer_free(p);
+    peer_free(e, p);
 }
 
 int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
@@ -326,14 +315,10 @@ static int fetch_from_meta(mc_engine_t *e, mc_peer_t *p, bool cached_only, mc_de
 
 static int fetch_from_peer(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
 {
-    char addr[MC_NAME_MAX], *json;
+    char *json;
     size_t len;
-    int rc;
+    int rc = mc__transports[e->ctrl]->fetch_desc(e, NULL, p, &json, &len);
 
-    pthread_rwlock_rdlock(&e->peers_lock);
-    snprintf(addr, sizeof(addr), "%s", p->desc.tcp_addr);
-    pthread_rwlock_unlock(&e->peers_lock);
-    rc = mc__tcp_fetch_desc(e, addr, &json, &len);
     if (rc)
         return rc;
     rc = mc__desc_decode(json, len, d);
@@ -370,7 +355,9 @@ int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block)
     pthread_rwlock_wrlock(&e->peers_lock);
     mc__desc_free(&p->desc);
     p->desc = d;
-    mc__rails_build(e, p);
+    rc = peer_route(e, p);
     pthread_rwlock_unlock(&e->peers_lock);
-    return 0;
+    if (rc)
+        mc_warn("segment %s after reloading its descriptor: %s", p->name, mc_last_error());
+    return rc;
 }

@@ -7,8 +7,9 @@
  * wraps the address space, and every string is non-empty and ends inside its array. On failure
  * the output must be untouched ("set output parameters only after success").
  *
- * descriptor.c also holds mc__desc_encode_local and mc__host_id; the build links them in, but
- * they only need libc, pthread and jansson, so no engine stubs are required.
+ * The decoder asks every transport's codec for its parts: this program links descriptor.c with
+ * the codecs (the *_desc.c file of each transport) and lists them below in table.c order, without
+ * the rest of the transports, which need devices and an engine.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,7 +18,20 @@
 
 #include <jansson.h>
 
-#include "engine_int.h"
+#include "transport/transport.h"
+
+extern const mc_desc_codec_t mc__tcp_codec, mc__shm_codec, mc__rdma_codec;
+static unsigned slots[3];
+static const mc_transport_ops_t codecs[] = {
+    {.size = sizeof(mc_transport_ops_t), .name = "tcp", .slot = &slots[0], .codec = &mc__tcp_codec},
+    {.size = sizeof(mc_transport_ops_t), .name = "shm", .slot = &slots[1], .codec = &mc__shm_codec},
+    {.size = sizeof(mc_transport_ops_t),
+     .name = "rdma",
+     .slot = &slots[2],
+     .codec = &mc__rdma_codec},
+};
+const mc_transport_ops_t *const mc__transports[] = {&codecs[0], &codecs[1], &codecs[2]};
+const unsigned mc__n_transports = 3;
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
@@ -49,7 +63,7 @@ static void check_desc(const mc_desc_t *d, const uint8_t *data, size_t size)
 {
     check_str(d->name, sizeof(d->name));
     check_str(d->host_id, sizeof(d->host_id));
-    check_str(d->tcp_addr, sizeof(d->tcp_addr));
+    CHECK(d->tp[0] != NULL); /* tcp, the control transport, has an endpoint */
     CHECK(d->n_buffers == json_buffer_count(data, size));
     CHECK(d->buffers != NULL);
     for (size_t i = 0; i < d->n_buffers; i++) {
@@ -57,6 +71,8 @@ static void check_desc(const mc_desc_t *d, const uint8_t *data, size_t size)
         CHECK(b->len > 0);
         CHECK(b->addr + b->len >= b->addr);
         check_str(b->location, sizeof(b->location));
+        for (unsigned t = 0; t < mc__n_transports; t++)
+            CHECK(b->part[t] == 0 || b->part[t] - 1 + 1 <= d->parts_len);
     }
 }
 
@@ -72,6 +88,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     check_desc(&d, data, size);
     mc__desc_free(&d);
-    CHECK(d.buffers == NULL && d.n_buffers == 0);
+    CHECK(d.buffers == NULL && d.n_buffers == 0 && d.parts == NULL);
     return 0;
 }

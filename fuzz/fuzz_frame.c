@@ -1,11 +1,11 @@
 /*
- * libFuzzer target for the wire codecs in engine/proto.c: the 32-byte frame header and the
- * HELLO payload. Both decoders take bytes straight from the network.
+ * libFuzzer target for the tcp wire codecs (engine/transport/tcp/tcp_proto.c): the 32-byte frame
+ * header and the HELLO payload. Both decoders take bytes straight from the network.
  *
  * Input layout:
- *   [0, 32)   a frame header, given to mc__frame_decode;
+ *   [0, 32)   a frame header, given to mc__tcp_frame_decode;
  *   [32]      selects desc_max, the DESC_REPLY limit (see desc_max_from);
- *   [33, ...) a HELLO payload, given to mc__hello_decode.
+ *   [33, ...) a HELLO payload, given to mc__tcp_hello_decode.
  * Shorter inputs fuzz only the parts they cover.
  *
  * Both codecs are bijections on what the decoder accepts, so every accepted input must survive
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto.h"
+#include "transport/tcp/tcp_proto.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
@@ -48,16 +48,16 @@ static void fuzz_frame(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max)
     uint8_t out[MC_FRAME_HDR_LEN];
     mc_frame_t f, g;
 
-    if (mc__frame_decode(in, desc_max, &f))
+    if (mc__tcp_frame_decode(in, desc_max, &f))
         return;
     CHECK(f.type != 0 && f.type < MC_FR_TYPE_MAX);
-    CHECK(strcmp(mc__frame_type_name(f.type), "UNKNOWN") != 0);
+    CHECK(strcmp(mc__tcp_frame_type_name(f.type), "UNKNOWN") != 0);
     CHECK(f.type != MC_FR_DESC_REPLY || f.length <= desc_max);
     CHECK(f.type != MC_FR_READ || f.aux <= MC_PROTO_MAX_DATA);
     CHECK(f.type != MC_FR_RETIRE || f.length % 4 == 0);
-    mc__frame_encode(&f, out);
+    mc__tcp_frame_encode(&f, out);
     CHECK(memcmp(in, out, MC_FRAME_HDR_LEN) == 0);
-    CHECK(mc__frame_decode(out, desc_max, &g) == 0);
+    CHECK(mc__tcp_frame_decode(out, desc_max, &g) == 0);
     CHECK(frame_equal(&f, &g));
 }
 
@@ -81,17 +81,17 @@ static void fuzz_hello(const uint8_t *buf, size_t len)
     static mc_hello_t h, g; /* 1 KiB each: keep them off the stack */
     size_t n;
 
-    if (mc__hello_decode(buf, len, &h))
+    if (mc__tcp_hello_decode(buf, len, &h))
         return;
     check_str(h.name, sizeof(h.name));
     check_str(h.peer_name, sizeof(h.peer_name));
     CHECK(h.n_retired <= MC_PROTO_MAX_RETIRE);
     for (unsigned i = 0; i < h.n_retired; i++)
         CHECK(h.retired[i] <= UINT32_MAX);
-    n = mc__hello_encode(&h, out);
+    n = mc__tcp_hello_encode(&h, out);
     CHECK(n <= sizeof(out));
     CHECK(n == len && memcmp(buf, out, len) == 0);
-    CHECK(mc__hello_decode(out, n, &g) == 0);
+    CHECK(mc__tcp_hello_decode(out, n, &g) == 0);
     CHECK(hello_equal(&h, &g));
 }
 

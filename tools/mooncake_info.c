@@ -19,7 +19,7 @@
 #include <jansson.h>
 
 #include "mooncake/error.h"
-#include "topology.h"
+#include "topology/topology.h"
 
 #ifndef MC_VERSION_STRING
 #define MC_VERSION_STRING "unknown"

@@ -27,6 +27,7 @@
 
 #include "harness.h"
 
+#define WIRE_VERSION   2
 #define FR_HELLO       1
 #define FR_HELLO_REPLY 2
 #define FR_ERROR       5
@@ -131,7 +132,7 @@ static uint64_t get(const uint8_t *p, int n)
 static void hdr(uint8_t *h, uint8_t type, uint32_t len, uint32_t id, uint64_t addr, uint64_t aux)
 {
     memcpy(h, "MCTE", 4);
-    h[4] = 1;
+    h[4] = WIRE_VERSION;
     h[5] = type;
     put(h + 6, 0, 2);
     put(h + 8, len, 4);
@@ -249,6 +250,8 @@ static void test_wrong_version(void **state)
     f[4] = 99;
     expect_dropped(f, HDR + n);
     f[4] = 0;
+    expect_dropped(f, HDR + n);
+    f[4] = WIRE_VERSION - 1; /* the version before control requests were generic */
     expect_dropped(f, HDR + n);
 }
 

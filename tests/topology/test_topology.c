@@ -21,7 +21,7 @@
 #include <jansson.h>
 
 #include "mooncake/error.h"
-#include "topology.h"
+#include "topology/topology.h"
 
 static const char *xml_path(const char *name)
 {

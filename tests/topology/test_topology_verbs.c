@@ -16,7 +16,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "topology.h"
+#include "topology/topology.h"
 
 static const char *const sv_names[] = {"softverbs0", "softverbs1"};
 

@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../util/crypto.h"
 #include "tcp_int.h"
 
 #define RETIRE_KEEP_NS(e)                                                                          \
@@ -27,8 +26,10 @@ void mc__tcp_sockopts(mc_engine_t *e, int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof(timeout));
 }
 
-static int conn_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
+static int conn_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
 {
+    tcp_engine_t *t = tcp_of(e);
+    tcp_peer_t *tp = tcp_peer(p);
     struct sockaddr_storage sa, local;
     socklen_t sa_len, local_len;
     mc_tcp_conn_t *c;
@@ -48,33 +49,33 @@ static int conn_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
         (connect(fd, (struct sockaddr *)&sa, sa_len) < 0 && errno != EINPROGRESS)) {
         int err = errno;
         close(fd);
-        return mc__set_error(-err, "rail %s: %s", r->name, strerror(err));
+        return mc__set_error(-err, "rail %s: %s", r->base.name, strerror(err));
     }
     c = mc__tcp_conn_new(e, fd, true);
     if (!c) {
         close(fd);
         return mc__set_error(-ENOMEM, "out of memory");
     }
-    c->peer = p;
+    c->link.peer = p;
+    snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->name);
     c->rail = r;
-    c->id = ++e->next_conn_id;
+    c->id = ++t->next_conn_id;
     c->events = EPOLLOUT | EPOLLIN;
+    mc_list_push_back(&tp->conns, &c->node);
+    tp->n_conns++;
+    r->base.n_conns++;
+    t->n_outbound++;
     if (mc__epoll_add(e, &c->pollable, c->events)) {
-        close(fd);
-        free(c->rx);
-        free(c);
+        mc__tcp_conn_close(e, c);
         return -EIO;
     }
-    mc_list_push_back(&p->conns, &c->link);
-    p->n_conns++;
-    r->n_conns++;
-    e->n_outbound++;
     return 0;
 }
 
 static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    mc_peer_t *p = c->peer;
+    mc_peer_t *p = c->link.peer;
+    tcp_peer_t *tp = tcp_peer(p);
     mc_hello_t h = {.instance = e->instance};
     uint8_t buf[MC_PROTO_MAX_CTRL];
     uint64_t now = mc__now_ns();
@@ -84,10 +85,10 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     memcpy(h.nonce, c->nonce, sizeof(h.nonce));
     snprintf(h.name, sizeof(h.name), "%s", e->name);
     snprintf(h.peer_name, sizeof(h.peer_name), "%s", p->name);
-    for (unsigned i = 0; i < p->n_retired; i++)
-        if (now - p->retired_at[i] < RETIRE_KEEP_NS(e))
-            h.retired[h.n_retired++] = p->retired[i];
-    size_t len = mc__hello_encode(&h, buf);
+    for (unsigned i = 0; i < tp->n_retired; i++)
+        if (now - tp->retired_at[i] < RETIRE_KEEP_NS(e))
+            h.retired[h.n_retired++] = tp->retired[i];
+    size_t len = mc__tcp_hello_encode(&h, buf);
     if (mc__tcp_conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
@@ -99,7 +100,8 @@ void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
 
     getsockopt(c->pollable.fd, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err) {
-        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->peer->name, strerror(err));
+        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->link.peer->name,
+                          strerror(err));
         return;
     }
     c->state = CS_HELLO;
@@ -110,7 +112,7 @@ void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* ---- retire bookkeeping ---- */
 
-static void retire_remember(mc_engine_t *e, mc_peer_t *p, uint32_t id)
+static void retire_remember(tcp_peer_t *p, uint32_t id)
 {
     if (p->n_retired == MC_PROTO_MAX_RETIRE) {
         memmove(p->retired, p->retired + 1, (MC_PROTO_MAX_RETIRE - 1) * sizeof(p->retired[0]));
@@ -120,14 +122,13 @@ static void retire_remember(mc_engine_t *e, mc_peer_t *p, uint32_t id)
     }
     p->retired[p->n_retired] = id;
     p->retired_at[p->n_retired++] = mc__now_ns();
-    (void)e;
 }
 
 /* Tell the target, on a live connection, to drop what it has not read of the listed ones.
  * Queued before any retried slice, so the target drops stale data before applying new. */
 static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, uint64_t after_ns)
 {
-    mc_peer_t *p = c->peer;
+    tcp_peer_t *p = tcp_peer(c->link.peer);
     uint8_t ids[MC_PROTO_MAX_RETIRE * 4];
     uint32_t n = 0;
     mc_frame_t f = {.type = MC_FR_RETIRE};
@@ -144,65 +145,67 @@ static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, uint64_t after_ns)
 }
 
 /* Every rail of the peer has failed to connect several times in a row, or is paused. */
-static bool all_rails_down(const mc_peer_t *p)
+static bool all_rails_down(const tcp_peer_t *p)
 {
     for (unsigned i = 0; i < p->n_rails; i++)
-        if (p->rails[i].state == MC_RAIL_ACTIVE &&
-            p->rails[i].connect_failures < CONNECT_FAILURES_MAX)
+        if (p->rails[i].base.state == MC_RAIL_ACTIVE &&
+            p->rails[i].base.connect_failures < CONNECT_FAILURES_MAX)
             return false;
     return true;
 }
 
-static void reset_rails(mc_peer_t *p)
+static void reset_rails(tcp_peer_t *p)
 {
     for (unsigned i = 0; i < p->n_rails; i++)
-        p->rails[i].connect_failures = 0;
+        p->rails[i].base.connect_failures = 0;
 }
 
 /* A connection that never completed its handshake failed: the peer may have moved (reload its
  * descriptor) or be gone (fail its queued work once no rail can reach it). */
 static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
 {
+    tcp_peer_t *tp = tcp_peer(p);
+
     mc__peer_reload(e, p, false);
-    if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT || all_rails_down(p)) {
+    if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT || all_rails_down(tp)) {
         char msg[512];
         snprintf(msg, sizeof(msg), "cannot reach segment %s over any of its %u paths: %s", p->name,
-                 p->n_rails, why);
+                 tp->n_rails, why);
         mc__sched_fail_peer(e, p, err, msg);
-        reset_rails(p);
+        reset_rails(tp);
     }
 }
 
 void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason)
 {
-    mc_peer_t *p = c->peer;
-    mc_rail_t *r = c->rail;
+    mc_peer_t *p = c->link.peer;
+    tcp_peer_t *tp = tcp_peer(p);
+    tcp_rail_t *r = c->rail;
     bool connecting = c->state != CS_READY, had_data = c->window_used > 0;
     mc_list_t failed, *n;
     char why[512];
 
-    snprintf(why, sizeof(why), "rail %s: %s", r->name, reason ? reason : "closed");
+    snprintf(why, sizeof(why), "rail %s: %s", r->base.name, reason ? reason : "closed");
     if (reason)
         mc_warn("connection %u to %s failed: %s", c->id, p->name, why);
     /* The socket is closed by our caller right after; collect its slices first. */
     mc_list_init(&failed);
     mc_list_splice_back(&failed, &c->ackq);
     mc_list_splice_back(&failed, &c->sendq);
-    mc__rdma_ctrl_lost(e, c); /* before its QP_CONNECT slices are freed below */
-    mc_list_del(&c->link);
-    mc_list_init(&c->link);
-    p->n_conns--;
-    r->n_conns--;
-    e->n_outbound--;
+    mc__link_lost(e, &c->link); /* before its control requests are freed below */
+    mc_list_del(&c->node);
+    tp->n_conns--;
+    r->base.n_conns--;
+    tcp_of(e)->n_outbound--;
     if (reason)
-        mc__rail_failed(r, mc__now_ns(), connecting);
+        mc__rail_failed(&r->base, mc__now_ns(), connecting);
     if (had_data) {
-        retire_remember(e, p, c->id);
+        retire_remember(tp, c->id);
         mc_list_t *pos;
-        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
-            mc_tcp_conn_t *o = mc_container_of(pos, mc_tcp_conn_t, link);
+        for (pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
+            mc_tcp_conn_t *o = mc_container_of(pos, mc_tcp_conn_t, node);
             if (o->state == CS_READY)
-                retire_send(e, o, p->retired_at[p->n_retired - 1]);
+                retire_send(e, o, tp->retired_at[tp->n_retired - 1]);
         }
     }
     while ((n = mc_list_pop_front(&failed))) {
@@ -215,7 +218,7 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     c->window_used = 0;
     if (!reason)
         return;
-    mc__count(&e->tcp_c[MC_CNT_ERRORS], 1);
+    mc__tp_count(e, mc__tcp_slot, MC_CNT_ERRORS, 1);
     if (connecting)
         connect_failed(e, p, err, why);
     mc__peer_activate(e, p);
@@ -226,13 +229,13 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
 static int expect_head(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t **s_p)
 {
     if (c->state != CS_READY || mc_list_empty(&c->ackq)) {
-        mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s", mc__frame_type_name(c->fr.type));
+        mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s", mc__tcp_frame_type_name(c->fr.type));
         return -MC_EPROTO;
     }
     mc_slice_t *s = mc_container_of(c->ackq.next, mc_slice_t, link);
-    if (s->cookie != c->fr.id) {
+    if (tcp_sl(s)->cookie != c->fr.id) {
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s for request %u, expected %u",
-                          mc__frame_type_name(c->fr.type), c->fr.id, s->cookie);
+                          mc__tcp_frame_type_name(c->fr.type), c->fr.id, tcp_sl(s)->cookie);
         return -MC_EPROTO;
     }
     *s_p = s;
@@ -253,10 +256,10 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_ERROR:
         c->dst_kind = DST_CTRL;
         return 0;
-    case MC_FR_QP_ACCEPT:
+    case MC_FR_CTRL_RESP:
         if (expect_head(e, c, &s))
             return -MC_EPROTO;
-        if (s->kind != MC_SL_QP)
+        if (s->kind != MC_SL_CTRL)
             break;
         c->dst_kind = DST_CTRL;
         return 0;
@@ -277,7 +280,7 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return 0;
     }
     mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from target",
-                      mc__frame_type_name(c->fr.type));
+                      mc__tcp_frame_type_name(c->fr.type));
     return -MC_EPROTO;
 }
 
@@ -288,14 +291,15 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
     uint8_t proof[32];
     mc_hello_t h;
 
-    if (mc__hello_decode(c->ctrl, c->ctrl_len, &h)) {
+    if (mc__tcp_hello_decode(c->ctrl, c->ctrl_len, &h)) {
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
         return;
     }
-    if (strcmp(h.name, c->peer->name)) {
-        mc__tcp_conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->peer->name, h.name);
+    if (strcmp(h.name, c->link.peer->name)) {
+        mc__tcp_conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->link.peer->name, h.name);
         return;
     }
+    c->link.instance = h.instance;
     if (need != (token[0] != 0)) {
         mc__tcp_conn_fail(e, c, -MC_EAUTH,
                           need ? "peer requires MC_AUTH_TOKEN"
@@ -332,21 +336,19 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     mc_list_del(&s->link);
     c->window_used--;
     c->last_io_ns = mc__now_ns();
-    if (s->kind == MC_SL_QP) {
-        if (s->qp)
-            mc__rdma_connected(e, s->qp, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
+    if (s->kind == MC_SL_CTRL) {
+        mc__ctrl_answered(e, s, &c->link, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
         mc__slice_free(e, s);
         return;
     }
     if (c->fr.aux == 0) {
-        atomic_fetch_add_explicit(&c->rail->bytes, s->len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&c->rail->slices, 1, memory_order_relaxed);
+        mc__rail_moved(&c->rail->base, s->len);
         mc__slice_done(e, s);
         return;
     }
     /* The target refused: bad address, unregistered memory. Retrying cannot help. */
-    snprintf(reason, sizeof(reason), "segment %s refused: %.*s", c->peer->name, (int)c->ctrl_len,
-             c->ctrl ? (char *)c->ctrl : "");
+    snprintf(reason, sizeof(reason), "segment %s refused: %.*s", c->link.peer->name,
+             (int)c->ctrl_len, c->ctrl ? (char *)c->ctrl : "");
     mc__slice_failed(e, s, (int)(int64_t)c->fr.aux, false, reason);
 }
 
@@ -368,9 +370,9 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     if (c->state == CS_READY) {
-        mc__rail_ready(c->rail);
+        mc__rail_ready(&c->rail->base);
         retire_send(e, c, c->since_ns);
-        mc__peer_activate(e, c->peer);
+        mc__peer_activate(e, c->link.peer);
     }
 }
 
@@ -379,10 +381,10 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
 static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
 {
     mc_task_t *t = s->task;
-    mc_frame_t f = {.id = ++e->next_cookie, .addr = t->req.target_offset + s->offset};
+    mc_frame_t f = {.id = ++tcp_of(e)->next_cookie, .addr = t->req.target_offset + s->offset};
 
-    s->cookie = f.id;
-    s->rails_tried |= 1u << (c->rail - t->peer->rails);
+    tcp_sl(s)->cookie = f.id;
+    s->rails_tried |= 1u << (c->rail - tcp_peer(t->peer)->rails);
     if (s->opcode == MC_WRITE) {
         f.type = MC_FR_WRITE;
         f.length = s->len;
@@ -393,7 +395,7 @@ static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
         f.aux = s->len;
         s->payload_len = 0;
     }
-    mc__frame_encode(&f, s->hdr);
+    mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
     if (c->window_used++ == 0)
         c->last_io_ns = mc__now_ns(); /* the no-progress clock starts now */
     mc_list_push_back(&c->sendq, &s->link);
@@ -407,7 +409,7 @@ static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
     while ((n = mc_list_pop_front(&p->msgq))) {
         mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
         mc_frame_t f = {.type = MC_FR_MSG, .flags = m->id};
-        atomic_fetch_sub(&p->queued_msgs, 1);
+        mc__msg_sent(p, m);
         if (mc__tcp_conn_send_ctrl(e, c, &f, m->data, m->len))
             mc_error("message to %s dropped: out of memory", p->name);
         free(m);
@@ -416,9 +418,9 @@ static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
 
 static bool evict_idle(mc_engine_t *e);
 
-static void rail_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
+static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
 {
-    if (e->n_outbound >= e->cfg.max_conns) {
+    if (tcp_of(e)->n_outbound >= e->cfg.max_conns) {
         pthread_rwlock_rdlock(&e->peers_lock);
         bool room = evict_idle(e);
         pthread_rwlock_unlock(&e->peers_lock);
@@ -427,7 +429,7 @@ static void rail_open(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
     }
     if (conn_open(e, p, r)) {
         mc_warn("%s", mc_last_error());
-        mc__rail_failed(r, mc__now_ns(), true);
+        mc__rail_failed(&r->base, mc__now_ns(), true);
         connect_failed(e, p, -MC_EPEERDEAD, mc_last_error());
     }
 }
@@ -438,13 +440,13 @@ static bool evict_idle(mc_engine_t *e)
     for (size_t i = 0; i < e->n_peers; i++) {
         mc_peer_t *p = e->peers[i];
         mc_list_t *pos;
-        if (!p)
+        if (!p || !tcp_peer(p))
             continue;
-        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
-            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
-            /* A connection that set up QPs carries them: closing it would take them down. */
+        for (pos = tcp_peer(p)->conns.next; pos != &tcp_peer(p)->conns; pos = pos->next) {
+            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+            /* A link that carries other transports' state (queue pairs) is not idle. */
             if (c->state == CS_READY && !c->window_used && mc_list_empty(&c->sendq) &&
-                mc_list_empty(&c->qps)) {
+                !mc__link_busy(&c->link)) {
                 mc__tcp_conn_close(e, c);
                 return true;
             }
@@ -455,41 +457,57 @@ static bool evict_idle(mc_engine_t *e)
 
 static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best);
 
-mc_tcp_conn_t *mc__tcp_ctrl_conn(mc_engine_t *e, mc_peer_t *p)
+/* The first ready connection to p (messages and control requests ride it, in order), or NULL
+ * after starting to open one. */
+static mc_tcp_conn_t *ctrl_conn(mc_engine_t *e, mc_peer_t *p)
 {
+    tcp_peer_t *tp = tcp_peer(p);
     mc_list_t *pos;
 
-    for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
-        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+    for (pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
         if (c->state == CS_READY)
             return c;
     }
-    if (mc_list_empty(&p->conns))
+    if (mc_list_empty(&tp->conns))
         maybe_open(e, p, "", 3);
     return NULL;
 }
 
-void mc__tcp_send_qp(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
+bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p)
 {
-    mc_frame_t f = {.type = MC_FR_QP_CONNECT, .id = ++e->next_cookie, .length = s->payload_len};
+    return ctrl_conn(e, p) != NULL;
+}
 
-    s->cookie = f.id;
-    mc__frame_encode(&f, s->hdr);
+int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p)
+{
+    mc_tcp_conn_t *c = ctrl_conn(e, p);
+
+    if (!c)
+        return -EAGAIN; /* its readiness activates p, whose fill asks again */
+    mc_frame_t f = {.type = MC_FR_CTRL_REQ,
+                    .flags = s->tp,
+                    .id = ++tcp_of(e)->next_cookie,
+                    .length = s->payload_len};
+    tcp_sl(s)->cookie = f.id;
+    mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
     if (c->window_used++ == 0)
-        c->last_io_ns = mc__now_ns(); /* an unanswered QP_CONNECT times out like a request */
+        c->last_io_ns = mc__now_ns(); /* an unanswered request times out like a data one */
     mc_list_push_back(&c->sendq, &s->link);
     mc__tcp_conn_flush(e, c);
+    *link_p = &c->link;
+    return 0;
 }
 
 /* The best rank (see mc__rail_rank) among rails with a ready connection, for location. */
-static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *location)
+static int best_rank(mc_engine_t *e, tcp_peer_t *tp, const char *location)
 {
     int best = 3;
     mc_list_t *pos;
 
-    for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
-        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
-        int rank = c->state == CS_READY ? mc__rail_rank(e, c->rail, location) : 3;
+    for (pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        int rank = c->state == CS_READY ? mc__rail_rank(e, &c->rail->base, location) : 3;
         best = rank < best ? rank : best;
     }
     return best;
@@ -500,17 +518,19 @@ static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *location)
  * up to MC_TCP_CONNS per rail. */
 static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best)
 {
+    tcp_peer_t *tp = tcp_peer(p);
     uint64_t now = mc__now_ns();
-    mc_rail_t *extra = NULL;
+    tcp_rail_t *extra = NULL;
 
-    for (unsigned i = 0; i < p->n_rails; i++) {
-        mc_rail_t *r = &p->rails[i];
-        if (!mc__rail_usable(r, now) || now < r->next_connect_ns)
+    for (unsigned i = 0; i < tp->n_rails; i++) {
+        tcp_rail_t *r = &tp->rails[i];
+        if (!mc__rail_usable(&r->base, now) || now < r->base.next_connect_ns)
             continue;
-        if (r->n_conns == 0)
+        if (r->base.n_conns == 0)
             rail_open(e, p, r);
-        else if (r->n_conns < e->cfg.tcp_conns && mc__rail_rank(e, r, location) <= best &&
-                 (!extra || r->n_conns < extra->n_conns))
+        else if (r->base.n_conns < e->cfg.tcp_conns &&
+                 mc__rail_rank(e, &r->base, location) <= best &&
+                 (!extra || r->base.n_conns < extra->base.n_conns))
             extra = r;
     }
     if (extra)
@@ -522,23 +542,24 @@ static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int b
  * work is left that none could take, open connections. */
 static void fill_conns(mc_engine_t *e, mc_peer_t *p)
 {
+    tcp_peer_t *tp = tcp_peer(p);
     const char *loc;
 
-    while ((loc = mc__sched_peek_location(p, MC_TP_TCP))) {
-        int best = best_rank(e, p, loc);
+    while ((loc = mc__sched_peek_location(p, mc__tcp_slot))) {
+        int best = best_rank(e, tp, loc);
         bool took = false;
         mc_list_t *pos;
-        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
-            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+        for (pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
+            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
             if (c->state != CS_READY || c->window_used >= e->cfg.tcp_window ||
-                mc__rail_rank(e, c->rail, loc) > best)
+                mc__rail_rank(e, &c->rail->base, loc) > best)
                 continue;
-            mc_slice_t *s = mc__sched_next_slice(e, p, MC_TP_TCP);
+            mc_slice_t *s = mc__sched_next_slice(e, p, mc__tcp_slot);
             if (!s)
                 return;
             assign(e, c, s);
             took = true;
-            if (mc__sched_peek_location(p, MC_TP_TCP) != loc)
+            if (mc__sched_peek_location(p, mc__tcp_slot) != loc)
                 break; /* the next task may live elsewhere: rank again */
         }
         if (!took) {
@@ -550,23 +571,18 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
 
 void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
 {
+    tcp_peer_t *tp = tcp_peer(p);
     mc_list_t *pos, *tmp;
 
     fill_conns(e, p);
     if (!mc_list_empty(&p->msgq)) {
-        for (pos = p->conns.next; pos != &p->conns; pos = pos->next) {
-            mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
-            if (c->state == CS_READY) { /* messages ride the first ready one: in order */
-                send_msgs(e, p, c);
-                break;
-            }
-        }
-        if (mc_list_empty(&p->conns))
-            maybe_open(e, p, "", 3);
+        mc_tcp_conn_t *c = ctrl_conn(e, p);
+        if (c)
+            send_msgs(e, p, c);
     }
-    mc_list_for_each_safe(pos, tmp, &p->conns)
+    mc_list_for_each_safe(pos, tmp, &tp->conns)
     {
-        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
         if (c->state == CS_READY && !mc_list_empty(&c->sendq))
             mc__tcp_conn_flush(e, c);
     }

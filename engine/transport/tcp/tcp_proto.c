@@ -3,8 +3,8 @@
 
 #include <mooncake/error.h>
 
-#include "proto.h"
-#include "util/log.h"
+#include "tcp_proto.h"
+#include "../../util/log.h"
 
 static void put16(uint8_t *p, uint16_t v)
 {
@@ -39,7 +39,7 @@ static uint64_t get64(const uint8_t *p)
     return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
-void mc__frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
+void mc__tcp_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
 {
     put32(out, MC_PROTO_MAGIC);
     out[4] = MC_PROTO_VERSION;
@@ -58,11 +58,11 @@ static const char *const type_names[MC_FR_TYPE_MAX] = {
     [MC_FR_WRITE_ACK] = "WRITE_ACK", [MC_FR_READ] = "READ",
     [MC_FR_READ_RESP] = "READ_RESP", [MC_FR_MSG] = "MSG",
     [MC_FR_DESC_REQ] = "DESC_REQ",   [MC_FR_DESC_REPLY] = "DESC_REPLY",
-    [MC_FR_RETIRE] = "RETIRE",       [MC_FR_QP_CONNECT] = "QP_CONNECT",
-    [MC_FR_QP_ACCEPT] = "QP_ACCEPT",
+    [MC_FR_RETIRE] = "RETIRE",       [MC_FR_CTRL_REQ] = "CTRL_REQ",
+    [MC_FR_CTRL_RESP] = "CTRL_RESP",
 };
 
-const char *mc__frame_type_name(unsigned type)
+const char *mc__tcp_frame_type_name(unsigned type)
 {
     if (type == 0 || type >= MC_FR_TYPE_MAX)
         return "UNKNOWN";
@@ -93,7 +93,7 @@ static uint64_t frame_limit(uint8_t type, uint64_t desc_max)
     }
 }
 
-int mc__frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *out)
+int mc__tcp_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *out)
 {
     mc_frame_t f;
 
@@ -112,7 +112,7 @@ int mc__frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_f
     f.aux = get64(in + 24);
     if (f.length > frame_limit(f.type, desc_max))
         return mc__set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
-                             mc__frame_type_name(f.type), f.length,
+                             mc__tcp_frame_type_name(f.type), f.length,
                              (unsigned long long)frame_limit(f.type, desc_max));
     if (f.type == MC_FR_READ && f.aux > MC_PROTO_MAX_DATA)
         return mc__set_error(-MC_EPROTO, "READ of %llu bytes exceeds the slice limit",
@@ -125,7 +125,7 @@ int mc__frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_f
 
 /* Hello layout: u64 instance, nonce, proof, u8 name_len, name, u8 peer_len, peer_name,
  * u8 n_retired, u32 ids. */
-size_t mc__hello_encode(const mc_hello_t *h, uint8_t *buf)
+size_t mc__tcp_hello_encode(const mc_hello_t *h, uint8_t *buf)
 {
     size_t nl = strnlen(h->name, sizeof(h->name) - 1);
     size_t pl = strnlen(h->peer_name, sizeof(h->peer_name) - 1);
@@ -164,7 +164,7 @@ static int take_str(const uint8_t **p, const uint8_t *end, char *out, size_t siz
     return 0;
 }
 
-int mc__hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
+int mc__tcp_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
 {
     const uint8_t *p = buf, *end = buf + len;
     const size_t fixed = 8 + MC_PROTO_NONCE_LEN + sizeof(h->proof);
@@ -184,40 +184,5 @@ int mc__hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
         return mc__set_error(-MC_EPROTO, "hello retire list is malformed");
     for (unsigned i = 0; i < h->n_retired; i++, p += 4)
         h->retired[i] = get32(p);
-    return 0;
-}
-
-/* ---- QP exchange ----
- *   0 u8 dev   1 u8 peer_dev   2 u8 link   3 u8 0   4 u16 lid   6 u16 mtu
- *   8 u32 qpn 12 u32 psn      16 gid[16] */
-void mc__qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
-{
-    memset(out, 0, MC_QP_INFO_LEN);
-    out[0] = q->dev;
-    out[1] = q->peer_dev;
-    out[2] = q->link;
-    put16(out + 4, q->lid);
-    put16(out + 6, q->mtu);
-    put32(out + 8, q->qpn);
-    put32(out + 12, q->psn);
-    memcpy(out + 16, q->gid, 16);
-}
-
-int mc__qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
-{
-    if (len != MC_QP_INFO_LEN)
-        return mc__set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d", len, MC_QP_INFO_LEN);
-    q->dev = in[0];
-    q->peer_dev = in[1];
-    q->link = in[2];
-    q->lid = get16(in + 4);
-    q->mtu = get16(in + 6);
-    q->qpn = get32(in + 8);
-    q->psn = get32(in + 12);
-    memcpy(q->gid, in + 16, 16);
-    if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 256 || q->mtu > 4096 ||
-        (q->mtu & (q->mtu - 1)))
-        return mc__set_error(-MC_EPROTO, "QP info out of range (qpn %u, psn %u, mtu %u)", q->qpn,
-                             q->psn, q->mtu);
     return 0;
 }

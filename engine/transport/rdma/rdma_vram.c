@@ -154,27 +154,27 @@ static int stage_create(mc_engine_t *e)
     st->slot = (uint32_t)e->cfg.slice_size;
     for (unsigned i = 0; i < MC_RDMA_STAGE_SLOTS; i++)
         st->free[st->n_free++] = (uint16_t)(MC_RDMA_STAGE_SLOTS - 1 - i);
-    e->rdma->stage = st;
+    rdma_of(e)->stage = st;
     return 0;
 }
 
 void mc__rdma_stage_destroy(mc_engine_t *e)
 {
-    struct mc_rdma_stage *st = e->rdma->stage;
+    struct mc_rdma_stage *st = rdma_of(e)->stage;
 
     if (!st)
         return;
-    mc__rdma_mr_deregister(&st->buf);
+    mc__rdma_mr_deregister(e, &st->buf);
     host_free((void *)(uintptr_t)st->buf.addr);
     free(st);
-    e->rdma->stage = NULL;
+    rdma_of(e)->stage = NULL;
 }
 
 /* Take a slot for s (the local side of its work requests is then the slot). A WRITE's bytes
  * are copied in now. Returns 0, -EAGAIN when every slot is busy, or an error (reason set). */
 int mc__rdma_stage_get(mc_engine_t *e, mc_slice_t *s, const mc_buffer_t **buf_p, uint64_t *addr_p)
 {
-    struct mc_rdma *rd = e->rdma;
+    mc_rdma_t *rd = rdma_of(e);
     int rc;
 
     if (!rd->stage && (rc = stage_create(e)))
@@ -189,7 +189,7 @@ int mc__rdma_stage_get(mc_engine_t *e, mc_slice_t *s, const mc_buffer_t **buf_p,
         st->free[st->n_free++] = i;
         return rc;
     }
-    s->stage = (uint16_t)(i + 1);
+    rdma_sl(s)->stage = (uint16_t)(i + 1);
     *buf_p = &st->buf;
     *addr_p = (uint64_t)(uintptr_t)slot;
     return 0;
@@ -198,8 +198,8 @@ int mc__rdma_stage_get(mc_engine_t *e, mc_slice_t *s, const mc_buffer_t **buf_p,
 /* The slice is done with its slot: a successful READ's bytes go to the GPU first. */
 int mc__rdma_stage_put(mc_engine_t *e, mc_slice_t *s, bool ok)
 {
-    struct mc_rdma_stage *st = e->rdma->stage;
-    uint16_t i = (uint16_t)(s->stage - 1);
+    struct mc_rdma_stage *st = rdma_of(e)->stage;
+    uint16_t i = (uint16_t)(rdma_sl(s)->stage - 1);
     int rc = 0;
 
     if (ok && s->opcode == MC_READ)
@@ -207,6 +207,6 @@ int mc__rdma_stage_put(mc_engine_t *e, mc_slice_t *s, bool ok)
                   (void *)(uintptr_t)(st->buf.addr + (uint64_t)i * st->slot), s->len,
                   cudaMemcpyHostToDevice);
     st->free[st->n_free++] = i;
-    s->stage = 0;
+    rdma_sl(s)->stage = 0;
     return rc;
 }

@@ -13,6 +13,8 @@
 
 #include "rdma_int.h"
 
+unsigned mc__rdma_slot;
+
 /* ---- devices ---- */
 
 /* MC_DEVICES, when set, names the devices to use (network interfaces too: ignored here). */
@@ -130,15 +132,13 @@ static void dev_close(mc_engine_t *e, mc_rdma_dev_t *d)
     memset(d, 0, sizeof(*d));
 }
 
-/* Open the devices we may use. None is not an error: peers are then reached over tcp. */
-int mc__rdma_init(mc_engine_t *e)
+/* Open the devices we may use. None is not an error: peers are then reached otherwise. */
+static int rdma_init(mc_engine_t *e)
 {
-    struct mc_rdma *r;
+    mc_rdma_t *r;
     struct ibv_device **list;
     int n = 0;
 
-    if (e->cfg.force_tcp)
-        return 0;
     list = ibv_get_device_list(&n);
     if (!list || n == 0) {
         if (list)
@@ -178,19 +178,20 @@ int mc__rdma_init(mc_engine_t *e)
         free(r);
         return 0;
     }
-    e->rdma = r;
+    e->tp[mc__rdma_slot] = r;
     return 0;
 }
 
-void mc__rdma_close(mc_engine_t *e)
+/* After every memory region is gone. */
+static void rdma_fini(mc_engine_t *e)
 {
-    if (!e->rdma)
-        return;
+    mc_rdma_t *r = rdma_of(e);
+
     mc__rdma_stage_destroy(e);
-    for (unsigned i = 0; i < e->rdma->n_devs; i++)
-        dev_close(e, &e->rdma->devs[i]);
-    free(e->rdma);
-    e->rdma = NULL;
+    for (unsigned i = 0; i < r->n_devs; i++)
+        dev_close(e, &r->devs[i]);
+    free(r);
+    e->tp[mc__rdma_slot] = NULL;
 }
 
 /* Stop using the initiator QPs of a device whose port went down, or one that went fatal:
@@ -201,12 +202,12 @@ static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
     mc_list_t *pos, *tmp;
     uint64_t now = mc__now_ns();
 
-    mc_list_for_each_safe(pos, tmp, &e->rdma->qps)
+    mc_list_for_each_safe(pos, tmp, &rdma_of(e)->qps)
     {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
         if (qp->dev != d || (only && qp->qp != only) || qp->state == QP_DRAINING)
             continue;
-        mc__rail_failed(qp->rail, now, false); /* its flushed requests will not charge it */
+        mc__rail_failed(&qp->rail->base, now, false); /* its flushed requests won't charge it */
         mc__rdma_qp_drain(e, qp);
     }
 }
@@ -268,11 +269,9 @@ static void mrs_free(mc_rdma_mrs_t *m)
 
 int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
 {
-    struct mc_rdma *r = e->rdma;
+    mc_rdma_t *r = rdma_of(e);
     mc_rdma_mrs_t *m;
 
-    if (!r)
-        return 0;
     uint32_t n_chunks = (uint32_t)((b->len + r->chunk - 1) / r->chunk);
     m = calloc(1, sizeof(*m) + (size_t)r->n_devs * n_chunks * sizeof(m->mr[0]));
     if (!m)
@@ -305,44 +304,48 @@ int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
             m->mr[d * n_chunks + c] = mr;
         }
     }
-    b->mrs = m;
+    b->tp[mc__rdma_slot] = m;
     return 0;
 }
 
-void mc__rdma_mr_deregister(mc_buffer_t *b)
+void mc__rdma_mr_deregister(mc_engine_t *e, mc_buffer_t *b)
 {
-    if (b->mrs)
-        mrs_free(b->mrs);
-    b->mrs = NULL;
+    (void)e;
+    if (b->tp[mc__rdma_slot])
+        mrs_free(b->tp[mc__rdma_slot]);
+    b->tp[mc__rdma_slot] = NULL;
 }
 
 /* ---- descriptor ---- */
 
-json_t *mc__rdma_devices_json(mc_engine_t *e)
+/* Our devices as "rdma", each buffer's rkeys as "rkey" with its "mr_chunk" (rdma_desc.c). */
+static int rdma_encode(mc_engine_t *e, json_t *root)
 {
-    json_t *arr;
+    mc_rdma_t *r = rdma_of(e);
+    json_t *arr = json_array();
     char gid[INET6_ADDRSTRLEN];
 
-    if (!e->rdma)
-        return NULL;
-    arr = json_array();
-    for (unsigned i = 0; arr && i < e->rdma->n_devs; i++) {
-        const mc_rdma_dev_t *d = &e->rdma->devs[i];
+    for (unsigned i = 0; arr && i < r->n_devs; i++) {
+        const mc_rdma_dev_t *d = &r->devs[i];
         inet_ntop(AF_INET6, d->gid.raw, gid, sizeof(gid));
-        json_array_append_new(arr, json_pack("{s:s,s:s,s:i,s:s}", "name", d->name, "link",
-                                             d->link == IBV_LINK_LAYER_ETHERNET ? "eth" : "ib",
-                                             "lid", d->lid, "gid", gid));
+        if (json_array_append_new(arr, json_pack("{s:s,s:s,s:i,s:s}", "name", d->name, "link",
+                                                 d->link == IBV_LINK_LAYER_ETHERNET ? "eth" : "ib",
+                                                 "lid", d->lid, "gid", gid))) {
+            json_decref(arr);
+            arr = NULL;
+        }
     }
-    return arr;
+    return arr && !json_object_set_new(root, "rdma", arr) ? 0 : -ENOMEM;
 }
 
-json_t *mc__rdma_rkeys_json(const mc_buffer_t *b, uint64_t *chunk_p)
+static int rdma_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
 {
-    const mc_rdma_mrs_t *m = b->mrs;
+    const mc_rdma_mrs_t *m = b->tp[mc__rdma_slot];
     json_t *arr;
 
-    if (!m)
-        return NULL;
+    (void)e;
+    if (!m) /* VRAM that is staged: not reachable by peers */
+        return 0;
     arr = json_array();
     for (unsigned d = 0; arr && d < m->n_devs; d++) {
         json_t *keys = json_array();
@@ -350,6 +353,78 @@ json_t *mc__rdma_rkeys_json(const mc_buffer_t *b, uint64_t *chunk_p)
             json_array_append_new(keys, json_integer(m->mr[d * m->n_chunks + c]->rkey));
         json_array_append_new(arr, keys);
     }
-    *chunk_p = m->chunk;
-    return arr;
+    if (!arr || json_object_set_new(jb, "rkey", arr) ||
+        json_object_set_new(jb, "mr_chunk", json_integer((json_int_t)m->chunk)))
+        return -ENOMEM;
+    return 0;
 }
+
+/* ---- peers and tasks ---- */
+
+/* Peers on another host that publish devices on a common link layer; peers on this host only
+ * when MC_PROTOCOL names rdma (tests, benchmarks on one machine). */
+static int rdma_peer_update(mc_engine_t *e, mc_peer_t *p)
+{
+    rdma_peer_t *rp = rdma_peer(p);
+
+    if (p->local_host && strcmp(e->cfg.protocol, "rdma"))
+        return 0;
+    if (!rp) {
+        rp = calloc(1, sizeof(*rp));
+        if (!rp)
+            return mc__set_error(-ENOMEM, "out of memory");
+        p->tp[mc__rdma_slot] = rp;
+    }
+    mc__rdma_rails_build(e, p);
+    return rp->n_rails ? 20 : 0;
+}
+
+static void rdma_peer_close(mc_engine_t *e, mc_peer_t *p)
+{
+    rdma_peer_t *rp = rdma_peer(p);
+
+    for (unsigned i = 0; i < rp->n_rails; i++)
+        if (rp->rails[i].qp)
+            mc__rdma_qp_drain(e, rp->rails[i].qp);
+    free(rp);
+    p->tp[mc__rdma_slot] = NULL;
+}
+
+/* Both ends need memory regions (or our VRAM can be staged through registered host memory). */
+static const char *rdma_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
+{
+    (void)e;
+    if (!mc__desc_part(&t->peer->desc, rb, mc__rdma_slot))
+        return t->vram ? "the remote VRAM has no GPUDirect registration"
+                       : "the remote buffer has no memory region";
+    if (!t->lbuf->tp[mc__rdma_slot] && !t->lbuf->vram)
+        return "the local buffer has no memory region";
+    return NULL;
+}
+
+/* Engine teardown (after the control links closed, which drained the QPs they carried). */
+static void rdma_stop(mc_engine_t *e)
+{
+    mc__rdma_drain_all(e);
+}
+
+const mc_transport_ops_t mc__rdma_ops = {
+    .size = sizeof(mc_transport_ops_t),
+    .name = "rdma",
+    .slot = &mc__rdma_slot,
+    .codec = &mc__rdma_codec,
+    .init = rdma_init,
+    .stop = rdma_stop,
+    .fini = rdma_fini,
+    .encode = rdma_encode,
+    .encode_buffer = rdma_encode_buffer,
+    .mem_register = mc__rdma_mr_register,
+    .mem_deregister = mc__rdma_mr_deregister,
+    .peer_update = rdma_peer_update,
+    .peer_close = rdma_peer_close,
+    .accept = rdma_accept,
+    .fill = mc__rdma_fill,
+    .ctrl_recv = mc__rdma_ctrl_recv,
+    .ctrl_reply = mc__rdma_ctrl_reply,
+    .link_lost = mc__rdma_link_lost,
+};

@@ -7,9 +7,15 @@
 
 #include "rdma_int.h"
 
+/* The remote side of a task: its buffer in the peer's descriptor and that buffer's rkeys. */
+typedef struct remote {
+    const mc_desc_buffer_t *b;
+    const rdma_desc_buf_t *k;
+} remote_t;
+
 /* The peer's descriptor buffer holding the task's remote range (t->rbuf is a hint: the
- * descriptor may have been reloaded since submit). Caller holds peers_lock. */
-static const mc_desc_buffer_t *remote_buf(mc_peer_t *p, mc_task_t *t)
+ * descriptor may have been reloaded since submit), with its rkeys. Caller holds peers_lock. */
+static bool remote_buf(mc_peer_t *p, mc_task_t *t, remote_t *r)
 {
     const mc_desc_t *d = &p->desc;
     uint64_t a = t->req.target_offset, len = t->req.length;
@@ -20,7 +26,9 @@ static const mc_desc_buffer_t *remote_buf(mc_peer_t *p, mc_task_t *t)
         if (b)
             t->rbuf = (uint32_t)(b - d->buffers);
     }
-    return b && b->n_chunks ? b : NULL;
+    r->b = b;
+    r->k = b ? mc__desc_part(d, b, mc__rdma_slot) : NULL;
+    return r->k != NULL;
 }
 
 static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
@@ -31,14 +39,13 @@ static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
 
 /* Work requests a slice needs: one per piece between memory-region boundaries on either side.
  * The local side is lb at la (the task's buffer, or a staging slot). */
-static unsigned pieces(const mc_slice_t *s, const mc_desc_buffer_t *rb, const mc_buffer_t *lb,
-                       uint64_t la)
+static unsigned pieces(const mc_slice_t *s, const remote_t *rb, const mc_buffer_t *lb, uint64_t la)
 {
-    const mc_rdma_mrs_t *m = lb->mrs;
+    const mc_rdma_mrs_t *m = lb->tp[mc__rdma_slot];
     uint64_t l = la - lb->addr;
-    uint64_t r = s->task->req.target_offset + s->offset - rb->addr;
+    uint64_t r = s->task->req.target_offset + s->offset - rb->b->addr;
     uint64_t ln = (l + s->len - 1) / m->chunk - l / m->chunk;
-    uint64_t rn = (r + s->len - 1) / rb->chunk - r / rb->chunk;
+    uint64_t rn = (r + s->len - 1) / rb->k->chunk - r / rb->k->chunk;
 
     return (unsigned)(1 + ln + rn);
 }
@@ -49,7 +56,7 @@ static void chain_append(mc_engine_t *e, mc_rdma_qp_t *qp, struct ibv_send_wr *w
 {
     if (!qp->head) {
         qp->head = wr;
-        mc_list_push_back(&e->rdma->to_post, &qp->post_link);
+        mc_list_push_back(&rdma_of(e)->to_post, &qp->post_link);
     } else {
         qp->tail->next = wr;
     }
@@ -57,22 +64,23 @@ static void chain_append(mc_engine_t *e, mc_rdma_qp_t *qp, struct ibv_send_wr *w
 }
 
 /* Build the work requests of slice s on rail r, the local side being lb at la. */
-static void post_slice(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, mc_slice_t *s,
-                       const mc_desc_buffer_t *rb, const mc_buffer_t *lb, uint64_t la)
+static void post_slice(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, mc_slice_t *s,
+                       const remote_t *rb, const mc_buffer_t *lb, uint64_t la)
 {
-    struct mc_rdma *rd = e->rdma;
+    mc_rdma_t *rd = rdma_of(e);
     mc_rdma_qp_t *qp = r->qp;
     mc_task_t *t = s->task;
-    const mc_rdma_mrs_t *m = lb->mrs;
-    uint64_t ra = t->req.target_offset + s->offset, left = s->len;
+    const mc_rdma_mrs_t *m = lb->tp[mc__rdma_slot];
+    const rdma_desc_buf_t *k = rb->k;
+    uint64_t ra = t->req.target_offset + s->offset, left = s->len, rbase = rb->b->addr;
 
-    s->qp = qp;
-    s->wc_err = 0;
-    s->rails_tried |= 1u << (r - p->rdma_rails);
+    rdma_sl(s)->qp = qp;
+    rdma_sl(s)->wc_err = 0;
+    s->rails_tried |= 1u << (r - rdma_peer(p)->rails);
     while (left) {
-        uint64_t lc = (la - lb->addr) / m->chunk, rc = (ra - rb->addr) / rb->chunk;
+        uint64_t lc = (la - lb->addr) / m->chunk, rc = (ra - rbase) / k->chunk;
         uint64_t n =
-            min3(left, lb->addr + (lc + 1) * m->chunk - la, rb->addr + (rc + 1) * rb->chunk - ra);
+            min3(left, lb->addr + (lc + 1) * m->chunk - la, rbase + (rc + 1) * k->chunk - ra);
         if (rd->n_wr == MC_RDMA_SCRATCH)
             post_all(e);
         struct ibv_sge *sge = &rd->sge[rd->n_wr];
@@ -87,9 +95,9 @@ static void post_slice(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, mc_slice_t *s
         wr->opcode = s->opcode == MC_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
         wr->send_flags = IBV_SEND_SIGNALED;
         wr->wr.rdma.remote_addr = ra;
-        wr->wr.rdma.rkey = p->desc.rkeys[rb->rkey_off + (size_t)r->rdev * rb->n_chunks + rc];
+        wr->wr.rdma.rkey = k->rkey[(size_t)r->rdev * k->n_chunks + rc];
         chain_append(e, qp, wr);
-        s->wrs++;
+        rdma_sl(s)->wrs++;
         qp->outstanding++;
         qp->dev->cq_used++;
         la += n;
@@ -101,7 +109,7 @@ static void post_slice(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, mc_slice_t *s
 /* One ibv_post_send per QP for everything built this pass. */
 static void post_all(mc_engine_t *e)
 {
-    struct mc_rdma *rd = e->rdma;
+    mc_rdma_t *rd = rdma_of(e);
     mc_list_t *n;
 
     while ((n = mc_list_pop_front(&rd->to_post))) {
@@ -113,7 +121,8 @@ static void post_all(mc_engine_t *e)
         if (!rc)
             continue;
         /* What was not posted fails as a completion error would; the QP is unusable. */
-        mc_warn("rdma: post on %s: %s", qp->rail ? qp->rail->name : qp->dev->name, strerror(rc));
+        mc_warn("rdma: post on %s: %s", qp->rail ? qp->rail->base.name : qp->dev->name,
+                strerror(rc));
         for (wr = bad; wr; wr = wr->next) {
             struct ibv_wc wc = {.wr_id = wr->wr_id, .status = IBV_WC_GENERAL_ERR};
             mc__rdma_complete(e, qp->dev, &wc);
@@ -133,19 +142,19 @@ static bool qp_room(mc_engine_t *e, const mc_rdma_qp_t *qp, unsigned need)
 
 /* Priority of a rail for a buffer at loc: the NIC matrix rank of our device, same-index device
  * pairs before crossed ones. Lower is better. */
-static int rail_rank(mc_engine_t *e, mc_rail_t *r, const char *loc)
+static int rail_rank(mc_engine_t *e, rdma_rail_t *r, const char *loc)
 {
-    return 2 * mc__rail_rank(e, r, loc) + r->crossed;
+    return 2 * mc__rail_rank(e, &r->base, loc) + r->crossed;
 }
 
 /* The best rank among rails with a QP that is ready or being connected: work waits the few
  * round trips a preferred rail's QP takes rather than spilling to a worse rail meanwhile. */
-static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *loc)
+static int best_rank(mc_engine_t *e, rdma_peer_t *p, const char *loc)
 {
     int best = 1 << 20;
 
-    for (unsigned i = 0; i < p->n_rdma_rails; i++) {
-        mc_rail_t *r = &p->rdma_rails[i];
+    for (unsigned i = 0; i < p->n_rails; i++) {
+        rdma_rail_t *r = &p->rails[i];
         int rank = r->qp && r->qp->state != QP_DRAINING ? rail_rank(e, r, loc) : 1 << 20;
         best = rank < best ? rank : best;
     }
@@ -155,11 +164,12 @@ static int best_rank(mc_engine_t *e, mc_peer_t *p, const char *loc)
 /* Set up QPs on usable rails that have none (a failover target is then ready too). */
 static void connect_rails(mc_engine_t *e, mc_peer_t *p)
 {
+    rdma_peer_t *rp = rdma_peer(p);
     uint64_t now = mc__now_ns();
 
-    for (unsigned i = 0; i < p->n_rdma_rails; i++) {
-        mc_rail_t *r = &p->rdma_rails[i];
-        if (!r->qp && mc__rail_usable(r, now) && now >= r->next_connect_ns)
+    for (unsigned i = 0; i < rp->n_rails; i++) {
+        rdma_rail_t *r = &rp->rails[i];
+        if (!r->qp && mc__rail_usable(&r->base, now) && now >= r->base.next_connect_ns)
             mc__rdma_rail_connect(e, p, r);
     }
 }
@@ -175,25 +185,24 @@ static void fail_unlocked(mc_engine_t *e, mc_slice_t *s, int err, const char *re
 
 /* Take the next slice for rail r, or fail it here if it cannot go over rdma any more. Caller
  * holds peers_lock for reading. */
-static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
+static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_p)
 {
-    mc_slice_t *s = mc__sched_next_slice(e, p, MC_TP_RDMA);
-    const mc_desc_buffer_t *rb;
+    mc_slice_t *s = mc__sched_next_slice(e, p, mc__rdma_slot);
+    remote_t rb;
 
     *empty_p = s == NULL;
     if (!s)
         return false;
-    rb = remote_buf(p, s->task);
-    if (!rb) {
+    if (!remote_buf(p, s->task, &rb)) {
         fail_unlocked(e, s, -MC_EACCESS, "the remote range is no longer registered by the segment");
         return true;
     }
     const mc_buffer_t *lb = s->task->lbuf;
     uint64_t la = (uint64_t)(uintptr_t)s->task->req.local + s->offset;
-    if (!lb->mrs) { /* VRAM the NIC cannot reach: through a staging slot */
+    if (!lb->tp[mc__rdma_slot]) { /* VRAM the NIC cannot reach: through a staging slot */
         int rc = mc__rdma_stage_get(e, s, &lb, &la);
         if (rc == -EAGAIN) {
-            mc_list_push_front(&p->q[MC_TP_RDMA].retry, &s->link);
+            mc_list_push_front(&p->q[mc__rdma_slot].retry, &s->link);
             return false;
         }
         if (rc) {
@@ -201,9 +210,9 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
             return true;
         }
     }
-    unsigned need = pieces(s, rb, lb, la), most = e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK;
+    unsigned need = pieces(s, &rb, lb, la), most = e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK;
     if (need > most || !qp_room(e, r->qp, need)) {
-        if (s->stage)
+        if (rdma_sl(s)->stage)
             mc__rdma_stage_put(e, s, false);
         if (need > most) { /* only when MC_SLICE_SIZE exceeds a memory region many times */
             fail_unlocked(e, s, -EINVAL,
@@ -212,10 +221,10 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
             return true;
         }
         /* rare: a multi-piece slice at the end of the window; it fits once the QP drains */
-        mc_list_push_front(&p->q[MC_TP_RDMA].retry, &s->link);
+        mc_list_push_front(&p->q[mc__rdma_slot].retry, &s->link);
         return false;
     }
-    post_slice(e, p, r, s, rb, lb, la);
+    post_slice(e, p, r, s, &rb, lb, la);
     return true;
 }
 
@@ -223,19 +232,20 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r, bool *empty_p)
  * buffer's location. Caller holds peers_lock for reading. */
 static void fill_qps(mc_engine_t *e, mc_peer_t *p)
 {
+    rdma_peer_t *rp = rdma_peer(p);
     const char *loc;
 
-    while ((loc = mc__sched_peek_location(p, MC_TP_RDMA))) {
-        int best = best_rank(e, p, loc);
+    while ((loc = mc__sched_peek_location(p, mc__rdma_slot))) {
+        int best = best_rank(e, rp, loc);
         bool took = false, empty = false;
-        for (unsigned i = 0; i < p->n_rdma_rails && !empty; i++) {
-            mc_rail_t *r = &p->rdma_rails[i];
+        for (unsigned i = 0; i < rp->n_rails && !empty; i++) {
+            rdma_rail_t *r = &rp->rails[i];
             if (!qp_room(e, r->qp, 1) || rail_rank(e, r, loc) > best)
                 continue;
             if (!place_one(e, p, r, &empty))
                 continue;
             took = true;
-            if (mc__sched_peek_location(p, MC_TP_RDMA) != loc)
+            if (mc__sched_peek_location(p, mc__rdma_slot) != loc)
                 break; /* the next task may live elsewhere: rank again */
         }
         if (!took)
@@ -245,7 +255,7 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
 
 void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
 {
-    if (!e->rdma || !p->n_rdma_rails)
+    if (!rdma_peer(p)) /* rails are built once: tasks come here only when it has some */
         return;
     /* Rails without a QP get one first (a re-probed rail rejoins even under a light load, and
      * a failover target is ready). Outside peers_lock: a failed connect may reload p->desc. */
@@ -269,44 +279,46 @@ static bool request_error(enum ibv_wc_status st)
 
 static void slice_error(mc_slice_t *s, const struct ibv_wc *wc)
 {
-    if (s->wc_err && wc->status == IBV_WC_WR_FLUSH_ERR)
+    rdma_slice_t *rs = rdma_sl(s);
+
+    if (rs->wc_err && wc->status == IBV_WC_WR_FLUSH_ERR)
         return; /* keep the cause, not the flush that followed it */
-    s->wc_err = request_error(wc->status) ? -MC_EACCESS : -MC_EPEERDEAD;
-    s->wc_reason = ibv_wc_status_str(wc->status);
+    rs->wc_err = request_error(wc->status) ? -MC_EACCESS : -MC_EPEERDEAD;
+    rs->wc_reason = ibv_wc_status_str(wc->status);
 }
 
-static void slice_end(mc_engine_t *e, mc_slice_t *s, mc_rail_t *r)
+static void slice_end(mc_engine_t *e, mc_slice_t *s, rdma_rail_t *r)
 {
+    rdma_slice_t *rs = rdma_sl(s);
     mc_task_t *t = s->task;
     char why[512];
 
-    if (s->stage && mc__rdma_stage_put(e, s, !s->wc_err) && !s->wc_err) {
+    if (rs->stage && mc__rdma_stage_put(e, s, !rs->wc_err) && !rs->wc_err) {
         mc__slice_failed(e, s, -EIO, false, mc_last_error()); /* the copy to the GPU failed */
         return;
     }
-    if (!s->wc_err) {
-        atomic_fetch_add_explicit(&r->bytes, s->len, memory_order_relaxed);
-        atomic_fetch_add_explicit(&r->slices, 1, memory_order_relaxed);
+    if (!rs->wc_err) {
+        mc__rail_moved(&r->base, s->len);
         mc__slice_done(e, s);
         return;
     }
-    snprintf(why, sizeof(why), "rail %s: RDMA %s of 0x%llx+%u at segment %s: %s", r->name,
+    snprintf(why, sizeof(why), "rail %s: RDMA %s of 0x%llx+%u at segment %s: %s", r->base.name,
              s->opcode == MC_WRITE ? "WRITE" : "READ",
              (unsigned long long)(t->req.target_offset + s->offset), s->len, t->peer->name,
-             s->wc_reason);
-    if (s->wc_err == -MC_EACCESS)
+             rs->wc_reason);
+    if (rs->wc_err == -MC_EACCESS)
         strncat(why,
                 " (the target's NIC refused the key or range: stale descriptor or "
                 "unregistered memory)",
                 sizeof(why) - strlen(why) - 1);
-    mc__slice_failed(e, s, s->wc_err, s->wc_err != -MC_EACCESS, why);
+    mc__slice_failed(e, s, rs->wc_err, rs->wc_err != -MC_EACCESS, why);
 }
 
 void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc)
 {
     mc_slice_t *s = (mc_slice_t *)(uintptr_t)wc->wr_id;
-    mc_rdma_qp_t *qp = s->qp;
-    mc_rail_t *r = qp->rail;
+    mc_rdma_qp_t *qp = rdma_sl(s)->qp;
+    rdma_rail_t *r = qp->rail;
 
     qp->outstanding--;
     dev->cq_used--;
@@ -315,10 +327,10 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
         if (qp->state != QP_DRAINING) {
             /* The first error of a QP: it is in ERR now. Charge the rail unless the request
              * itself was at fault; flushed requests follow and are retried. */
-            mc_warn("rdma: rail %s to %s: %s", r->name, qp->peer->name,
+            mc_warn("rdma: rail %s to %s: %s", r->base.name, qp->peer->name,
                     ibv_wc_status_str(wc->status));
             if (!request_error(wc->status))
-                mc__rail_failed(r, mc__now_ns(), false);
+                mc__rail_failed(&r->base, mc__now_ns(), false);
             mc__rdma_qp_drain(e, qp); /* may free qp: not used below */
         } else if (!qp->outstanding) {
             mc__rdma_qp_destroy(e, qp);
@@ -326,20 +338,18 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
     } else if (qp->state == QP_DRAINING && !qp->outstanding) {
         mc__rdma_qp_destroy(e, qp);
     }
-    if (--s->wrs == 0)
+    if (--rdma_sl(s)->wrs == 0)
         slice_end(e, s, r);
 }
 
-/* Engine teardown: every QP is draining (their tcp links are closed); collect the flushed
+/* Engine teardown: every QP is draining (their control links are closed); collect the flushed
  * requests so their tasks release, then destroy what is left. */
-void mc__rdma_fini(mc_engine_t *e)
+void mc__rdma_drain_all(mc_engine_t *e)
 {
-    struct mc_rdma *rd = e->rdma;
+    mc_rdma_t *rd = rdma_of(e);
     mc_list_t *pos, *tmp;
     uint64_t deadline = mc__now_ns() + 2000 * MC_MS;
 
-    if (!rd)
-        return;
     mc_list_for_each_safe(pos, tmp, &rd->qps)
         mc__rdma_qp_drain(e, mc_container_of(pos, mc_rdma_qp_t, link));
     while (!mc_list_empty(&rd->qps) && mc__now_ns() < deadline) {

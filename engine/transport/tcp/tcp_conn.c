@@ -33,9 +33,10 @@ mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound)
     c->since_ns = c->last_io_ns = mc__now_ns();
     mc_list_init(&c->sendq);
     mc_list_init(&c->ackq);
-    mc_list_init(&c->qps);
-    mc_list_init(&c->link);
-    (void)e;
+    mc_list_init(&c->node);
+    mc__link_init(&c->link);
+    c->link.remote = c->remote_name;
+    atomic_fetch_add(&e->n_links, 1);
     return c;
 }
 
@@ -73,7 +74,7 @@ int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f
 
     if (!s)
         return -ENOMEM;
-    s->kind = MC_SL_CTRL;
+    s->kind = TCP_SL_FRAME;
     if (len) {
         s->payload = malloc(len);
         if (!s->payload) {
@@ -86,7 +87,7 @@ int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f
     }
     mc_frame_t fr = *f;
     fr.length = len;
-    mc__frame_encode(&fr, s->hdr);
+    mc__tcp_frame_encode(&fr, tcp_sl(s)->hdr);
     mc_list_push_back(&c->sendq, &s->link);
     return 0;
 }
@@ -98,8 +99,9 @@ static void conn_bury(mc_engine_t *e, mc_tcp_conn_t *c)
     c->state = CS_DEAD;
     mc__epoll_del(e, &c->pollable);
     close(c->pollable.fd);
-    mc_list_del(&c->link);
-    mc_list_push_back(&e->graveyard, &c->link);
+    mc_list_del(&c->node);
+    mc_list_push_back(&tcp_of(e)->graveyard, &c->node);
+    atomic_fetch_sub(&e->n_links, 1);
 }
 
 void mc__tcp_conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
@@ -134,8 +136,8 @@ void mc__tcp_reap(mc_engine_t *e)
 {
     mc_list_t *n;
 
-    while ((n = mc_list_pop_front(&e->graveyard))) {
-        mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, link);
+    while ((n = mc_list_pop_front(&tcp_of(e)->graveyard))) {
+        mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, node);
         free(c->rx);
         free(c->ctrl);
         free(c);
@@ -154,7 +156,7 @@ static int gather(mc_tcp_conn_t *c, struct iovec *iov)
     for (pos = c->sendq.next; pos != &c->sendq && n + 2 <= MC_TCP_IOV_MAX; pos = pos->next) {
         mc_slice_t *s = mc_container_of(pos, mc_slice_t, link);
         if (skip < MC_FRAME_HDR_LEN) {
-            iov[n].iov_base = s->hdr + skip;
+            iov[n].iov_base = tcp_sl(s)->hdr + skip;
             iov[n++].iov_len = MC_FRAME_HDR_LEN - skip;
             skip = 0;
         } else {
@@ -169,19 +171,20 @@ static int gather(mc_tcp_conn_t *c, struct iovec *iov)
     return n;
 }
 
-/* A frame left completely: data slices now await their response, the rest is done. */
+/* A frame left completely: requests (data, control) now await their response, the rest is
+ * done. */
 static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
 {
     mc_list_del(&s->link);
-    if (s->kind == MC_SL_DATA || s->kind == MC_SL_QP) {
+    if (s->kind == MC_SL_DATA || s->kind == MC_SL_CTRL) {
         mc_list_push_back(&c->ackq, &s->link);
         return;
     }
-    if (s->kind == MC_SL_RESP) {
+    if (s->kind == TCP_SL_RESP) {
         c->n_resp--;
-        if (s->ref) {
-            mc__count(&e->tcp_c[MC_CNT_SERVED], s->payload_len);
-            mc__mem_put(e, s->ref);
+        if (tcp_sl(s)->ref) {
+            mc__tp_count(e, mc__tcp_slot, MC_CNT_SERVED, s->payload_len);
+            mc__mem_put(e, tcp_sl(s)->ref);
         }
     }
     mc__slice_free(e, s);
@@ -266,7 +269,7 @@ static void frame_done(mc_engine_t *e, mc_tcp_conn_t *c)
 
 static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    int rc = mc__frame_decode(c->rx + c->rx_start, e->cfg.handshake_max, &c->fr);
+    int rc = mc__tcp_frame_decode(c->rx + c->rx_start, e->cfg.handshake_max, &c->fr);
 
     c->rx_start += MC_FRAME_HDR_LEN;
     if (rc) {

@@ -58,7 +58,7 @@ typedef struct shm_msg {
 /* Owner side: one accepted connection. Progress-owned. */
 typedef struct shm_conn {
     mc_pollable_t p;
-    mc_list_t link; /* e->shm_conns, then e->shm_grave */
+    mc_list_t link; /* in the conns of shm_engine_t, then its grave */
     uint32_t role;
     uint64_t instance;
     int slot; /* request connections: this peer's slot in the registration table, or -1 */
@@ -69,23 +69,29 @@ typedef struct shm_map {
     uint8_t *local;
 } shm_map_t;
 
-/* Initiator side: what we hold of one owner. */
-struct mc_shm_peer {
-    pthread_mutex_t req_lock; /* one MAP request at a time on req_fd */
+/* Initiator side: what we hold of one owner (p->tp[mc__shm_slot]), connected on first use. */
+typedef struct shm_peer {
+    pthread_mutex_t open_lock; /* the first submit connects; others wait */
+    atomic_int state;          /* SP_NEW, SP_OPEN, SP_DEAD */
+    char addr[MC_NAME_MAX];    /* the owner's socket name */
+    pthread_mutex_t req_lock;  /* one MAP request at a time on req_fd */
     int req_fd;
     mc_pollable_t ev; /* event socket, in the progress loop */
     int pidfd;
     pthread_rwlock_t lock; /* read: copies; write: mapping changes */
     shm_map_t *maps;
     size_t n, cap;
-    atomic_bool dead;
-    mc_list_t link;      /* e->shm_peers, for teardown */
+    mc_list_t link;      /* in peers_grave once closed */
     mc_regtab_t *regtab; /* the owner's registrations, for CMA; NULL: no CMA */
     int slot;
     pthread_mutex_t cma_lock; /* one CMA call at a time: the slot counts one in flight */
     int pid;
-    atomic_bool cma_off; /* CMA refused (EPERM): said once, tcp from then on */
-};
+    atomic_bool cma_off; /* CMA refused (EPERM): said once, other transports from then on */
+} shm_peer_t;
+
+enum { SP_NEW, SP_OPEN, SP_DEAD };
+
+unsigned mc__shm_slot;
 
 static socklen_t sun_of(const char *name, struct sockaddr_un *sun)
 {
@@ -141,15 +147,18 @@ static int msg_recv(int fd, shm_msg_t *m, int *fd_p, int flags)
 
 static void conn_bury(mc_engine_t *e, shm_conn_t *c)
 {
-    mc__regtab_slot_put(e, c->slot);
+    shm_engine_t *se = shm_of(e);
+
+    mc__shm_regtab_slot_put(e, c->slot);
     c->slot = -1;
     mc__epoll_del(e, &c->p);
     close(c->p.fd);
     c->p.fd = -1;
     mc_list_del(&c->link);
-    mc_list_push_back(&e->shm_grave, &c->link);
-    if (c->role == ROLE_EVENT && e->revoke_left) { /* counts as acknowledged */
-        e->revoke_left--;
+    mc_list_push_back(&se->grave, &c->link);
+    atomic_fetch_sub(&e->n_links, 1);
+    if (c->role == ROLE_EVENT && se->revoke_left) { /* counts as acknowledged */
+        se->revoke_left--;
         mc__mem_wake(e);
     }
 }
@@ -173,6 +182,7 @@ static void on_map(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
 static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     shm_conn_t *c = mc_container_of(p, shm_conn_t, p);
+    shm_engine_t *se = shm_of(e);
     shm_msg_t m;
     int rc;
 
@@ -183,16 +193,16 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             c->instance = m.instance;
         } else if (m.type == SHM_MAP && c->role == ROLE_REQUEST) {
             on_map(e, c, &m);
-        } else if (m.type == SHM_REGTAB && c->role == ROLE_REQUEST && c->slot < 0 && e->regtab) {
-            c->slot = mc__regtab_slot_get(e);
+        } else if (m.type == SHM_REGTAB && c->role == ROLE_REQUEST && c->slot < 0 && se->regtab) {
+            c->slot = mc__shm_regtab_slot_get(e);
             shm_msg_t r = {.type = SHM_REGTAB_OK, .arg = (uint32_t)c->slot};
-            if (c->slot < 0 || msg_send(c->p.fd, &r, e->regtab_fd)) {
+            if (c->slot < 0 || msg_send(c->p.fd, &r, se->regtab_fd)) {
                 rc = -EIO;
                 break;
             }
         } else if (m.type == SHM_REVOKE_ACK && c->role == ROLE_EVENT) {
-            if (m.addr == e->revoke_addr && e->revoke_left) {
-                e->revoke_left--;
+            if (m.addr == se->revoke_addr && se->revoke_left) {
+                se->revoke_left--;
                 mc__mem_wake(e);
             }
         } else {
@@ -229,53 +239,28 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         c->p.fd = fd;
         c->slot = -1;
         c->p.handler = owner_handler;
-        mc_list_push_back(&e->shm_conns, &c->link);
-        if (mc__epoll_add(e, &c->p, EPOLLIN)) {
-            mc_list_del(&c->link);
-            close(fd);
-            free(c);
-        }
+        mc_list_push_back(&shm_of(e)->conns, &c->link);
+        atomic_fetch_add(&e->n_links, 1);
+        if (mc__epoll_add(e, &c->p, EPOLLIN))
+            conn_bury(e, c);
     }
 }
 
-int mc__shm_init(mc_engine_t *e)
+/* Progress context: send REVOKE for revoke_addr to every event connection. */
+static void revoke_start(mc_engine_t *e)
 {
-    struct sockaddr_un sun;
-    int fd;
-
-    if (e->cfg.force_tcp || e->cfg.auth_token[0] || !strcmp(e->cfg.protocol, "rdma"))
-        return 0; /* the shm transport authenticates by uid only: keep it off then */
-    snprintf(e->shm_name, sizeof(e->shm_name), "mooncake/%016llx", (unsigned long long)e->instance);
-    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sun_of(e->shm_name, &sun)) < 0 ||
-        listen(fd, 256) < 0) {
-        mc_warn("shm transport off: cannot listen on a unix socket: %s", strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        e->shm_name[0] = 0;
-        return 0;
-    }
-    e->shm_listen.fd = fd;
-    e->shm_listen.handler = on_accept;
-    if (mc__regtab_create(e))
-        mc_warn("shm: no shared registration table (%s): CMA off", strerror(errno));
-    return mc__epoll_add(e, &e->shm_listen, EPOLLIN);
-}
-
-/* Progress context: send REVOKE for e->revoke_addr to every event connection. */
-void mc__shm_revoke_start(mc_engine_t *e)
-{
+    shm_engine_t *se = shm_of(e);
     mc_list_t *pos, *tmp;
-    shm_msg_t m = {.type = SHM_REVOKE, .addr = e->revoke_addr};
+    shm_msg_t m = {.type = SHM_REVOKE, .addr = se->revoke_addr};
 
-    e->revoke_left = 0;
-    mc_list_for_each_safe(pos, tmp, &e->shm_conns)
+    se->revoke_left = 0;
+    mc_list_for_each_safe(pos, tmp, &se->conns)
     {
         shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
         if (c->role != ROLE_EVENT)
             continue;
         if (msg_send(c->p.fd, &m, -1) == 0)
-            e->revoke_left++;
+            se->revoke_left++;
         else
             conn_bury(e, c); /* it will drop its mappings on HUP */
     }
@@ -283,31 +268,36 @@ void mc__shm_revoke_start(mc_engine_t *e)
 }
 
 /* Progress context: a revoke timed out; close the event connections still owing an ACK. */
-void mc__shm_revoke_abort(mc_engine_t *e)
+static void revoke_abort(mc_engine_t *e)
 {
-    while (e->revoke_left && !mc_list_empty(&e->shm_conns)) {
+    shm_engine_t *se = shm_of(e);
+
+    while (se->revoke_left && !mc_list_empty(&se->conns)) {
         mc_list_t *pos, *tmp;
-        mc_list_for_each_safe(pos, tmp, &e->shm_conns)
+        mc_list_for_each_safe(pos, tmp, &se->conns)
         {
             shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
             if (c->role == ROLE_EVENT)
                 conn_bury(e, c);
         }
-        e->revoke_left = 0;
+        se->revoke_left = 0;
     }
 }
 
-void mc__shm_reap(mc_engine_t *e)
+/* Every pass: an unregistering thread may have asked for a revocation. */
+static void shm_progress(mc_engine_t *e)
 {
-    mc_list_t *n;
+    shm_engine_t *se = shm_of(e);
 
-    while ((n = mc_list_pop_front(&e->shm_grave)))
-        free(mc_container_of(n, shm_conn_t, link));
+    if (atomic_exchange(&se->revoke_req, false))
+        revoke_start(e);
+    if (atomic_exchange(&se->revoke_abort, false))
+        revoke_abort(e);
 }
 
 /* ---- initiator side ---- */
 
-static void peer_unmap_all(struct mc_shm_peer *s)
+static void peer_unmap_all(shm_peer_t *s)
 {
     pthread_rwlock_wrlock(&s->lock);
     for (size_t i = 0; i < s->n; i++)
@@ -318,7 +308,7 @@ static void peer_unmap_all(struct mc_shm_peer *s)
 
 static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
-    struct mc_shm_peer *s = mc_container_of(p, struct mc_shm_peer, ev);
+    shm_peer_t *s = mc_container_of(p, shm_peer_t, ev);
     shm_msg_t m;
     int rc;
 
@@ -338,7 +328,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         msg_send(s->ev.fd, &m, -1);
     }
     if (rc != -EAGAIN) { /* the owner went away, or misbehaved: forget it */
-        atomic_store(&s->dead, true);
+        atomic_store(&s->state, SP_DEAD);
         mc__epoll_del(e, &s->ev);
         peer_unmap_all(s);
     }
@@ -362,7 +352,7 @@ static int connect_role(const char *name, uint32_t role, uint64_t instance)
 }
 
 /* Ask the owner for its registration table and our slot in it (CMA needs both). */
-static void get_regtab(struct mc_shm_peer *s)
+static void get_regtab(shm_peer_t *s)
 {
     shm_msg_t m = {.type = SHM_REGTAB};
     int fd = -1;
@@ -382,34 +372,46 @@ static void get_regtab(struct mc_shm_peer *s)
     }
 }
 
-static struct mc_shm_peer *peer_open(mc_engine_t *e, mc_peer_t *p)
+/* Connect to the owner: request and event sockets, its pidfd, its registration table. */
+static int peer_connect(mc_engine_t *e, shm_peer_t *s)
 {
-    struct mc_shm_peer *s = calloc(1, sizeof(*s));
     struct timeval tv = {.tv_sec = e->cfg.io_timeout_ms / 1000,
                          .tv_usec = (e->cfg.io_timeout_ms % 1000) * 1000};
 
-    if (!s)
-        return NULL;
-    s->req_fd = connect_role(p->desc.shm_addr, ROLE_REQUEST, e->instance);
-    s->ev.fd = connect_role(p->desc.shm_addr, ROLE_EVENT, e->instance);
-    s->pid = p->desc.pid;
-    s->pidfd = (int)syscall(SYS_pidfd_open, p->desc.pid, 0);
+    s->req_fd = connect_role(s->addr, ROLE_REQUEST, e->instance);
+    s->ev.fd = connect_role(s->addr, ROLE_EVENT, e->instance);
+    s->pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     s->ev.handler = peer_on_event;
-    pthread_mutex_init(&s->req_lock, NULL);
-    pthread_mutex_init(&s->cma_lock, NULL);
-    pthread_rwlock_init(&s->lock, NULL);
     if (s->req_fd < 0 || s->ev.fd < 0 || s->pidfd < 0 ||
         setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-        mc__epoll_add(e, &s->ev, EPOLLIN)) {
-        mc_info("shm to %s unavailable (%s): using tcp", p->name, strerror(errno));
-        atomic_store(&s->dead, true);
-        return s;
-    }
+        mc__epoll_add(e, &s->ev, EPOLLIN))
+        return -errno;
     get_regtab(s);
-    return s;
+    return 0;
 }
 
-static void peer_free(struct mc_shm_peer *s)
+/* p's shm state, connected on first use (any submitting thread); NULL when it is unusable. */
+static shm_peer_t *peer_ready(mc_engine_t *e, mc_peer_t *p)
+{
+    shm_peer_t *s = p->tp[mc__shm_slot];
+    int st = s ? atomic_load_explicit(&s->state, memory_order_acquire) : SP_DEAD;
+
+    if (st == SP_NEW) {
+        pthread_mutex_lock(&s->open_lock);
+        if (atomic_load(&s->state) == SP_NEW) {
+            int rc = peer_connect(e, s);
+            if (rc)
+                mc_info("shm to %s unavailable (%s): other transports carry its tasks", p->name,
+                        strerror(-rc));
+            atomic_store_explicit(&s->state, rc ? SP_DEAD : SP_OPEN, memory_order_release);
+        }
+        pthread_mutex_unlock(&s->open_lock);
+        st = atomic_load(&s->state);
+    }
+    return st == SP_OPEN ? s : NULL;
+}
+
+static void peer_free(shm_peer_t *s)
 {
     peer_unmap_all(s);
     if (s->regtab)
@@ -421,31 +423,15 @@ static void peer_free(struct mc_shm_peer *s)
         close(s->ev.fd);
     if (s->pidfd >= 0)
         close(s->pidfd);
+    pthread_mutex_destroy(&s->open_lock);
     pthread_mutex_destroy(&s->req_lock);
     pthread_mutex_destroy(&s->cma_lock);
     pthread_rwlock_destroy(&s->lock);
     free(s);
 }
 
-/* The peer's shm state, created on first use; NULL when shm does not apply to it. */
-static struct mc_shm_peer *peer_shm(mc_engine_t *e, mc_peer_t *p)
-{
-    struct mc_shm_peer *s = atomic_load_explicit(&p->shm, memory_order_acquire);
-
-    if (s || !e->shm_name[0] || !p->local_host || !p->desc.shm_addr[0])
-        return s && !atomic_load(&s->dead) ? s : NULL;
-    pthread_mutex_lock(&e->shm_lock);
-    s = atomic_load(&p->shm);
-    if (!s && (s = peer_open(e, p))) {
-        mc_list_push_back(&e->shm_peers, &s->link);
-        atomic_store_explicit(&p->shm, s, memory_order_release);
-    }
-    pthread_mutex_unlock(&e->shm_lock);
-    return s && !atomic_load(&s->dead) ? s : NULL;
-}
-
 /* Map the owner's buffer [addr, addr+len). Caller holds nothing. */
-static int map_buffer(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
+static int map_buffer(shm_peer_t *s, uint64_t addr, uint64_t len)
 {
     shm_msg_t m = {.type = SHM_MAP, .addr = addr, .len = len};
     int fd = -1, rc;
@@ -485,7 +471,7 @@ static int map_buffer(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
 }
 
 /* The local address of remote [addr, addr+len), or NULL. Caller holds s->lock. */
-static uint8_t *find_map(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
+static uint8_t *find_map(shm_peer_t *s, uint64_t addr, uint64_t len)
 {
     for (size_t i = 0; i < s->n; i++) {
         const shm_map_t *m = &s->maps[i];
@@ -497,15 +483,15 @@ static uint8_t *find_map(struct mc_shm_peer *s, uint64_t addr, uint64_t len)
 
 /* Copy a run of tasks to one owner through its mappings, starting at tasks[i], under one read
  * lock (revocations wait for it). Returns the end of the run: i if tasks[i] cannot go this way. */
-static size_t copy_run(struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t n)
+static size_t copy_run(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
 {
     size_t j = i;
 
     pthread_rwlock_rdlock(&s->lock);
     for (; j < n; j++) {
         const mc_request_t *r = &tasks[j].req;
-        if (tasks[j].peer != tasks[i].peer || !tasks[j].remote_shm ||
-            atomic_load(&tasks[j].state) != MC_TASK_WAITING)
+        if (tasks[j].peer != tasks[i].peer || tasks[j].tp != mc__shm_slot ||
+            tasks[j].tp_hint != SHM_BY_MAP || atomic_load(&tasks[j].state) != MC_TASK_WAITING)
             break;
         uint8_t *remote = find_map(s, r->target_offset, r->length);
         if (!remote) { /* first use of this buffer: map it (takes the write lock) */
@@ -524,7 +510,7 @@ static size_t copy_run(struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t
     return j;
 }
 
-static bool owner_exited(struct mc_shm_peer *s)
+static bool owner_exited(shm_peer_t *s)
 {
     struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
 
@@ -538,13 +524,13 @@ static void task_done(mc_engine_t *e, mc_task_t *d)
     atomic_store(&d->bytes, d->req.length);
     mc__count(&d->peer->c[cnt], d->req.length);
     mc__count(&d->peer->c[MC_CNT_REQUESTS], 1);
-    mc__count(&e->shm_c[cnt], d->req.length);
-    mc__count(&e->shm_c[MC_CNT_REQUESTS], 1);
+    mc__tp_count(e, mc__shm_slot, cnt, d->req.length);
+    mc__tp_count(e, mc__shm_slot, MC_CNT_REQUESTS, 1);
     mc__task_finish(d, MC_TASK_COMPLETED, NULL);
 }
 
 /* Tasks [i, j) moved (a copy through mappings): one liveness check of the owner decides. */
-static void settle(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t j)
+static void settle(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t j)
 {
     bool dead = owner_exited(s);
 
@@ -557,19 +543,18 @@ static void settle(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, size
     }
 }
 
-static bool cma_candidate(mc_engine_t *e, struct mc_shm_peer *s, const mc_task_t *t0,
-                          const mc_task_t *t)
+static bool cma_candidate(mc_engine_t *e, shm_peer_t *s, const mc_task_t *t0, const mc_task_t *t)
 {
     (void)e;
-    return t->peer == t0->peer && t->req.opcode == t0->req.opcode &&
-           atomic_load(&t->state) == MC_TASK_WAITING && !t->remote_shm &&
-           mc__regtab_covers(s->regtab, t->req.target_offset, t->req.length);
+    return t->peer == t0->peer && t->req.opcode == t0->req.opcode && t->tp == mc__shm_slot &&
+           t->tp_hint == SHM_BY_CMA && atomic_load(&t->state) == MC_TASK_WAITING &&
+           mc__shm_regtab_covers(s->regtab, t->req.target_offset, t->req.length);
 }
 
 /* Move a run of tasks from tasks[i] with one process_vm_writev/readv. The slot is odd during
  * the check and the call (see shm_int.h). Returns the end of the run; i when nothing moved
- * (the tasks then go over tcp). */
-static size_t cma_run(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, size_t i, size_t n)
+ * (the tasks then go over another transport). */
+static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
 {
     static __thread struct iovec liov[CMA_IOV], riov[CMA_IOV]; /* 32 KiB: not on the stack */
     _Atomic uint64_t *slot = &s->regtab->slot[s->slot].active;
@@ -593,8 +578,8 @@ static size_t cma_run(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, s
     pthread_mutex_unlock(&s->cma_lock);
     if (got < 0 && err == EPERM) {
         if (!atomic_exchange(&s->cma_off, true))
-            mc_warn("CMA to %s not permitted (ptrace restrictions): using tcp for memory it "
-                    "did not allocate with mc_mem_alloc",
+            mc_warn("CMA to %s not permitted (ptrace restrictions): other transports carry "
+                    "memory it did not allocate with mc_mem_alloc",
                     tasks[i].peer->name);
         return i;
     }
@@ -613,55 +598,227 @@ static size_t cma_run(mc_engine_t *e, struct mc_shm_peer *s, mc_task_t *tasks, s
     return j;
 }
 
-void mc__shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
+static void shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
-        struct mc_shm_peer *s;
-        if (atomic_load(&t->state) != MC_TASK_WAITING || !(s = peer_shm(e, t->peer)))
+        shm_peer_t *s;
+        size_t j = i;
+        if (t->tp != mc__shm_slot || atomic_load(&t->state) != MC_TASK_WAITING)
             continue;
-        size_t j = copy_run(s, tasks, i, n);
-        if (j > i) {
-            settle(e, s, tasks, i, j);
-            i = j - 1;
-        } else if (s->regtab && !atomic_load(&s->cma_off)) {
-            size_t j = cma_run(e, s, tasks, i, n);
-            i = j > i ? j - 1 : i;
+        s = peer_ready(e, t->peer);
+        if (s && t->tp_hint == SHM_BY_MAP) {
+            j = copy_run(s, tasks, i, n);
+            if (j > i)
+                settle(e, s, tasks, i, j);
+        } else if (s && s->regtab && !atomic_load(&s->cma_off)) {
+            j = cma_run(e, s, tasks, i, n);
         }
+        if (j > i)
+            i = j - 1;
+        else /* it cannot go through shared memory after all */
+            mc__task_reroute(e, t);
     }
 }
 
-void mc__shm_peer_close(mc_engine_t *e, mc_peer_t *p)
+/* Same host (boot id and network namespace), an owner that publishes its socket, our uid: a
+ * peer reaches it, and it is preferred to every network transport. */
+static int shm_peer_update(mc_engine_t *e, mc_peer_t *p)
 {
-    struct mc_shm_peer *s = atomic_load(&p->shm);
+    const char *addr = p->desc.tp[mc__shm_slot];
+    shm_peer_t *s;
 
-    if (s && s->ev.fd >= 0 && !atomic_load(&s->dead)) {
-        atomic_store(&s->dead, true);
+    (void)e;
+    if (p->tp[mc__shm_slot])
+        return 30; /* reloads keep what is open */
+    if (!p->local_host || !addr)
+        return 0;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return mc__set_error(-ENOMEM, "out of memory");
+    snprintf(s->addr, sizeof(s->addr), "%s", addr);
+    s->pid = p->desc.pid;
+    s->req_fd = s->ev.fd = s->pidfd = -1;
+    pthread_mutex_init(&s->open_lock, NULL);
+    pthread_mutex_init(&s->req_lock, NULL);
+    pthread_mutex_init(&s->cma_lock, NULL);
+    pthread_rwlock_init(&s->lock, NULL);
+    mc_list_init(&s->link);
+    p->tp[mc__shm_slot] = s;
+    return 30;
+}
+
+/* The peer goes away: drop its mappings now; free the rest at the end of the pass (an event
+ * of its socket may already be fetched). */
+static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
+{
+    shm_peer_t *s = p->tp[mc__shm_slot];
+
+    if (atomic_exchange(&s->state, SP_DEAD) == SP_OPEN)
         mc__epoll_del(e, &s->ev);
-        peer_unmap_all(s);
-    }
+    peer_unmap_all(s);
+    mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
+    p->tp[mc__shm_slot] = NULL;
 }
 
-void mc__shm_fini(mc_engine_t *e)
+/* Host memory only; engine memory of the owner through a mapping, other registered memory by
+ * CMA (checked against the owner's live table when it moves). */
+static const char *shm_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
 {
+    if (t->vram)
+        return "host memory only";
+    t->tp_hint = mc__desc_part(&t->peer->desc, rb, mc__shm_slot) ? SHM_BY_MAP : SHM_BY_CMA;
+    (void)e;
+    return NULL;
+}
+
+static void shm_reap(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
     mc_list_t *n;
 
-    while (!mc_list_empty(&e->shm_conns))
-        conn_bury(e, mc_container_of(e->shm_conns.next, shm_conn_t, link));
-    mc__shm_reap(e);
-    for (size_t i = 0; i < e->n_peers; i++) /* peers are destroyed after us */
-        if (e->peers[i])
-            atomic_store(&e->peers[i]->shm, NULL);
-    while ((n = mc_list_pop_front(&e->shm_peers))) {
-        struct mc_shm_peer *s = mc_container_of(n, struct mc_shm_peer, link);
-        if (!atomic_load(&s->dead))
-            mc__epoll_del(e, &s->ev);
-        peer_free(s);
+    while ((n = mc_list_pop_front(&se->grave)))
+        free(mc_container_of(n, shm_conn_t, link));
+    while ((n = mc_list_pop_front(&se->peers_grave)))
+        peer_free(mc_container_of(n, shm_peer_t, link));
+}
+
+/* ---- setup, memory, descriptor ---- */
+
+static int shm_init(mc_engine_t *e)
+{
+    struct sockaddr_un sun;
+    shm_engine_t *se;
+    int fd;
+
+    if (e->cfg.auth_token[0]) { /* it authenticates by uid only: keep it off then */
+        mc_info("shm: off (MC_AUTH_TOKEN is set)");
+        return 0;
     }
-    mc__regtab_destroy(e);
-    if (e->shm_listen.fd >= 0) {
-        mc__epoll_del(e, &e->shm_listen);
-        close(e->shm_listen.fd);
-        e->shm_listen.fd = -1;
+    se = calloc(1, sizeof(*se));
+    if (!se)
+        return mc__set_error(-ENOMEM, "out of memory");
+    snprintf(se->name, sizeof(se->name), "mooncake/%016llx", (unsigned long long)e->instance);
+    mc_list_init(&se->conns);
+    mc_list_init(&se->grave);
+    mc_list_init(&se->peers_grave);
+    pthread_mutex_init(&se->revoke_mutex, NULL);
+    se->listen.fd = -1;
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sun_of(se->name, &sun)) < 0 ||
+        listen(fd, 256) < 0) {
+        mc_warn("shm transport off: cannot listen on a unix socket: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        pthread_mutex_destroy(&se->revoke_mutex);
+        free(se);
+        return 0;
+    }
+    se->listen.fd = fd;
+    se->listen.handler = on_accept;
+    e->tp[mc__shm_slot] = se;
+    if (mc__shm_regtab_create(e))
+        mc_warn("shm: no shared registration table (%s): CMA off", strerror(errno));
+    return mc__epoll_add(e, &se->listen, EPOLLIN);
+}
+
+static void shm_stop(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
+
+    while (!mc_list_empty(&se->conns))
+        conn_bury(e, mc_container_of(se->conns.next, shm_conn_t, link));
+    if (se->listen.fd >= 0) {
+        mc__epoll_del(e, &se->listen);
+        close(se->listen.fd);
+        se->listen.fd = -1;
     }
 }
+
+static void shm_fini(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
+
+    shm_reap(e);
+    mc__shm_regtab_destroy(e);
+    pthread_mutex_destroy(&se->revoke_mutex);
+    free(se);
+    e->tp[mc__shm_slot] = NULL;
+}
+
+static void shm_mem_changed(mc_engine_t *e)
+{
+    mc__shm_regtab_publish(e);
+}
+
+static bool revoked(mc_engine_t *e, void *arg)
+{
+    shm_engine_t *se = shm_of(e);
+
+    (void)arg;
+    return !atomic_load(&se->revoke_req) && !atomic_load(&se->revoke_left);
+}
+
+/* Unregister: wait out peers' CMA calls that may have seen b, then, for engine memory, have
+ * every same-host peer unmap it and acknowledge. One that does not answer within
+ * MC_IO_TIMEOUT_MS is disconnected, which makes it drop every mapping of ours. */
+static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
+{
+    shm_engine_t *se = shm_of(e);
+
+    mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
+    if (b->memfd < 0)
+        return;
+    pthread_mutex_lock(&se->revoke_mutex);
+    se->revoke_addr = b->addr;
+    atomic_store(&se->revoke_req, true);
+    mc__doorbell(e);
+    if (!mc__mem_wait(e, revoked, NULL, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
+        mc_warn("unregister 0x%llx: %u same-host peers did not acknowledge; disconnecting them",
+                (unsigned long long)b->addr, atomic_load(&se->revoke_left));
+        atomic_store(&se->revoke_abort, true);
+        mc__doorbell(e);
+        mc__mem_wait(e, revoked, NULL, mc__now_ns() + 1000 * MC_MS);
+    }
+    pthread_mutex_unlock(&se->revoke_mutex);
+}
+
+/* Our socket in "endpoints"; a buffer same-host peers may map is marked "shm": true. */
+static int shm_encode(mc_engine_t *e, json_t *root)
+{
+    json_t *eps = json_object_get(root, "endpoints");
+
+    if (!eps && (json_object_set_new(root, "endpoints", json_array()) ||
+                 !(eps = json_object_get(root, "endpoints"))))
+        return -ENOMEM;
+    return json_array_append_new(
+               eps, json_pack("{s:s,s:s}", "transport", "shm", "addr", shm_of(e)->name))
+               ? -ENOMEM
+               : 0;
+}
+
+static int shm_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
+{
+    (void)e;
+    return b->memfd >= 0 && json_object_set_new(jb, "shm", json_true()) ? -ENOMEM : 0;
+}
+
+const mc_transport_ops_t mc__shm_ops = {
+    .size = sizeof(mc_transport_ops_t),
+    .name = "shm",
+    .slot = &mc__shm_slot,
+    .codec = &mc__shm_codec,
+    .init = shm_init,
+    .stop = shm_stop,
+    .fini = shm_fini,
+    .encode = shm_encode,
+    .encode_buffer = shm_encode_buffer,
+    .mem_changed = shm_mem_changed,
+    .mem_release = shm_mem_release,
+    .peer_update = shm_peer_update,
+    .peer_close = shm_peer_close,
+    .accept = shm_accept,
+    .submit = shm_submit,
+    .progress = shm_progress,
+    .reap = shm_reap,
+};

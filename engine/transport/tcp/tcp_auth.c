@@ -13,7 +13,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "../util/crypto.h"
 #include "tcp_int.h"
 
 int mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
@@ -76,7 +75,7 @@ static int send_frame(int fd, mc_frame_t *f, const void *payload, uint32_t len, 
     int rc;
 
     f->length = len;
-    mc__frame_encode(f, hdr);
+    mc__tcp_frame_encode(f, hdr);
     rc = io_all(fd, hdr, sizeof(hdr), true, ms);
     if (!rc && len)
         rc = io_all(fd, (void *)payload, len, true, ms);
@@ -93,7 +92,7 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     char *p;
 
     if (!rc)
-        rc = mc__frame_decode(hdr, e->cfg.handshake_max, f);
+        rc = mc__tcp_frame_decode(hdr, e->cfg.handshake_max, f);
     if (rc)
         return rc;
     p = malloc((size_t)f->length + 1);
@@ -104,8 +103,8 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     if (!rc && f->type == MC_FR_ERROR)
         rc = mc__set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s", p);
     else if (!rc && f->type != type)
-        rc = mc__set_error(-MC_EPROTO, "expected %s, got %s", mc__frame_type_name(type),
-                           mc__frame_type_name(f->type));
+        rc = mc__set_error(-MC_EPROTO, "expected %s, got %s", mc__tcp_frame_type_name(type),
+                           mc__tcp_frame_type_name(f->type));
     if (rc) {
         free(p);
         return rc;
@@ -154,26 +153,35 @@ static int client_hello(mc_engine_t *e, int fd)
 
     mc__random_bytes(h.nonce, sizeof(h.nonce));
     snprintf(h.name, sizeof(h.name), "%s", e->name);
-    rc = send_frame(fd, &f, buf, (uint32_t)mc__hello_encode(&h, buf), e->cfg.connect_timeout_ms);
+    rc =
+        send_frame(fd, &f, buf, (uint32_t)mc__tcp_hello_encode(&h, buf), e->cfg.connect_timeout_ms);
     if (!rc)
         rc = recv_frame(e, fd, MC_FR_HELLO_REPLY, &f, &reply);
     if (rc)
         return rc;
-    rc = mc__hello_decode((uint8_t *)reply, f.length, &r);
+    rc = mc__tcp_hello_decode((uint8_t *)reply, f.length, &r);
     free(reply);
     if (!rc)
         rc = client_auth(e, fd, h.nonce, &f, &r);
     return rc;
 }
 
-int mc__tcp_fetch_desc(mc_engine_t *e, const char *ip_port, char **json_p, size_t *len_p)
+int mc__tcp_fetch_desc(mc_engine_t *e, const char *addr, mc_peer_t *p, char **json_p, size_t *len_p)
 {
     struct sockaddr_storage sa;
     socklen_t sa_len;
     mc_frame_t f = {.type = MC_FR_DESC_REQ};
-    char *json;
+    char ip_port[MC_NAME_MAX], *json;
     int fd, rc;
 
+    if (!addr) { /* p's first endpoint; descriptor reloads swap p->desc under peers_lock */
+        pthread_rwlock_rdlock(&e->peers_lock);
+        const tcp_desc_t *d = p->desc.tp[mc__tcp_slot];
+        snprintf(ip_port, sizeof(ip_port), "%s", d ? d->addrs[0] : "");
+        pthread_rwlock_unlock(&e->peers_lock);
+    } else {
+        snprintf(ip_port, sizeof(ip_port), "%s", addr);
+    }
     if (mc__parse_ip_port(ip_port, &sa, &sa_len))
         return mc__set_error(-EINVAL, "\"%s\" is not ip:port", ip_port);
     fd = connect_timeout(&sa, sa_len, e->cfg.connect_timeout_ms);

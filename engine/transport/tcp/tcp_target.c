@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../util/crypto.h"
 #include "tcp_int.h"
 
 /* Queue a response: data from registered memory (zero-copy, ref held) or a status/reason. */
@@ -25,7 +24,7 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory for a response");
         return;
     }
-    s->kind = MC_SL_RESP;
+    s->kind = TCP_SL_RESP;
     if (status) {
         size_t rl = strlen(reason);
         s->payload = strdup(reason);
@@ -34,10 +33,10 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
     } else {
         s->payload = data;
         s->payload_len = len;
-        s->ref = ref;
+        tcp_sl(s)->ref = ref;
     }
     f.length = s->payload_len;
-    mc__frame_encode(&f, s->hdr);
+    mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
     mc_list_push_back(&c->sendq, &s->link);
     c->n_resp++;
 }
@@ -72,7 +71,7 @@ static void reject(mc_engine_t *e, mc_tcp_conn_t *c, int code, const char *reaso
     struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void *)reason, rl}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
 
-    mc__frame_encode(&f, hdr);
+    mc__tcp_frame_encode(&f, hdr);
     if (sendmsg(c->pollable.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         mc_debug("error frame not sent: %s", strerror(errno));
     mc__tcp_conn_fail(e, c, code, "%s", reason);
@@ -88,7 +87,7 @@ int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
     }
     if (c->state != CS_READY) {
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s frame before the handshake completed",
-                          mc__frame_type_name(t));
+                          mc__tcp_frame_type_name(t));
         return -MC_EPROTO;
     }
     switch (t) {
@@ -103,12 +102,12 @@ int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return 0;
     case MC_FR_MSG:
     case MC_FR_RETIRE:
-    case MC_FR_QP_CONNECT:
+    case MC_FR_CTRL_REQ:
         c->dst_kind = DST_CTRL;
         return 0;
     }
     mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from initiator",
-                      mc__frame_type_name(t));
+                      mc__tcp_frame_type_name(t));
     return -MC_EPROTO;
 }
 
@@ -117,10 +116,10 @@ static void retire(mc_engine_t *e, mc_tcp_conn_t *by, const uint64_t *ids, unsig
 {
     mc_list_t *pos, *tmp;
 
-    mc_list_for_each_safe(pos, tmp, &e->inbound)
+    mc_list_for_each_safe(pos, tmp, &tcp_of(e)->inbound)
     {
-        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, link);
-        if (c == by || c->remote_instance != by->remote_instance)
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        if (c == by || c->link.instance != by->link.instance)
             continue;
         for (unsigned i = 0; i < n; i++) {
             if (c->id == (uint32_t)ids[i]) {
@@ -139,7 +138,7 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     bool auth = e->cfg.auth_token[0] != 0;
     mc_frame_t f = {.type = MC_FR_HELLO_REPLY, .flags = auth ? MC_HELLO_AUTH_REQUIRED : 0};
 
-    if (mc__hello_decode(c->ctrl, c->ctrl_len, &h)) {
+    if (mc__tcp_hello_decode(c->ctrl, c->ctrl_len, &h)) {
         reject(e, c, -MC_EPROTO, mc_last_error());
         return;
     }
@@ -151,7 +150,7 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
         }
     }
     c->id = c->fr.id;
-    c->remote_instance = h.instance;
+    c->link.instance = h.instance;
     memcpy(c->peer_nonce, h.nonce, sizeof(c->peer_nonce));
     snprintf(c->remote_name, sizeof(c->remote_name), "%s", h.name);
     retire(e, c, h.retired, h.n_retired);
@@ -162,7 +161,7 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
         reject(e, c, -MC_EAUTH, mc_last_error());
         return;
     }
-    size_t len = mc__hello_encode(&r, buf);
+    size_t len = mc__tcp_hello_encode(&r, buf);
     if (mc__tcp_conn_send_ctrl(e, c, &f, buf, (uint32_t)len)) {
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
@@ -207,7 +206,7 @@ static void on_write(mc_engine_t *e, mc_tcp_conn_t *c)
     char reason[300];
 
     if (c->rx_ref) {
-        mc__count(&e->tcp_c[MC_CNT_SERVED], c->fr.length);
+        mc__tp_count(e, mc__tcp_slot, MC_CNT_SERVED, c->fr.length);
         mc__mem_put(e, c->rx_ref);
         c->rx_ref = NULL;
         respond(e, c, MC_FR_WRITE_ACK, 0, NULL, 0, NULL, NULL);
@@ -244,9 +243,26 @@ static void on_retire(mc_engine_t *e, mc_tcp_conn_t *c)
     retire(e, c, ids, n);
 }
 
-static void on_qp_connect(mc_engine_t *e, mc_tcp_conn_t *c)
+/* Another transport's request for its counterpart here: answered at once. */
+static void on_ctrl_req(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    mc__rdma_accept(e, c, c->ctrl, c->ctrl_len);
+    uint8_t ans[MC_CTRL_MAX];
+    size_t len = 0;
+    mc_frame_t f = {.type = MC_FR_CTRL_RESP, .id = c->fr.id};
+    int rc = mc__ctrl_deliver(e, &c->link, c->fr.flags, c->ctrl, c->ctrl_len, ans, &len);
+    const void *payload = ans;
+
+    if (rc) {
+        payload = mc_last_error();
+        len = strlen(payload);
+        mc_warn("%s: control request from %s refused: %s",
+                c->fr.flags < mc__n_transports ? mc__transports[c->fr.flags]->name : "?",
+                c->remote_name, (const char *)payload);
+    }
+    f.aux = (uint64_t)(int64_t)rc;
+    if (mc__tcp_conn_send_ctrl(e, c, &f, payload,
+                               (uint32_t)(len < MC_CTRL_MAX ? len : MC_CTRL_MAX)))
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
 static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -256,10 +272,9 @@ static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* mc__tcp_in_header admits only these frame types. */
 static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *) = {
-    [MC_FR_HELLO] = on_hello,       [MC_FR_AUTH] = on_auth,
-    [MC_FR_WRITE] = on_write,       [MC_FR_READ] = on_read,
-    [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
-    [MC_FR_MSG] = on_msg,           [MC_FR_QP_CONNECT] = on_qp_connect,
+    [MC_FR_HELLO] = on_hello, [MC_FR_AUTH] = on_auth,         [MC_FR_WRITE] = on_write,
+    [MC_FR_READ] = on_read,   [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
+    [MC_FR_MSG] = on_msg,     [MC_FR_CTRL_REQ] = on_ctrl_req,
 };
 
 void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -277,12 +292,12 @@ void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
     }
     while ((n = mc_list_pop_front(&c->sendq))) {
         mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
-        if (s->ref)
-            mc__mem_put(e, s->ref);
+        if (s->kind == TCP_SL_RESP && tcp_sl(s)->ref)
+            mc__mem_put(e, tcp_sl(s)->ref);
         mc__slice_free(e, s);
     }
     c->n_resp = 0;
-    mc__rdma_ctrl_lost(e, c);
+    mc__link_lost(e, &c->link);
 }
 
 /* ---- listening ---- */
@@ -304,19 +319,16 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         }
         mc__tcp_sockopts(e, fd);
         c->events = EPOLLIN;
-        if (mc__epoll_add(e, &c->pollable, c->events)) {
-            close(fd);
-            free(c->rx);
-            free(c);
-            continue;
-        }
-        mc_list_push_back(&e->inbound, &c->link);
+        mc_list_push_back(&tcp_of(e)->inbound, &c->node);
+        if (mc__epoll_add(e, &c->pollable, c->events))
+            mc__tcp_conn_close(e, c);
     }
 }
 
 static int listen_one(mc_engine_t *e, const char *addr)
 {
-    mc_pollable_t *l = &e->listens[e->n_listens];
+    tcp_engine_t *t = tcp_of(e);
+    mc_pollable_t *l = &t->listens[t->n_listens];
     struct sockaddr_storage sa;
     socklen_t len;
     int one = 1, fd;
@@ -335,13 +347,13 @@ static int listen_one(mc_engine_t *e, const char *addr)
     }
     l->fd = fd;
     l->handler = on_accept;
-    mc__format_ip_port(&sa, e->listen_addrs[e->n_listens], MC_NAME_MAX);
+    mc__format_ip_port(&sa, t->listen_addrs[t->n_listens], MC_NAME_MAX);
     if (mc__epoll_add(e, l, EPOLLIN)) {
         close(fd);
         l->fd = -1;
         return -EIO;
     }
-    e->n_listens++;
+    t->n_listens++;
     return 0;
 }
 
@@ -352,7 +364,7 @@ int mc__tcp_listen(mc_engine_t *e)
     char addr[MC_NAME_MAX];
     const char *p = e->cfg.listen;
 
-    while (*p && e->n_listens < MC_MAX_RAILS) {
+    while (*p && tcp_of(e)->n_listens < MC_MAX_RAILS) {
         size_t l = strcspn(p, ",");
         if (l >= sizeof(addr))
             return mc__set_error(-MC_ECONFIG, "MC_LISTEN: address too long");
@@ -363,5 +375,5 @@ int mc__tcp_listen(mc_engine_t *e)
             return rc;
         p += l + (p[l] == ',');
     }
-    return e->n_listens ? 0 : mc__set_error(-MC_ECONFIG, "MC_LISTEN is empty");
+    return tcp_of(e)->n_listens ? 0 : mc__set_error(-MC_ECONFIG, "MC_LISTEN is empty");
 }

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../util/crypto.h"
 #include "rdma_int.h"
 
 #define QP_TIMEOUT   14 /* 4.096 us * 2^14 = 67 ms per try */
@@ -59,7 +58,7 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
     qp->dev = dev;
     qp->initiator = initiator;
     mc_list_init(&qp->link);
-    mc_list_init(&qp->ctrl_link);
+    mc_list_init(&qp->bound.node);
     mc_list_init(&qp->post_link);
     return qp;
 }
@@ -121,12 +120,12 @@ int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *re
 void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp)
 {
     if (qp->connect_slice) /* the answer, if it comes, finds no QP */
-        qp->connect_slice->qp = NULL;
+        qp->connect_slice->ctx = NULL;
     mc_list_del(&qp->link);
-    mc_list_del(&qp->ctrl_link);
+    mc__link_unbind(&qp->bound);
     mc_list_del(&qp->post_link);
     if (qp->initiator)
-        e->rdma->n_qps--;
+        rdma_of(e)->n_qps--;
     if (qp->rail && qp->rail->qp == qp)
         qp->rail->qp = NULL;
     if (ibv_destroy_qp(qp->qp))
@@ -142,16 +141,72 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
         qp->state = QP_DRAINING;
         if (qp->rail && qp->rail->qp == qp) {
             qp->rail->qp = NULL; /* the rail may get a new QP meanwhile */
-            qp->rail->n_conns = 0;
+            qp->rail->base.n_conns = 0;
         }
-        mc_list_del(&qp->ctrl_link);
-        mc_list_init(&qp->ctrl_link);
-        qp->ctrl = NULL;
+        mc__link_unbind(&qp->bound); /* its link is idle once no QP of ours needs it */
         if (qp->outstanding && ibv_modify_qp(qp->qp, &a, IBV_QP_STATE))
             mc_warn("rdma: QP %u to ERR: %s", qp->qp->qp_num, strerror(errno));
     }
     if (!qp->outstanding)
         mc__rdma_qp_destroy(e, qp);
+}
+
+/* ---- the set-up exchange ----
+ *   0 u8 dev   1 u8 peer_dev   2 u8 link   3 u8 0   4 u16 lid   6 u16 mtu
+ *   8 u32 qpn 12 u32 psn      16 gid[16]            (little-endian) */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+void mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
+{
+    memset(out, 0, MC_QP_INFO_LEN);
+    out[0] = q->dev;
+    out[1] = q->peer_dev;
+    out[2] = q->link;
+    put16(out + 4, q->lid);
+    put16(out + 6, q->mtu);
+    put32(out + 8, q->qpn);
+    put32(out + 12, q->psn);
+    memcpy(out + 16, q->gid, 16);
+}
+
+int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
+{
+    if (len != MC_QP_INFO_LEN)
+        return mc__set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d", len, MC_QP_INFO_LEN);
+    q->dev = in[0];
+    q->peer_dev = in[1];
+    q->link = in[2];
+    q->lid = get16(in + 4);
+    q->mtu = get16(in + 6);
+    q->qpn = get32(in + 8);
+    q->psn = get32(in + 12);
+    memcpy(q->gid, in + 16, 16);
+    if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 256 || q->mtu > 4096 ||
+        (q->mtu & (q->mtu - 1)))
+        return mc__set_error(-MC_EPROTO, "QP info out of range (qpn %u, psn %u, mtu %u)", q->qpn,
+                             q->psn, q->mtu);
+    return 0;
 }
 
 /* ---- rails ---- */
@@ -162,37 +217,40 @@ static bool diagonal(unsigned i, unsigned j, unsigned n, unsigned m)
 }
 
 /* Device pairs on a common link layer: the same-index pairs first (rail-optimised fabrics wire
- * NIC i of every host to the same switch), then the crossed ones, up to MC_MAX_RAILS. */
+ * NIC i of every host to the same switch), then the crossed ones, up to MC_MAX_RAILS. Built
+ * once: devices a peer adds later are used after it is reopened. */
 void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p)
 {
-    const mc_desc_t *d = &p->desc;
-    struct mc_rdma *r = e->rdma;
+    const rdma_desc_t *d = p->desc.tp[mc__rdma_slot];
+    mc_rdma_t *r = rdma_of(e);
+    rdma_peer_t *rp = rdma_peer(p);
     unsigned n = 0;
 
-    if (!r || p->n_rdma_rails || !d->n_rdma)
+    if (rp->n_rails || !d)
         return;
-    if (!strcmp(d->host_id, e->host_id) && strcmp(e->cfg.protocol, "rdma"))
-        return; /* same host: shm */
     for (unsigned pass = 0; pass < 2; pass++) {
         for (unsigned i = 0; i < r->n_devs; i++) {
-            for (unsigned j = 0; j < d->n_rdma && n < MC_MAX_RAILS; j++) {
-                mc_rail_t *rl = &p->rdma_rails[n];
-                if (diagonal(i, j, r->n_devs, d->n_rdma) != (pass == 0) ||
-                    r->devs[i].link != d->rdma[j].link)
+            for (unsigned j = 0; j < d->n && n < MC_MAX_RAILS; j++) {
+                rdma_rail_t *rl = &rp->rails[n];
+                if (diagonal(i, j, r->n_devs, d->n) != (pass == 0) ||
+                    r->devs[i].link != d->devs[j].link)
                     continue;
-                char name[sizeof(rl->name)]; /* via a local: gcc cannot tell rl from p->desc */
+                char name[sizeof(rl->base.name)]; /* via a local: gcc cannot tell the two apart */
                 memset(rl, 0, sizeof(*rl));
                 rl->ldev = (uint8_t)i;
                 rl->rdev = (uint8_t)j;
                 rl->crossed = pass == 1;
-                snprintf(rl->dev, sizeof(rl->dev), "%s", r->devs[i].name);
-                snprintf(name, sizeof(name), "%s->%s", r->devs[i].name, d->rdma[j].name);
-                memcpy(rl->name, name, sizeof(name));
+                snprintf(rl->base.dev, sizeof(rl->base.dev), "%s", r->devs[i].name);
+                snprintf(name, sizeof(name), "%s->%s", r->devs[i].name, d->devs[j].name);
+                memcpy(rl->base.name, name, sizeof(name));
                 n++;
             }
         }
     }
-    p->n_rdma_rails = n;
+    rp->n_rails = n;
+    p->rails[mc__rdma_slot].n = n;
+    for (unsigned i = 0; i < n; i++)
+        p->rails[mc__rdma_slot].v[i] = &rp->rails[i].base;
 }
 
 /* Close one idle initiator QP of another peer to stay under MC_RDMA_MAX_QPS (a peer never
@@ -201,7 +259,7 @@ static bool evict_idle_qp(mc_engine_t *e, const mc_peer_t *p)
 {
     mc_list_t *pos;
 
-    for (pos = e->rdma->qps.next; pos != &e->rdma->qps; pos = pos->next) {
+    for (pos = rdma_of(e)->qps.next; pos != &rdma_of(e)->qps; pos = pos->next) {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
         if (qp->state == QP_READY && !qp->outstanding && qp->peer != p) {
             mc__rdma_qp_drain(e, qp);
@@ -211,98 +269,108 @@ static bool evict_idle_qp(mc_engine_t *e, const mc_peer_t *p)
     return false;
 }
 
-void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, mc_rail_t *r)
+void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
 {
-    struct mc_rdma *rd = e->rdma;
+    mc_rdma_t *rd = rdma_of(e);
     mc_qp_info_t info;
-    mc_tcp_conn_t *c;
+    mc_link_t *link;
     mc_slice_t *s;
     uint8_t *buf;
 
     if (rd->devs[r->ldev].port_down) { /* counts as a failed connect: backs off, pauses */
-        mc__rail_failed(r, mc__now_ns(), true);
+        mc__rail_failed(&r->base, mc__now_ns(), true);
         return;
     }
+    if (!mc__ctrl_ready(e, p)) /* called again once a control link is ready */
+        return;
     if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e, p))
         return;
-    c = mc__tcp_ctrl_conn(e, p);
-    if (!c)
-        return; /* called again once a connection is ready */
     mc_rdma_qp_t *qp = mc__rdma_qp_create(e, &rd->devs[r->ldev], true);
     s = qp ? mc__slice_alloc(e) : NULL;
     buf = s ? malloc(MC_QP_INFO_LEN) : NULL;
     if (!buf) {
-        mc_warn("rail %s: %s", r->name, qp ? "out of memory" : mc_last_error());
+        mc_warn("rail %s: %s", r->base.name, qp ? "out of memory" : mc_last_error());
         if (s)
             mc__slice_free(e, s);
         if (qp) {
             ibv_destroy_qp(qp->qp);
             free(qp);
         }
-        mc__rail_failed(r, mc__now_ns(), true);
+        mc__rail_failed(&r->base, mc__now_ns(), true);
         return;
     }
     mc__rdma_qp_info(qp, &info);
     info.peer_dev = r->rdev;
-    mc__qp_info_encode(&info, buf);
-    qp->peer = p;
-    qp->rail = r;
-    qp->ctrl = c;
-    qp->state = QP_CONNECTING;
-    r->qp = qp;
-    qp->connect_slice = s;
-    mc_list_push_back(&rd->qps, &qp->link);
-    mc_list_push_back(&c->qps, &qp->ctrl_link);
-    rd->n_qps++;
-    s->kind = MC_SL_QP;
-    s->qp = qp;
+    mc__rdma_qp_info_encode(&info, buf);
+    s->kind = MC_SL_CTRL;
+    s->tp = (uint8_t)mc__rdma_slot;
+    s->ctx = qp;
     s->payload = buf;
     s->payload_len = MC_QP_INFO_LEN;
     s->payload_owned = true;
-    mc__tcp_send_qp(e, c, s);
+    if (mc__ctrl_request(e, p, s, &link)) { /* cannot happen right after ctrl_ready */
+        mc__slice_free(e, s);
+        ibv_destroy_qp(qp->qp);
+        free(qp);
+        mc__rail_failed(&r->base, mc__now_ns(), true);
+        return;
+    }
+    qp->peer = p;
+    qp->rail = r;
+    qp->state = QP_CONNECTING;
+    qp->connect_slice = s;
+    r->qp = qp;
+    mc_list_push_back(&rd->qps, &qp->link);
+    mc__link_bind(link, &qp->bound, mc__rdma_slot);
+    rd->n_qps++;
 }
 
-/* The target's answer to our QP_CONNECT. */
-void mc__rdma_connected(mc_engine_t *e, mc_rdma_qp_t *qp, int status, const uint8_t *payload,
-                        size_t len)
+/* The target's answer to our QP set-up request. */
+void mc__rdma_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status,
+                         const void *payload, size_t len)
 {
-    mc_rail_t *r = qp->rail;
+    mc_rdma_qp_t *qp = s->ctx;
+    rdma_rail_t *r = qp->rail;
     mc_qp_info_t remote;
     int rc = status;
 
+    (void)l;
     qp->connect_slice = NULL;
     if (qp->state != QP_CONNECTING)
         return;
     if (rc)
         mc__set_error(rc, "refused: %.*s", (int)len, (const char *)payload);
-    else if (!(rc = mc__qp_info_decode(payload, len, &remote)) && remote.dev != r->rdev)
+    else if (!(rc = mc__rdma_qp_info_decode(payload, len, &remote)) && remote.dev != r->rdev)
         rc = mc__set_error(-MC_EPROTO, "answered for device %u, asked %u", remote.dev, r->rdev);
     if (!rc)
         rc = mc__rdma_qp_connect(e, qp, &remote);
     if (rc) {
-        mc_warn("rail %s to %s: %s", r->name, qp->peer->name, mc_last_error());
-        mc__rail_failed(r, mc__now_ns(), true);
-        mc__rdma_qp_drain(e, qp);
+        mc_warn("rail %s to %s: %s", r->base.name, qp->peer->name, mc_last_error());
+        mc__rail_failed(&r->base, mc__now_ns(), true);
         mc__peer_activate(e, qp->peer);
+        mc__rdma_qp_drain(e, qp);
         return;
     }
     qp->state = QP_READY;
-    r->n_conns = 1;
-    mc__rail_ready(r);
+    r->base.n_conns = 1;
+    mc__rail_ready(&r->base);
     mc__peer_activate(e, qp->peer);
 }
 
 /* ---- target side ---- */
 
-/* Count c's QPs, destroying the one an initiator re-probing `pair` left behind. */
-static unsigned count_qps(mc_engine_t *e, mc_tcp_conn_t *c, uint16_t pair)
+/* Count the QPs set up over l, destroying the one an initiator re-probing `pair` left behind. */
+static unsigned count_qps(mc_engine_t *e, mc_link_t *l, uint16_t pair)
 {
     mc_list_t *pos, *tmp;
     unsigned n = 0;
 
-    mc_list_for_each_safe(pos, tmp, &c->qps)
+    mc_list_for_each_safe(pos, tmp, &l->bound)
     {
-        mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
+        mc_link_bound_t *b = mc_container_of(pos, mc_link_bound_t, node);
+        mc_rdma_qp_t *qp = mc_container_of(b, mc_rdma_qp_t, bound);
+        if (b->tp != mc__rdma_slot || qp->initiator)
+            continue;
         if (qp->pair == pair)
             mc__rdma_qp_destroy(e, qp);
         else
@@ -311,22 +379,23 @@ static unsigned count_qps(mc_engine_t *e, mc_tcp_conn_t *c, uint16_t pair)
     return n;
 }
 
-static int accept_qp(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_t len,
-                     mc_qp_info_t *out)
+int mc__rdma_ctrl_recv(mc_engine_t *e, mc_link_t *l, const void *req, size_t len, void *ans,
+                       size_t *ans_len)
 {
-    mc_qp_info_t in;
+    mc_rdma_t *rd = rdma_of(e);
+    mc_qp_info_t in, out;
     mc_rdma_dev_t *d;
-    int rc = mc__qp_info_decode(req, len, &in);
+    int rc = mc__rdma_qp_info_decode(req, len, &in);
 
     if (rc)
         return rc;
-    if (!e->rdma || in.peer_dev >= e->rdma->n_devs)
+    if (in.peer_dev >= rd->n_devs)
         return mc__set_error(-MC_ENODEV, "%s has no RDMA device %u", e->name, in.peer_dev);
-    d = &e->rdma->devs[in.peer_dev];
+    d = &rd->devs[in.peer_dev];
     if (d->link != in.link)
         return mc__set_error(-MC_ENODEV, "%s is not on the link layer of the initiator", d->name);
     uint16_t pair = (uint16_t)(in.dev << 8 | in.peer_dev);
-    if (count_qps(e, c, pair) >= MC_RDMA_INBOUND_QP)
+    if (count_qps(e, l, pair) >= MC_RDMA_INBOUND_QP)
         return mc__set_error(-ENOSPC, "at most %d QPs per connection", MC_RDMA_INBOUND_QP);
     mc_rdma_qp_t *qp = mc__rdma_qp_create(e, d, false);
     if (!qp)
@@ -338,55 +407,24 @@ static int accept_qp(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_
         return rc;
     }
     qp->state = QP_READY;
-    qp->ctrl = c;
     qp->pair = pair;
-    mc_list_push_back(&c->qps, &qp->link);
-    mc__rdma_qp_info(qp, out);
-    out->peer_dev = in.dev;
-    out->mtu = in.mtu;
+    mc__link_bind(l, &qp->bound, mc__rdma_slot);
+    mc__rdma_qp_info(qp, &out);
+    out.peer_dev = in.dev;
+    out.mtu = in.mtu;
+    mc__rdma_qp_info_encode(&out, ans);
+    *ans_len = MC_QP_INFO_LEN;
     return 0;
 }
 
-void mc__rdma_accept(mc_engine_t *e, mc_tcp_conn_t *c, const uint8_t *req, size_t len)
+/* The control link a QP was set up over is gone: ours drain (their requests are retried
+ * elsewhere), the target's go at once. */
+void mc__rdma_link_lost(mc_engine_t *e, mc_link_bound_t *b)
 {
-    mc_qp_info_t out;
-    uint8_t buf[MC_QP_INFO_LEN];
-    mc_frame_t f = {.type = MC_FR_QP_ACCEPT, .id = c->fr.id};
-    int rc = accept_qp(e, c, req, len, &out);
+    mc_rdma_qp_t *qp = mc_container_of(b, mc_rdma_qp_t, bound);
 
-    if (rc) {
-        const char *why = mc_last_error();
-        mc_warn("rdma: QP from %s refused: %s", c->remote_name, why);
-        f.aux = (uint64_t)(int64_t)rc;
-        if (mc__tcp_conn_send_ctrl(e, c, &f, why, (uint32_t)strlen(why)))
-            mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
-        return;
-    }
-    mc__qp_info_encode(&out, buf);
-    if (mc__tcp_conn_send_ctrl(e, c, &f, buf, sizeof(buf)))
-        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
-}
-
-void mc__rdma_ctrl_lost(mc_engine_t *e, mc_tcp_conn_t *c)
-{
-    mc_list_t *pos, *tmp;
-
-    if (c->outbound) {
-        mc_list_for_each_safe(pos, tmp, &c->qps)
-        {
-            mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, ctrl_link);
-            mc__rdma_qp_drain(e, qp);
-        }
-        return;
-    }
-    mc_list_for_each_safe(pos, tmp, &c->qps)
-        mc__rdma_qp_destroy(e, mc_container_of(pos, mc_rdma_qp_t, link));
-}
-
-void mc__rdma_peer_close(mc_engine_t *e, mc_peer_t *p)
-{
-    for (unsigned i = 0; i < p->n_rdma_rails; i++)
-        if (p->rdma_rails[i].qp)
-            mc__rdma_qp_drain(e, p->rdma_rails[i].qp);
-    (void)e;
+    if (qp->initiator)
+        mc__rdma_qp_drain(e, qp);
+    else
+        mc__rdma_qp_destroy(e, qp);
 }

@@ -6,7 +6,7 @@
 
 #include "shm_int.h"
 
-int mc__regtab_create(mc_engine_t *e)
+int mc__shm_regtab_create(mc_engine_t *e)
 {
     int fd = memfd_create("mooncake-regtab", MFD_CLOEXEC);
     void *p;
@@ -21,27 +21,29 @@ int mc__regtab_create(mc_engine_t *e)
         close(fd);
         return -errno;
     }
-    e->regtab = p;
-    e->regtab_fd = fd;
-    mc__regtab_publish(e);
+    shm_of(e)->regtab = p;
+    shm_of(e)->regtab_fd = fd;
+    mc__shm_regtab_publish(e);
     return 0;
 }
 
-void mc__regtab_destroy(mc_engine_t *e)
+void mc__shm_regtab_destroy(mc_engine_t *e)
 {
-    if (e->regtab) {
-        munmap(e->regtab, sizeof(mc_regtab_t));
-        close(e->regtab_fd);
-        e->regtab = NULL;
+    shm_engine_t *s = shm_of(e);
+
+    if (s->regtab) {
+        munmap(s->regtab, sizeof(mc_regtab_t));
+        close(s->regtab_fd);
+        s->regtab = NULL;
     }
 }
 
 /* Rewrite the entries from the registration table. Caller holds e->mem.lock (either mode; the
  * table has one writer because registrations change under the write lock, and the engine
  * calls this right after each change). */
-void mc__regtab_publish(mc_engine_t *e)
+void mc__shm_regtab_publish(mc_engine_t *e)
 {
-    mc_regtab_t *t = e->regtab;
+    mc_regtab_t *t = shm_of(e)->regtab;
     size_t n = e->mem.n < MC_REGTAB_ENTRIES ? e->mem.n : MC_REGTAB_ENTRIES;
 
     if (!t)
@@ -58,9 +60,9 @@ void mc__regtab_publish(mc_engine_t *e)
 
 /* After a registration was removed: wait until no peer's CMA that might have seen it is still
  * running (each odd slot moves on), or the deadline. */
-void mc__regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
+void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
 {
-    mc_regtab_t *t = e->regtab;
+    mc_regtab_t *t = shm_of(e)->regtab;
     uint64_t seen[MC_REGTAB_SLOTS];
 
     if (!t)
@@ -78,25 +80,27 @@ void mc__regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
     }
 }
 
-int mc__regtab_slot_get(mc_engine_t *e)
+int mc__shm_regtab_slot_get(mc_engine_t *e)
 {
+    shm_engine_t *s = shm_of(e);
+
     for (int i = 0; i < MC_REGTAB_SLOTS; i++) {
-        if (!e->regtab_used[i]) {
-            e->regtab_used[i] = true;
-            atomic_store(&e->regtab->slot[i].active, 0);
+        if (!s->regtab_used[i]) {
+            s->regtab_used[i] = true;
+            atomic_store(&s->regtab->slot[i].active, 0);
             return i;
         }
     }
     return -ENOSPC;
 }
 
-void mc__regtab_slot_put(mc_engine_t *e, int slot)
+void mc__shm_regtab_slot_put(mc_engine_t *e, int slot)
 {
     if (slot >= 0 && slot < MC_REGTAB_SLOTS)
-        e->regtab_used[slot] = false;
+        shm_of(e)->regtab_used[slot] = false;
 }
 
-bool mc__regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len)
+bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len)
 {
     for (;;) {
         uint64_t s0 = atomic_load(&t->seq);

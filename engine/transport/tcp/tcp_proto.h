@@ -1,7 +1,7 @@
 /*
- * Wire protocol (internal): a fixed 32-byte little-endian header before every frame, then
- * `length` payload bytes. Every length is checked against a per-type limit before anything is
- * allocated or read. See DESIGN.md "Wire protocol".
+ * The tcp transport's wire protocol: a fixed 32-byte little-endian header before every frame,
+ * then `length` payload bytes. Every length is checked against a per-type limit before anything
+ * is allocated or read. See DESIGN.md "Wire protocol". Pure codecs, fuzzed (fuzz/fuzz_frame.c).
  *
  *   0  u32 magic "MCTE"   4  u8 version   5  u8 type   6  u16 flags
  *   8  u32 length        12  u32 id      16  u64 addr  24  u64 aux
@@ -9,14 +9,14 @@
  * Connection: HELLO -> HELLO_REPLY [-> AUTH -> READY]; then requests flow initiator -> target
  * and responses come back in request order on the same connection.
  */
-#ifndef MC_PROTO_H
-#define MC_PROTO_H
+#ifndef MC_TCP_PROTO_H
+#define MC_TCP_PROTO_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #define MC_PROTO_MAGIC      0x4554434du /* bytes 'M' 'C' 'T' 'E' */
-#define MC_PROTO_VERSION    1
+#define MC_PROTO_VERSION    2
 #define MC_FRAME_HDR_LEN    32
 #define MC_PROTO_MAX_DATA   (64u << 20) /* largest slice payload */
 #define MC_PROTO_MAX_CTRL   1024u       /* hello, errors, acks with a reason */
@@ -37,8 +37,8 @@ enum mc_frame_type {
     MC_FR_DESC_REQ,   /* ask for the target's segment descriptor */
     MC_FR_DESC_REPLY, /* payload = descriptor JSON */
     MC_FR_RETIRE,     /* payload = u32 connection ids of this sender to drop unread */
-    MC_FR_QP_CONNECT, /* payload = mc_qp_info_t of the initiator's new QP */
-    MC_FR_QP_ACCEPT,  /* aux = status; payload = the target's mc_qp_info_t, or a reason */
+    MC_FR_CTRL_REQ,   /* flags = transport slot, id = cookie; payload = that transport's request */
+    MC_FR_CTRL_RESP,  /* id = cookie, aux = status; payload = the answer, or a reason */
     MC_FR_TYPE_MAX
 };
 
@@ -54,13 +54,13 @@ typedef struct mc_frame {
     uint64_t aux;
 } mc_frame_t;
 
-void mc__frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN]);
+void mc__tcp_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN]);
 
 /* Decode and validate a header: magic, version, type, and length against the type's limit
  * (desc_max bounds DESC_REPLY). Returns 0, -MC_EVERSION or -MC_EPROTO (reason set). */
-int mc__frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *f);
+int mc__tcp_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, mc_frame_t *f);
 
-const char *mc__frame_type_name(unsigned type);
+const char *mc__tcp_frame_type_name(unsigned type);
 
 /* HELLO / HELLO_REPLY payload: who is speaking and the challenge material. */
 typedef struct mc_hello {
@@ -74,23 +74,8 @@ typedef struct mc_hello {
 } mc_hello_t;
 
 /* Encode into buf (size >= MC_PROTO_MAX_CTRL). Returns the length. */
-size_t mc__hello_encode(const mc_hello_t *h, uint8_t *buf);
+size_t mc__tcp_hello_encode(const mc_hello_t *h, uint8_t *buf);
 /* Decode; -MC_EPROTO on any inconsistency (reason set). */
-int mc__hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h);
-
-/* QP_CONNECT / QP_ACCEPT payload: one end of an RC connection (the engine's own exchange, no
- * librdmacm). dev: the sender's device (its index in the sender's descriptor); peer_dev: the
- * receiver's device the QP is for. mtu in bytes; the target answers with the one both use. */
-#define MC_QP_INFO_LEN 32
-typedef struct mc_qp_info {
-    uint8_t dev, peer_dev, link;
-    uint16_t lid, mtu;
-    uint32_t qpn, psn; /* 24-bit values */
-    uint8_t gid[16];
-} mc_qp_info_t;
-
-void mc__qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN]);
-/* -MC_EPROTO (reason set) unless len is MC_QP_INFO_LEN and the values are in range. */
-int mc__qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q);
+int mc__tcp_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h);
 
 #endif

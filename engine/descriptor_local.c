@@ -1,5 +1,4 @@
-/* What this engine publishes about itself: its host identity and its segment descriptor (the
- * format is described in descriptor.c). */
+/* Our own segment descriptor (the format is described in descriptor.c) and host identity. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,8 +8,8 @@
 
 #include <jansson.h>
 
-#include "engine_int.h"
-#include "topology.h"
+#include "topology/topology.h"
+#include "transport/transport.h"
 
 int mc__host_id(char *buf, size_t size)
 {
@@ -31,36 +30,34 @@ int mc__host_id(char *buf, size_t size)
     return 0;
 }
 
+static json_t *buffer_json(mc_engine_t *e, const mc_buffer_t *b)
+{
+    json_t *jb = json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr, "length",
+                           (json_int_t)b->len, "location", b->location);
+
+    for (unsigned i = 0; jb && i < mc__n_transports; i++) {
+        const mc_transport_ops_t *ops = mc__transports[i];
+        if (e->tp[i] && MC_TP_HAS(ops, encode_buffer) && ops->encode_buffer(e, b, jb)) {
+            json_decref(jb);
+            return NULL;
+        }
+    }
+    return jb;
+}
+
 static json_t *buffers_json(mc_engine_t *e)
 {
     json_t *arr = json_array();
 
     pthread_rwlock_rdlock(&e->mem.lock);
     for (size_t i = 0; arr && i < e->mem.n; i++) {
-        const mc_buffer_t *b = e->mem.v[i];
-        uint64_t chunk;
-        json_t *jb = json_pack("{s:I,s:I,s:s,s:b}", "addr", (json_int_t)b->addr, "length",
-                               (json_int_t)b->len, "location", b->location, "shm", b->memfd >= 0);
-        json_t *rkeys = mc__rdma_rkeys_json(b, &chunk);
-        if (jb && rkeys) {
-            json_object_set_new(jb, "rkey", rkeys);
-            json_object_set_new(jb, "mr_chunk", json_integer((json_int_t)chunk));
+        json_t *jb = buffer_json(e, e->mem.v[i]);
+        if (!jb || json_array_append_new(arr, jb)) {
+            json_decref(arr);
+            arr = NULL;
         }
-        json_array_append_new(arr, jb);
     }
     pthread_rwlock_unlock(&e->mem.lock);
-    return arr;
-}
-
-static json_t *endpoints_json(mc_engine_t *e)
-{
-    json_t *arr = json_array();
-
-    for (unsigned i = 0; arr && i < e->n_listens; i++)
-        json_array_append_new(
-            arr, json_pack("{s:s,s:s}", "transport", "tcp", "addr", e->listen_addrs[i]));
-    if (arr && e->shm_name[0])
-        json_array_append_new(arr, json_pack("{s:s,s:s}", "transport", "shm", "addr", e->shm_name));
     return arr;
 }
 
@@ -79,20 +76,22 @@ static json_t *matrix_json(mc_engine_t *e)
 
 int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
 {
-    json_t *root =
-        json_pack("{s:s,s:i,s:s,s:i,s:o,s:o,s:o}", "name", e->name, "version", MC_PROTO_VERSION,
-                  "host", e->host_id, "pid", (int)getpid(), "endpoints", endpoints_json(e),
-                  "buffers", buffers_json(e), "priority_matrix", matrix_json(e));
-    json_t *rdma = mc__rdma_devices_json(e);
+    json_t *root = json_pack("{s:s,s:i,s:s,s:i,s:o*,s:o}", "name", e->name, "version",
+                             MC_DESC_VERSION, "host", e->host_id, "pid", (int)getpid(), "buffers",
+                             buffers_json(e), "priority_matrix", matrix_json(e));
     char *text;
 
-    if (root && rdma)
-        json_object_set_new(root, "rdma", rdma);
-    else
-        json_decref(rdma);
-
-    if (!root)
+    for (unsigned i = 0; root && i < mc__n_transports; i++) {
+        const mc_transport_ops_t *ops = mc__transports[i];
+        if (e->tp[i] && MC_TP_HAS(ops, encode) && ops->encode(e, root)) {
+            json_decref(root);
+            root = NULL;
+        }
+    }
+    if (!root || !json_object_get(root, "buffers")) {
+        json_decref(root);
         return mc__set_error(-ENOMEM, "cannot build the segment descriptor");
+    }
     text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!text)

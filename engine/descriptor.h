@@ -1,0 +1,75 @@
+/*
+ * Segment descriptors (internal): what an engine publishes about itself (metadata key
+ * mooncake/[cluster/]ram/<name>, mc_segment_export, the handshake's descriptor reply) and what we
+ * hold of each peer. The format is JSON, described in descriptor.c; the core writes and reads its
+ * own fields (name, host, pid, buffers' address, length and location) and each transport its
+ * parts, through the transport's encode ops and its codec here.
+ */
+#ifndef MC_DESCRIPTOR_H
+#define MC_DESCRIPTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "fwd.h"
+
+#define MC_DESC_VERSION 2
+#define MC_HOST_ID_MAX  96
+
+struct mc_desc_buffer {
+    uint64_t addr, len;
+    char location[MC_LOCATION_MAX];
+    uint32_t part[MC_TP_MAX]; /* offset + 1 of transport i's bytes for it in mc_desc_t.parts */
+};
+
+struct mc_desc {
+    char name[MC_NAME_MAX];
+    char host_id[MC_HOST_ID_MAX]; /* boot id + network namespace: equal means same host */
+    int pid;
+    size_t n_buffers;
+    mc_desc_buffer_t *buffers; /* sorted by addr */
+    void *tp[MC_TP_MAX];       /* each transport's decoded part (its codec's), or NULL */
+    uint8_t *parts;            /* per-buffer bytes of the transports, 8-byte aligned pieces */
+    size_t parts_len, parts_cap;
+};
+
+/* How a transport reads its parts of a peer's descriptor. Pure functions of the JSON: they are
+ * fuzzed (fuzz/fuzz_desc.c). Every entry may be NULL. */
+typedef struct mc_desc_codec {
+    /* Its part of the descriptor object: a new object in *part_p (NULL when it has none), freed
+     * with free_part. -MC_EPROTO with a reason on bad input. */
+    int (*decode)(json_t *root, const char *name, void **part_p);
+    /* Its part of one buffer object jb: stored with mc__desc_part_add(d, b, slot, ...). part is
+     * what decode made of the whole descriptor. */
+    int (*decode_buffer)(json_t *jb, const void *part, mc_desc_t *d, unsigned slot,
+                         mc_desc_buffer_t *b);
+    void (*free_part)(void *part);
+} mc_desc_codec_t;
+
+/* Decode a peer descriptor: bounded and strict; -MC_EPROTO or -MC_EVERSION with a reason. Free
+ * with mc__desc_free. */
+int mc__desc_decode(const void *buf, size_t len, mc_desc_t *d);
+void mc__desc_free(mc_desc_t *d);
+/* The buffer of d holding [addr, addr+len), or NULL (binary search: buffers are sorted). */
+const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len);
+
+/* Store len bytes as transport slot's part of buffer b. 0 or -ENOMEM. */
+int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const void *data,
+                      size_t len);
+/* Transport slot's bytes for buffer b, 8-byte aligned; NULL if it has none. */
+static inline const void *mc__desc_part(const mc_desc_t *d, const mc_desc_buffer_t *b,
+                                        unsigned slot)
+{
+    return b->part[slot] ? d->parts + b->part[slot] - 1 : NULL;
+}
+
+/* Our own descriptor as JSON text (malloc'ed, *len_p without the NUL). Any thread. */
+int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p);
+
+/* This host's identity: boot id and network namespace. */
+int mc__host_id(char *buf, size_t size);
+
+#endif

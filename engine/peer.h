@@ -1,0 +1,116 @@
+/*
+ * Peers and rails (internal).
+ *
+ * A peer is an open remote segment: its descriptor, the transports that reach it (best first),
+ * each transport's private state and rails, and the queues of work waiting for them.
+ *
+ * A rail is one path to a peer inside one transport (a local interface paired with one of the
+ * peer's endpoints, a pair of RDMA devices). The core keeps its health and counters here:
+ * repeated failures pause it with a growing back-off, and slices of one task spread over every
+ * usable rail the buffer's location prefers (NIC priority matrix).
+ *
+ * Peers are created under e->peers_lock and destroyed only with e->lock held too; descriptor
+ * reloads swap p->desc under peers_lock for writing.
+ */
+#ifndef MC_PEER_H
+#define MC_PEER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "descriptor.h"
+#include "fwd.h"
+#include "util/list.h"
+
+enum { MC_RAIL_ACTIVE = 0, MC_RAIL_PAUSED = 1 };
+
+struct mc_rail {
+    char name[2 * MC_NAME_MAX + 4]; /* "local->remote" */
+    char dev[64];                   /* our device on it (interface, RDMA device), or "" */
+    char rank_loc[MC_LOCATION_MAX]; /* cache of mc__rail_rank: the last location asked */
+    int rank;
+    /* Progress-owned. */
+    unsigned n_conns; /* connections (or connected queue pairs) now */
+    int state;
+    unsigned connect_failures; /* consecutive */
+    uint64_t next_connect_ns;  /* back-off after a failure */
+    uint64_t fail_at[3];       /* recent failures, for pausing */
+    uint64_t backoff_ns;       /* current pause length */
+    _Atomic uint64_t bytes, slices, errors;
+    _Atomic uint64_t rate;        /* bytes/s, moving average over timer ticks */
+    uint64_t rate_bytes, rate_ns; /* bytes and time at the last tick */
+};
+
+/* The rails of one transport to one peer: pointers into the transport's own per-peer state,
+ * set by its peer_update (peers_lock held for writing). A slice's rails_tried bit i is v[i]. */
+typedef struct mc_rail_set {
+    mc_rail_t *v[MC_MAX_RAILS];
+    unsigned n;
+} mc_rail_set_t;
+
+enum {
+    MC_CNT_READ,
+    MC_CNT_WRITTEN,
+    MC_CNT_SERVED,
+    MC_CNT_REQUESTS,
+    MC_CNT_ERRORS,
+    MC_CNT_RETRIES,
+    MC_CNT_N
+};
+
+struct mc_peer {
+    mc_segment_id_t id;
+    char name[MC_NAME_MAX];
+    int refcnt;               /* protected by e->peers_lock */
+    mc_desc_t desc;           /* protected by e->peers_lock (reloaded on failure) */
+    bool local_host;          /* same host id as ours */
+    bool by_metadata;         /* opened by name through metadata: may be refreshed from it */
+    uint8_t order[MC_TP_MAX]; /* transports that reach it, best first (peers_lock) */
+    unsigned n_order;
+    void *tp[MC_TP_MAX]; /* each transport's private state for this peer */
+    mc_rail_set_t rails[MC_TP_MAX];
+    atomic_uint busy_tasks; /* tasks to this peer not yet released */
+    atomic_uint queued_msgs;
+    _Atomic uint64_t c[MC_CNT_N]; /* counters (mc_counters_t order), written by progress */
+
+    /* Progress-owned scheduling state. */
+    struct {
+        mc_list_t pending; /* tasks with bytes not yet sliced (mc_task_t.qlink) */
+        mc_list_t retry;   /* slices to resend first (mc_slice_t.link) */
+    } q[MC_TP_MAX];        /* per transport */
+    mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
+    mc_list_t active_link; /* in e->active_peers while it has queued work */
+    bool active;
+};
+
+/* The open peer with this id, or NULL. Caller holds peers_lock (or is the progress context). */
+mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id);
+/* Mark a peer as having work; the scheduler visits active peers each pass. Progress context. */
+void mc__peer_activate(mc_engine_t *e, mc_peer_t *p);
+/* Re-read a peer's descriptor. may_block: from the peer itself (handshake, up to the connect
+ * timeout), else metadata; otherwise only the watched metadata cache. The transports update
+ * their view of the peer under peers_lock for writing. */
+int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block);
+void mc__peers_fini(mc_engine_t *e);
+
+/* How much a buffer at `location` wants rail r, from the NIC priority matrix: 0 preferred,
+ * 1 available, 2 not listed. Slices go to the best-ranked rails that are ready. */
+int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location);
+/* A rail may get new connections: active, or paused and due for a re-probe. */
+bool mc__rail_usable(const mc_rail_t *r, uint64_t now);
+/* A connection (or queue pair) of the rail failed; connecting: before it was ready. Three
+ * failures within 10 s pause the rail, 1 s doubling to 30 s. */
+void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting);
+/* A connection of the rail became ready: the rail (re)joins. */
+void mc__rail_ready(mc_rail_t *r);
+/* Moved bytes of one slice over r. */
+static inline void mc__rail_moved(mc_rail_t *r, uint64_t bytes)
+{
+    atomic_fetch_add_explicit(&r->bytes, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->slices, 1, memory_order_relaxed);
+}
+/* Update every rail's throughput average (timer tick). */
+void mc__rails_tick(mc_engine_t *e, uint64_t now);
+
+#endif

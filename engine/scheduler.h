@@ -1,0 +1,34 @@
+/*
+ * The scheduler (internal, progress context): cuts tasks into slices lazily, as rails have
+ * room, so memory follows what is in flight rather than what was submitted; completes, retries
+ * and times out work. A transport's fill op pulls slices with mc__sched_next_slice and reports
+ * each one back with mc__slice_done or mc__slice_failed.
+ */
+#ifndef MC_SCHEDULER_H
+#define MC_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fwd.h"
+
+/* A new task from the submission queue. */
+void mc__sched_route(mc_engine_t *e, mc_task_t *t);
+/* Give every active peer's work to its transports. */
+void mc__sched_run(mc_engine_t *e);
+/* Next slice of transport tp for a peer: retries first, then carved from queued tasks. */
+mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp);
+/* Location of the buffer whose slice transport tp gets next; NULL if it has nothing queued. */
+const char *mc__sched_peek_location(mc_peer_t *p, unsigned tp);
+/* A slice's bytes are confirmed. */
+void mc__slice_done(mc_engine_t *e, mc_slice_t *s);
+/* A slice failed. retryable: resend it elsewhere (after its connection was torn down). */
+void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, const char *reason);
+/* Fail every task queued to a peer (it cannot be reached). */
+void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reason);
+void mc__sched_timers(mc_engine_t *e, uint64_t now);
+/* Apply a batch cancel: drop its queued tasks. */
+void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b);
+void mc__sched_fini(mc_engine_t *e);
+
+#endif

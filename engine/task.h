@@ -1,0 +1,105 @@
+/*
+ * Batches, tasks and slices (internal).
+ *
+ * A task is one request of a batch. Its state moves WAITING -> PENDING -> a final state exactly
+ * once (mc__task_finish); the engine holds it until nothing is queued or in flight for it
+ * (mc__task_maybe_release), then runs its callback and lets the batch go.
+ *
+ * A slice is a piece of a task on one rail, or a control request of a transport; slices come
+ * from a progress-owned pool. The transport carrying a slice keeps its own per-slice state in
+ * priv (MC_SLICE_PRIV bytes, zeroed at allocation).
+ */
+#ifndef MC_TASK_H
+#define MC_TASK_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fwd.h"
+#include "util/list.h"
+
+/* Internal state between "not final" and a final state, held while the reason is written. */
+#define MC_TASK_FINISHING 100
+#define MC_RBUF_NONE      UINT32_MAX
+
+typedef struct mc_notify_group {
+    mc_segment_id_t target;
+    unsigned left;
+    bool failed;
+    size_t len;
+    char msg[];
+} mc_notify_group_t;
+
+struct mc_task {
+    mc_list_t qlink; /* in the peer's pending queue of its transport (progress-owned) */
+    mc_list_t alink; /* in e->active_tasks until released (progress-owned) */
+    mc_batch_t *batch;
+    mc_request_t req;
+    mc_peer_t *peer;
+    mc_buffer_t *lbuf; /* reference on the local buffer, held until release */
+    mc_notify_group_t *group;
+    uint64_t carved; /* bytes cut into slices so far (progress-owned) */
+    uint64_t deadline_ns;
+    unsigned inflight; /* slices on the wire (progress-owned) */
+    bool queued, released;
+    bool vram;        /* either end is CUDA memory */
+    uint8_t tp;       /* the transport that carries it (index in transport/table.c) */
+    uint8_t tp_hint;  /* that transport's note about it, set by its accept op */
+    uint32_t rbuf;    /* index of the remote buffer in the peer's descriptor (a hint), or
+                         MC_RBUF_NONE when the range is in none */
+    atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
+    _Atomic uint64_t bytes;
+    char *reason; /* written by the finisher before the final state is published */
+};
+
+struct mc_batch {
+    mc_engine_t *engine;
+    size_t cap;
+    atomic_size_t n;       /* tasks submitted */
+    atomic_size_t n_final; /* tasks in a final state */
+    atomic_size_t busy;    /* tasks still referenced by the engine */
+    atomic_bool cancel_kick;
+    mc_list_t cancel_link; /* in e->cancelq (under sub_lock) */
+    mc_task_t *tasks;
+};
+
+/* MC_SL_DATA: a piece of a task. MC_SL_CTRL: a control request of transport tp to the same
+ * transport of a peer, carried by the control transport (transport.h). Transports number their
+ * own kinds from MC_SL_TP. */
+enum { MC_SL_DATA, MC_SL_CTRL, MC_SL_TP };
+
+#define MC_SLICE_PRIV 48
+
+struct mc_slice {
+    mc_list_t link;
+    mc_slice_t *next_free;
+    uint8_t kind;
+    uint8_t opcode; /* MC_READ / MC_WRITE for data slices */
+    uint8_t tp;     /* MC_SL_CTRL: the transport that asked */
+    mc_task_t *task;
+    uint64_t offset; /* within the task */
+    uint32_t len;
+    unsigned attempts;
+    uint32_t rails_tried; /* bit per rail of its transport: named when the slice finally fails */
+    void *payload;        /* bytes sent after the carrier's header (WRITE data, a request) */
+    uint32_t payload_len;
+    bool payload_owned; /* free(payload) when done */
+    void *ctx;          /* MC_SL_CTRL: the asker's object; NULL once it went away */
+    _Alignas(16) unsigned char priv[MC_SLICE_PRIV]; /* the carrying transport's */
+};
+
+mc_slice_t *mc__slice_alloc(mc_engine_t *e);
+void mc__slice_free(mc_engine_t *e, mc_slice_t *s);
+
+/* Finish a task with a final state; returns true if this call won (first final state). Any
+ * thread. */
+bool mc__task_finish(mc_task_t *t, int state, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Release the engine's hold on a task once it is final, unqueued and has nothing in flight. */
+void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t);
+/* The transport t was routed to cannot take it after all: route it to the next one that
+ * reaches its peer and accepts it, or fail it with the reasons. Submitting thread. */
+void mc__task_reroute(mc_engine_t *e, mc_task_t *t);
+
+#endif

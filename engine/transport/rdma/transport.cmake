@@ -1,0 +1,7 @@
+# rdma: ibverbs RC over every device pair, VRAM by GPUDirect or staging.
+list(APPEND MC_TRANSPORT_SOURCES
+  transport/rdma/rdma.c
+  transport/rdma/rdma_desc.c
+  transport/rdma/rdma_post.c
+  transport/rdma/rdma_qp.c
+  transport/rdma/rdma_vram.c)

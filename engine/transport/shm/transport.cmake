@@ -1,0 +1,5 @@
+# shm: same-host peers, through mappings of engine memory or CMA, in the submitting thread.
+list(APPEND MC_TRANSPORT_SOURCES
+  transport/shm/shm.c
+  transport/shm/shm_desc.c
+  transport/shm/shm_regtab.c)

@@ -1,0 +1,194 @@
+/* TCP transport: its ops table, setup, teardown, peers and timeouts. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tcp_int.h"
+
+_Static_assert(MC_SLICE_MAX <= MC_PROTO_MAX_DATA, "a slice must fit in a frame");
+
+unsigned mc__tcp_slot;
+
+static int tcp_init(mc_engine_t *e)
+{
+    tcp_engine_t *t = calloc(1, sizeof(*t));
+
+    if (!t)
+        return mc__set_error(-ENOMEM, "out of memory");
+    if (!e->cfg.tcp_conns || !e->cfg.tcp_window || !e->cfg.max_conns) {
+        free(t);
+        return mc__set_error(-MC_ECONFIG, "tcp: MC_TCP_CONNS, MC_TCP_WINDOW and MC_MAX_CONNS "
+                                          "must be positive");
+    }
+    mc_list_init(&t->inbound);
+    mc_list_init(&t->graveyard);
+    e->tp[mc__tcp_slot] = t;
+    return mc__tcp_listen(e);
+}
+
+static void close_conns(mc_engine_t *e, mc_list_t *conns, bool fail)
+{
+    while (!mc_list_empty(conns)) {
+        mc_tcp_conn_t *c = mc_container_of(conns->next, mc_tcp_conn_t, node);
+        if (fail)
+            mc__tcp_conn_fail(e, c, -MC_ECANCELED, "engine destroyed");
+        else
+            mc__tcp_conn_close(e, c);
+    }
+}
+
+/* Engine teardown: every connection fails, so that its slices and link-bound state go. */
+static void tcp_stop(mc_engine_t *e)
+{
+    tcp_engine_t *t = tcp_of(e);
+
+    for (size_t i = 0; i < e->n_peers; i++)
+        if (e->peers[i] && tcp_peer(e->peers[i]))
+            close_conns(e, &tcp_peer(e->peers[i])->conns, true);
+    close_conns(e, &t->inbound, false);
+    for (unsigned i = 0; i < t->n_listens; i++) {
+        mc__epoll_del(e, &t->listens[i]);
+        close(t->listens[i].fd);
+    }
+    t->n_listens = 0;
+}
+
+static void tcp_fini(mc_engine_t *e)
+{
+    mc__tcp_reap(e);
+    free(tcp_of(e));
+    e->tp[mc__tcp_slot] = NULL;
+}
+
+static const char *tcp_address(mc_engine_t *e)
+{
+    return tcp_of(e)->listen_addrs[0];
+}
+
+/* Our endpoints: one "endpoints" entry per listen address (the descriptor's first entry is the
+ * one handshakes go to). */
+static int tcp_encode(mc_engine_t *e, json_t *root)
+{
+    tcp_engine_t *t = tcp_of(e);
+    json_t *eps = json_object_get(root, "endpoints");
+
+    if (!eps && (json_object_set_new(root, "endpoints", json_array()) ||
+                 !(eps = json_object_get(root, "endpoints"))))
+        return -ENOMEM;
+    for (unsigned i = 0; i < t->n_listens; i++)
+        if (json_array_append_new(
+                eps, json_pack("{s:s,s:s}", "transport", "tcp", "addr", t->listen_addrs[i])))
+            return -ENOMEM;
+    return 0;
+}
+
+/* Every peer is reachable over tcp through at least one of its endpoints. */
+static int tcp_peer_update(mc_engine_t *e, mc_peer_t *p)
+{
+    tcp_peer_t *tp = tcp_peer(p);
+
+    if (!tp) {
+        tp = calloc(1, sizeof(*tp));
+        if (!tp)
+            return mc__set_error(-ENOMEM, "out of memory");
+        mc_list_init(&tp->conns);
+        p->tp[mc__tcp_slot] = tp;
+    }
+    mc__tcp_rails_build(e, p);
+    if (!tp->n_rails)
+        mc__set_error(-MC_EPROTO, "no usable endpoint in its descriptor");
+    return tp->n_rails ? 10 : 0;
+}
+
+static void tcp_peer_close(mc_engine_t *e, mc_peer_t *p)
+{
+    tcp_peer_t *tp = tcp_peer(p);
+
+    close_conns(e, &tp->conns, false);
+    free(tp);
+    p->tp[mc__tcp_slot] = NULL;
+}
+
+/* tcp moves host memory only: the CPU cannot touch VRAM. */
+static const char *tcp_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
+{
+    (void)e;
+    (void)rb;
+    return t->vram ? "host memory only (VRAM moves over rdma)" : NULL;
+}
+
+static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &tcp_peer(p)->conns)
+    {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        uint64_t idle = now - c->last_io_ns;
+        if (c->state != CS_READY && now - c->since_ns > e->cfg.connect_timeout_ms * MC_MS)
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
+                              e->cfg.connect_timeout_ms);
+        else if (c->state == CS_READY && c->window_used && idle > e->cfg.io_timeout_ms * MC_MS)
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT,
+                              "no progress for %llu ms with %u requests in flight",
+                              (unsigned long long)(idle / MC_MS), c->window_used);
+    }
+}
+
+/* An inbound connection stuck mid-frame, or whose responses are not read, is dropped so that
+ * the buffer references it holds are released. */
+static void inbound_timers(mc_engine_t *e, uint64_t now)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &tcp_of(e)->inbound)
+    {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        bool busy = c->have_hdr || !mc_list_empty(&c->sendq) || c->state != CS_READY;
+        if (busy && now - c->last_io_ns > e->cfg.io_timeout_ms * MC_MS)
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "inbound connection from %s stalled",
+                              c->remote_name[0] ? c->remote_name : "(handshake)");
+    }
+}
+
+static void tcp_timers(mc_engine_t *e, uint64_t now)
+{
+    /* Peers are destroyed only under e->lock, which we hold, so the pointers stay valid
+     * after the table lock is dropped (a failing connection may refresh a descriptor, which
+     * takes the table lock for writing). */
+    pthread_rwlock_rdlock(&e->peers_lock);
+    size_t n = e->n_peers;
+    mc_peer_t **snap = malloc(n * sizeof(*snap) + 1);
+    if (snap && n)
+        memcpy(snap, e->peers, n * sizeof(*snap));
+    pthread_rwlock_unlock(&e->peers_lock);
+    for (size_t i = 0; snap && i < n; i++)
+        if (snap[i])
+            outbound_timers(e, snap[i], now);
+    free(snap);
+    inbound_timers(e, now);
+}
+
+const mc_transport_ops_t mc__tcp_ops = {
+    .size = sizeof(mc_transport_ops_t),
+    .name = "tcp",
+    .slot = &mc__tcp_slot,
+    .flags = MC_TP_CONTROL,
+    .codec = &mc__tcp_codec,
+    .init = tcp_init,
+    .stop = tcp_stop,
+    .fini = tcp_fini,
+    .encode = tcp_encode,
+    .peer_update = tcp_peer_update,
+    .peer_close = tcp_peer_close,
+    .accept = tcp_accept,
+    .fill = mc__tcp_fill,
+    .timers = tcp_timers,
+    .reap = mc__tcp_reap,
+    .address = tcp_address,
+    .ctrl_ready = mc__tcp_ctrl_ready,
+    .ctrl_send = mc__tcp_ctrl_send,
+    .fetch_desc = mc__tcp_fetch_desc,
+};

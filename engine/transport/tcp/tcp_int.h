@@ -1,0 +1,180 @@
+/*
+ * TCP transport internals. tcp is also the control transport: its connections are the control
+ * links that carry handshakes, messages and other transports' control requests.
+ *
+ * Each peer has up to MC_TCP_CONNS outbound connections per rail; this engine initiates
+ * requests on them (WRITE with data, READ) and the peer answers each in order (WRITE_ACK,
+ * READ_RESP). Inbound connections are the mirror image: we serve requests against our
+ * registration table. Payloads move straight between sockets and registered memory (writev /
+ * recv into place); small frames are parsed out of a per-connection staging buffer so that a
+ * batch of small requests costs few syscalls.
+ *
+ * A rail pairs one of our listen addresses with a peer endpoint on the same IPv4 /24; its
+ * connections bind to our address so traffic leaves through that link.
+ *
+ * A connection that fails is closed before its slices are retried elsewhere, and the target is
+ * told (RETIRE, or the retire list of a later HELLO) to drop whatever of it is still unread, so
+ * a late duplicate can never overwrite newer data.
+ */
+#ifndef MC_TCP_INT_H
+#define MC_TCP_INT_H
+
+#include <sys/socket.h>
+
+#include "../../util/sockaddr.h"
+#include "../transport.h"
+#include "tcp_proto.h"
+
+#define MC_TCP_RX_BUF    (64 * 1024)
+#define MC_TCP_RX_DIRECT (16 * 1024) /* payload left at least this large: recv into place */
+#define MC_TCP_RESP_MAX  1024        /* inbound: queued responses before we stop reading */
+#define MC_TCP_IOV_MAX   128
+
+extern unsigned mc__tcp_slot;
+
+/* e->tp[mc__tcp_slot] */
+typedef struct tcp_engine {
+    mc_pollable_t listens[MC_MAX_RAILS];
+    char listen_addrs[MC_MAX_RAILS][MC_NAME_MAX];
+    unsigned n_listens;
+    mc_list_t inbound; /* inbound connections */
+    unsigned n_outbound;
+    uint32_t next_conn_id;
+    uint32_t next_cookie;
+    mc_list_t graveyard; /* connections freed at the end of the pass (tcp_reap) */
+} tcp_engine_t;
+
+/* One rail: our address on a link and one of the peer's endpoints. */
+typedef struct tcp_rail {
+    mc_rail_t base;
+    struct sockaddr_storage local, remote; /* protected by e->peers_lock (reload) */
+    socklen_t local_len, remote_len;       /* local_len 0: no bind */
+} tcp_rail_t;
+
+/* p->tp[mc__tcp_slot] */
+typedef struct tcp_peer {
+    tcp_rail_t rails[MC_MAX_RAILS]; /* a shrinking endpoint list keeps its old tail */
+    unsigned n_rails;
+    mc_list_t conns; /* outbound connections of every rail (mc_tcp_conn_t.node) */
+    unsigned n_conns;
+    uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
+    uint64_t retired_at[MC_PROTO_MAX_RETIRE];
+    unsigned n_retired;
+} tcp_peer_t;
+
+/* d->tp[mc__tcp_slot]: the peer's endpoints, one per interface. */
+typedef struct tcp_desc {
+    char addrs[MC_MAX_RAILS][MC_NAME_MAX];
+    unsigned n;
+} tcp_desc_t;
+
+/* The per-slice state of a slice or frame in a connection's queues. */
+typedef struct tcp_slice {
+    uint8_t hdr[MC_FRAME_HDR_LEN];
+    uint32_t cookie;
+    mc_buffer_t *ref; /* target side: buffer reference held while the response is sent */
+} tcp_slice_t;
+_Static_assert(sizeof(tcp_slice_t) <= MC_SLICE_PRIV, "tcp_slice_t does not fit in a slice");
+
+/* Slice kinds of tcp's own: a control frame of its own (hello, message...), a response. */
+enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP };
+
+static inline tcp_slice_t *tcp_sl(mc_slice_t *s)
+{
+    return (tcp_slice_t *)(void *)s->priv;
+}
+
+static inline tcp_engine_t *tcp_of(mc_engine_t *e)
+{
+    return e->tp[mc__tcp_slot];
+}
+
+static inline tcp_peer_t *tcp_peer(mc_peer_t *p)
+{
+    return p->tp[mc__tcp_slot];
+}
+
+enum mc_conn_state { CS_CONNECTING, CS_HELLO, CS_AUTH, CS_READY, CS_DEAD };
+enum mc_dst_kind { DST_NONE, DST_MEM, DST_CTRL, DST_DISCARD };
+
+typedef struct mc_tcp_conn {
+    mc_pollable_t pollable; /* first: epoll hands us this pointer */
+    mc_link_t link;         /* the control link it is (peer, remote name, bound state) */
+    bool outbound;
+    uint8_t state;
+    tcp_rail_t *rail; /* outbound only: the path it runs over */
+    mc_list_t node;   /* in the peer's conns (outbound) or inbound; then the graveyard */
+    uint32_t id;      /* the initiator's connection id */
+    char remote_name[MC_NAME_MAX];
+    uint8_t nonce[MC_PROTO_NONCE_LEN], peer_nonce[MC_PROTO_NONCE_LEN];
+    uint64_t since_ns;   /* creation */
+    uint64_t last_io_ns; /* last byte moved, or when work was first queued */
+    uint32_t events;     /* current epoll mask */
+
+    mc_list_t sendq;      /* slices to write, in order */
+    uint32_t send_off;    /* bytes of the first one already written */
+    mc_list_t ackq;       /* outbound: slices written, awaiting their response */
+    unsigned window_used; /* outbound: slices in sendq + ackq that await a response */
+    unsigned n_resp;      /* inbound: responses in sendq */
+
+    uint8_t *rx; /* staging buffer of MC_TCP_RX_BUF bytes */
+    uint32_t rx_start, rx_end;
+    bool have_hdr;
+    bool expect_large; /* the last payload was large: read headers alone */
+    mc_frame_t fr;
+    uint8_t dst_kind;
+    uint8_t *dst;
+    uint64_t left; /* payload bytes of the current frame still to come */
+    uint8_t *ctrl; /* control payload (hello, message, reason) */
+    uint32_t ctrl_cap, ctrl_len;
+    mc_buffer_t *rx_ref; /* inbound WRITE: buffer being written */
+    int rx_status;       /* inbound WRITE: refusal code, payload discarded */
+} mc_tcp_conn_t;
+
+/* tcp_conn.c: connection mechanics */
+mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound);
+void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
+void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_conn_update_events(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_conn_fail(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void mc__tcp_conn_close(mc_engine_t *e, mc_tcp_conn_t *c); /* idle close, no error */
+int mc__tcp_conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len);
+/* Queue a frame of tcp's own (payload copied). */
+int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
+                           const void *payload, uint32_t len);
+void mc__tcp_reap(mc_engine_t *e); /* free the graveyard: end of a progress pass */
+
+/* tcp_initiator.c / tcp_target.c: frame handlers for each role */
+int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason);
+int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c);
+/* Give outbound connections of p as many slices as their windows allow; opens connections. */
+void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p);
+/* Whether a connection to p is ready for control requests (else one is being opened). */
+bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p);
+/* Queue control request s on a ready connection to p (-EAGAIN while none is ready). */
+int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
+/* Listen on every MC_LISTEN address. */
+int mc__tcp_listen(mc_engine_t *e);
+void mc__tcp_sockopts(mc_engine_t *e, int fd);
+
+/* tcp_rail.c: rails from the peer's endpoints */
+void mc__tcp_rails_build(mc_engine_t *e, mc_peer_t *p);
+
+/* tcp_auth.c: handshake proofs, shared by both roles and the one-shot client */
+/* HMAC of role, both nonces and the speaker's name under MC_AUTH_TOKEN. 0 or -EIO. */
+int mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
+                  const char *name, uint8_t out[32]);
+/* Blocking one-shot exchange that fetches a descriptor by handshake. */
+int mc__tcp_fetch_desc(mc_engine_t *e, const char *addr, mc_peer_t *p, char **json_p,
+                       size_t *len_p);
+
+/* tcp_desc.c: its part of descriptors */
+extern const mc_desc_codec_t mc__tcp_codec;
+
+#endif

@@ -1,0 +1,202 @@
+/*
+ * The transport interface: the one header a transport includes.
+ *
+ * A transport moves the bytes of tasks between this engine's registered memory and a peer's:
+ * slice by slice on its rails (tcp, rdma), or whole tasks inside mc_batch_submit (shm). It is one
+ * directory under engine/transport/ (its sources listed in its transport.cmake) and one line in
+ * table.c; the core (the files directly in engine/) names no transport and reaches each one through
+ * its ops table, the way libfabric reaches its providers and UCX its UCT transports.
+ *
+ * Where a transport keeps its state (i = its slot, the index of its line in table.c, which it
+ * learns through ops->slot before any engine starts):
+ *   e->tp[i]             its engine state (NULL: not in use in this engine);
+ *   p->tp[i], p->rails[i] its state for one peer and the rails it offers to it;
+ *   b->tp[i]             its registration of a local buffer (memory regions, handles);
+ *   d->tp[i], mc__desc_part(d, b, i)   what its codec decoded of a peer's descriptor;
+ *   s->priv              MC_SLICE_PRIV bytes per slice it carries;
+ *   t->tp_hint           one byte per task routed to it (set by its accept op).
+ *
+ * The control transport (flag MC_TP_CONTROL; tcp) also carries what is not data: the handshake
+ * that fetches a descriptor, messages and notifications, and the control requests other
+ * transports exchange with their counterpart on the peer (rdma's queue-pair set-up). Those go
+ * through mc__ctrl_request / ctrl_recv / ctrl_reply here, never through direct calls; state that
+ * must live and die with the control link (a target's queue pairs) is bound to the link.
+ *
+ * Threads: every operation runs in the progress context (e->lock held) unless its comment says
+ * otherwise. Every entry except size, name and slot may be NULL (not needed by this transport);
+ * entries are only appended, and the core checks ops->size before using one (MC_TP_HAS), so a
+ * transport built against an older table keeps working.
+ */
+#ifndef MC_TRANSPORT_H
+#define MC_TRANSPORT_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "../descriptor.h"
+#include "../engine_int.h"
+#include "../buffer.h"
+#include "../msg.h"
+#include "../peer.h"
+#include "../scheduler.h"
+#include "../task.h"
+#include "../util/crypto.h"
+#include "../util/list.h"
+#include "../util/log.h"
+#include "../util/time.h"
+
+#define MC_TP_CONTROL 0x1u /* carries the control link (exactly one transport has it) */
+#define MC_CTRL_MAX   1024 /* largest control request or answer */
+
+/* Something a transport keeps that must go when a control link goes (a queue pair set up over
+ * it). Embedded in the transport's object; link_lost gets it back. */
+typedef struct mc_link_bound {
+    mc_list_t node; /* in mc_link_t.bound */
+    uint8_t tp;     /* the owner's slot */
+} mc_link_bound_t;
+
+/* A control link: an authenticated, ordered channel to one peer process (a tcp connection). */
+struct mc_link {
+    mc_list_t bound;    /* mc_link_bound_t of objects that live and die with it */
+    mc_peer_t *peer;    /* links we opened: the peer; links the peer opened: NULL */
+    const char *remote; /* the peer's segment name */
+    uint64_t instance;  /* the peer engine's instance */
+};
+
+struct mc_transport_ops {
+    size_t size; /* sizeof(mc_transport_ops_t) it was built with */
+    const char *name;
+    unsigned *slot; /* where the core writes this transport's slot (once per process) */
+    unsigned flags; /* MC_TP_CONTROL */
+    const mc_desc_codec_t *codec;
+
+    /* Engine lifetime, in the creating / destroying thread. init: 0 with e->tp[slot] set, or 0
+     * with it left NULL when the transport cannot work here (said once, at info level), or an
+     * error that fails mc_engine_create. stop: progress context; close links and fail what is
+     * in flight (the control transport stops first). fini: after every peer was closed and all
+     * memory unregistered; frees e->tp[slot]. */
+    int (*init)(mc_engine_t *e);
+    void (*stop)(mc_engine_t *e);
+    void (*fini)(mc_engine_t *e);
+
+    /* Its parts of our descriptor (any thread; encode_buffer with mem.lock held). */
+    int (*encode)(mc_engine_t *e, json_t *root);
+    int (*encode_buffer)(mc_engine_t *e, const mc_buffer_t *b, json_t *jb);
+
+    /* Memory, in the registering thread. mem_register runs before b is visible to anyone;
+     * mem_changed after every change of the table (mem.lock held for writing); mem_release in
+     * unregister once our own references drained: return when no peer can touch b any more. */
+    int (*mem_register)(mc_engine_t *e, mc_buffer_t *b);
+    void (*mem_deregister)(mc_engine_t *e, mc_buffer_t *b);
+    void (*mem_changed)(mc_engine_t *e);
+    void (*mem_release)(mc_engine_t *e, mc_buffer_t *b);
+
+    /* Peers. peer_update: p is new or its descriptor changed (peers_lock held for writing, or p
+     * not yet shared); creates p->tp[slot] on first call and sets p->rails[slot]. Returns how
+     * well it reaches p: 0 not at all, else a preference (higher first), or a negative error.
+     * peer_close: p goes away (e->lock held); free what it holds. */
+    int (*peer_update)(mc_engine_t *e, mc_peer_t *p);
+    void (*peer_close)(mc_engine_t *e, mc_peer_t *p);
+
+    /* Tasks. accept (submitting thread, peers_lock held for reading): NULL if t may go over this
+     * transport (rb: the remote buffer in p->desc), else why not (a static string). submit
+     * (submitting thread): move the tasks routed here now; those it cannot take go on with
+     * mc__task_reroute. fill: hand p's queued slices of this transport to its rails. */
+    const char *(*accept)(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb);
+    void (*submit)(mc_engine_t *e, mc_task_t *tasks, size_t n);
+    void (*fill)(mc_engine_t *e, mc_peer_t *p);
+
+    /* Progress hooks: every pass before the scheduler runs, every timer tick (50 ms while
+     * busy), and at the end of every pass. */
+    void (*progress)(mc_engine_t *e);
+    void (*timers)(mc_engine_t *e, uint64_t now);
+    void (*reap)(mc_engine_t *e);
+
+    /* Control requests between a transport and its counterpart on a peer. ctrl_recv: a request
+     * arrived on link l; returns the status answered, the answer in ans (at most MC_CTRL_MAX
+     * bytes, *ans_len set), or with a negative status the reason from mc_last_error().
+     * ctrl_reply: the answer to our request s (s->ctx is non-NULL). link_lost: l is going away
+     * with b bound to it. */
+    int (*ctrl_recv)(mc_engine_t *e, mc_link_t *l, const void *req, size_t len, void *ans,
+                     size_t *ans_len);
+    void (*ctrl_reply)(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status, const void *ans,
+                       size_t len);
+    void (*link_lost)(mc_engine_t *e, mc_link_bound_t *b);
+
+    /* The control transport only. address: our first endpoint (the default segment name).
+     * ctrl_ready: whether a link to p is ready (if not, one is being opened; its readiness
+     * activates p). ctrl_send: queue a control request on a ready link to p (-EAGAIN: none is
+     * ready). fetch_desc (any thread, blocking up to the
+     * connect timeout): the descriptor of the peer at addr, or of p at its first endpoint.
+     * -EINVAL when addr is not an address of this transport. */
+    const char *(*address)(mc_engine_t *e);
+    bool (*ctrl_ready)(mc_engine_t *e, mc_peer_t *p);
+    int (*ctrl_send)(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
+    int (*fetch_desc)(mc_engine_t *e, const char *addr, mc_peer_t *p, char **json_p, size_t *len_p);
+};
+
+/* The table (table.c): every transport, best first when several reach a peer equally. */
+extern const mc_transport_ops_t *const mc__transports[];
+extern const unsigned mc__n_transports;
+
+#define MC_TP_HAS(ops, field)                                                                      \
+    ((ops)->size >= offsetof(mc_transport_ops_t, field) + sizeof((ops)->field) && (ops)->field)
+
+/* Assign every transport its slot (once per process). */
+void mc__transports_setup(void);
+/* The slot of the control transport. */
+unsigned mc__transport_control(void);
+/* The slot of the transport called name, or -ENOENT. */
+int mc__transport_find(const char *name);
+
+/* Count v in counter cnt (MC_CNT_*) of transport slot. */
+static inline void mc__tp_count(mc_engine_t *e, unsigned slot, int cnt, uint64_t v)
+{
+    mc__count(&e->c[slot][cnt], v);
+}
+
+/* Whether a control request to p can go now (if not, a link is being opened, and p is activated
+ * once it is ready). */
+bool mc__ctrl_ready(mc_engine_t *e, mc_peer_t *p);
+/* Send control request s (kind MC_SL_CTRL; tp, ctx, payload set by the caller, at most
+ * MC_CTRL_MAX bytes) to the same transport of peer p. 0: the answer comes to ctrl_reply (or,
+ * if the link fails first, link_lost for what was bound to *link_p, and s is freed unanswered);
+ * -EAGAIN: no link is ready yet, try again on a later fill. */
+int mc__ctrl_request(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
+/* For the control transport: a request for transport slot arrived on l; fills the answer. */
+int mc__ctrl_deliver(mc_engine_t *e, mc_link_t *l, unsigned slot, const void *req, size_t len,
+                     void *ans, size_t *ans_len);
+/* For the control transport: the answer to s arrived (status, ans) on l. */
+void mc__ctrl_answered(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status, const void *ans,
+                       size_t len);
+
+static inline void mc__link_init(mc_link_t *l)
+{
+    mc_list_init(&l->bound);
+    l->peer = NULL;
+    l->remote = "";
+    l->instance = 0;
+}
+
+static inline void mc__link_bind(mc_link_t *l, mc_link_bound_t *b, unsigned slot)
+{
+    b->tp = (uint8_t)slot;
+    mc_list_push_back(&l->bound, &b->node);
+}
+
+static inline void mc__link_unbind(mc_link_bound_t *b)
+{
+    mc_list_del(&b->node);
+}
+
+/* Whether anything is bound to l (a link that carries state is never closed as idle). */
+static inline bool mc__link_busy(const mc_link_t *l)
+{
+    return !mc_list_empty(&l->bound);
+}
+
+/* For the control transport: l is going away; everything bound to it is handed to its owner. */
+void mc__link_lost(mc_engine_t *e, mc_link_t *l);
+
+#endif
