@@ -95,7 +95,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: mc-meta-bench URL [COUNT [VALUE_BYTES [THREADS]]]\n");
         return 2;
     }
-    if (mc__meta_open(argv[1], &meta)) {
+    if (mc__meta_open(argv[1], NULL, &meta)) {
         fprintf(stderr, "mc-meta-bench: %s: %s\n", argv[1], mc_last_error());
         return 1;
     }

@@ -67,7 +67,7 @@ static json_t *matrix_json(mc_engine_t *e)
     char *text;
     json_t *m = NULL;
 
-    if (e->topo && mc__topo_matrix_json(e->topo, &text) == 0) {
+    if (mc__topo_matrix_json(&e->topo, &text) == 0) {
         m = json_loads(text, 0, NULL);
         free(text);
     }

@@ -177,6 +177,7 @@ int mc__progress_try(mc_engine_t *e)
 
     if (in_pass || pthread_mutex_trylock(&e->lock))
         return 0;
+    MC_LOG_SCOPE(e->cfg.log_level);
     n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
     rc = progress_pass(e, evs, n < 0 ? 0 : n);
     pthread_mutex_unlock(&e->lock);
@@ -204,6 +205,7 @@ static void *progress_thread(void *arg)
     mc_engine_t *e = arg;
     struct epoll_event evs[MAX_EVENTS];
 
+    mc__log_enter(e->cfg.log_level);
     while (!atomic_load(&e->stop)) {
         int n = epoll_wait(e->epfd, evs, MAX_EVENTS, tick_ms(e));
         if (n < 0 && errno != EINTR) {
@@ -264,20 +266,21 @@ static char topo_err[512];
 static void topo_discover(void)
 {
     topo_rc = mc__topo_discover(NULL, &topo);
-    if (!topo_rc)
-        topo_rc = mc__topo_matrix_build_env(topo);
     if (topo_rc)
         snprintf(topo_err, sizeof(topo_err), "%s", mc_last_error());
 }
 
-/* The host's topology and priority matrix, discovered once per process (hwloc is slow). */
+/* The host's topology, discovered once per process (hwloc is slow) and shared read-only, with
+ * this engine's priority matrix: MC_DEVICES and MC_NIC_PRIORITY_MATRIX are per engine. */
 static int engine_topology(mc_engine_t *e)
 {
     pthread_once(&topo_once, topo_discover);
     if (topo_rc)
         return mc__set_error(topo_rc, "%s", topo_err);
-    e->topo = topo;
-    return 0;
+    e->topo = *topo;
+    e->topo.matrix = NULL;
+    e->has_topo = true;
+    return mc__topo_matrix_build(&e->topo, e->cfg.devices, e->cfg.matrix);
 }
 
 /* Whether transport i is to start: with MC_PROTOCOL naming one, only that one and the control
@@ -340,25 +343,29 @@ static int engine_start(mc_engine_t *e)
     return 0;
 }
 
-int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p)
+int mc_engine_create(const mc_config_t *config, mc_engine_t **engine_p)
 {
     mc_engine_t *e;
     int rc;
 
-    if (!cfg || !engine_p)
+    if (!engine_p)
         return mc__set_error(-EINVAL, "mc_engine_create: NULL argument");
-    if (cfg->slice_size < 4096 || cfg->slice_size > MC_SLICE_MAX)
-        return mc__set_error(-MC_ECONFIG, "mc_engine_create: slice size %llu is not in [4096, %u]",
-                             (unsigned long long)cfg->slice_size, MC_SLICE_MAX);
     e = calloc(1, sizeof(*e));
     if (!e)
         return mc__set_error(-ENOMEM, "out of memory");
-    e->cfg = *cfg;
-    if (cfg->force_tcp) /* the control transport alone */
-        snprintf(e->cfg.protocol, sizeof(e->cfg.protocol), "%s",
-                 mc__transports[mc__transport_control()]->name);
-    mc__log_level = cfg->log_level;
     engine_init_state(e);
+    if (!config) {
+        rc = mc_config_create(&e->conf);
+    } else {
+        e->conf = mc__config_dup(config);
+        rc = e->conf ? 0 : mc__set_error(-ENOMEM, "out of memory");
+    }
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    mc__engine_cfg_read(e->conf, &e->cfg);
+    MC_LOG_SCOPE(e->cfg.log_level);
     rc = engine_start(e);
     if (rc) {
         char reason[512];
@@ -409,6 +416,7 @@ void mc_engine_destroy(mc_engine_t *e)
 {
     if (!e)
         return;
+    MC_LOG_SCOPE(e->cfg.log_level);
     if (e->has_thread) {
         atomic_store(&e->stop, true);
         mc__doorbell(e);
@@ -441,6 +449,9 @@ void mc_engine_destroy(mc_engine_t *e)
         close(e->doorbell);
     if (e->timerfd >= 0)
         close(e->timerfd);
+    if (e->has_topo)
+        mc__topo_matrix_free(e->topo.matrix); /* the rest is the process's */
+    mc_config_destroy(e->conf);
     free(e);
 }
 

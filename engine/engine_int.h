@@ -23,13 +23,15 @@
 
 #include <mooncake/engine.h>
 
+#include "buffer.h"
+#include "config.h"
 #include "descriptor.h"
 #include "fwd.h"
-#include "buffer.h"
 #include "metadata/meta.h"
 #include "peer.h"
 #include "util/list.h"
 #include "util/log.h"
+#include "topology/topology.h"
 #include "util/time.h"
 
 #define MC_SLICE_MAX (64u << 20) /* largest MC_SLICE_SIZE */
@@ -41,7 +43,8 @@ typedef struct mc_pollable {
 } mc_pollable_t;
 
 struct mc_engine {
-    mc_config_t cfg;
+    mc_engine_cfg_t cfg; /* the core's settings */
+    mc_config_t *conf;   /* every setting (transports read theirs at init); strings of cfg */
     char name[MC_NAME_MAX];
     char host_id[MC_HOST_ID_MAX];
     uint64_t instance;
@@ -76,7 +79,8 @@ struct mc_engine {
     uint64_t next_timer_ns;
     int armed_ms; /* current timerfd interval (caller-progress mode) */
 
-    const struct mc_topo *topo; /* process-wide: discovered by the first engine */
+    mc_topo_t topo; /* the process's devices (shared, read-only) and this engine's matrix */
+    bool has_topo;
 
     /* Transports (transport/table.c order). */
     void *tp[MC_TP_MAX]; /* each one's private state; NULL: not in use here */

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "sys/cudart.h"
 #include "transport/transport.h"
 
 int mc__memtab_init(mc_memtab_t *t)
@@ -196,6 +197,9 @@ static int location_resolve(const void *addr, const char *loc, char *out)
     int rc = location_parse(loc, &kind, &idx);
     if (rc)
         return rc;
+    const char *why;
+    if (kind == 1 && !mc__cudart_available(&why))
+        return mc__set_error(-MC_ENODEV, "location %s: no CUDA device (%s)", loc, why);
     if (kind == 1 && idx >= cuda_device_count())
         return mc__set_error(-MC_ENODEV, "location %s: no CUDA device %d (%d found)", loc, idx,
                              cuda_device_count());

@@ -28,7 +28,7 @@ int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location)
 
     if (!strcmp(r->rank_loc, location))
         return r->rank;
-    if (!e->topo || !r->dev[0] || mc__topo_matrix_get(e->topo, location, &pref, &np, &avail, &na))
+    if (!r->dev[0] || mc__topo_matrix_get(&e->topo, location, &pref, &np, &avail, &na))
         r->rank = 1; /* nothing says otherwise: usable */
     else
         r->rank = listed(pref, np, r->dev) ? 0 : listed(avail, na, r->dev) ? 1 : 2;

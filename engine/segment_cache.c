@@ -115,6 +115,7 @@ static void *cache_thread(void *arg)
     mc_engine_t *e = arg;
     struct mc_seg_cache *c = e->seg_cache;
 
+    mc__log_enter(e->cfg.log_level);
     while (!atomic_load(&c->stop)) {
         mc_meta_watch_t *w;
         int64_t rev = relist(e, c);

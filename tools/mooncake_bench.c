@@ -190,21 +190,24 @@ static void parse_args(int argc, char **argv)
 
 static mc_engine_t *make_engine(int progress_thread)
 {
-    mc_config_t cfg;
+    mc_config_t *cfg;
     mc_engine_t *e;
-    int rc = mc_config_init(&cfg);
+    int rc = mc_config_create(&cfg);
 
     if (rc)
         die("configuration", rc);
-    if (o.metadata)
-        snprintf(cfg.metadata, sizeof(cfg.metadata), "%s", o.metadata);
-    if (progress_thread >= 0)
-        cfg.progress_thread = progress_thread;
-    if (!strcmp(o.protocol, "tcp"))
-        cfg.force_tcp = 1;
-    if (!strcmp(o.protocol, "rdma")) /* also to a target on this host */
-        snprintf(cfg.protocol, sizeof(cfg.protocol), "rdma");
-    rc = mc_engine_create(&cfg, &e);
+    if (!rc && o.metadata)
+        rc = mc_config_set(cfg, "METADATA", o.metadata);
+    if (!rc && progress_thread >= 0)
+        rc = mc_config_set(cfg, "PROGRESS_THREAD", progress_thread ? "1" : "0");
+    if (!rc && !strcmp(o.protocol, "tcp"))
+        rc = mc_config_set(cfg, "FORCE_TCP", "1");
+    if (!rc && !strcmp(o.protocol, "rdma")) /* also to a target on this host */
+        rc = mc_config_set(cfg, "PROTOCOL", "rdma");
+    if (rc)
+        die("configuration", rc);
+    rc = mc_engine_create(cfg, &e);
+    mc_config_destroy(cfg);
     if (rc)
         die("mc_engine_create", rc);
     return e;

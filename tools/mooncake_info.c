@@ -2,14 +2,16 @@
  * mooncake-info: what this host looks like to the transfer engine (like fi_info, ucx_info).
  *
  *   mooncake-info [--json] [--topology FILE.xml]
+ *   mooncake-info --config
  *
  * Prints NUMA nodes, network and RDMA devices, GPUs, the NIC priority matrix (honouring
  * MC_DEVICES and MC_NIC_PRIORITY_MATRIX), the transports of this build, the ports of the RDMA
- * devices (state, link layer, MTU, LID, GIDs) and the version. The first thing to run when
- * something is wrong. Exit status: 0, 1 on a bad configuration, 2 on bad usage.
+ * devices (state, link layer, MTU, LID, GIDs) and the version; with --config, every MC_*
+ * setting with its value here (defaults and environment), its default and what it does. The
+ * first thing to run when something is wrong. Exit status: 0, 1 on a bad configuration, 2 on
+ * bad usage.
  */
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,9 @@
 #include <infiniband/verbs.h>
 #include <jansson.h>
 
+#include "mooncake/engine.h"
 #include "mooncake/error.h"
+#include "sys/verbs.h"
 #include "topology/topology.h"
 
 #ifndef MC_VERSION_STRING
@@ -27,59 +31,14 @@
 
 #define RDMA_NAMES_MAX 512
 
-/* libibverbs, looked up at run time so that the tool runs where rdma-core is not installed.
- * Only the structures come from verbs.h. */
-typedef struct verbs_api {
-    struct ibv_device **(*get_list)(int *);
-    void (*free_list)(struct ibv_device **);
-    const char *(*get_name)(struct ibv_device *);
-    struct ibv_context *(*open)(struct ibv_device *);
-    int (*close)(struct ibv_context *);
-    int (*query_device)(struct ibv_context *, struct ibv_device_attr *);
-    int (*query_port)(struct ibv_context *, uint8_t, struct _compat_ibv_port_attr *);
-    int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
-    /* rdma-core private (IBVERBS_PRIVATE_*): 0 IB/RoCE v1, 1 RoCE v2; may be absent. */
-    int (*query_gid_type)(struct ibv_context *, uint8_t, unsigned int, int *);
-} verbs_api_t;
-
-/* RDMA devices as libibverbs sees them, with one JSON object per port. */
+/* RDMA devices as libibverbs sees them (opened at run time by the engine's loader, so the
+ * tool runs where rdma-core is not installed), with one JSON object per port. */
 typedef struct rdma_probe {
-    int n; /* devices found, -1 when libibverbs is absent */
+    int n; /* devices found, -1 when libibverbs is unavailable */
     char names[RDMA_NAMES_MAX];
-    char note[128];
+    char note[300];
     json_t *ports; /* [{device, port, state, link_layer, active_mtu, lid, gids: [...]}] */
 } rdma_probe_t;
-
-static int verbs_load(void *lib, verbs_api_t *v)
-{
-    *(void **)&v->get_list = dlsym(lib, "ibv_get_device_list");
-    *(void **)&v->free_list = dlsym(lib, "ibv_free_device_list");
-    *(void **)&v->get_name = dlsym(lib, "ibv_get_device_name");
-    *(void **)&v->open = dlsym(lib, "ibv_open_device");
-    *(void **)&v->close = dlsym(lib, "ibv_close_device");
-    *(void **)&v->query_device = dlsym(lib, "ibv_query_device");
-    *(void **)&v->query_port = dlsym(lib, "ibv_query_port");
-    *(void **)&v->query_gid = dlsym(lib, "ibv_query_gid");
-    *(void **)&v->query_gid_type = dlsym(lib, "ibv_query_gid_type");
-    return v->get_list && v->free_list && v->get_name && v->open && v->close && v->query_device &&
-                   v->query_port && v->query_gid
-               ? 0
-               : -1;
-}
-
-/* What verbs.h's inline ibv_query_port does: the exported symbol is the old entry that fills
- * only the compatibility prefix of the struct (no link_layer); the context's extended op, when
- * the provider has one, fills all of it. */
-static int port_query(const verbs_api_t *v, struct ibv_context *ctx, uint8_t port,
-                      struct ibv_port_attr *a)
-{
-    struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
-
-    memset(a, 0, sizeof(*a));
-    if (vctx)
-        return vctx->query_port(ctx, port, a, sizeof(*a));
-    return v->query_port(ctx, port, (struct _compat_ibv_port_attr *)a);
-}
 
 static const char *port_state_name(enum ibv_port_state s)
 {
@@ -95,22 +54,21 @@ static int gid_is_v4_mapped(const union ibv_gid *gid)
     return !memcmp(gid->raw, prefix, sizeof(prefix));
 }
 
-/* IB on an InfiniBand port; on Ethernet the provider's answer when rdma-core has
- * ibv_query_gid_type, else a guess: IPv4-mapped GIDs are taken as RoCE v2. */
-static const char *gid_type(const verbs_api_t *v, struct ibv_context *ctx, uint8_t port, int index,
+/* IB on an InfiniBand port; on Ethernet the provider's answer, else a guess: IPv4-mapped GIDs
+ * are taken as RoCE v2. */
+static const char *gid_type(struct ibv_context *ctx, uint8_t port, int index,
                             const union ibv_gid *gid, int eth)
 {
-    int type;
+    struct ibv_gid_entry ent;
 
     if (!eth)
         return "IB";
-    if (v->query_gid_type && !v->query_gid_type(ctx, port, (unsigned)index, &type))
-        return type == 1 ? "RoCE v2" : "RoCE v1";
+    if (!ibv_query_gid_ex(ctx, port, (uint32_t)index, &ent, 0))
+        return ent.gid_type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : "RoCE v1";
     return gid_is_v4_mapped(gid) ? "RoCE v2" : "RoCE v1";
 }
 
-static json_t *port_gids(const verbs_api_t *v, struct ibv_context *ctx, uint8_t port,
-                         const struct ibv_port_attr *a)
+static json_t *port_gids(struct ibv_context *ctx, uint8_t port, const struct ibv_port_attr *a)
 {
     static const union ibv_gid zero;
     int eth = a->link_layer == IBV_LINK_LAYER_ETHERNET;
@@ -119,20 +77,19 @@ static json_t *port_gids(const verbs_api_t *v, struct ibv_context *ctx, uint8_t 
     union ibv_gid gid;
 
     for (int i = 0; gids && i < a->gid_tbl_len; i++) {
-        if (v->query_gid(ctx, port, i, &gid) || !memcmp(&gid, &zero, sizeof(gid)) ||
+        if (ibv_query_gid(ctx, port, i, &gid) || !memcmp(&gid, &zero, sizeof(gid)) ||
             !inet_ntop(AF_INET6, gid.raw, text, sizeof(text)))
             continue; /* empty entries of the table */
         json_array_append_new(gids, json_pack("{s:i, s:s, s:s}", "index", i, "gid", text, "type",
-                                              gid_type(v, ctx, port, i, &gid, eth)));
+                                              gid_type(ctx, port, i, &gid, eth)));
     }
     return gids;
 }
 
-static json_t *port_json(const verbs_api_t *v, struct ibv_context *ctx, const char *dev,
-                         uint8_t port)
+static json_t *port_json(struct ibv_context *ctx, const char *dev, uint8_t port)
 {
     struct ibv_port_attr a;
-    int rc = port_query(v, ctx, port, &a);
+    int rc = ibv_query_port(ctx, port, &a);
 
     if (rc)
         return json_pack("{s:s, s:i, s:s}", "device", dev, "port", port, "error", strerror(rc));
@@ -141,64 +98,57 @@ static json_t *port_json(const verbs_api_t *v, struct ibv_context *ctx, const ch
                      port_state_name(a.state), "link_layer",
                      a.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand",
                      "active_mtu", a.active_mtu ? 128 << a.active_mtu : 0, "lid", a.lid, "gids",
-                     port_gids(v, ctx, port, &a));
+                     port_gids(ctx, port, &a));
 }
 
 /* Appends one object per port of the device (one with "error" when it cannot be opened). */
-static void device_ports(const verbs_api_t *v, struct ibv_device *d, json_t *ports)
+static void device_ports(struct ibv_device *d, json_t *ports)
 {
-    const char *name = v->get_name(d);
-    struct ibv_context *ctx = v->open(d);
+    const char *name = ibv_get_device_name(d);
+    struct ibv_context *ctx = ibv_open_device(d);
     struct ibv_device_attr da;
-    int rc = ctx ? v->query_device(ctx, &da) : errno ? errno : EIO;
+    int rc = ctx ? ibv_query_device(ctx, &da) : errno ? errno : EIO;
 
     if (rc) {
         json_array_append_new(ports,
                               json_pack("{s:s, s:s}", "device", name, "error", strerror(rc)));
         if (ctx)
-            v->close(ctx);
+            ibv_close_device(ctx);
         return;
     }
     for (int p = 1; p <= da.phys_port_cnt; p++)
-        json_array_append_new(ports, port_json(v, ctx, name, (uint8_t)p));
-    v->close(ctx);
+        json_array_append_new(ports, port_json(ctx, name, (uint8_t)p));
+    ibv_close_device(ctx);
 }
 
 static void rdma_probe(rdma_probe_t *r)
 {
     struct ibv_device **list;
-    verbs_api_t v;
-    void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *why;
 
     memset(r, 0, sizeof(*r));
     r->n = -1;
     r->ports = json_array();
-    if (!lib) {
-        snprintf(r->note, sizeof(r->note), "libibverbs.so.1 not found");
+    if (!mc__verbs_available(&why)) {
+        snprintf(r->note, sizeof(r->note), "unavailable: %s", why);
         return;
     }
-    if (verbs_load(lib, &v) < 0) {
-        snprintf(r->note, sizeof(r->note), "libibverbs.so.1 lacks the device and port queries");
-        goto out_close;
-    }
-    list = v.get_list(&r->n);
+    list = ibv_get_device_list(&r->n);
     if (!list) {
         snprintf(r->note, sizeof(r->note), "ibv_get_device_list: %s", strerror(errno));
         r->n = 0;
-        goto out_close;
+        return;
     }
     for (int i = 0; i < r->n; i++) {
         size_t len = strlen(r->names);
 
         snprintf(r->names + len, sizeof(r->names) - len, "%s%s", len ? "," : "",
-                 v.get_name(list[i]));
+                 ibv_get_device_name(list[i]));
         if (r->ports)
-            device_ports(&v, list[i], r->ports);
+            device_ports(list[i], r->ports);
     }
-    v.free_list(list);
+    ibv_free_device_list(list);
     snprintf(r->note, sizeof(r->note), "%d device%s via libibverbs", r->n, r->n == 1 ? "" : "s");
-out_close:
-    dlclose(lib);
 }
 
 static const char *kind_name(int kind)
@@ -305,7 +255,9 @@ static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
         print_list(loc->available, loc->n_available, 0);
         printf("\n");
     }
-    printf("\nTransports\n  tcp: yes\n  rdma: %s%s%s%s\n", r->n > 0 ? "" : "no (", r->note,
+    printf("\nTransports\n  tcp: yes (and the control link)\n  shm: yes (peers on this host)\n"
+           "  rdma: %s%s%s%s\n",
+           r->n > 0 ? "" : "no (", r->note,
            r->n > 0 ? ": " : ")", r->names);
     print_ports(r->ports);
 }
@@ -328,7 +280,8 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
     json_object_set_new(root, "cuda_built", json_boolean(MC_HAVE_CUDA));
     json_object_set_new(
         root, "transports",
-        json_pack("{s:{s:b}, s:o}", "tcp", "available", 1, "rdma", rdma ? rdma : json_null()));
+        json_pack("{s:{s:b}, s:{s:b}, s:o}", "tcp", "available", 1, "shm", "available", 1,
+                  "rdma", rdma ? rdma : json_null()));
     text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!text)
@@ -338,11 +291,35 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
     return 0;
 }
 
+/* Every setting: the value an engine created here would get, the default, what it does. */
+static int print_config(void)
+{
+    const char *name, *def, *help;
+    mc_config_t *cfg;
+    int rc = mc_config_create(&cfg);
+
+    if (rc < 0)
+        return rc;
+    printf("%-26s %-24s %-24s %s\n", "setting", "value", "default", "meaning");
+    for (size_t i = 0; mc_config_setting(i, &name, &def, &help) == 0; i++) {
+        char var[64];
+        const char *value = mc_config_get(cfg, name);
+        snprintf(var, sizeof(var), "MC_%s", name);
+        if (value && *value && (strstr(name, "TOKEN") || strstr(name, "PASSWORD")))
+            value = "(set)"; /* secrets stay secret */
+        printf("%-26s %-24s %-24s %s\n", var, or_dash(value), or_dash(def), help);
+    }
+    mc_config_destroy(cfg);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mooncake-info [--json] [--topology FILE.xml]\n"
+               "       mooncake-info --config\n"
                "  --json           one JSON object instead of tables\n"
                "  --topology FILE  show an hwloc XML topology instead of this host\n"
+               "  --config         every MC_* setting: its value here, default and meaning\n"
                "Honours MC_DEVICES and MC_NIC_PRIORITY_MATRIX.\n");
 }
 
@@ -356,6 +333,11 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--config") && argc == 2) {
+            if (print_config() == 0)
+                return 0;
+            fprintf(stderr, "mooncake-info: %s\n", mc_last_error());
+            return 1;
         } else if (!strcmp(argv[i], "--topology") && i + 1 < argc) {
             xml = argv[++i];
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {

@@ -30,7 +30,7 @@ static const mc_meta_ops_t *meta_backend_find(const char *scheme, size_t len)
     return NULL;
 }
 
-int mc__meta_open(const char *url, mc_meta_t **meta_p)
+int mc__meta_open(const char *url, const mc_meta_opts_t *opts, mc_meta_t **meta_p)
 {
     const char *sep = url ? strstr(url, "://") : NULL;
     const mc_meta_ops_t *ops;
@@ -42,7 +42,7 @@ int mc__meta_open(const char *url, mc_meta_t **meta_p)
     if (!ops)
         return mc__set_error(-EINVAL, "metadata URL '%s': unknown scheme '%.*s'", url,
                              (int)(sep - url), url);
-    return ops->open(sep + 3, meta_p);
+    return ops->open(sep + 3, opts, meta_p);
 }
 
 void mc__meta_close(mc_meta_t *meta)

@@ -38,12 +38,21 @@ typedef struct mc_meta_event {
     mc_meta_kv_t kv; /* for DELETE: key set, value empty, mod_revision = revision of deletion */
 } mc_meta_event_t;
 
+/* How to reach the service (etcd only): credentials, TLS files and the bound of every call but
+ * watches. Empty strings and 0 mean "none" and the default (3000 ms). */
+typedef struct mc_meta_opts {
+    const char *user, *password; /* both or neither */
+    const char *cacert;          /* switches to https */
+    const char *cert, *key;      /* client certificate: both or neither */
+    unsigned timeout_ms;
+} mc_meta_opts_t;
+
 /* Backend operations. Starts with size and version; new entries go at the end only. */
 typedef struct mc_meta_ops {
     size_t size;
     unsigned version;
     const char *scheme; /* "file", "etcd" */
-    int (*open)(const char *rest_of_url, mc_meta_t **meta_p);
+    int (*open)(const char *rest_of_url, const mc_meta_opts_t *opts, mc_meta_t **meta_p);
     void (*close)(mc_meta_t *meta);
     int (*get)(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
     int (*put)(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
@@ -72,9 +81,11 @@ struct mc_meta_watch {
     mc_meta_t *meta;
 };
 
-/* Open a backend from a URL ("file:///dir", "etcd://127.0.0.1:2379"). Errors: -EINVAL for an
- * unknown scheme or a malformed URL (reason in mc_last_error()), backend errors otherwise. */
-int mc__meta_open(const char *url, mc_meta_t **meta_p);
+/* Open a backend from a URL ("file:///dir", "etcd://127.0.0.1:2379"); opts NULL: read them from
+ * MC_ETCD_USER, MC_ETCD_PASSWORD, MC_ETCD_CACERT, MC_ETCD_CERT, MC_ETCD_KEY and
+ * MC_ETCD_TIMEOUT_MS. Errors: -EINVAL for an unknown scheme or a malformed URL (reason in
+ * mc_last_error()), -MC_ECONFIG for bad options (naming the setting), backend errors otherwise. */
+int mc__meta_open(const char *url, const mc_meta_opts_t *opts, mc_meta_t **meta_p);
 void mc__meta_close(mc_meta_t *meta);
 
 /* Get one key. -ENOENT if absent (or its lease expired). Free with mc__meta_kv_free(). */

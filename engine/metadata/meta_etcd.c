@@ -292,7 +292,7 @@ static void etcd_close(mc_meta_t *meta)
 
 extern const mc_meta_ops_t mc__meta_etcd_ops;
 
-static int etcd_open(const char *rest_of_url, mc_meta_t **meta_p)
+static int etcd_open(const char *rest_of_url, const mc_meta_opts_t *opts, mc_meta_t **meta_p)
 {
     mc_meta_etcd_t *m = calloc(1, sizeof(*m));
     int rc;
@@ -300,7 +300,7 @@ static int etcd_open(const char *rest_of_url, mc_meta_t **meta_p)
     if (!m)
         return no_memory();
     m->base.ops = &mc__meta_etcd_ops;
-    rc = mc__etcd_http_init(m, rest_of_url);
+    rc = mc__etcd_http_init(m, rest_of_url, opts);
     if (rc) {
         etcd_close(&m->base);
         return rc;

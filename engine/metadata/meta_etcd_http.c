@@ -90,9 +90,10 @@ int64_t mc__etcd_int(json_t *obj, const char *field)
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
-static int env_copy(const char *name, char **out_p)
+/* The option's value (the environment variable's when opts is NULL), copied; NULL if empty. */
+static int opt_copy(const char *opt, const char *name, char **out_p)
 {
-    const char *v = getenv(name);
+    const char *v = opt ? opt : getenv(name);
 
     *out_p = NULL;
     if (!v || !*v)
@@ -101,9 +102,9 @@ static int env_copy(const char *name, char **out_p)
     return *out_p ? 0 : mc__set_error(-ENOMEM, "no memory for %s", name);
 }
 
-static int env_file(const char *name, char **out_p)
+static int opt_file(const char *opt, const char *name, char **out_p)
 {
-    int rc = env_copy(name, out_p);
+    int rc = opt_copy(opt, name, out_p);
 
     if (rc == 0 && *out_p && access(*out_p, R_OK) != 0)
         return mc__set_error(-MC_ECONFIG, "%s=%s: cannot read the file: %s", name, *out_p,
@@ -111,12 +112,13 @@ static int env_file(const char *name, char **out_p)
     return rc;
 }
 
-static int etcd_config(mc_meta_etcd_t *m)
+static int etcd_config(mc_meta_etcd_t *m, const mc_meta_opts_t *o)
 {
-    const char *t = getenv("MC_ETCD_TIMEOUT_MS");
+    static const mc_meta_opts_t none;
+    const char *t = o ? NULL : getenv("MC_ETCD_TIMEOUT_MS");
     int rc;
 
-    m->timeout_ms = 3000;
+    m->timeout_ms = o && o->timeout_ms ? o->timeout_ms : 3000;
     if (t && *t) {
         char *end;
         long v = strtol(t, &end, 10);
@@ -124,15 +126,18 @@ static int etcd_config(mc_meta_etcd_t *m)
             return mc__set_error(-MC_ECONFIG, "MC_ETCD_TIMEOUT_MS=%s: want 100..600000", t);
         m->timeout_ms = v;
     }
-    if ((rc = env_copy("MC_ETCD_USER", &m->user)) ||
-        (rc = env_copy("MC_ETCD_PASSWORD", &m->password)))
+    if (!o)
+        o = &none; /* every field NULL: from the environment */
+    if ((rc = opt_copy(o->user, "MC_ETCD_USER", &m->user)) ||
+        (rc = opt_copy(o->password, "MC_ETCD_PASSWORD", &m->password)))
         return rc;
     if (!m->user != !m->password)
         return mc__set_error(-MC_ECONFIG, "%s is set but %s is not: set both or neither",
                              m->user ? "MC_ETCD_USER" : "MC_ETCD_PASSWORD",
                              m->user ? "MC_ETCD_PASSWORD" : "MC_ETCD_USER");
-    if ((rc = env_file("MC_ETCD_CACERT", &m->cacert)) ||
-        (rc = env_file("MC_ETCD_CERT", &m->cert)) || (rc = env_file("MC_ETCD_KEY", &m->key)))
+    if ((rc = opt_file(o->cacert, "MC_ETCD_CACERT", &m->cacert)) ||
+        (rc = opt_file(o->cert, "MC_ETCD_CERT", &m->cert)) ||
+        (rc = opt_file(o->key, "MC_ETCD_KEY", &m->key)))
         return rc;
     if (!m->cert != !m->key)
         return mc__set_error(-MC_ECONFIG, "%s is set but %s is not: set both or neither",
@@ -179,7 +184,7 @@ static void curl_init(void)
     curl_init_rc = curl_global_init(CURL_GLOBAL_ALL);
 }
 
-int mc__etcd_http_init(mc_meta_etcd_t *m, const char *rest_of_url)
+int mc__etcd_http_init(mc_meta_etcd_t *m, const char *rest_of_url, const mc_meta_opts_t *opts)
 {
     int rc;
 
@@ -187,7 +192,7 @@ int mc__etcd_http_init(mc_meta_etcd_t *m, const char *rest_of_url)
     pthread_once(&curl_once, curl_init);
     if (curl_init_rc != CURLE_OK)
         return mc__set_error(-MC_EMETA, "curl_global_init: %s", curl_easy_strerror(curl_init_rc));
-    rc = etcd_config(m);
+    rc = etcd_config(m, opts);
     if (rc == 0)
         rc = etcd_parse_endpoints(m, rest_of_url);
     if (rc == 0)

@@ -84,7 +84,7 @@ int mc__etcd_kv_decode(json_t *jkv, mc_meta_kv_t *kv);
 int mc__etcd_prefix_range(const void *prefix, size_t len, char **key_p, char **end_p);
 
 /* Open and close (meta_etcd_http.c). */
-int mc__etcd_http_init(mc_meta_etcd_t *m, const char *rest_of_url);
+int mc__etcd_http_init(mc_meta_etcd_t *m, const char *rest_of_url, const mc_meta_opts_t *opts);
 void mc__etcd_http_fini(mc_meta_etcd_t *m);
 
 /* Watches (meta_etcd_watch.c). */

@@ -310,8 +310,9 @@ static int file_open_dirs(mc_meta_file_t *f)
     return rc;
 }
 
-static int file_open(const char *path, mc_meta_t **meta_p)
+static int file_open(const char *path, const mc_meta_opts_t *opts, mc_meta_t **meta_p)
 {
+    (void)opts; /* a directory needs none */
     mc_meta_file_t *f;
     int rc;
 

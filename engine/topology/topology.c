@@ -25,6 +25,7 @@
 #endif
 
 #include "mooncake/error.h"
+#include "sys/cudart.h"
 #include "topology.h"
 #include "util/log.h"
 
@@ -365,9 +366,14 @@ static int verbs_collect_devs(topo_build_t *b)
 #if MC_HAVE_CUDA
 static int cuda_collect_gpus(topo_build_t *b, hwloc_topology_t topo)
 {
+    const char *why;
     int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
 
+    if (!mc__cudart_available(&why)) {
+        snprintf(b->t->gpu_note, sizeof(b->t->gpu_note), "no CUDA device (%s)", why);
+        return 0;
+    }
+    cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n <= 0) {
         snprintf(b->t->gpu_note, sizeof(b->t->gpu_note), "no CUDA device (%s)",
                  e != cudaSuccess ? cudaGetErrorString(e) : "none visible");

@@ -70,6 +70,7 @@ struct mc_transport_ops {
     unsigned *slot; /* where the core writes this transport's slot (once per process) */
     unsigned flags; /* MC_TP_CONTROL */
     const mc_desc_codec_t *codec;
+    const mc_setting_t *settings; /* its MC_* settings, ending with a NULL name; read in init */
 
     /* Engine lifetime, in the creating / destroying thread. init: 0 with e->tp[slot] set, or 0
      * with it left NULL when the transport cannot work here (said once, at info level), or an

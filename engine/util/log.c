@@ -11,6 +11,7 @@
 #include "log.h"
 
 int mc__log_level = MC_LOG_WARN;
+__thread int mc__log_scope = MC_LOG_UNSET;
 
 static __thread char last_error[512];
 
@@ -72,19 +73,41 @@ const char *mc_err_name(int err)
     return name ? name : "EUNKNOWN";
 }
 
-int mc__log_init_from_env(void)
+int mc__log_level_parse(const char *v)
 {
-    static const char *const names[] = {"error", "warn", "info", "debug"};
-    const char *v = getenv("MC_LOG_LEVEL");
+    static const char *const names[] = {"off", "error", "warn", "info", "debug"};
 
-    if (!v || !*v)
-        return 0;
-    for (int i = 0; i < 4; i++) {
-        if (!strcasecmp(v, names[i]) || (v[0] == '0' + i && !v[1])) {
-            mc__log_level = i;
-            return 0;
-        }
+    for (int i = 0; i < 5; i++) {
+        if (!strcasecmp(v, names[i]))
+            return i - 1;
     }
-    return mc__set_error(-MC_ECONFIG, "MC_LOG_LEVEL=%s: expected error, warn, info, debug or 0-3",
-                         v);
+    if (!strcmp(v, "-1"))
+        return MC_LOG_OFF;
+    if (v[0] >= '0' && v[0] <= '3' && !v[1])
+        return v[0] - '0';
+    return MC_LOG_UNSET;
+}
+
+/* The process's level, for what no engine logs: MC_LOG_LEVEL as the library loads (an invalid
+ * value is reported when a configuration is created). */
+__attribute__((constructor)) static void log_level_from_env(void)
+{
+    const char *v = getenv("MC_LOG_LEVEL");
+    int level = v ? mc__log_level_parse(v) : MC_LOG_UNSET;
+
+    if (level != MC_LOG_UNSET)
+        mc__log_level = level;
+}
+
+int mc__log_enter(int level)
+{
+    int saved = mc__log_scope;
+
+    mc__log_scope = level;
+    return saved;
+}
+
+void mc__log_leave(int *saved)
+{
+    mc__log_scope = *saved;
 }

@@ -2,24 +2,33 @@
  * Logging and the thread-local "last error" reason (internal).
  *
  * mc_log(level, fmt, ...) prints "mooncake[pid] LEVEL: message" to stderr when level is at or
- * below MC_LOG_LEVEL. mc__set_error(code, fmt, ...) records the reason of a failure for
- * mc_last_error() and returns code, so that `return mc__set_error(-EINVAL, "...")` reads well.
- * Log once, where the error is found.
+ * below the level in force: that of the engine the thread works for (its threads, its progress
+ * passes and its API calls enter MC_LOG_SCOPE with the engine's MC_LOG_LEVEL), else the
+ * process's (MC_LOG_LEVEL when the library loaded). mc__set_error(code, fmt, ...) records the
+ * reason of a failure for mc_last_error() and returns code, so that
+ * `return mc__set_error(-EINVAL, "...")` reads well. Log once, where the error is found.
  */
 #ifndef MC_UTIL_LOG_H
 #define MC_UTIL_LOG_H
 
 #include <stdarg.h>
 
-enum { MC_LOG_ERROR = 0, MC_LOG_WARN = 1, MC_LOG_INFO = 2, MC_LOG_DEBUG = 3 };
+enum { MC_LOG_OFF = -1, MC_LOG_ERROR = 0, MC_LOG_WARN = 1, MC_LOG_INFO = 2, MC_LOG_DEBUG = 3 };
+#define MC_LOG_UNSET (-100)
 
-extern int mc__log_level;
+extern int mc__log_level;          /* the process's */
+extern __thread int mc__log_scope; /* the engine's this thread works for, or MC_LOG_UNSET */
+
+static inline int mc__log_threshold(void)
+{
+    return mc__log_scope != MC_LOG_UNSET ? mc__log_scope : mc__log_level;
+}
 
 void mc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define mc_log(level, ...)                                                                         \
     do {                                                                                           \
-        if ((level) <= mc__log_level)                                                              \
+        if ((level) <= mc__log_threshold())                                                        \
             mc__log((level), __VA_ARGS__);                                                         \
     } while (0)
 #define mc_error(...) mc_log(MC_LOG_ERROR, __VA_ARGS__)
@@ -30,7 +39,13 @@ void mc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* Record a reason for mc_last_error() and return code. */
 int mc__set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Parse MC_LOG_LEVEL ("error|warn|info|debug" or 0-3) once; returns <0 if invalid. */
-int mc__log_init_from_env(void);
+/* Log at `level` (an engine's) until the end of the enclosing block. */
+#define MC_LOG_SCOPE(level)                                                                        \
+    int mc__log_saved __attribute__((cleanup(mc__log_leave), unused)) = mc__log_enter(level)
+int mc__log_enter(int level); /* returns the level it replaces */
+void mc__log_leave(int *saved);
+
+/* "off, error, warn, info, debug" or -1..3 into a level; -1 if it is none of them. */
+int mc__log_level_parse(const char *v);
 
 #endif

@@ -35,15 +35,19 @@ static void sleep_1ms(void)
 
 static int create_engine(mc_engine_t **engine_p)
 {
-    mc_config_t cfg;
-    int rc = mc_config_init(&cfg);
+    mc_config_t *cfg;
+    int rc = mc_config_create(&cfg); /* defaults, then MC_* from the environment */
 
     if (rc < 0)
-        return fail("mc_config_init", rc);
-    strcpy(cfg.listen, "127.0.0.1:0");
-    strcpy(cfg.metadata, "none"); /* peers are opened from exported descriptors */
-    cfg.progress_thread = 1;
-    rc = mc_engine_create(&cfg, engine_p);
+        return fail("mc_config_create", rc);
+    if ((rc = mc_config_set(cfg, "LISTEN", "127.0.0.1:0")) < 0 ||
+        (rc = mc_config_set(cfg, "METADATA", "none")) < 0 || /* peers come from descriptors */
+        (rc = mc_config_set(cfg, "PROGRESS_THREAD", "1")) < 0) {
+        mc_config_destroy(cfg);
+        return fail("mc_config_set", rc);
+    }
+    rc = mc_engine_create(cfg, engine_p);
+    mc_config_destroy(cfg);
     return rc < 0 ? fail("mc_engine_create", rc) : 0;
 }
 

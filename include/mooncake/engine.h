@@ -36,47 +36,39 @@ typedef uint32_t mc_segment_id_t;
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
-/* Engine configuration. Fill it with mc_config_init() (defaults + MC_* environment), then
- * override fields as needed. Strings are copied by mc_engine_create(). */
-typedef struct mc_config {
-    char listen[512]; /* MC_LISTEN: "ip:port[,ip:port...]", one per interface; port 0 = any */
-    char segment_name[MC_NAME_MAX]; /* MC_SEGMENT_NAME: "" = the listen ip:port */
-    char metadata[512];             /* MC_METADATA: "file://DIR", "etcd://h:p", "none" */
-    char cluster_id[64];            /* MC_METADATA_CLUSTER_ID */
-    char auth_token[128];           /* MC_AUTH_TOKEN: shared secret, "" = no auth */
-    int log_level;                  /* MC_LOG_LEVEL: 0 error, 1 warn, 2 info, 3 debug */
-    int force_tcp;                  /* MC_FORCE_TCP */
-    int progress_thread;            /* MC_PROGRESS_THREAD: 1 = internal thread drives I/O */
-    uint64_t slice_size;            /* MC_SLICE_SIZE (bytes) */
-    unsigned retry_cnt;             /* MC_RETRY_CNT: attempts per slice after the first */
-    unsigned transfer_timeout_ms;   /* MC_TRANSFER_TIMEOUT (seconds in the env): per task */
-    unsigned io_timeout_ms;         /* MC_IO_TIMEOUT_MS: a connection with work that moves
-                                       no byte for this long is torn down */
-    unsigned connect_timeout_ms;    /* MC_CONNECT_TIMEOUT_MS */
-    unsigned tcp_conns;             /* MC_TCP_CONNS: data connections per peer */
-    unsigned tcp_window;            /* MC_TCP_WINDOW: slices in flight per connection */
-    unsigned max_conns;             /* MC_MAX_CONNS: outbound connections, all peers */
-    unsigned metadata_ttl_s;        /* MC_METADATA_TTL: lease of the published descriptor */
-    uint64_t handshake_max;         /* MC_HANDSHAKE_MAX_LENGTH: largest descriptor accepted */
-    char protocol[16];              /* MC_PROTOCOL: "auto" (shm on this host, rdma where both
-                                       sides have a device on a common link layer, else tcp),
-                                       "rdma" (rdma also on this host), "tcp" (= MC_FORCE_TCP) */
-    int gid_index;                  /* MC_GID_INDEX: -1 = pick (RoCE v2 IPv4 GID, else 0) */
-    unsigned mtu;                   /* MC_MTU: 0 = the port's active MTU; else 256..4096 */
-    unsigned ib_port;               /* MC_IB_PORT: port of every RDMA device */
-    unsigned rdma_qp_depth;         /* MC_RDMA_QP_DEPTH: slices in flight per QP */
-    unsigned rdma_max_qps;          /* MC_RDMA_MAX_QPS: QPs this engine initiates, all peers */
-} mc_config_t;
+/* Engine settings, opaque so that settings can be added without breaking callers. Every
+ * setting has a name and a text value, as its environment variable has: "SLICE_SIZE" is
+ * MC_SLICE_SIZE (README lists them all with their defaults; mc_config_setting enumerates them).
+ * A configuration belongs to one thread at a time; mc_engine_create copies it. */
+typedef struct mc_config mc_config_t;
 
-/* Fill cfg with defaults, then apply MC_* environment variables. Returns -MC_ECONFIG naming the
- * variable (mc_last_error) if one is invalid; cfg is then left with defaults only. */
-MC_API int mc_config_init(mc_config_t *cfg);
+/* Create a configuration: the defaults, then the MC_* environment variables. -MC_ECONFIG
+ * naming the variable (mc_last_error) if one is invalid; nothing is created then. Free with
+ * mc_config_destroy(). */
+MC_API int mc_config_create(mc_config_t **config_p);
+
+MC_API void mc_config_destroy(mc_config_t *config);
+
+/* Set one setting, by name with or without the MC_ prefix ("SLICE_SIZE", "MC_SLICE_SIZE"), to
+ * a value written as in the environment. -ENOENT for an unknown name, -MC_ECONFIG for an
+ * invalid value (the setting keeps its previous value); the reason names the setting. */
+MC_API int mc_config_set(mc_config_t *config, const char *name, const char *value);
+
+/* The value of a setting as text, valid until it is set again or the configuration destroyed;
+ * NULL for an unknown name. */
+MC_API const char *mc_config_get(const mc_config_t *config, const char *name);
+
+/* The index-th setting there is (0, 1, ...): its name (without MC_), default and a one-line
+ * description; the strings are static. -ENOENT past the last one. */
+MC_API int mc_config_setting(size_t index, const char **name_p, const char **default_p,
+                             const char **help_p);
 
 /* ---- engine ------------------------------------------------------------------------------- */
 
 /* Create an engine: listen, publish the segment descriptor under a lease (unless metadata is
- * "none"), start the progress thread if configured. Free with mc_engine_destroy(). */
-MC_API int mc_engine_create(const mc_config_t *cfg, mc_engine_t **engine_p);
+ * "none"), start the progress thread if configured. config is copied; NULL means defaults and
+ * the environment (as mc_config_create). Free with mc_engine_destroy(). */
+MC_API int mc_engine_create(const mc_config_t *config, mc_engine_t **engine_p);
 
 /* Stop the progress thread, close every connection, fail outstanding tasks, unpublish the
  * segment, unregister all memory. Batches must have been destroyed first. */

@@ -203,15 +203,21 @@ static void child_msg_cb(void *arg, const char *sender, uint8_t id, const void *
 
 static int child_engine_setup(unsigned j, child_engine_t *ce, char *err, size_t errsz)
 {
-    mc_config_t cfg = c_opts.cfg;
+    th_cfg_t cfg = c_opts.cfg;
     const char *loc = c_opts.location[0] ? c_opts.location : "cpu:0";
+    const char *name = th_get(&cfg, "SEGMENT_NAME");
+    mc_config_t *conf = NULL;
     int rc;
 
-    cfg.progress_thread = 1; /* the child blocks on its command socket */
-    if (j > 0 && cfg.segment_name[0])
-        snprintf(cfg.segment_name + strlen(cfg.segment_name),
-                 sizeof(cfg.segment_name) - strlen(cfg.segment_name), "-%u", j);
-    rc = mc_engine_create(&cfg, &ce->e);
+    th_set(&cfg, "PROGRESS_THREAD", "1"); /* the child blocks on its command socket */
+    if (j > 0 && name && *name)
+        th_set(&cfg, "SEGMENT_NAME", "%s-%u", th_get(&c_opts.cfg, "SEGMENT_NAME"), j);
+    rc = mc_config_create(&conf);
+    for (unsigned i = 0; !rc && i < cfg.n; i++)
+        rc = mc_config_set(conf, cfg.v[i].name, cfg.v[i].value);
+    if (!rc)
+        rc = mc_engine_create(conf, &ce->e);
+    mc_config_destroy(conf);
     if (rc)
         goto fail;
     for (unsigned i = 0; i < c_opts.n_bufs; i++) {
@@ -376,15 +382,53 @@ void th_main(int argc, char **argv)
 
 /* ---- the parent --------------------------------------------------------------------------- */
 
-void th_config(mc_config_t *cfg)
+void th_config(th_cfg_t *cfg)
 {
-    assert_int_equal(mc_config_init(cfg), 0);
-    snprintf(cfg->metadata, sizeof(cfg->metadata), "none");
-    snprintf(cfg->listen, sizeof(cfg->listen), "127.0.0.1:0");
-    cfg->log_level = getenv("TH_VERBOSE") ? 2 : -1;
+    memset(cfg, 0, sizeof(*cfg));
+    th_set(cfg, "METADATA", "none");
+    th_set(cfg, "LISTEN", "127.0.0.1:0");
+    th_set(cfg, "LOG_LEVEL", "%s", getenv("TH_VERBOSE") ? "info" : "off");
 }
 
-void th_target_opts_init(th_target_opts_t *o, const mc_config_t *cfg, size_t buf_size)
+void th_set(th_cfg_t *cfg, const char *name, const char *fmt, ...)
+{
+    unsigned i = 0;
+    va_list ap;
+
+    while (i < cfg->n && strcmp(cfg->v[i].name, name))
+        i++;
+    assert_true(i < TH_CFG_MAX && strlen(name) < sizeof(cfg->v[i].name));
+    if (i == cfg->n)
+        cfg->n++;
+    snprintf(cfg->v[i].name, sizeof(cfg->v[i].name), "%s", name);
+    va_start(ap, fmt);
+    vsnprintf(cfg->v[i].value, sizeof(cfg->v[i].value), fmt, ap);
+    va_end(ap);
+}
+
+const char *th_get(const th_cfg_t *cfg, const char *name)
+{
+    for (unsigned i = 0; i < cfg->n; i++)
+        if (!strcmp(cfg->v[i].name, name))
+            return cfg->v[i].value;
+    return NULL;
+}
+
+mc_config_t *th_mc_config(const th_cfg_t *cfg)
+{
+    mc_config_t *conf = NULL;
+
+    assert_int_equal(mc_config_create(&conf), 0);
+    for (unsigned i = 0; i < cfg->n; i++) {
+        int rc = mc_config_set(conf, cfg->v[i].name, cfg->v[i].value);
+        if (rc)
+            print_error("%s=%s: %s\n", cfg->v[i].name, cfg->v[i].value, mc_last_error());
+        assert_int_equal(rc, 0);
+    }
+    return conf;
+}
+
+void th_target_opts_init(th_target_opts_t *o, const th_cfg_t *cfg, size_t buf_size)
 {
     memset(o, 0, sizeof(*o));
     o->cfg = *cfg;
@@ -553,11 +597,13 @@ void th_kill_all(void)
     }
 }
 
-mc_engine_t *th_engine(const mc_config_t *cfg)
+mc_engine_t *th_engine(const th_cfg_t *cfg)
 {
+    mc_config_t *conf = th_mc_config(cfg);
     mc_engine_t *e = NULL;
-    int rc = mc_engine_create(cfg, &e);
+    int rc = mc_engine_create(conf, &e);
 
+    mc_config_destroy(conf);
     if (rc)
         print_error("mc_engine_create: %s: %s\n", mc_err_name(rc), mc_last_error());
     assert_int_equal(rc, 0);

@@ -2,8 +2,8 @@
  * Integration test harness: target engines in child processes, data patterns, helpers.
  *
  * A test program calls th_main(argc, argv) first thing in main(): the same binary re-executes
- * itself as a target child ("--th-child FD"), which creates one or more engines from an
- * mc_config_t the parent sends, registers buffers, reports each engine's descriptor blob,
+ * itself as a target child ("--th-child FD"), which creates one or more engines from the
+ * settings (th_cfg_t) the parent sends, registers buffers, reports each engine's descriptor blob,
  * segment name and buffer addresses, then serves commands on a socket until told to exit or
  * the socket closes (PR_SET_PDEATHSIG also kills it if the parent dies). Children are exec'ed,
  * not just forked, so they never inherit the parent's engine threads or locks.
@@ -23,9 +23,21 @@
 #define TH_MAX_BUFS    4  /* per engine */
 #define TH_MSG_ID      7  /* message id the child's handler counts */
 
+#define TH_CFG_MAX 24
+
+/* Engine settings as name/value text (mc_config_set), a plain value that can be copied and sent
+ * to a child. Applied over mc_config_create()'s defaults and environment. */
+typedef struct th_cfg {
+    unsigned n;
+    struct {
+        char name[40];
+        char value[512];
+    } v[TH_CFG_MAX];
+} th_cfg_t;
+
 /* What a target child sets up. */
 typedef struct th_target_opts {
-    mc_config_t cfg;    /* used for every engine of the child (segment_name: engine 0) */
+    th_cfg_t cfg;       /* used for every engine of the child (SEGMENT_NAME: engine 0) */
     unsigned n_engines; /* 1..TH_MAX_ENGINES */
     unsigned n_bufs;    /* 1..TH_MAX_BUFS buffers per engine */
     size_t buf_size;    /* bytes per buffer */
@@ -76,9 +88,17 @@ typedef struct th_reply {
 /* Call first in main(). Returns only in the parent. */
 void th_main(int argc, char **argv);
 
-/* Defaults for tests: mc_config_init + metadata "none", 127.0.0.1:0, errors-only logging. */
-void th_config(mc_config_t *cfg);
-void th_target_opts_init(th_target_opts_t *o, const mc_config_t *cfg, size_t buf_size);
+/* Defaults for tests: METADATA none, LISTEN 127.0.0.1:0, no logging (info with TH_VERBOSE). */
+void th_config(th_cfg_t *cfg);
+/* Set (or replace) one setting, the value printf-formatted. */
+void th_set(th_cfg_t *cfg, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The value set for name, or NULL. */
+const char *th_get(const th_cfg_t *cfg, const char *name);
+/* An mc_config_t with cfg applied (asserts every setting is accepted); free with
+ * mc_config_destroy. */
+mc_config_t *th_mc_config(const th_cfg_t *cfg);
+void th_target_opts_init(th_target_opts_t *o, const th_cfg_t *cfg, size_t buf_size);
 
 /* Spawn a target child and read what it set up. 0 or a negative errno. */
 int th_target_spawn(const th_target_opts_t *o, th_target_t *t);
@@ -96,7 +116,7 @@ int th_target_stop(th_target_t *t, int timeout_ms);
 void th_kill_all(void);
 
 /* Engine helpers (assert on failure). */
-mc_engine_t *th_engine(const mc_config_t *cfg);
+mc_engine_t *th_engine(const th_cfg_t *cfg);
 mc_segment_id_t th_open(mc_engine_t *e, const th_target_t *t, unsigned eng);
 /* A page-aligned malloc'ed region, registered; unregister + free with th_buf_free. */
 void *th_buf(mc_engine_t *e, size_t len);

@@ -24,29 +24,29 @@
 
 typedef struct conf_transport {
     const char *name;
-    const char *counters;            /* as mc_stats_transport() knows it */
-    void (*apply)(mc_config_t *cfg); /* applied to both engines' configurations */
-    int (*available)(void);          /* NULL or 1: run; 0: the cases are skipped */
-    int target_alloc;                /* target memory from mc_mem_alloc (memfd) */
-    int sync_submit;                 /* moves the data inside mc_batch_submit */
+    const char *counters;         /* as mc_stats_transport() knows it */
+    void (*apply)(th_cfg_t *cfg); /* applied to both engines' configurations */
+    int (*available)(void);       /* NULL or 1: run; 0: the cases are skipped */
+    int target_alloc;             /* target memory from mc_mem_alloc (memfd) */
+    int sync_submit;              /* moves the data inside mc_batch_submit */
 } conf_transport_t;
 
-static void tcp_apply(mc_config_t *cfg)
+static void tcp_apply(th_cfg_t *cfg)
 {
-    cfg->force_tcp = 1;
+    th_set(cfg, "FORCE_TCP", "1");
 }
 
-static void shm_apply(mc_config_t *cfg)
+static void shm_apply(th_cfg_t *cfg)
 {
-    cfg->force_tcp = 0; /* same host, engine memory: the shm transport */
+    th_set(cfg, "FORCE_TCP", "0"); /* same host, engine memory: the shm transport */
 }
 
 /* rdma between two processes of this host: on the software RDMA device (tools/softverbs,
  * selected with LD_LIBRARY_PATH by the rdma ctest entry). */
-static void rdma_apply(mc_config_t *cfg)
+static void rdma_apply(th_cfg_t *cfg)
 {
-    cfg->force_tcp = 0;
-    snprintf(cfg->protocol, sizeof(cfg->protocol), "rdma");
+    th_set(cfg, "FORCE_TCP", "0");
+    th_set(cfg, "PROTOCOL", "rdma");
 }
 
 static int rdma_available(void)
@@ -96,7 +96,7 @@ typedef struct conf_param {
 
 typedef struct fx {
     const conf_param_t *p;
-    mc_config_t cfg; /* the initiator's */
+    th_cfg_t cfg; /* the initiator's */
     mc_engine_t *e;
     th_target_t t;
     mc_segment_id_t seg;
@@ -115,7 +115,7 @@ static int fx_setup(void **state)
     fx->p = p;
     th_config(&fx->cfg);
     p->tr->apply(&fx->cfg);
-    fx->cfg.progress_thread = p->cs->progress_thread;
+    th_set(&fx->cfg, "PROGRESS_THREAD", "%d", p->cs->progress_thread);
     th_target_opts_init(&o, &fx->cfg, p->cs->target_buf);
     o.n_bufs = p->cs->n_bufs;
     o.use_alloc = p->tr->target_alloc;
@@ -451,8 +451,8 @@ static void test_dead_peer(void **state)
 
     /* Short timeouts: rebuild the initiator with them. */
     mc_engine_destroy(fx->e);
-    fx->cfg.io_timeout_ms = 1000;
-    fx->cfg.transfer_timeout_ms = 5000;
+    th_set(&fx->cfg, "IO_TIMEOUT_MS", "1000");
+    th_set(&fx->cfg, "TRANSFER_TIMEOUT", "5");
     fx->e = th_engine(&fx->cfg);
     fx->seg = th_open(fx->e, &fx->t, 0);
     src = fx_buf(fx, span * sz);

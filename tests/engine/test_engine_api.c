@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "harness.h"
@@ -41,7 +42,7 @@ static int teardown(void **state)
 }
 
 /* Spawn target slot i with cfg (progress thread on) and buffers of len bytes. */
-static th_target_t *spawn(int i, const mc_config_t *cfg, size_t len, const char *location)
+static th_target_t *spawn(int i, const th_cfg_t *cfg, size_t len, const char *location)
 {
     th_target_opts_t o;
 
@@ -81,10 +82,10 @@ static void test_config_env(void **state)
         {"MC_LISTEN", "not-an-address"},
         {"MC_SEGMENT_NAME", NULL}, /* too long: filled below */
         {"MC_METADATA", "bogus://x"},
-        {"MC_METADATA_CLUSTER_ID", NULL},
-        {"MC_AUTH_TOKEN", NULL},
+        {"MC_METADATA_CLUSTER_ID", "a/b"},
         {"MC_LOG_LEVEL", "loud"},
         {"MC_FORCE_TCP", "maybe"},
+        {"MC_PROTOCOL", "carrier-pigeon"},
         {"MC_PROGRESS_THREAD", "2"},
         {"MC_SLICE_SIZE", "abc"},
         {"MC_RETRY_CNT", "-1"},
@@ -96,45 +97,127 @@ static void test_config_env(void **state)
         {"MC_MAX_CONNS", "abc"},
         {"MC_METADATA_TTL", "1"},
         {"MC_HANDSHAKE_MAX_LENGTH", "12"},
+        {"MC_GID_INDEX", "256"},
+        {"MC_MTU", "1000"},
+        {"MC_RDMA_QP_DEPTH", "0"},
     };
     char longval[600];
-    mc_config_t def, cfg;
+    mc_config_t *cfg;
 
     (void)state;
     memset(longval, 'x', sizeof(longval) - 1);
     longval[sizeof(longval) - 1] = 0;
-    assert_int_equal(mc_config_init(&def), 0);
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
         assert_int_equal(setenv(vars[i].var, vars[i].bad ? vars[i].bad : longval, 1), 0);
-        memset(&cfg, 0x5a, sizeof(cfg));
-        int rc = mc_config_init(&cfg);
+        cfg = (mc_config_t *)&longval; /* must stay untouched on failure */
+        int rc = mc_config_create(&cfg);
         const char *err = mc_last_error();
         unsetenv(vars[i].var);
         if (rc != -MC_ECONFIG || !strstr(err, vars[i].var))
             print_error("%s: rc %d, error \"%s\"\n", vars[i].var, rc, err);
         assert_int_equal(rc, -MC_ECONFIG);
         assert_non_null(strstr(err, vars[i].var));
-        /* cfg is left with defaults only. */
-        assert_memory_equal(&cfg, &def, sizeof(cfg));
+        assert_ptr_equal(cfg, (mc_config_t *)&longval);
     }
-    /* Good values are applied, with their units. */
+    /* Good values are applied; the defaults otherwise. */
     setenv("MC_SLICE_SIZE", "131072", 1);
-    setenv("MC_TRANSFER_TIMEOUT", "7", 1);
     setenv("MC_FORCE_TCP", "yes", 1);
-    assert_int_equal(mc_config_init(&cfg), 0);
+    setenv("MC_RDMA_QP_DEPTH", "8", 1);
+    assert_int_equal(mc_config_create(&cfg), 0);
     unsetenv("MC_SLICE_SIZE");
-    unsetenv("MC_TRANSFER_TIMEOUT");
     unsetenv("MC_FORCE_TCP");
-    assert_int_equal(cfg.slice_size, 131072);
-    assert_int_equal(cfg.transfer_timeout_ms, 7000);
-    assert_int_equal(cfg.force_tcp, 1);
+    unsetenv("MC_RDMA_QP_DEPTH");
+    assert_string_equal(mc_config_get(cfg, "SLICE_SIZE"), "131072");
+    assert_string_equal(mc_config_get(cfg, "MC_FORCE_TCP"), "yes");
+    assert_string_equal(mc_config_get(cfg, "RDMA_QP_DEPTH"), "8");
+    assert_string_equal(mc_config_get(cfg, "TCP_WINDOW"), "16");
+    assert_string_equal(mc_config_get(cfg, "PROTOCOL"), "auto");
+    mc_config_destroy(cfg);
+}
+
+/* Settings by name: unknown names and bad values are refused and change nothing. */
+static void test_config_set(void **state)
+{
+    mc_config_t *cfg;
+    const char *name, *def, *help;
+    char seen[4096] = ",";
+
+    (void)state;
+    assert_int_equal(mc_config_create(&cfg), 0);
+    assert_int_equal(mc_config_set(cfg, "SLICE_SIZE", "1048576"), 0);
+    assert_string_equal(mc_config_get(cfg, "SLICE_SIZE"), "1048576");
+    assert_int_equal(mc_config_set(cfg, "MC_SLICE_SIZE", "12"), -MC_ECONFIG);
+    assert_non_null(strstr(mc_last_error(), "MC_SLICE_SIZE"));
+    assert_string_equal(mc_config_get(cfg, "SLICE_SIZE"), "1048576");
+    assert_int_equal(mc_config_set(cfg, "NO_SUCH_SETTING", "1"), -ENOENT);
+    assert_null(mc_config_get(cfg, "NO_SUCH_SETTING"));
+    assert_int_equal(mc_config_set(cfg, "PROTOCOL", "rdma"), 0);
+    assert_int_equal(mc_config_set(cfg, "LOG_LEVEL", "off"), 0);
+    assert_int_equal(mc_config_set(NULL, "LOG_LEVEL", "off"), -EINVAL);
+    /* Every setting is listed once, the transports' (LISTEN, RDMA_QP_DEPTH) with the core's,
+     * and has a default that the configuration accepts. */
+    size_t n = 0;
+    for (; mc_config_setting(n, &name, &def, &help) == 0; n++) {
+        char key[64];
+        snprintf(key, sizeof(key), ",%s,", name);
+        assert_null(strstr(seen, key));
+        snprintf(seen + strlen(seen), sizeof(seen) - strlen(seen), "%s,", name);
+        assert_non_null(mc_config_get(cfg, name));
+        assert_true(help && *help);
+    }
+    assert_true(n > 25);
+    assert_non_null(strstr(seen, ",LISTEN,"));
+    assert_non_null(strstr(seen, ",RDMA_QP_DEPTH,"));
+    assert_int_equal(mc_config_setting(n, &name, &def, &help), -ENOENT);
+    mc_config_destroy(cfg);
+}
+
+/* Two engines in one process with different settings: each logs at its own MC_LOG_LEVEL and
+ * publishes its own NIC priority matrix (MC_NIC_PRIORITY_MATRIX). */
+static void test_config_per_engine(void **state)
+{
+    char path[] = "/tmp/mc-log-XXXXXX", log[8192] = "", blob[65536];
+    size_t len;
+    th_cfg_t a, b;
+    int fd = mkstemp(path), saved = dup(2);
+
+    (void)state;
+    assert_true(fd >= 0 && saved >= 0);
+    th_config(&a);
+    th_set(&a, "SEGMENT_NAME", "loud-engine");
+    th_set(&a, "LOG_LEVEL", "info");
+    th_set(&a, "NIC_PRIORITY_MATRIX", "{\"cpu:0\": [[], []]}");
+    th_config(&b);
+    th_set(&b, "SEGMENT_NAME", "quiet-engine");
+    th_set(&b, "LOG_LEVEL", "off");
+    fflush(stderr);
+    assert_int_equal(dup2(fd, 2), 2);
+    g.e[0] = th_engine(&a);
+    g.e[1] = th_engine(&b);
+    fflush(stderr);
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) >= 0);
+    close(fd);
+    unlink(path);
+    assert_non_null(strstr(log, "engine loud-engine started"));
+    assert_null(strstr(log, "quiet-engine"));
+
+    len = sizeof(blob) - 1;
+    assert_int_equal(mc_segment_export(g.e[0], blob, &len), 0);
+    blob[len] = 0;
+    assert_non_null(strstr(blob, "\"priority_matrix\":{\"cpu:0\":[[],[]]}"));
+    len = sizeof(blob) - 1;
+    assert_int_equal(mc_segment_export(g.e[1], blob, &len), 0);
+    blob[len] = 0;
+    assert_null(strstr(blob, "\"priority_matrix\":{\"cpu:0\":[[],[]]}"));
 }
 
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static void test_register(void **state)
 {
-    mc_config_t cfg;
+    th_cfg_t cfg;
     uint8_t *m = mmap(NULL, 64 * 1024, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     void *a = NULL;
 
@@ -182,7 +265,7 @@ static void test_register(void **state)
 /* "*" resolves to a concrete location that a peer sees in the descriptor. */
 static void test_location_star(void **state)
 {
-    mc_config_t cfg;
+    th_cfg_t cfg;
     mc_buffer_info_t info[4];
     size_t count = 0;
 
@@ -205,7 +288,7 @@ static void test_location_star(void **state)
 
 static void test_open_blob(void **state)
 {
-    mc_config_t cfg;
+    th_cfg_t cfg;
     mc_segment_id_t id, id2;
     uint8_t small[4], garbage[64];
     size_t len;
@@ -239,7 +322,7 @@ static void test_open_blob(void **state)
 
 static void test_open_handshake(void **state)
 {
-    mc_config_t cfg;
+    th_cfg_t cfg;
     mc_segment_id_t id, id2;
 
     (void)state;
@@ -262,15 +345,15 @@ static void test_open_handshake(void **state)
 
 static void test_open_by_name_file_meta(void **state)
 {
-    mc_config_t cfg, tcfg;
+    th_cfg_t cfg, tcfg;
     mc_segment_id_t id;
 
     (void)state;
     th_tmpdir(g.dir, sizeof(g.dir));
     th_config(&cfg);
-    snprintf(cfg.metadata, sizeof(cfg.metadata), "file://%s", g.dir);
+    th_set(&cfg, "METADATA", "file://%s", g.dir);
     tcfg = cfg;
-    snprintf(tcfg.segment_name, sizeof(tcfg.segment_name), "target-by-name");
+    th_set(&tcfg, "SEGMENT_NAME", "target-by-name");
     th_target_t *t = spawn(0, &tcfg, 1 << 20, NULL);
     mc_engine_t *e = g.e[0] = th_engine(&cfg);
     int rc = mc_segment_open(e, "target-by-name", &id);
@@ -287,7 +370,7 @@ static void test_open_by_name_file_meta(void **state)
 
 static void test_messages(void **state)
 {
-    mc_config_t cfg;
+    th_cfg_t cfg;
     uint8_t buf[4 + 300];
     th_reply_t r;
 
@@ -349,7 +432,7 @@ static mc_batch_t *notify_batch(mc_engine_t *e, mc_segment_id_t id, uint8_t *src
 static void test_notify(void **state)
 {
     const size_t n = 256, sz = 64 * 1024;
-    mc_config_t cfg;
+    th_cfg_t cfg;
     mc_batch_status_t bs;
     th_reply_t r;
 
@@ -404,13 +487,13 @@ static void test_notify(void **state)
 static void test_stats(void **state)
 {
     const size_t w = (3u << 20) + 5, rd = (1u << 20) + 3;
-    mc_config_t cfg;
+    th_cfg_t cfg;
     mc_counters_t c, p;
     th_reply_t r;
 
     (void)state;
     th_config(&cfg);
-    cfg.force_tcp = 1; /* the tcp counters are under test: no same-host shortcut */
+    th_set(&cfg, "FORCE_TCP", "1"); /* the tcp counters are under test: no same-host shortcut */
     th_target_t *t = spawn(0, &cfg, 4u << 20, NULL);
     mc_engine_t *e = g.e[0] = th_engine(&cfg);
     mc_segment_id_t id = th_open(e, t, 0);
@@ -444,14 +527,14 @@ static void test_stats(void **state)
 
 static void auth_case(int slot, const char *init_tok, const char *tgt_tok, bool ok)
 {
-    mc_config_t cfg, tcfg;
+    th_cfg_t cfg, tcfg;
     char why[512];
 
     th_config(&cfg);
-    cfg.connect_timeout_ms = 2000;
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "2000");
     tcfg = cfg;
-    snprintf(cfg.auth_token, sizeof(cfg.auth_token), "%s", init_tok);
-    snprintf(tcfg.auth_token, sizeof(tcfg.auth_token), "%s", tgt_tok);
+    th_set(&cfg, "AUTH_TOKEN", "%s", init_tok);
+    th_set(&tcfg, "AUTH_TOKEN", "%s", tgt_tok);
     th_target_t *t = spawn(slot, &tcfg, 1 << 20, NULL);
     mc_engine_t *e = g.e[slot] = th_engine(&cfg);
     mc_segment_id_t id = th_open(e, t, 0);
@@ -486,7 +569,7 @@ static void test_auth(void **state)
 static void test_64_peers(void **state)
 {
     const size_t sz = 96 * 1024, per = 16, nt = 4, np = per * nt;
-    mc_config_t cfg;
+    th_cfg_t cfg;
     mc_segment_id_t ids[64];
     mc_request_t reqs[64];
     mc_batch_t *b;
@@ -541,6 +624,8 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_config_env, teardown),
+        cmocka_unit_test_teardown(test_config_set, teardown),
+        cmocka_unit_test_teardown(test_config_per_engine, teardown),
         cmocka_unit_test_teardown(test_register, teardown),
         cmocka_unit_test_teardown(test_location_star, teardown),
         cmocka_unit_test_teardown(test_open_blob, teardown),

@@ -50,13 +50,13 @@ static struct {
 
 static int setup(void **state)
 {
-    mc_config_t cfg;
+    th_cfg_t cfg;
     th_target_opts_t o;
 
     (void)state;
     memset(&g, 0, sizeof(g));
     th_config(&cfg);
-    cfg.io_timeout_ms = 1000; /* the target drops stalled raw clients quickly */
+    th_set(&cfg, "IO_TIMEOUT_MS", "1000"); /* the target drops stalled raw clients quickly */
     th_target_opts_init(&o, &cfg, TBUF);
     o.n_bufs = 2;
     assert_int_equal(th_target_spawn(&o, &g.t), 0);

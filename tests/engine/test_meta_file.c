@@ -50,7 +50,7 @@ static int setup(void **state)
     assert_non_null(mkdtemp(fx->dir));
     /* A nested path: open must create the missing directories. */
     snprintf(fx->url, sizeof(fx->url), "file://%s/a/b/store", fx->dir);
-    assert_int_equal(mc__meta_open(fx->url, &fx->meta), 0);
+    assert_int_equal(mc__meta_open(fx->url, NULL, &fx->meta), 0);
     *state = fx;
     return 0;
 }
@@ -240,7 +240,7 @@ static void cas_child(const char *url, int start_fd, const char *key, const char
     char c;
     int rc;
 
-    if (mc__meta_open(url, &meta) != 0)
+    if (mc__meta_open(url, NULL, &meta) != 0)
         _exit(3);
     if (read(start_fd, &c, 1) != 0)
         _exit(4);
@@ -560,7 +560,8 @@ static void test_dead_process_keys_vanish(void **state)
     if (pid == 0) {
         mc_meta_t *meta;
         int64_t lease;
-        if (mc__meta_open(fx->url, &meta) != 0 || mc__meta_lease_grant(meta, 1, &lease) != 0 ||
+        if (mc__meta_open(fx->url, NULL, &meta) != 0 ||
+            mc__meta_lease_grant(meta, 1, &lease) != 0 ||
             mc__meta_put(meta, "dead/k", 6, "bye", 3, lease, NULL) != 0)
             _exit(1);
         _exit(0); /* no close, no revoke: as if it crashed */
@@ -593,13 +594,13 @@ static void test_open_errors(void **state)
     mc_meta_t *meta = NULL;
 
     (void)fx;
-    assert_int_equal(mc__meta_open("nope:///tmp/x", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("nope:///tmp/x", NULL, &meta), -EINVAL);
     assert_non_null(strstr(mc_last_error(), "nope"));
-    assert_int_equal(mc__meta_open("file://relative/dir", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("file://relative/dir", NULL, &meta), -EINVAL);
     assert_non_null(strstr(mc_last_error(), "absolute"));
-    assert_int_equal(mc__meta_open("file://", &meta), -EINVAL);
-    assert_int_equal(mc__meta_open("/tmp/no-scheme", &meta), -EINVAL);
-    assert_int_equal(mc__meta_open("://x", &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("file://", NULL, &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("/tmp/no-scheme", NULL, &meta), -EINVAL);
+    assert_int_equal(mc__meta_open("://x", NULL, &meta), -EINVAL);
     assert_null(meta);
 }
 
@@ -610,7 +611,7 @@ static void test_reopen_shares_store(void **state)
     mc_meta_t *other;
 
     put_str(fx->meta, "shared", "yes", 0);
-    assert_int_equal(mc__meta_open(fx->url, &other), 0);
+    assert_int_equal(mc__meta_open(fx->url, NULL, &other), 0);
     assert_value(other, "shared", 6, "yes", 1);
     assert_int_equal(put_str(other, "shared", "again", 0), 2);
     assert_value(fx->meta, "shared", 6, "again", 2);

@@ -41,7 +41,7 @@ typedef struct rdma_case {
 
 typedef struct fx {
     char tdir[64], idir[64]; /* softverbs control directories: target's, initiator's */
-    mc_config_t cfg;         /* the initiator's */
+    th_cfg_t cfg;            /* the initiator's */
     th_target_t t;
     mc_engine_t *e;
     mc_segment_id_t seg;
@@ -49,12 +49,12 @@ typedef struct fx {
     size_t local_len;
 } fx_t;
 
-static void rdma_config(mc_config_t *cfg)
+static void rdma_config(th_cfg_t *cfg)
 {
     th_config(cfg);
-    cfg->force_tcp = 0;
-    snprintf(cfg->protocol, sizeof(cfg->protocol), "rdma"); /* also to a peer on this host */
-    cfg->progress_thread = 1;
+    th_set(cfg, "FORCE_TCP", "0");
+    th_set(cfg, "PROTOCOL", "rdma"); /* also to a peer on this host */
+    th_set(cfg, "PROGRESS_THREAD", "1");
 }
 
 static int fx_setup(void **state)
@@ -572,11 +572,11 @@ static void test_auto(void **state)
 {
     fx_t *fx = *state;
     uint64_t b0 = tbuf(fx, 0);
-    mc_config_t cfg;
+    th_cfg_t cfg;
     char why[512];
 
     th_config(&cfg);
-    assert_string_equal(cfg.protocol, "auto");
+    assert_null(th_get(&cfg, "PROTOCOL")); /* auto */
     for (int eth = 0; eth < 2; eth++) {
         size_t len;
         char *text = blob_edit(fx, edit_other_host, eth ? "eth" : NULL, &len);
@@ -711,7 +711,7 @@ static void test_dead_peer(void **state)
 
     /* A long transfer timeout, so that only the detection of the death can end the tasks. */
     mc_engine_destroy(fx->e);
-    fx->cfg.transfer_timeout_ms = 120000;
+    th_set(&fx->cfg, "TRANSFER_TIMEOUT", "120");
     fx->e = th_engine(&fx->cfg);
     fx->seg = th_open(fx->e, &fx->t, 0);
     uint8_t *buf = fx_local(fx, len);

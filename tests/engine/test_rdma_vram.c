@@ -29,16 +29,16 @@ typedef struct fx {
     uint8_t *vram, *host;
 } fx_t;
 
-static void rdma_cfg(mc_config_t *cfg)
+static void rdma_cfg(th_cfg_t *cfg)
 {
     th_config(cfg);
-    snprintf(cfg->protocol, sizeof(cfg->protocol), "rdma");
+    th_set(cfg, "PROTOCOL", "rdma");
 }
 
 static int setup(void **state)
 {
     fx_t *fx = calloc(1, sizeof(*fx));
-    mc_config_t cfg;
+    th_cfg_t cfg;
     th_target_opts_t o;
 
     rdma_cfg(&cfg);
@@ -127,18 +127,18 @@ static void test_write_read(void **state)
 static void test_vram_not_over_tcp(void **state)
 {
     fx_t *fx = *state;
-    mc_config_t cfg;
+    th_cfg_t cfg;
     char why[256];
 
     th_config(&cfg);
-    cfg.force_tcp = 1;
+    th_set(&cfg, "FORCE_TCP", "1");
     mc_engine_t *e = th_engine(&cfg);
     mc_segment_id_t seg = th_open(e, &fx->t, 0);
     assert_int_equal(mc_mem_register(e, fx->vram, BUF, "cuda:0"), 0);
     th_remote_fill(&fx->t, 0, fx->t.eng[0].buf[0], 4096, 777, 0);
     int st = th_xfer(e, MC_WRITE, fx->vram, seg, fx->t.eng[0].buf[0], 4096, why, sizeof(why));
     assert_int_equal(st, MC_TASK_FAILED);
-    assert_true(th_contains(why, "VRAM moves over rdma only"));
+    assert_true(th_contains(why, "VRAM moves over rdma"));
     assert_int_equal(th_remote_check(&fx->t, 0, fx->t.eng[0].buf[0], 4096, 777, 0), -1);
     assert_int_equal(mc_mem_unregister(e, fx->vram), 0);
     mc_segment_close(e, seg);

@@ -28,11 +28,11 @@ typedef struct fx {
 static int setup_kind(void **state, int use_alloc)
 {
     fx_t *fx = calloc(1, sizeof(*fx));
-    mc_config_t cfg;
+    th_cfg_t cfg;
     th_target_opts_t o;
 
     th_config(&cfg);
-    cfg.force_tcp = 0;
+    th_set(&cfg, "FORCE_TCP", "0");
     th_target_opts_init(&o, &cfg, BUF);
     o.n_bufs = 2;
     o.use_alloc = use_alloc;

@@ -52,3 +52,11 @@ if(TARGET softverbs)
   mc_script_test(test_rdma_select COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_rdma_select.sh
     TIMEOUT 300 LABELS "integration;rdma")
 endif()
+# Static checks: the core names no transport (transports plug in through transport.h), and
+# README's configuration table lists every setting with its default.
+find_program(MC_PYTHON3 python3 REQUIRED)
+mc_script_test(check_transport_seam COMMAND ${MC_PYTHON3}
+  ${CMAKE_CURRENT_LIST_DIR}/check_transport_seam.py ${PROJECT_SOURCE_DIR}/engine TIMEOUT 30
+  LABELS static)
+mc_script_test(check_readme_settings COMMAND ${CMAKE_CURRENT_LIST_DIR}/check_readme_settings.sh
+  TIMEOUT 30 LABELS static)

@@ -195,7 +195,7 @@ static void test_cas_race_processes(void **state)
         if (pids[p] == 0) {
             mc_meta_t *m;
             char key[32];
-            if (mc__meta_open(etcd.url, &m))
+            if (mc__meta_open(etcd.url, NULL, &m))
                 _exit(2);
             for (int r = 0; r < ROUNDS; r++) {
                 snprintf(key, sizeof(key), "race/%d", r);
@@ -361,14 +361,14 @@ static void test_failover_and_down(void **state)
     put_str("fo/k", "v", 0);
     /* Port 1 refuses connections: the second endpoint answers. */
     snprintf(url, sizeof(url), "etcd://127.0.0.1:1,%s", etcd.endpoint);
-    assert_int_equal(mc__meta_open(url, &m), 0);
+    assert_int_equal(mc__meta_open(url, NULL, &m), 0);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(mc__meta_get(m, "fo/k", 4, &kv), 0);
         mc__meta_kv_free(&kv);
     }
     mc__meta_close(m);
     /* Nothing answers: a prompt, clear error. */
-    assert_int_equal(mc__meta_open("etcd://127.0.0.1:1,127.0.0.1:2", &m), 0);
+    assert_int_equal(mc__meta_open("etcd://127.0.0.1:1,127.0.0.1:2", NULL, &m), 0);
     t0 = etcd_test_now_ms();
     assert_int_equal(mc__meta_get(m, "fo/k", 4, &kv), -MC_EMETA);
     assert_true(etcd_test_now_ms() - t0 < 3000);
@@ -383,26 +383,26 @@ static void test_open_errors(void **state)
     mc_meta_t *m;
 
     (void)state;
-    assert_int_equal(mc__meta_open("etcd://", &m), -EINVAL);
-    assert_int_equal(mc__meta_open("etcd://host", &m), -EINVAL);
-    assert_int_equal(mc__meta_open("etcd://127.0.0.1:2379,,", &m), -EINVAL);
-    assert_int_equal(mc__meta_open("etcd://:2379", &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://", NULL, &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://host", NULL, &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://127.0.0.1:2379,,", NULL, &m), -EINVAL);
+    assert_int_equal(mc__meta_open("etcd://:2379", NULL, &m), -EINVAL);
     setenv("MC_ETCD_USER", "root", 1);
-    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), -MC_ECONFIG);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_PASSWORD"));
     unsetenv("MC_ETCD_USER");
     setenv("MC_ETCD_CERT", "/etc/hostname", 1);
-    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), -MC_ECONFIG);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_KEY"));
     unsetenv("MC_ETCD_CERT");
     setenv("MC_ETCD_CACERT", "/nonexistent/ca.pem", 1);
-    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), -MC_ECONFIG);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_CACERT"));
     unsetenv("MC_ETCD_CACERT");
     setenv("MC_ETCD_TIMEOUT_MS", "5", 1);
-    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_ECONFIG);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), -MC_ECONFIG);
     unsetenv("MC_ETCD_TIMEOUT_MS");
-    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
     mc__meta_close(m);
 }
 
@@ -415,7 +415,7 @@ static int group_setup(void **state)
         exit(77);
     }
     assert_int_equal(rc, 0);
-    return mc__meta_open(etcd.url, &meta);
+    return mc__meta_open(etcd.url, NULL, &meta);
 }
 
 static int group_teardown(void **state)

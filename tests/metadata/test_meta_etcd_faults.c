@@ -161,7 +161,7 @@ static int group_setup(void **state)
     }
     assert_int_equal(rc, 0);
     setenv("MC_ETCD_TIMEOUT_MS", "2000", 1);
-    return mc__meta_open(etcd.url, &meta);
+    return mc__meta_open(etcd.url, NULL, &meta);
 }
 
 static int group_teardown(void **state)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include <mooncake/engine.h>
 #include <mooncake/error.h>
 
 #include "etcd_proc.h"
@@ -73,7 +74,7 @@ static void test_auth_wrong_password(void **state)
     (void)state;
     setenv("MC_ETCD_USER", "root", 1);
     setenv("MC_ETCD_PASSWORD", "wrong", 1);
-    assert_int_equal(mc__meta_open(etcd.url, &m), -MC_EAUTH);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), -MC_EAUTH);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_USER=root"));
     unset_all();
 }
@@ -84,10 +85,53 @@ static void test_auth_missing(void **state)
     mc_meta_kv_t kv;
 
     (void)state;
-    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
     assert_int_equal(mc__meta_get(m, "k", 1, &kv), -MC_EAUTH);
     assert_non_null(strstr(mc_last_error(), "MC_ETCD_USER"));
     mc__meta_close(m);
+}
+
+/* Credentials are per engine: two engines of one process, one with the right password and one
+ * with a wrong one, set through their configurations (the environment has none). */
+static mc_engine_t *engine_with(const char *password, int *rc_p)
+{
+    mc_config_t *cfg;
+    mc_engine_t *e = NULL;
+
+    assert_int_equal(mc_config_create(&cfg), 0);
+    assert_int_equal(mc_config_set(cfg, "METADATA", etcd.url), 0);
+    assert_int_equal(mc_config_set(cfg, "ETCD_USER", "root"), 0);
+    assert_int_equal(mc_config_set(cfg, "ETCD_PASSWORD", password), 0);
+    assert_int_equal(mc_config_set(cfg, "LOG_LEVEL", "off"), 0);
+    *rc_p = mc_engine_create(cfg, &e);
+    mc_config_destroy(cfg);
+    return e;
+}
+
+static void test_auth_per_engine(void **state)
+{
+    mc_meta_t *m;
+    mc_meta_kv_t kv;
+    char key[256];
+    int rc;
+
+    (void)state;
+    unset_all();
+    mc_engine_t *good = engine_with("s3cret", &rc);
+    assert_int_equal(rc, 0);
+    mc_engine_t *bad = engine_with("wrong", &rc);
+    assert_null(bad);
+    assert_int_equal(rc, -MC_EAUTH);
+    /* The good one published its descriptor with its own credentials. */
+    setenv("MC_ETCD_USER", "root", 1);
+    setenv("MC_ETCD_PASSWORD", "s3cret", 1);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
+    snprintf(key, sizeof(key), "mooncake/ram/%s", mc_engine_segment_name(good));
+    assert_int_equal(mc__meta_get(m, key, strlen(key), &kv), 0);
+    mc__meta_kv_free(&kv);
+    mc__meta_close(m);
+    unset_all();
+    mc_engine_destroy(good);
 }
 
 /* Tokens live 2 s here: every call after a pause needs a fresh one. */
@@ -101,7 +145,7 @@ static void test_auth_token_expiry(void **state)
     (void)state;
     setenv("MC_ETCD_USER", "root", 1);
     setenv("MC_ETCD_PASSWORD", "s3cret", 1);
-    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
     roundtrip(m, "auth/a");
     assert_int_equal(mc__meta_watch_create(m, "auth/", 5, 0, &w), 0);
     etcd_test_sleep_ms(3500);
@@ -190,7 +234,7 @@ static void test_tls_ok(void **state)
 
     (void)state;
     set_tls("ca.pem", "client.pem", "client.key");
-    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
     assert_int_equal(mc__meta_watch_create(m, "tls/", 4, 0, &w), 0);
     roundtrip(m, "tls/a");
     assert_int_equal(mc__meta_watch_next(w, 5000, &ev), 0);
@@ -208,7 +252,7 @@ static void test_tls_wrong_ca(void **state)
 
     (void)state;
     set_tls("ca2.pem", "client.pem", "client.key");
-    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
     assert_int_equal(mc__meta_get(m, "k", 1, &kv), -MC_EAUTH);
     printf("wrong CA: %s\n", mc_last_error());
     assert_non_null(strstr(mc_last_error(), "TLS"));
@@ -224,7 +268,7 @@ static void test_tls_no_client_cert(void **state)
 
     (void)state;
     set_tls("ca.pem", NULL, NULL);
-    assert_int_equal(mc__meta_open(etcd.url, &m), 0);
+    assert_int_equal(mc__meta_open(etcd.url, NULL, &m), 0);
     int rc = mc__meta_get(m, "k", 1, &kv);
     printf("no client certificate: %s\n", mc_last_error());
     assert_true(rc == -MC_EAUTH || rc == -MC_EMETA);
@@ -238,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_auth_wrong_password),
         cmocka_unit_test(test_auth_missing),
         cmocka_unit_test(test_auth_token_expiry),
+        cmocka_unit_test(test_auth_per_engine),
     };
     const struct CMUnitTest tls[] = {
         cmocka_unit_test(test_tls_ok),

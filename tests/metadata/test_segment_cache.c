@@ -22,13 +22,14 @@ static etcd_proc_t etcd;
 
 static mc_engine_t *engine(void)
 {
-    mc_config_t cfg;
+    mc_config_t *cfg;
     mc_engine_t *e;
 
-    assert_int_equal(mc_config_init(&cfg), 0);
-    snprintf(cfg.metadata, sizeof(cfg.metadata), "%s", etcd.url);
-    cfg.metadata_ttl_s = 5;
-    assert_int_equal(mc_engine_create(&cfg, &e), 0);
+    assert_int_equal(mc_config_create(&cfg), 0);
+    assert_int_equal(mc_config_set(cfg, "METADATA", etcd.url), 0);
+    assert_int_equal(mc_config_set(cfg, "METADATA_TTL", "5"), 0);
+    assert_int_equal(mc_engine_create(cfg, &e), 0);
+    mc_config_destroy(cfg);
     return e;
 }
 

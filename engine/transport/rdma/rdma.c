@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "../../sys/verbs.h"
 #include "rdma_int.h"
 
 unsigned mc__rdma_slot;
@@ -18,12 +19,11 @@ unsigned mc__rdma_slot;
 /* ---- devices ---- */
 
 /* MC_DEVICES, when set, names the devices to use (network interfaces too: ignored here). */
-static bool device_wanted(const char *name)
+static bool device_wanted(const char *list, const char *name)
 {
-    const char *list = getenv("MC_DEVICES");
     size_t n = strlen(name);
 
-    if (!list || !*list)
+    if (!*list)
         return true;
     for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
         if (strcspn(p, ",") == n && !strncmp(p, name, n))
@@ -40,12 +40,12 @@ static bool gid_is_v4_mapped(const union ibv_gid *g)
 
 /* MC_GID_INDEX, or: on Ethernet the first RoCE v2 GID with an IPv4 address (routable, what
  * RoCE fabrics are set up for), else the first RoCE v2 one; index 0 otherwise. */
-static int gid_pick(mc_engine_t *e, mc_rdma_dev_t *d, int table_len)
+static int gid_pick(const mc_rdma_t *r, mc_rdma_dev_t *d, int table_len)
 {
     int fallback = -1;
 
-    if (e->cfg.gid_index >= 0)
-        return e->cfg.gid_index;
+    if (r->gid_index >= 0)
+        return r->gid_index;
     if (d->link != IBV_LINK_LAYER_ETHERNET)
         return 0;
     for (int i = 0; i < table_len; i++) {
@@ -70,7 +70,7 @@ static int nonblocking(int fd)
     return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
 }
 
-static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
+static int dev_setup(mc_engine_t *e, const mc_rdma_t *r, mc_rdma_dev_t *d)
 {
     struct ibv_device_attr da;
     struct ibv_port_attr pa;
@@ -84,9 +84,9 @@ static int dev_setup(mc_engine_t *e, mc_rdma_dev_t *d)
                                                        : IBV_LINK_LAYER_INFINIBAND;
     d->lid = pa.lid;
     d->mtu = (uint16_t)(128u << pa.active_mtu);
-    if (e->cfg.mtu && e->cfg.mtu < d->mtu)
-        d->mtu = (uint16_t)e->cfg.mtu;
-    d->gid_index = gid_pick(e, d, pa.gid_tbl_len);
+    if (r->mtu && r->mtu < d->mtu)
+        d->mtu = (uint16_t)r->mtu;
+    d->gid_index = gid_pick(r, d, pa.gid_tbl_len);
     if (ibv_query_gid(d->ctx, d->port, d->gid_index, &d->gid))
         return mc__set_error(-MC_ECONFIG, "%s: no GID at index %d (MC_GID_INDEX)", d->name,
                              d->gid_index);
@@ -137,8 +137,14 @@ static int rdma_init(mc_engine_t *e)
 {
     mc_rdma_t *r;
     struct ibv_device **list;
+    const char *why;
+    uint8_t port;
     int n = 0;
 
+    if (!mc__verbs_available(&why)) {
+        mc_info("rdma unavailable: %s", why);
+        return 0;
+    }
     list = ibv_get_device_list(&n);
     if (!list || n == 0) {
         if (list)
@@ -154,15 +160,20 @@ static int rdma_init(mc_engine_t *e)
     mc_list_init(&r->qps);
     mc_list_init(&r->to_post);
     r->chunk = UINT64_MAX;
+    r->qp_depth = (unsigned)mc__config_num(e->conf, "RDMA_QP_DEPTH");
+    r->max_qps = (unsigned)mc__config_num(e->conf, "RDMA_MAX_QPS");
+    r->mtu = (unsigned)mc__config_num(e->conf, "MTU");
+    r->gid_index = (int)(int64_t)mc__config_num(e->conf, "GID_INDEX");
+    port = (uint8_t)mc__config_num(e->conf, "IB_PORT");
     for (int i = 0; i < n && r->n_devs < MC_RDMA_MAX_DEVS; i++) {
         mc_rdma_dev_t *d = &r->devs[r->n_devs];
         snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(list[i]));
-        if (!device_wanted(d->name))
+        if (!device_wanted(e->cfg.devices, d->name))
             continue;
-        d->port = (uint8_t)e->cfg.ib_port;
+        d->port = port;
         d->index = r->n_devs;
         d->ctx = ibv_open_device(list[i]);
-        if (!d->ctx || dev_setup(e, d)) {
+        if (!d->ctx || dev_setup(e, r, d)) {
             mc_warn("rdma: %s not used: %s", d->name, d->ctx ? mc_last_error() : strerror(errno));
             dev_close(e, d);
             continue;
@@ -408,11 +419,54 @@ static void rdma_stop(mc_engine_t *e)
     mc__rdma_drain_all(e);
 }
 
+/* MC_GID_INDEX: "pick" (-1) or an index. */
+static int parse_gid(const char *v, uint64_t *num_p)
+{
+    char *end;
+    unsigned long x = strtoul(v, &end, 10);
+
+    if (!strcmp(v, "pick")) {
+        *num_p = (uint64_t)(int64_t)-1;
+        return 0;
+    }
+    if (!*v || *end || v[0] == '-' || x > 255)
+        return mc__set_error(-MC_ECONFIG, "expected pick or an integer in [0, 255]");
+    *num_p = x;
+    return 0;
+}
+
+/* MC_MTU: "port" (0: the port's active MTU) or a power of two from 256 to 4096. */
+static int parse_mtu(const char *v, uint64_t *num_p)
+{
+    char *end;
+    unsigned long x = strtoul(v, &end, 10);
+
+    if (!strcmp(v, "port")) {
+        *num_p = 0;
+        return 0;
+    }
+    if (!*v || *end || x < 256 || x > 4096 || (x & (x - 1)))
+        return mc__set_error(-MC_ECONFIG, "expected port, 256, 512, 1024, 2048 or 4096");
+    *num_p = x;
+    return 0;
+}
+
+static const mc_setting_t rdma_settings[] = {
+    {"IB_PORT", "1", 1, 255, NULL, "port of every RDMA device"},
+    {"GID_INDEX", "pick", 0, 0, parse_gid,
+     "GID index; pick: the first RoCE v2 GID with an IPv4 address, else RoCE v2, else 0"},
+    {"MTU", "port", 0, 0, parse_mtu, "path MTU cap (256-4096); port: the port's active MTU"},
+    {"RDMA_QP_DEPTH", "64", 1, 4096, NULL, "slices in flight per QP"},
+    {"RDMA_MAX_QPS", "256", 1, 65536, NULL, "QPs this engine initiates over all peers"},
+    {NULL},
+};
+
 const mc_transport_ops_t mc__rdma_ops = {
     .size = sizeof(mc_transport_ops_t),
     .name = "rdma",
     .slot = &mc__rdma_slot,
     .codec = &mc__rdma_codec,
+    .settings = rdma_settings,
     .init = rdma_init,
     .stop = rdma_stop,
     .fini = rdma_fini,

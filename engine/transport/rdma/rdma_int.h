@@ -129,6 +129,10 @@ struct mc_rdma_qp {
 
 /* e->tp[mc__rdma_slot] */
 typedef struct mc_rdma {
+    unsigned qp_depth; /* MC_RDMA_QP_DEPTH: slices in flight per QP */
+    unsigned max_qps;  /* MC_RDMA_MAX_QPS: QPs this engine initiates, all peers */
+    unsigned mtu;      /* MC_MTU: 0 = the port's */
+    int gid_index;     /* MC_GID_INDEX: -1 = pick */
     mc_rdma_dev_t devs[MC_RDMA_MAX_DEVS];
     unsigned n_devs;
     uint64_t chunk; /* memory-region piece size: the smallest max MR size, page-aligned */

@@ -135,8 +135,8 @@ static void post_all(mc_engine_t *e)
  * and its send queue and CQ hold them all. */
 static bool qp_room(mc_engine_t *e, const mc_rdma_qp_t *qp, unsigned need)
 {
-    return qp && qp->state == QP_READY && qp->outstanding < e->cfg.rdma_qp_depth &&
-           qp->outstanding + need <= e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK &&
+    return qp && qp->state == QP_READY && qp->outstanding < rdma_of(e)->qp_depth &&
+           qp->outstanding + need <= rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK &&
            qp->dev->cq_used + need <= qp->dev->cq_size;
 }
 
@@ -210,7 +210,7 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
             return true;
         }
     }
-    unsigned need = pieces(s, &rb, lb, la), most = e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK;
+    unsigned need = pieces(s, &rb, lb, la), most = rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK;
     if (need > most || !qp_room(e, r->qp, need)) {
         if (rdma_sl(s)->stage)
             mc__rdma_stage_put(e, s, false);

@@ -25,7 +25,7 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
     struct ibv_qp_init_attr ia = {
         .send_cq = dev->cq,
         .recv_cq = dev->cq,
-        .cap = {.max_send_wr = initiator ? e->cfg.rdma_qp_depth + MC_RDMA_SQ_SLACK : 1,
+        .cap = {.max_send_wr = initiator ? rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK : 1,
                 .max_recv_wr = 1,
                 .max_send_sge = 1,
                 .max_recv_sge = 1},
@@ -283,7 +283,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
     }
     if (!mc__ctrl_ready(e, p)) /* called again once a control link is ready */
         return;
-    if (rd->n_qps >= e->cfg.rdma_max_qps && !evict_idle_qp(e, p))
+    if (rd->n_qps >= rd->max_qps && !evict_idle_qp(e, p))
         return;
     mc_rdma_qp_t *qp = mc__rdma_qp_create(e, &rd->devs[r->ldev], true);
     s = qp ? mc__slice_alloc(e) : NULL;

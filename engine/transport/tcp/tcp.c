@@ -11,17 +11,46 @@ _Static_assert(MC_SLICE_MAX <= MC_PROTO_MAX_DATA, "a slice must fit in a frame")
 
 unsigned mc__tcp_slot;
 
+/* MC_LISTEN: comma-separated ip:port, at most MC_MAX_RAILS. */
+static int parse_listen(const char *v, uint64_t *num_p)
+{
+    struct sockaddr_storage sa;
+    socklen_t len;
+    char item[MC_NAME_MAX];
+    unsigned n = 0;
+
+    for (const char *p = v; *p; n++) {
+        size_t l = strcspn(p, ",");
+        if (l >= sizeof(item) || n == MC_MAX_RAILS)
+            return mc__set_error(-MC_ECONFIG, "at most %d addresses", MC_MAX_RAILS);
+        memcpy(item, p, l);
+        item[l] = 0;
+        if (mc__parse_ip_port(item, &sa, &len))
+            return mc__set_error(-MC_ECONFIG, "\"%s\" is not IPv4:port or [IPv6]:port", item);
+        p += l + (p[l] == ',');
+    }
+    *num_p = n;
+    return n ? 0 : mc__set_error(-MC_ECONFIG, "no address");
+}
+
+static const mc_setting_t tcp_settings[] = {
+    {"LISTEN", "127.0.0.1:0", 0, 0, parse_listen,
+     "addresses to listen on, one per link (ip:port, [v6]:port; port 0: any)"},
+    {"TCP_CONNS", "2", 1, 64, NULL, "tcp connections per rail"},
+    {"TCP_WINDOW", "16", 1, 1024, NULL, "slices in flight per tcp connection"},
+    {"MAX_CONNS", "256", 1, 65536, NULL, "outbound tcp connections over all peers"},
+    {NULL},
+};
+
 static int tcp_init(mc_engine_t *e)
 {
     tcp_engine_t *t = calloc(1, sizeof(*t));
 
     if (!t)
         return mc__set_error(-ENOMEM, "out of memory");
-    if (!e->cfg.tcp_conns || !e->cfg.tcp_window || !e->cfg.max_conns) {
-        free(t);
-        return mc__set_error(-MC_ECONFIG, "tcp: MC_TCP_CONNS, MC_TCP_WINDOW and MC_MAX_CONNS "
-                                          "must be positive");
-    }
+    t->conns_per_rail = (unsigned)mc__config_num(e->conf, "TCP_CONNS");
+    t->window = (unsigned)mc__config_num(e->conf, "TCP_WINDOW");
+    t->max_conns = (unsigned)mc__config_num(e->conf, "MAX_CONNS");
     mc_list_init(&t->inbound);
     mc_list_init(&t->graveyard);
     e->tp[mc__tcp_slot] = t;
@@ -177,6 +206,7 @@ const mc_transport_ops_t mc__tcp_ops = {
     .slot = &mc__tcp_slot,
     .flags = MC_TP_CONTROL,
     .codec = &mc__tcp_codec,
+    .settings = tcp_settings,
     .init = tcp_init,
     .stop = tcp_stop,
     .fini = tcp_fini,

@@ -420,7 +420,7 @@ static bool evict_idle(mc_engine_t *e);
 
 static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
 {
-    if (tcp_of(e)->n_outbound >= e->cfg.max_conns) {
+    if (tcp_of(e)->n_outbound >= tcp_of(e)->max_conns) {
         pthread_rwlock_rdlock(&e->peers_lock);
         bool room = evict_idle(e);
         pthread_rwlock_unlock(&e->peers_lock);
@@ -528,7 +528,7 @@ static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int b
             continue;
         if (r->base.n_conns == 0)
             rail_open(e, p, r);
-        else if (r->base.n_conns < e->cfg.tcp_conns &&
+        else if (r->base.n_conns < tcp_of(e)->conns_per_rail &&
                  mc__rail_rank(e, &r->base, location) <= best &&
                  (!extra || r->base.n_conns < extra->base.n_conns))
             extra = r;
@@ -551,7 +551,7 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
         mc_list_t *pos;
         for (pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
             mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
-            if (c->state != CS_READY || c->window_used >= e->cfg.tcp_window ||
+            if (c->state != CS_READY || c->window_used >= tcp_of(e)->window ||
                 mc__rail_rank(e, &c->rail->base, loc) > best)
                 continue;
             mc_slice_t *s = mc__sched_next_slice(e, p, mc__tcp_slot);

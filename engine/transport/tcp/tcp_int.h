@@ -34,6 +34,9 @@ extern unsigned mc__tcp_slot;
 
 /* e->tp[mc__tcp_slot] */
 typedef struct tcp_engine {
+    unsigned conns_per_rail; /* MC_TCP_CONNS */
+    unsigned window;         /* MC_TCP_WINDOW: requests in flight per connection */
+    unsigned max_conns;      /* MC_MAX_CONNS: outbound connections, all peers */
     mc_pollable_t listens[MC_MAX_RAILS];
     char listen_addrs[MC_MAX_RAILS][MC_NAME_MAX];
     unsigned n_listens;

@@ -362,7 +362,7 @@ static int listen_one(mc_engine_t *e, const char *addr)
 int mc__tcp_listen(mc_engine_t *e)
 {
     char addr[MC_NAME_MAX];
-    const char *p = e->cfg.listen;
+    const char *p = mc__config_str(e->conf, "LISTEN");
 
     while (*p && tcp_of(e)->n_listens < MC_MAX_RAILS) {
         size_t l = strcspn(p, ",");
