@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../util/bytes.h"
 #include "rdma_int.h"
 
 #define QP_TIMEOUT   14 /* 4.096 us * 2^14 = 67 ms per try */
@@ -155,38 +156,16 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
  *   0 u8 dev   1 u8 peer_dev   2 u8 link   3 u8 0   4 u16 lid   6 u16 mtu
  *   8 u32 qpn 12 u32 psn      16 gid[16]            (little-endian) */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 void mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
 {
     memset(out, 0, MC_QP_INFO_LEN);
     out[0] = q->dev;
     out[1] = q->peer_dev;
     out[2] = q->link;
-    put16(out + 4, q->lid);
-    put16(out + 6, q->mtu);
-    put32(out + 8, q->qpn);
-    put32(out + 12, q->psn);
+    mc__put16(out + 4, q->lid);
+    mc__put16(out + 6, q->mtu);
+    mc__put32(out + 8, q->qpn);
+    mc__put32(out + 12, q->psn);
     memcpy(out + 16, q->gid, 16);
 }
 
@@ -197,10 +176,10 @@ int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
     q->dev = in[0];
     q->peer_dev = in[1];
     q->link = in[2];
-    q->lid = get16(in + 4);
-    q->mtu = get16(in + 6);
-    q->qpn = get32(in + 8);
-    q->psn = get32(in + 12);
+    q->lid = mc__get16(in + 4);
+    q->mtu = mc__get16(in + 6);
+    q->qpn = mc__get32(in + 8);
+    q->psn = mc__get32(in + 12);
     memcpy(q->gid, in + 16, 16);
     if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 256 || q->mtu > 4096 ||
         (q->mtu & (q->mtu - 1)))

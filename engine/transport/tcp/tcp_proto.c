@@ -4,51 +4,19 @@
 #include <mooncake/error.h>
 
 #include "tcp_proto.h"
+#include "../../util/bytes.h"
 #include "../../util/log.h"
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 void mc__tcp_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
 {
-    put32(out, MC_PROTO_MAGIC);
+    mc__put32(out, MC_PROTO_MAGIC);
     out[4] = MC_PROTO_VERSION;
     out[5] = f->type;
-    put16(out + 6, f->flags);
-    put32(out + 8, f->length);
-    put32(out + 12, f->id);
-    put64(out + 16, f->addr);
-    put64(out + 24, f->aux);
+    mc__put16(out + 6, f->flags);
+    mc__put32(out + 8, f->length);
+    mc__put32(out + 12, f->id);
+    mc__put64(out + 16, f->addr);
+    mc__put64(out + 24, f->aux);
 }
 
 static const char *const type_names[MC_FR_TYPE_MAX] = {
@@ -97,19 +65,19 @@ int mc__tcp_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, 
 {
     mc_frame_t f;
 
-    if (get32(in) != MC_PROTO_MAGIC)
-        return mc__set_error(-MC_EPROTO, "bad frame magic 0x%08x", get32(in));
+    if (mc__get32(in) != MC_PROTO_MAGIC)
+        return mc__set_error(-MC_EPROTO, "bad frame magic 0x%08x", mc__get32(in));
     if (in[4] != MC_PROTO_VERSION)
         return mc__set_error(-MC_EVERSION, "protocol version %u, expected %u", in[4],
                              MC_PROTO_VERSION);
     if (in[5] == 0 || in[5] >= MC_FR_TYPE_MAX)
         return mc__set_error(-MC_EPROTO, "unknown frame type %u", in[5]);
     f.type = in[5];
-    f.flags = get16(in + 6);
-    f.length = get32(in + 8);
-    f.id = get32(in + 12);
-    f.addr = get64(in + 16);
-    f.aux = get64(in + 24);
+    f.flags = mc__get16(in + 6);
+    f.length = mc__get32(in + 8);
+    f.id = mc__get32(in + 12);
+    f.addr = mc__get64(in + 16);
+    f.aux = mc__get64(in + 24);
     if (f.length > frame_limit(f.type, desc_max))
         return mc__set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
                              mc__tcp_frame_type_name(f.type), f.length,
@@ -132,7 +100,7 @@ size_t mc__tcp_hello_encode(const mc_hello_t *h, uint8_t *buf)
     unsigned nr = h->n_retired > MC_PROTO_MAX_RETIRE ? MC_PROTO_MAX_RETIRE : h->n_retired;
     uint8_t *p = buf;
 
-    put64(p, h->instance);
+    mc__put64(p, h->instance);
     p += 8;
     memcpy(p, h->nonce, MC_PROTO_NONCE_LEN);
     p += MC_PROTO_NONCE_LEN;
@@ -146,7 +114,7 @@ size_t mc__tcp_hello_encode(const mc_hello_t *h, uint8_t *buf)
     p += pl;
     *p++ = (uint8_t)nr;
     for (unsigned i = 0; i < nr; i++, p += 4)
-        put32(p, (uint32_t)h->retired[i]);
+        mc__put32(p, (uint32_t)h->retired[i]);
     return (size_t)(p - buf);
 }
 
@@ -172,7 +140,7 @@ int mc__tcp_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
     memset(h, 0, sizeof(*h));
     if (len < fixed)
         return mc__set_error(-MC_EPROTO, "hello of %zu bytes is truncated", len);
-    h->instance = get64(p);
+    h->instance = mc__get64(p);
     memcpy(h->nonce, p + 8, MC_PROTO_NONCE_LEN);
     memcpy(h->proof, p + 8 + MC_PROTO_NONCE_LEN, sizeof(h->proof));
     p += fixed;
@@ -183,6 +151,6 @@ int mc__tcp_hello_decode(const uint8_t *buf, size_t len, mc_hello_t *h)
     if (h->n_retired > MC_PROTO_MAX_RETIRE || (size_t)(end - p) != 4 * (size_t)h->n_retired)
         return mc__set_error(-MC_EPROTO, "hello retire list is malformed");
     for (unsigned i = 0; i < h->n_retired; i++, p += 4)
-        h->retired[i] = get32(p);
+        h->retired[i] = mc__get32(p);
     return 0;
 }
