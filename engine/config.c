@@ -130,7 +130,7 @@ static const mc_setting_t core_settings[] = {
     {"DEVICES", "", 0, 0, mc__parse_text, "comma-separated NICs to use; empty: all"},
     {"NIC_PRIORITY_MATRIX", "", 0, 0, mc__parse_text,
      "the NIC priority matrix as JSON, or @FILE; empty: computed from the topology"},
-    {NULL},
+    {0},
 };
 
 /* ---- the configuration object ---- */

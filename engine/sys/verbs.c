@@ -11,9 +11,10 @@
 #define MC_HIDDEN __attribute__((visibility("hidden")))
 #define VERBS_LIB "libibverbs.so.1"
 
-/* verbs.h turns these two into inline wrappers around the exported functions. */
+/* verbs.h turns these into inline wrappers around the exported functions. */
 #undef ibv_get_device_list
 #undef ibv_query_port
+#undef ibv_reg_mr
 
 /* X(return type, name, value when unavailable, (parameters), (arguments)) */
 #define VERBS_FUNCS(X)                                                                             \
@@ -34,6 +35,8 @@
       (c, ev))                                                                                     \
     X(struct ibv_pd *, ibv_alloc_pd, NULL, (struct ibv_context * c), (c))                          \
     X(int, ibv_dealloc_pd, -1, (struct ibv_pd * pd), (pd))                                         \
+    X(struct ibv_mr *, ibv_reg_mr, NULL, (struct ibv_pd * pd, void *a, size_t l, int acc),         \
+      (pd, a, l, acc))                                                                             \
     X(struct ibv_mr *, ibv_reg_mr_iova2, NULL,                                                     \
       (struct ibv_pd * pd, void *a, size_t l, uint64_t iova, unsigned int acc),                    \
       (pd, a, l, iova, acc))                                                                       \

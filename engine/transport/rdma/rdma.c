@@ -458,7 +458,7 @@ static const mc_setting_t rdma_settings[] = {
     {"MTU", "port", 0, 0, parse_mtu, "path MTU cap (256-4096); port: the port's active MTU"},
     {"RDMA_QP_DEPTH", "64", 1, 4096, NULL, "slices in flight per QP"},
     {"RDMA_MAX_QPS", "256", 1, 65536, NULL, "QPs this engine initiates over all peers"},
-    {NULL},
+    {0},
 };
 
 const mc_transport_ops_t mc__rdma_ops = {

@@ -39,7 +39,7 @@ static const mc_setting_t tcp_settings[] = {
     {"TCP_CONNS", "2", 1, 64, NULL, "tcp connections per rail"},
     {"TCP_WINDOW", "16", 1, 1024, NULL, "slices in flight per tcp connection"},
     {"MAX_CONNS", "256", 1, 65536, NULL, "outbound tcp connections over all peers"},
-    {NULL},
+    {0},
 };
 
 static int tcp_init(mc_engine_t *e)
