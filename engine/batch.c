@@ -31,38 +31,93 @@ int mc_batch_create(mc_engine_t *e, size_t max_tasks, mc_batch_t **batch_p)
     return 0;
 }
 
+static void batch_forget_tasks(mc_batch_t *b)
+{
+    for (size_t i = 0; i < atomic_load(&b->n); i++) {
+        free(b->tasks[i].reason);
+        b->tasks[i].reason = NULL;
+    }
+}
+
+static void batch_free(mc_batch_t *b)
+{
+    batch_forget_tasks(b);
+    free(b->tasks);
+    free(b);
+}
+
 int mc_batch_destroy(mc_batch_t *b)
 {
     if (!b)
         return 0;
     if (atomic_load(&b->busy))
         return mc__set_error(-EBUSY, "batch has %zu tasks still in flight", atomic_load(&b->busy));
-    for (size_t i = 0; i < atomic_load(&b->n); i++)
-        free(b->tasks[i].reason);
-    free(b->tasks);
-    free(b);
+    batch_free(b);
     return 0;
 }
 
-bool mc__task_finish(mc_task_t *t, int state, const char *fmt, ...)
+int mc_batch_reset(mc_batch_t *b)
 {
-    int cur = atomic_load(&t->state);
+    if (!b)
+        return mc__set_error(-EINVAL, "mc_batch_reset: NULL batch");
+    if (atomic_load(&b->busy))
+        return mc__set_error(-EBUSY, "batch has %zu tasks still in flight", atomic_load(&b->busy));
+    batch_forget_tasks(b);
+    atomic_store(&b->n_final, 0);
+    atomic_store(&b->n_completed, 0);
+    atomic_store(&b->first_bad, 0);
+    atomic_store(&b->bytes, 0);
+    atomic_store_explicit(&b->n, 0, memory_order_release);
+    return 0;
+}
+
+/* Whoever sees the batch released with nothing referenced frees it, once. */
+static void batch_maybe_free(mc_batch_t *b)
+{
+    if (atomic_load(&b->released) && !atomic_load(&b->busy) && !atomic_exchange(&b->freeing, true))
+        batch_free(b);
+}
+
+void mc_batch_release(mc_batch_t *b)
+{
+    if (!b)
+        return;
+    mc_batch_cancel(b);
+    atomic_store(&b->released, true);
+    batch_maybe_free(b);
+}
+
+bool mc__task_finish(mc_task_t *t, int state, int err, const char *fmt, ...)
+{
+    mc_batch_t *b = t->batch;
+    int cur = atomic_load(&t->state), none = 0;
     va_list ap;
 
     do {
         if (cur >= MC_TASK_COMPLETED)
             return false;
     } while (!atomic_compare_exchange_weak(&t->state, &cur, MC_TASK_FINISHING));
+    t->error = state == MC_TASK_COMPLETED ? 0 : err;
     if (fmt) {
         va_start(ap, fmt);
         if (vasprintf(&t->reason, fmt, ap) < 0)
             t->reason = NULL;
         va_end(ap);
     }
+    if (state == MC_TASK_COMPLETED)
+        atomic_fetch_add(&b->n_completed, 1);
+    else
+        atomic_compare_exchange_strong(&b->first_bad, &none, state);
     atomic_store_explicit(&t->state, state, memory_order_release);
-    atomic_fetch_add(&t->batch->n_final, 1);
-    atomic_store(&t->batch->engine->finished_any, true);
+    atomic_fetch_add(&b->n_final, 1);
+    atomic_store(&b->engine->finished_any, true);
     return true;
+}
+
+uint64_t mc__task_add_bytes(mc_task_t *t, uint64_t n)
+{
+    atomic_fetch_add_explicit(&t->batch->bytes, n, memory_order_relaxed);
+    return atomic_fetch_add(&t->bytes, n) + n;
 }
 
 static void notify_group_done(mc_engine_t *e, mc_task_t *t)
@@ -80,9 +135,12 @@ static void notify_group_done(mc_engine_t *e, mc_task_t *t)
 
 static void task_status_fill(mc_task_t *t, int state, mc_task_status_t *st)
 {
+    bool failed = state > MC_TASK_COMPLETED && state != MC_TASK_FINISHING;
+
     st->state = state == MC_TASK_FINISHING ? MC_TASK_PENDING : (mc_task_state_t)state;
     st->bytes = atomic_load(&t->bytes);
-    st->reason = state > MC_TASK_COMPLETED && state != MC_TASK_FINISHING ? t->reason : NULL;
+    st->reason = failed ? t->reason : NULL;
+    st->error = failed ? t->error : 0;
 }
 
 void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
@@ -101,10 +159,16 @@ void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
         task_status_fill(t, state, &st);
         t->req.cb(t->req.cb_arg, &st);
     }
-    mc__mem_put(e, t->lbuf);
+    if (t->lbuf)
+        mc__mem_put(e, t->lbuf);
     atomic_fetch_sub(&t->peer->busy_tasks, 1);
-    /* Last: once busy drops to zero the caller may destroy the batch. */
-    atomic_fetch_sub(&t->batch->busy, 1);
+    mc__batch_unbusy(t->batch); /* last: the caller may destroy the batch from here on */
+}
+
+void mc__batch_unbusy(mc_batch_t *b)
+{
+    if (atomic_fetch_sub(&b->busy, 1) == 1)
+        batch_maybe_free(b);
 }
 
 /* Check the requests and take their references (peer, local buffer). The two tables are read
@@ -125,13 +189,14 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
         if (r->opcode != MC_READ && r->opcode != MC_WRITE)
             rc = mc__set_error(-EINVAL, "request %zu: opcode %d is neither READ nor WRITE", i,
                                (int)r->opcode);
-        else if (r->length == 0 || r->target_offset + r->length < r->target_offset)
-            rc = mc__set_error(-EINVAL, "request %zu: length %llu is zero or wraps", i,
-                               (unsigned long long)r->length);
+        else if (r->target_offset + r->length < r->target_offset)
+            rc = mc__set_error(-EINVAL, "request %zu: 0x%llx+%llu wraps around", i,
+                               (unsigned long long)r->target_offset, (unsigned long long)r->length);
         else if (!(t->peer = mc__peer_get(e, r->target)))
             rc = mc__set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
                                r->target);
-        else if (!(t->lbuf = mc__mem_get_locked(e, (uint64_t)(uintptr_t)r->local, r->length)))
+        else if (r->length && /* zero length: a no-op, nothing to check */
+                 !(t->lbuf = mc__mem_get_locked(e, (uint64_t)(uintptr_t)r->local, r->length)))
             rc = mc__set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
                                r->local, (unsigned long long)r->length);
         else
@@ -164,53 +229,62 @@ static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb,
             n += (size_t)snprintf(why + n, sizeof(why) - n, "%s%s: %s", n ? "; " : "", ops->name,
                                   no);
     }
-    mc__task_finish(t, MC_TASK_FAILED, "no transport to segment %s can carry it (%s)", p->name,
-                    why[0] ? why : "none reaches it");
+    mc__task_finish(t, MC_TASK_FAILED, -MC_ENODEV, "no transport to segment %s can carry it (%s)",
+                    p->name, why[0] ? why : "none reaches it");
 }
 
-/* Look the remote ranges up in the peers' descriptors and route each task (one lock for the
- * batch). Returns the first task whose range is in no buffer, or NULL. */
-static mc_task_t *route(mc_engine_t *e, mc_task_t *tasks, size_t n)
+/* Route t after its remote range is looked up in its peer's descriptor. Caller holds peers_lock
+ * for reading. A range the descriptor lacks leaves t unrouted (rbuf MC_RBUF_NONE): it waits on
+ * its peer while the descriptor is asked for (the peer may have registered memory since). */
+static void route_one(mc_engine_t *e, mc_task_t *t)
 {
-    mc_task_t *first_miss = NULL;
+    mc_peer_t *p = t->peer;
+    const mc_desc_buffer_t *b;
+
+    if (p->state == MC_SEGMENT_DEAD) {
+        mc__task_finish(t, MC_TASK_FAILED, -MC_EPEERDEAD, "%s", p->dead_reason);
+        return;
+    }
+    b = mc__desc_find(&p->desc, t->req.target_offset, t->req.length);
+    t->tp = (uint8_t)e->ctrl;
+    t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
+    t->rbuf = b ? (uint32_t)(b - p->desc.buffers) : MC_RBUF_NONE;
+    if (b)
+        route_from(e, t, b, 0);
+}
+
+/* Route every task of a submit (one lock for the batch). Every remote range must lie inside
+ * one buffer of the peer's descriptor, so that a request is refused whole rather than partly
+ * applied slice by slice; the owner still checks each slice, since our copy of its descriptor
+ * may be older than an unregister. */
+static void route(mc_engine_t *e, mc_task_t *tasks, size_t n)
+{
+    pthread_rwlock_rdlock(&e->peers_lock);
+    for (size_t i = 0; i < n; i++)
+        if (atomic_load(&tasks[i].state) == MC_TASK_WAITING) /* not a zero-length no-op */
+            route_one(e, &tasks[i]);
+    pthread_rwlock_unlock(&e->peers_lock);
+}
+
+void mc__task_route_late(mc_engine_t *e, mc_task_t *t)
+{
+    const mc_transport_ops_t *ops;
 
     pthread_rwlock_rdlock(&e->peers_lock);
-    for (size_t i = 0; i < n; i++) {
-        mc_task_t *t = &tasks[i];
-        const mc_desc_buffer_t *b =
-            mc__desc_find(&t->peer->desc, t->req.target_offset, t->req.length);
-        t->tp = (uint8_t)e->ctrl;
-        t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
-        t->rbuf = b ? (uint32_t)(b - t->peer->desc.buffers) : MC_RBUF_NONE;
-        if (b)
-            route_from(e, t, b, 0);
-        else if (!first_miss)
-            first_miss = t;
-    }
+    route_one(e, t);
     pthread_rwlock_unlock(&e->peers_lock);
-    return first_miss;
-}
-
-/* Every remote range must lie inside one buffer of the peer's descriptor, so that a request
- * is refused whole rather than partly applied slice by slice: such a task is accepted and ends
- * FAILED at once. The owner still checks each slice, since our copy of its descriptor may be
- * older than an unregister. A miss reloads the descriptor once per submit (the peer may have
- * registered memory since we opened it). */
-static void check_remote(mc_engine_t *e, mc_task_t *tasks, size_t n)
-{
-    mc_task_t *miss = route(e, tasks, n);
-
-    if (miss && !mc__in_progress() && mc__peer_reload(e, miss->peer, true) == 0)
-        miss = route(e, tasks, n);
-    for (size_t i = 0; miss && i < n; i++) {
-        mc_task_t *t = &tasks[i];
-        if (t->rbuf == MC_RBUF_NONE)
-            mc__task_finish(t, MC_TASK_FAILED,
-                            "remote range 0x%llx+%llu is not inside a buffer registered by "
-                            "segment %s",
-                            (unsigned long long)t->req.target_offset,
-                            (unsigned long long)t->req.length, t->peer->name);
+    if (atomic_load(&t->state) != MC_TASK_WAITING)
+        return;
+    if (t->rbuf == MC_RBUF_NONE) {
+        mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
+                        "remote range 0x%llx+%llu is not inside a buffer registered by segment %s",
+                        (unsigned long long)t->req.target_offset, (unsigned long long)t->req.length,
+                        t->peer->name);
+        return;
     }
+    ops = mc__transports[t->tp];
+    if (MC_TP_HAS(ops, submit)) /* it moves data in the caller's thread: this one */
+        ops->submit(e, t, 1);
 }
 
 void mc__task_reroute(mc_engine_t *e, mc_task_t *t)
@@ -225,8 +299,8 @@ void mc__task_reroute(mc_engine_t *e, mc_task_t *t)
     if (b)
         route_from(e, t, b, k + 1);
     else
-        mc__task_finish(t, MC_TASK_FAILED, "remote range is no longer registered by segment %s",
-                        p->name);
+        mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
+                        "remote range is no longer registered by segment %s", p->name);
     pthread_rwlock_unlock(&e->peers_lock);
 }
 
@@ -241,7 +315,8 @@ static void submit_now(mc_engine_t *e, mc_task_t *tasks, size_t n)
 static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
-        mc__mem_put(e, tasks[i].lbuf);
+        if (tasks[i].lbuf)
+            mc__mem_put(e, tasks[i].lbuf);
         atomic_fetch_sub(&tasks[i].peer->busy_tasks, 1);
     }
 }
@@ -274,13 +349,30 @@ static int make_group(mc_engine_t *e, const mc_notify_req_t *n, size_t count,
     return 0;
 }
 
-int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
-                    const mc_notify_req_t *notify)
+/* The options of a submit, checked: defaults for what the caller's (older, smaller) struct
+ * lacks. */
+static int submit_opts(mc_engine_t *e, const mc_submit_opts_t *in, mc_submit_opts_t *out)
 {
+    memset(out, 0, sizeof(*out));
+    if (in) {
+        if (in->size < offsetof(mc_submit_opts_t, notify) || in->size > sizeof(*out))
+            return mc__set_error(-EINVAL, "mc_submit_opts_t.size is %zu, expected %zu", in->size,
+                                 sizeof(*out));
+        memcpy(out, in, in->size);
+    }
+    if (!out->timeout_ms)
+        out->timeout_ms = e->cfg.transfer_timeout_ms;
+    return 0;
+}
+
+int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
+                       const mc_submit_opts_t *opts)
+{
+    mc_submit_opts_t o;
     mc_engine_t *e;
     mc_notify_group_t *g;
     size_t first, i;
-    uint64_t deadline;
+    uint64_t now;
     int rc = 0;
 
     if (!b || (!reqs && count))
@@ -290,25 +382,32 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
     if (count == 0 || count > b->cap - first)
         return mc__set_error(-EINVAL, "mc_batch_submit: %zu requests, %zu slots left", count,
                              b->cap - first);
+    rc = submit_opts(e, opts, &o);
+    if (rc)
+        return rc;
+    MC_LOG_SCOPE(e->cfg.log_level);
     mc_task_t *tasks = &b->tasks[first];
     i = validate_requests(e, reqs, tasks, count, &rc);
     if (!rc)
-        rc = make_group(e, notify, count, &g);
+        rc = make_group(e, o.notify, count, &g);
     if (rc) {
         unwind_requests(e, tasks, i); /* the i requests validated so far */
         return rc;
     }
-    deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
+    now = mc__now_ns();
     for (i = 0; i < count; i++) {
         mc_task_t *t = &tasks[i];
         t->batch = b;
         t->req = reqs[i];
         t->group = g;
-        t->deadline_ns = deadline;
+        t->queued_ns = now;
+        t->timeout_ms = o.timeout_ms;
         t->queued = true;
         mc_list_init(&t->alink);
+        if (!t->req.length)
+            mc__task_finish(t, MC_TASK_COMPLETED, 0, NULL);
     }
-    check_remote(e, tasks, count);
+    route(e, tasks, count);
     submit_now(e, tasks, count);
     atomic_fetch_add(&b->busy, count);
     atomic_store_explicit(&b->n, first + count, memory_order_release);
@@ -317,9 +416,16 @@ int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         mc_list_push_back(&e->subq, &tasks[i].qlink);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
-    if (!e->has_thread)
-        mc__progress_try(e);
+    mc__progress_implicit(e);
     return 0;
+}
+
+int mc_batch_submit(mc_batch_t *b, const mc_request_t *reqs, size_t count,
+                    const mc_notify_req_t *notify)
+{
+    mc_submit_opts_t o = {.size = sizeof(o), .notify = notify};
+
+    return mc_batch_submit_ex(b, reqs, count, &o);
 }
 
 int mc_task_status(mc_batch_t *b, size_t index, mc_task_status_t *st)
@@ -328,42 +434,32 @@ int mc_task_status(mc_batch_t *b, size_t index, mc_task_status_t *st)
         return mc__set_error(-EINVAL, "mc_task_status: NULL argument");
     if (index >= atomic_load_explicit(&b->n, memory_order_acquire))
         return mc__set_error(-EINVAL, "mc_task_status: no task %zu", index);
-    if (!b->engine->has_thread)
-        mc__progress_try(b->engine);
+    mc__progress_implicit(b->engine);
     mc_task_t *t = &b->tasks[index];
     task_status_fill(t, atomic_load_explicit(&t->state, memory_order_acquire), st);
     return 0;
 }
 
+/* From the batch's counters: constant time whatever its size. */
 int mc_batch_status(mc_batch_t *b, mc_batch_status_t *st)
 {
-    mc_task_state_t first_bad = MC_TASK_COMPLETED;
-    size_t n;
+    size_t n, final;
 
     if (!b || !st)
         return mc__set_error(-EINVAL, "mc_batch_status: NULL argument");
-    if (!b->engine->has_thread)
-        mc__progress_try(b->engine);
+    mc__progress_implicit(b->engine);
     n = atomic_load_explicit(&b->n, memory_order_acquire);
+    final = atomic_load(&b->n_final);
     memset(st, 0, sizeof(*st));
     st->tasks = n;
-    for (size_t i = 0; i < n; i++) {
-        mc_task_status_t ts;
-        task_status_fill(&b->tasks[i],
-                         atomic_load_explicit(&b->tasks[i].state, memory_order_acquire), &ts);
-        st->bytes += ts.bytes;
-        if (ts.state == MC_TASK_COMPLETED)
-            st->completed++;
-        else if (ts.state > MC_TASK_COMPLETED) {
-            st->failed++;
-            if (first_bad == MC_TASK_COMPLETED)
-                first_bad = ts.state;
-        }
-    }
-    if (st->completed + st->failed < n || n == 0)
+    st->completed = atomic_load(&b->n_completed);
+    st->failed = final - st->completed;
+    st->bytes = atomic_load(&b->bytes);
+    if (final < n || n == 0)
         st->state = MC_TASK_PENDING;
     else
-        st->state = first_bad;
+        st->state = atomic_load(&b->first_bad) ? (mc_task_state_t)atomic_load(&b->first_bad)
+                                               : MC_TASK_COMPLETED;
     return 0;
 }
 
@@ -377,7 +473,7 @@ int mc_batch_cancel(mc_batch_t *b)
     e = b->engine;
     n = atomic_load_explicit(&b->n, memory_order_acquire);
     for (size_t i = 0; i < n; i++)
-        mc__task_finish(&b->tasks[i], MC_TASK_CANCELED, "canceled by the caller");
+        mc__task_finish(&b->tasks[i], MC_TASK_CANCELED, -MC_ECANCELED, "canceled by the caller");
     /* Hand the batch to progress so it drops queued tasks; the kick counts as busy so the
      * batch cannot be destroyed while it sits in the queue. */
     pthread_mutex_lock(&e->sub_lock);
@@ -387,8 +483,7 @@ int mc_batch_cancel(mc_batch_t *b)
     }
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
-    if (!e->has_thread)
-        mc__progress_try(e);
+    mc__progress_implicit(e);
     return 0;
 }
 

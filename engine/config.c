@@ -119,6 +119,8 @@ static const mc_setting_t core_settings[] = {
      "auto, or one transport for every peer it reaches (also on this host)"},
     {"PROGRESS_THREAD", "1", 0, 0, mc__parse_bool,
      "1: an internal thread drives I/O; 0: the caller"},
+    {"PROGRESS_IMPLICIT", "1", 0, 0, mc__parse_bool,
+     "caller progress: 1: API calls drive it too; 0: only mc_engine_progress (callbacks too)"},
     {"SLICE_SIZE", "65536", 4096, MC_SLICE_MAX, NULL, "bytes per slice"},
     {"RETRY_CNT", "9", 0, 100, NULL, "resubmissions of a slice after a failure"},
     {"TRANSFER_TIMEOUT", "30", 1, 86400, NULL, "seconds a task may take before it ends TIMEOUT"},
@@ -349,6 +351,7 @@ void mc__engine_cfg_read(const mc_config_t *c, mc_engine_cfg_t *cfg)
     if (mc__config_num(c, "FORCE_TCP")) /* the control transport for everything */
         cfg->protocol = mc__transports[mc__transport_control()]->name;
     cfg->progress_thread = (int)mc__config_num(c, "PROGRESS_THREAD");
+    cfg->progress_implicit = (int)mc__config_num(c, "PROGRESS_IMPLICIT");
     cfg->slice_size = mc__config_num(c, "SLICE_SIZE");
     cfg->retry_cnt = (unsigned)mc__config_num(c, "RETRY_CNT");
     cfg->transfer_timeout_ms = (unsigned)mc__config_num(c, "TRANSFER_TIMEOUT") * 1000;

@@ -44,6 +44,7 @@ typedef struct mc_engine_cfg {
     const char *auth_token; /* "": no authentication */
     const char *protocol;   /* "auto" or a transport's name */
     int progress_thread;
+    int progress_implicit;
     uint64_t slice_size;
     unsigned retry_cnt;
     unsigned transfer_timeout_ms;

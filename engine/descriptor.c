@@ -2,6 +2,7 @@
  * (mooncake/ram/<name>), exported as a blob, and sent in the handshake's descriptor reply.
  *
  *   {"name": "127.0.0.1:4000", "version": 2, "host": "<boot id>/net:<inode>", "pid": 42,
+ *    "instance": "<16 hex digits: the engine's random instance, optional>",
  *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0", ...}],
  *    "priority_matrix": {"cpu:0": [["eth0"], ["eth1"]]}, ...}
  *
@@ -93,6 +94,22 @@ static int decode_buffer(json_t *jb, mc_desc_t *d, mc_desc_buffer_t *b)
     return rc;
 }
 
+/* "instance": 16 hex digits, optional (0: unknown). */
+static int decode_instance(json_t *root, uint64_t *out)
+{
+    json_t *v = json_object_get(root, "instance");
+    const char *s = json_string_value(v);
+    char *end;
+
+    *out = 0;
+    if (!v)
+        return 0;
+    if (!s || strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16)
+        return mc__set_error(-MC_EPROTO, "descriptor: \"instance\" is not 16 hex digits");
+    *out = strtoull(s, &end, 16);
+    return 0;
+}
+
 static int buffer_cmp(const void *a, const void *b)
 {
     const mc_desc_buffer_t *x = a, *y = b;
@@ -115,6 +132,8 @@ static int decode_buffers(json_t *root, mc_desc_t *d)
         int rc = decode_buffer(jb, d, &d->buffers[i]);
         if (rc)
             return rc;
+        if (d->buffers[i].len > d->max_len)
+            d->max_len = d->buffers[i].len;
     }
     qsort(d->buffers, d->n_buffers, sizeof(*d->buffers), buffer_cmp);
     return 0;
@@ -142,6 +161,8 @@ int mc__desc_decode(const void *buf, size_t len, mc_desc_t *out)
         rc = decode_parts(root, &d);
     if (!rc)
         rc = decode_buffers(root, &d);
+    if (!rc)
+        rc = decode_instance(root, &d.instance);
     pid = json_object_get(root, "pid");
     d.pid = json_is_integer(pid) ? (int)json_integer_value(pid) : 0;
     json_decref(root);
@@ -153,21 +174,62 @@ int mc__desc_decode(const void *buf, size_t len, mc_desc_t *out)
     return 0;
 }
 
-const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
+/* The number of buffers starting at or below addr (binary search). */
+static size_t desc_floor(const mc_desc_t *d, uint64_t addr)
 {
     size_t lo = 0, hi = d->n_buffers;
 
-    while (lo < hi) { /* after the loop: buffers[lo - 1] is the last starting at or below addr */
+    while (lo < hi) {
         size_t mid = (lo + hi) / 2;
         if (d->buffers[mid].addr <= addr)
             lo = mid + 1;
         else
             hi = mid;
     }
-    if (!lo)
-        return NULL;
-    const mc_desc_buffer_t *b = &d->buffers[lo - 1];
-    return addr - b->addr <= b->len && len <= b->len - (addr - b->addr) ? b : NULL;
+    return lo;
+}
+
+const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
+{
+    /* Buffers may overlap (the same pages registered twice): look back over those that start
+     * close enough below addr to hold it, nearest first. */
+    for (size_t i = desc_floor(d, addr); i-- > 0;) {
+        const mc_desc_buffer_t *b = &d->buffers[i];
+        if (addr - b->addr >= d->max_len)
+            break;
+        if (addr - b->addr <= b->len && len <= b->len - (addr - b->addr))
+            return b;
+    }
+    return NULL;
+}
+
+int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,
+                        mc_desc_buffer_t **b_p)
+{
+    size_t at = desc_floor(d, addr);
+    mc_desc_buffer_t *v = realloc(d->buffers, (d->n_buffers + 1) * sizeof(*v));
+
+    if (!v)
+        return mc__set_error(-ENOMEM, "out of memory");
+    d->buffers = v;
+    memmove(&v[at + 1], &v[at], (d->n_buffers - at) * sizeof(*v));
+    memset(&v[at], 0, sizeof(*v));
+    v[at].addr = addr;
+    v[at].len = len;
+    snprintf(v[at].location, sizeof(v[at].location), "%s", location);
+    d->n_buffers++;
+    if (len > d->max_len)
+        d->max_len = len;
+    *b_p = &v[at];
+    return 0;
+}
+
+void mc__desc_buffer_remove(mc_desc_t *d, mc_desc_buffer_t *b)
+{
+    size_t at = (size_t)(b - d->buffers);
+
+    memmove(b, b + 1, (d->n_buffers - at - 1) * sizeof(*b));
+    d->n_buffers--;
 }
 
 void mc__desc_free(mc_desc_t *d)
@@ -184,4 +246,5 @@ void mc__desc_free(mc_desc_t *d)
     d->parts = NULL;
     d->parts_len = d->parts_cap = 0;
     d->n_buffers = 0;
+    d->max_len = 0;
 }

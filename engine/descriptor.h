@@ -28,9 +28,11 @@ struct mc_desc_buffer {
 struct mc_desc {
     char name[MC_NAME_MAX];
     char host_id[MC_HOST_ID_MAX]; /* boot id + network namespace: equal means same host */
+    uint64_t instance;            /* the engine's random instance; 0: not published */
     int pid;
     size_t n_buffers;
-    mc_desc_buffer_t *buffers; /* sorted by addr */
+    mc_desc_buffer_t *buffers; /* sorted by addr; they may overlap */
+    uint64_t max_len;          /* of the longest buffer: how far back a lookup looks */
     void *tp[MC_TP_MAX];       /* each transport's decoded part (its codec's), or NULL */
     uint8_t *parts;            /* per-buffer bytes of the transports, 8-byte aligned pieces */
     size_t parts_len, parts_cap;
@@ -46,6 +48,10 @@ typedef struct mc_desc_codec {
      * what decode made of the whole descriptor. */
     int (*decode_buffer)(json_t *jb, const void *part, mc_desc_t *d, unsigned slot,
                          mc_desc_buffer_t *b);
+    /* The same from its bytes in a buffer key (its key_pack op wrote them). part may be NULL
+     * (the peer's descriptor is not known yet): then it may store nothing. */
+    int (*decode_key)(const uint8_t *in, size_t len, const void *part, mc_desc_t *d, unsigned slot,
+                      mc_desc_buffer_t *b);
     void (*free_part)(void *part);
 } mc_desc_codec_t;
 
@@ -55,6 +61,11 @@ int mc__desc_decode(const void *buf, size_t len, mc_desc_t *d);
 void mc__desc_free(mc_desc_t *d);
 /* The buffer of d holding [addr, addr+len), or NULL (binary search: buffers are sorted). */
 const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len);
+/* Insert a buffer in order (its transport parts empty); *b_p points at it until the next
+ * insertion. 0 or -ENOMEM. remove: take b out again. */
+int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,
+                        mc_desc_buffer_t **b_p);
+void mc__desc_buffer_remove(mc_desc_t *d, mc_desc_buffer_t *b);
 
 /* Store len bytes as transport slot's part of buffer b. 0 or -ENOMEM. */
 int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const void *data,

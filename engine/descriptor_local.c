@@ -76,10 +76,13 @@ static json_t *matrix_json(mc_engine_t *e)
 
 int mc__desc_encode_local(mc_engine_t *e, char **json_p, size_t *len_p)
 {
-    json_t *root = json_pack("{s:s,s:i,s:s,s:i,s:o*,s:o}", "name", e->name, "version",
-                             MC_DESC_VERSION, "host", e->host_id, "pid", (int)getpid(), "buffers",
-                             buffers_json(e), "priority_matrix", matrix_json(e));
-    char *text;
+    char instance[17], *text;
+    json_t *root;
+
+    snprintf(instance, sizeof(instance), "%016llx", (unsigned long long)e->instance);
+    root = json_pack("{s:s,s:i,s:s,s:s,s:i,s:o*,s:o}", "name", e->name, "version", MC_DESC_VERSION,
+                     "host", e->host_id, "instance", instance, "pid", (int)getpid(), "buffers",
+                     buffers_json(e), "priority_matrix", matrix_json(e));
 
     for (unsigned i = 0; root && i < mc__n_transports; i++) {
         const mc_transport_ops_t *ops = mc__transports[i];

@@ -62,7 +62,7 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p)
 /* Move everything other threads queued into the progress context. */
 static void drain_submissions(mc_engine_t *e)
 {
-    mc_list_t tasks, msgs, cancels, *pos, *tmp;
+    mc_list_t tasks, msgs, cancels, *pos, *tmp, *n;
 
     mc_list_init(&tasks);
     mc_list_init(&msgs);
@@ -71,6 +71,8 @@ static void drain_submissions(mc_engine_t *e)
     mc_list_splice_back(&tasks, &e->subq);
     mc_list_splice_back(&msgs, &e->msgq_in);
     mc_list_splice_back(&cancels, &e->cancelq);
+    while ((n = mc_list_pop_front(&e->descq))) /* first: tasks to these peers park */
+        mc__peer_desc_kicked(e, mc_container_of(n, mc_peer_t, desc_link));
     pthread_mutex_unlock(&e->sub_lock);
 
     mc_list_for_each_safe(pos, tmp, &tasks)
@@ -130,9 +132,12 @@ static void drain_fd(int fd)
 /* One pass over ready events. Caller holds e->lock. */
 static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
 {
-    uint64_t now;
+    uint64_t now = mc__now_ns();
 
     in_pass = true;
+    if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)
+        e->resumed_ns = now;
+    e->last_pass_ns = now;
     for (int i = 0; i < n; i++) {
         mc_pollable_t *p = evs[i].data.ptr;
         if (p == NULL)
@@ -150,6 +155,7 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
     now = mc__now_ns();
     if (now >= e->next_timer_ns) {
         mc__sched_timers(e, now);
+        mc__peers_tick(e, now);
         for (unsigned i = 0; i < mc__n_transports; i++)
             if (e->tp[i] && MC_TP_HAS(mc__transports[i], timers))
                 mc__transports[i]->timers(e, now);
@@ -250,6 +256,7 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->subq);
     mc_list_init(&e->msgq_in);
     mc_list_init(&e->cancelq);
+    mc_list_init(&e->descq);
     mc_list_init(&e->active_peers);
     mc_list_init(&e->active_tasks);
     mc_list_init(&e->notifyq);
@@ -334,6 +341,7 @@ static int engine_start(mc_engine_t *e)
     rc = mc__publish_start(e);
     if (rc)
         return rc;
+    e->implicit_progress = !e->cfg.progress_thread && e->cfg.progress_implicit;
     if (e->cfg.progress_thread) {
         rc = pthread_create(&e->progress_tid, NULL, progress_thread, e);
         if (rc)
@@ -388,7 +396,7 @@ static void engine_abort_tasks(mc_engine_t *e)
     mc_list_for_each_safe(pos, tmp, &e->active_tasks)
     {
         mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
-        mc__task_finish(t, MC_TASK_FAILED, "engine destroyed");
+        mc__task_finish(t, MC_TASK_FAILED, -MC_ECANCELED, "engine destroyed");
     }
 }
 

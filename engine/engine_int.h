@@ -53,12 +53,14 @@ struct mc_engine {
     pthread_mutex_t lock; /* the progress context */
     pthread_t progress_tid;
     bool has_thread;
+    bool implicit_progress; /* no thread, and API calls may drive progress (PROGRESS_IMPLICIT) */
     atomic_bool stop;
 
-    pthread_mutex_t sub_lock; /* protects subq, msgq_in, cancelq */
+    pthread_mutex_t sub_lock; /* protects subq, msgq_in, cancelq, descq */
     mc_list_t subq;           /* mc_task_t.qlink */
     mc_list_t msgq_in;        /* mc_msg_t.link */
     mc_list_t cancelq;        /* mc_batch_t.cancel_link */
+    mc_list_t descq;          /* peers just opened, to ask for a descriptor: desc_link */
 
     pthread_mutex_t done_lock; /* with done_cond: mc_batch_wait sleepers */
     pthread_cond_t done_cond;
@@ -66,8 +68,9 @@ struct mc_engine {
     atomic_bool finished_any; /* a task became final: wake mc_batch_wait sleepers */
 
     pthread_rwlock_t peers_lock;
-    mc_peer_t **peers;
-    size_t n_peers;
+    mc_peer_t **_Atomic peers; /* by id; NULL once closed. Grows by copy (peer.c) */
+    _Atomic size_t n_peers;    /* ids in use */
+    size_t peers_cap;
 
     mc_memtab_t mem;
 
@@ -77,7 +80,10 @@ struct mc_engine {
     mc_slice_t *slice_free;   /* free list */
     mc_slice_t *slice_chunks; /* allocations, linked through their first slot */
     uint64_t next_timer_ns;
-    int armed_ms; /* current timerfd interval (caller-progress mode) */
+    uint64_t last_pass_ns; /* when the last progress pass started */
+    uint64_t resumed_ns;   /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:
+                              I/O timeouts count from here, not across our own absence */
+    int armed_ms;          /* current timerfd interval (caller-progress mode) */
 
     mc_topo_t topo; /* the process's devices (shared, read-only) and this engine's matrix */
     bool has_topo;
@@ -89,7 +95,9 @@ struct mc_engine {
     _Atomic uint64_t c[MC_TP_MAX][MC_CNT_N]; /* counters per transport (mc_counters_t order) */
 
     /* messages and notifications */
-    pthread_mutex_t handlers_lock;
+    pthread_mutex_t handlers_lock; /* handlers, peer_cb */
+    mc_peer_cb peer_cb;
+    void *peer_cb_arg;
     mc_msg_cb handlers[256];
     void *handler_args[256];
     pthread_mutex_t notify_lock;
@@ -122,6 +130,13 @@ void mc__doorbell(mc_engine_t *e);
 bool mc__in_progress(void);
 /* Run one progress pass if nobody else is (caller-progress mode). */
 int mc__progress_try(mc_engine_t *e);
+/* What an API call does in caller-progress mode: a pass, unless MC_PROGRESS_IMPLICIT=0 keeps
+ * progress (and callbacks) inside mc_engine_progress alone. */
+static inline void mc__progress_implicit(mc_engine_t *e)
+{
+    if (e->implicit_progress)
+        mc__progress_try(e);
+}
 
 /* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the
  * last one seen (segment_cache.c, kept current by a watch started on first use). cached_only:

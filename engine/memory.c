@@ -303,7 +303,7 @@ bool mc__mem_wait(mc_engine_t *e, bool (*done)(mc_engine_t *, void *), void *arg
     while (!done(e, arg)) {
         if (mc__now_ns() > deadline_ns)
             return false;
-        if (!e->has_thread) { /* caller-progress mode: nobody else drives progress */
+        if (e->implicit_progress) { /* caller-progress mode: nobody else drives progress */
             mc__progress_try(e);
             continue;
         }

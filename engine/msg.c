@@ -30,6 +30,8 @@ static int msg_reserve(mc_engine_t *e, mc_segment_id_t target)
     mc_peer_t *p = mc__peer_get(e, target);
     if (!p)
         rc = mc__set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
+    else if (p->state == MC_SEGMENT_DEAD)
+        rc = mc__set_error(-MC_EPEERDEAD, "%s", p->dead_reason);
     else if (atomic_fetch_add(&p->queued_msgs, 1) >= MAX_QUEUED_MSGS) {
         atomic_fetch_sub(&p->queued_msgs, 1);
         rc = mc__set_error(-EAGAIN, "%d messages to segment %u already queued", MAX_QUEUED_MSGS,
@@ -87,8 +89,7 @@ int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *
     mc_list_push_back(&e->msgq_in, &m->link);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
-    if (!e->has_thread)
-        mc__progress_try(e);
+    mc__progress_implicit(e);
     return 0;
 }
 
@@ -173,8 +174,7 @@ int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
 
     if (!e || !out)
         return mc__set_error(-EINVAL, "mc_notify_pop: NULL argument");
-    if (!e->has_thread)
-        mc__progress_try(e);
+    mc__progress_implicit(e);
     pthread_mutex_lock(&e->notify_lock);
     n = mc_list_pop_front(&e->notifyq);
     if (n)

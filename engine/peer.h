@@ -61,8 +61,10 @@ enum {
 
 struct mc_peer {
     mc_segment_id_t id;
-    char name[MC_NAME_MAX];
+    char name[MC_NAME_MAX];   /* while OPENING by address: "@<instance>" */
     int refcnt;               /* protected by e->peers_lock */
+    int state;                /* MC_PEER_*: written under peers_lock, by progress */
+    char dead_reason[700];    /* why it is DEAD (written with state) */
     mc_desc_t desc;           /* protected by e->peers_lock (reloaded on failure) */
     bool local_host;          /* same host id as ours */
     bool by_metadata;         /* opened by name through metadata: may be refreshed from it */
@@ -73,12 +75,20 @@ struct mc_peer {
     atomic_uint busy_tasks; /* tasks to this peer not yet released */
     atomic_uint queued_msgs;
     _Atomic uint64_t c[MC_CNT_N]; /* counters (mc_counters_t order), written by progress */
+    bool desc_kick;               /* in e->descq (under e->sub_lock) */
+    mc_list_t desc_link;
 
     /* Progress-owned scheduling state. */
     struct {
-        mc_list_t pending; /* tasks with bytes not yet sliced (mc_task_t.qlink) */
-        mc_list_t retry;   /* slices to resend first (mc_slice_t.link) */
-    } q[MC_TP_MAX];        /* per transport */
+        mc_list_t pending;            /* tasks with bytes not yet sliced (mc_task_t.qlink) */
+        mc_list_t retry;              /* slices to resend first (mc_slice_t.link) */
+    } q[MC_TP_MAX];                   /* per transport */
+    uint64_t last_done_ns[MC_TP_MAX]; /* when a slice over each transport last completed */
+    mc_list_t parked;                 /* tasks waiting for its descriptor (mc_task_t.qlink) */
+    bool desc_wanted;                 /* a descriptor is awaited (parked tasks, or OPENING) */
+    bool desc_asked;                  /* ... and was asked for over the control link */
+    uint64_t desc_deadline_ns;
+    bool connected;        /* MC_PEER_CONNECTED reported, no failure since */
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
     mc_list_t active_link; /* in e->active_peers while it has queued work */
     bool active;
@@ -88,11 +98,47 @@ struct mc_peer {
 mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id);
 /* Mark a peer as having work; the scheduler visits active peers each pass. Progress context. */
 void mc__peer_activate(mc_engine_t *e, mc_peer_t *p);
-/* Re-read a peer's descriptor. may_block: from the peer itself (handshake, up to the connect
- * timeout), else metadata; otherwise only the watched metadata cache. The transports update
- * their view of the peer under peers_lock for writing. */
-int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block);
+
+/* Life (peer.c). create: a new peer from d (taken over; freed on failure); a descriptor with
+ * no part of the control transport leaves the transports out until the real one comes. */
+int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p);
+/* Add p to the table (or, if one of that name, or of that instance when non-zero, is open by
+ * now, take a reference on it and free p); *id_p gets the id. */
+int mc__peer_insert(mc_engine_t *e, mc_peer_t *p, uint64_t instance, mc_segment_id_t *id_p);
+/* A reference on the open peer of that name (or instance, when non-zero): 1 with *id_p set, or
+ * 0 when there is none. */
+int mc__peer_open_ref(mc_engine_t *e, const char *name, uint64_t instance, mc_segment_id_t *id_p);
+/* Replace p's descriptor with d (taken over); the transports update their view under
+ * peers_lock for writing. */
+int mc__peer_refresh(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d);
+/* The same from the watched metadata cache (never blocks). */
+int mc__peer_reload_cached(mc_engine_t *e, mc_peer_t *p);
+/* Drop a reference taken by mc__peer_open_ref that cannot be the last one. */
+void mc__peer_unref(mc_engine_t *e, mc_peer_t *p);
+void mc__peer_destroy(mc_engine_t *e, mc_peer_t *p);
 void mc__peers_fini(mc_engine_t *e);
+
+/* Waiting for a descriptor (progress context unless said otherwise). park: t's remote range is
+ * not in its peer's descriptor: t waits while it is asked for. want_desc_async: from any thread
+ * (a peer just opened). desc_ask: send the request if the control link can take it.
+ * desc_arrived / desc_retry: for the control transport, with the answer, or when the link it
+ * went on failed. */
+void mc__peer_park(mc_engine_t *e, mc_task_t *t);
+void mc__peer_want_desc_async(mc_engine_t *e, mc_peer_t *p);
+void mc__peer_desc_kicked(mc_engine_t *e, mc_peer_t *p);
+void mc__peer_desc_ask(mc_engine_t *e, mc_peer_t *p);
+void mc__peer_desc_arrived(mc_engine_t *e, mc_peer_t *p, const void *json, size_t len);
+void mc__peer_desc_retry(mc_engine_t *e, mc_peer_t *p);
+void mc__peers_tick(mc_engine_t *e, uint64_t now);
+
+/* What transports learn about a peer (progress context): a link to it is up; it cannot be
+ * reached (every path failed: what is queued to it fails with err); its process is gone
+ * (everything fails with -MC_EPEERDEAD, and what is submitted to it later too). Each is
+ * reported to the host's mc_peer_cb once per change. */
+void mc__peer_link_up(mc_engine_t *e, mc_peer_t *p);
+void mc__peer_unreachable(mc_engine_t *e, mc_peer_t *p, int err, const char *why);
+void mc__peer_dead(mc_engine_t *e, mc_peer_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* How much a buffer at `location` wants rail r, from the NIC priority matrix: 0 preferred,
  * 1 available, 2 not listed. Slices go to the best-ranked rails that are ready. */

@@ -68,6 +68,10 @@ void mc__sched_route(mc_engine_t *e, mc_task_t *t)
         mc__task_maybe_release(e, t);
         return;
     }
+    if (t->rbuf == MC_RBUF_NONE) { /* its range is not in the descriptor we have */
+        mc__peer_park(e, t);
+        return;
+    }
     mc_list_push_back(&t->peer->q[t->tp].pending, &t->qlink);
     mc__peer_activate(e, t->peer);
 }
@@ -118,6 +122,8 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
         s->len =
             (uint32_t)(t->req.length - t->carved < e->cfg.slice_size ? t->req.length - t->carved
                                                                      : e->cfg.slice_size);
+        if (!t->carved) /* its clock starts with its first bytes */
+            t->deadline_ns = mc__now_ns() + (uint64_t)t->timeout_ms * MC_MS;
         t->carved += s->len;
         t->inflight++;
         int waiting = MC_TASK_WAITING;
@@ -157,9 +163,10 @@ void mc__sched_run(mc_engine_t *e)
     mc_list_for_each_safe(pos, tmp, &e->active_peers)
     {
         mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
-        bool work = false;
+        bool work = p->desc_wanted;
+        mc__peer_desc_ask(e, p);
         for (unsigned tp = 0; tp < mc__n_transports; tp++) {
-            if (e->tp[tp] && tp_has_work(e, p, tp) && MC_TP_HAS(mc__transports[tp], fill))
+            if (p->tp[tp] && tp_has_work(e, p, tp) && MC_TP_HAS(mc__transports[tp], fill))
                 mc__transports[tp]->fill(e, p);
             work = work || tp_has_work(e, p, tp);
         }
@@ -180,8 +187,9 @@ void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
     mc__count(&p->c[MC_CNT_REQUESTS], 1);
     mc__tp_count(e, t->tp, cnt, s->len);
     mc__tp_count(e, t->tp, MC_CNT_REQUESTS, 1);
-    if (atomic_fetch_add(&t->bytes, s->len) + s->len == t->req.length)
-        mc__task_finish(t, MC_TASK_COMPLETED, NULL);
+    p->last_done_ns[t->tp] = mc__now_ns();
+    if (mc__task_add_bytes(t, s->len) == t->req.length)
+        mc__task_finish(t, MC_TASK_COMPLETED, 0, NULL);
     slice_release(e, s);
 }
 
@@ -217,10 +225,10 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     if (retryable) {
         char paths[512];
         paths_tried(p, t->tp, s->rails_tried, paths, sizeof(paths));
-        mc__task_finish(t, MC_TASK_FAILED, "%s (%s; gave up after %u attempts over %s)", reason,
-                        mc_err_name(err), s->attempts + 1, paths);
+        mc__task_finish(t, MC_TASK_FAILED, err, "%s (%s; gave up after %u attempts over %s)",
+                        reason, mc_err_name(err), s->attempts + 1, paths);
     } else
-        mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+        mc__task_finish(t, MC_TASK_FAILED, err, "%s (%s)", reason, mc_err_name(err));
     slice_release(e, s);
 }
 
@@ -231,12 +239,12 @@ void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reas
     for (unsigned tp = 0; tp < mc__n_transports; tp++) {
         while ((n = mc_list_pop_front(&p->q[tp].retry))) {
             mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
-            mc__task_finish(s->task, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+            mc__task_finish(s->task, MC_TASK_FAILED, err, "%s (%s)", reason, mc_err_name(err));
             slice_release(e, s);
         }
         while (!mc_list_empty(&p->q[tp].pending)) {
             mc_task_t *t = mc_container_of(p->q[tp].pending.next, mc_task_t, qlink);
-            mc__task_finish(t, MC_TASK_FAILED, "%s (%s)", reason, mc_err_name(err));
+            mc__task_finish(t, MC_TASK_FAILED, err, "%s (%s)", reason, mc_err_name(err));
             task_dequeue(e, t);
         }
     }
@@ -252,7 +260,19 @@ void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b)
             task_dequeue(e, t);
     }
     atomic_store(&b->cancel_kick, false);
-    atomic_fetch_sub(&b->busy, 1);
+    mc__batch_unbusy(b);
+}
+
+/* A task that started times out timeout_ms after its first bytes; one still waiting in its
+ * queue only when, besides, its peer has completed nothing over its transport for as long
+ * (waiting behind work that moves is not a fault). */
+static bool task_late(const mc_task_t *t, uint64_t now)
+{
+    uint64_t limit = (uint64_t)t->timeout_ms * MC_MS;
+
+    if (t->deadline_ns)
+        return now >= t->deadline_ns;
+    return now - t->queued_ns >= limit && now - t->peer->last_done_ns[t->tp] >= limit;
 }
 
 void mc__sched_timers(mc_engine_t *e, uint64_t now)
@@ -262,12 +282,12 @@ void mc__sched_timers(mc_engine_t *e, uint64_t now)
     mc_list_for_each_safe(pos, tmp, &e->active_tasks)
     {
         mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
-        if (now < t->deadline_ns)
+        if (atomic_load(&t->state) >= MC_TASK_COMPLETED || !task_late(t, now))
             continue;
-        if (mc__task_finish(t, MC_TASK_TIMEOUT,
-                            "not completed within %u ms (%llu of %llu "
-                            "bytes done)",
-                            e->cfg.transfer_timeout_ms, (unsigned long long)atomic_load(&t->bytes),
+        if (mc__task_finish(t, MC_TASK_TIMEOUT, -MC_ETIMEOUT,
+                            "not completed within %u ms %s (%llu of %llu bytes done)",
+                            t->timeout_ms, t->deadline_ns ? "of its start" : "of no progress",
+                            (unsigned long long)atomic_load(&t->bytes),
                             (unsigned long long)t->req.length))
             task_dequeue(e, t);
     }

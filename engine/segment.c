@@ -1,172 +1,106 @@
-/* Peer segments: open by name (metadata, or handshake with the peer), by descriptor blob,
- * close, export; and which transports reach each peer. */
+/* Peer segments as hosts see them: open by name (metadata, or the peer itself), by descriptor
+ * blob, by compact address, to self, blocking or not; close, export, and what an open peer
+ * published. The peers' life behind these calls is peer.c's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "msg.h"
 #include "transport/transport.h"
+#include "util/bytes.h"
 
-mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id)
+#define ADDRESS_VERSION 1
+#define ADDRESS_HDR     18 /* u8 version, u8 control transport, u64 instance, u64 host hash */
+
+/* A READY peer from a descriptor (decoded into d, taken over), or a reference on the open peer
+ * of that name, whose view it then refreshes: a newer blob of a peer must not be dropped. */
+static int open_desc(mc_engine_t *e, mc_desc_t *d, bool by_meta, mc_segment_id_t *id_p)
 {
-    return id < e->n_peers ? e->peers[id] : NULL;
-}
-
-/* Let every transport look at p's (new) descriptor, and order those that reach it, best first.
- * Caller holds peers_lock for writing, or owns p alone. The control transport must reach it. */
-static int peer_route(mc_engine_t *e, mc_peer_t *p)
-{
-    int score[MC_TP_MAX] = {0};
-    unsigned n = 0;
-
-    for (unsigned i = 0; i < mc__n_transports; i++) {
-        const mc_transport_ops_t *ops = mc__transports[i];
-        if (!e->tp[i] || !MC_TP_HAS(ops, peer_update))
-            continue;
-        score[i] = ops->peer_update(e, p);
-        if (score[i] < 0)
-            return score[i];
-    }
-    if (score[e->ctrl] <= 0)
-        return mc__set_error(-MC_EPROTO, "segment %s cannot be reached over %s: %s", p->name,
-                             mc__transports[e->ctrl]->name, mc_last_error());
-    for (unsigned i = 0; i < mc__n_transports; i++) { /* insertion by score, stable */
-        unsigned k = n++;
-        if (score[i] <= 0) {
-            n--;
-            continue;
-        }
-        while (k > 0 && score[p->order[k - 1]] < score[i]) {
-            p->order[k] = p->order[k - 1];
-            k--;
-        }
-        p->order[k] = (uint8_t)i;
-    }
-    p->n_order = n;
-    return 0;
-}
-
-static void peer_free(mc_engine_t *e, mc_peer_t *p)
-{
-    for (unsigned i = 0; i < mc__n_transports; i++)
-        if (p->tp[i] && MC_TP_HAS(mc__transports[i], peer_close))
-            mc__transports[i]->peer_close(e, p);
-    mc__desc_free(&p->desc);
-    free(p);
-}
-
-static int peer_create(mc_engine_t *e, mc_desc_t *d, mc_peer_t **p_p)
-{
-    mc_peer_t *p = calloc(1, sizeof(*p));
+    mc_peer_t *p = NULL;
     int rc;
 
-    if (!p)
-        return mc__set_error(-ENOMEM, "out of memory");
-    snprintf(p->name, sizeof(p->name), "%s", d->name);
-    p->desc = *d;
-    p->local_host = !strcmp(d->host_id, e->host_id);
-    p->refcnt = 1;
-    for (int tp = 0; tp < MC_TP_MAX; tp++) {
-        mc_list_init(&p->q[tp].pending);
-        mc_list_init(&p->q[tp].retry);
-    }
-    mc_list_init(&p->msgq);
-    mc_list_init(&p->active_link);
-    rc = peer_route(e, p);
-    if (rc) {
-        peer_free(e, p);
-        return rc;
-    }
-    *p_p = p;
-    return 0;
-}
-
-/* Find an open peer by name and take a reference. Caller holds peers_lock for writing. */
-static mc_peer_t *peer_find_ref(mc_engine_t *e, const char *name)
-{
-    for (size_t i = 0; i < e->n_peers; i++) {
-        if (e->peers[i] && !strcmp(e->peers[i]->name, name)) {
-            e->peers[i]->refcnt++;
-            return e->peers[i];
+    if (mc__peer_open_ref(e, d->name, 0, id_p)) {
+        p = mc__peer_get(e, *id_p);
+        if (d->instance && p->desc.instance && d->instance != p->desc.instance) {
+            mc__peer_unref(e, p); /* a restarted peer is another peer: the old one stays */
+            rc = mc__set_error(-EEXIST,
+                               "segment %s is open as another instance (%016llx, this "
+                               "descriptor is of %016llx): close it first",
+                               d->name, (unsigned long long)p->desc.instance,
+                               (unsigned long long)d->instance);
+            mc__desc_free(d);
+            return rc;
         }
-    }
-    return NULL;
-}
-
-/* Insert p (or reuse an equal one opened meanwhile). Takes ownership of p. */
-static int peer_insert(mc_engine_t *e, mc_peer_t *p, mc_segment_id_t *id_p)
-{
-    mc_peer_t *old;
-    int rc = 0;
-
-    pthread_rwlock_wrlock(&e->peers_lock);
-    old = peer_find_ref(e, p->name);
-    if (old) {
-        *id_p = old->id;
-        pthread_rwlock_unlock(&e->peers_lock);
-        peer_free(e, p);
+        mc__peer_refresh(e, p, d); /* on failure p keeps what it had, which works */
         return 0;
     }
-    mc_peer_t **v = realloc(e->peers, (e->n_peers + 1) * sizeof(*v));
-    if (!v) {
-        rc = mc__set_error(-ENOMEM, "out of memory");
-    } else {
-        e->peers = v;
-        p->id = (mc_segment_id_t)e->n_peers;
-        v[e->n_peers++] = p;
-        *id_p = p->id;
-    }
-    pthread_rwlock_unlock(&e->peers_lock);
-    if (rc)
-        peer_free(e, p);
-    return rc;
-}
-
-static int open_desc(mc_engine_t *e, const void *blob, size_t len, bool by_meta,
-                     mc_segment_id_t *id_p)
-{
-    mc_desc_t d;
-    mc_peer_t *p = NULL;
-    int rc = mc__desc_decode(blob, len, &d);
-
-    if (rc)
-        return rc;
-    rc = peer_create(e, &d, &p); /* owns d from here */
+    rc = mc__peer_create(e, d, MC_SEGMENT_READY, &p); /* owns d from here */
     if (rc)
         return rc;
     p->by_metadata = by_meta;
-    return peer_insert(e, p, id_p);
+    return mc__peer_insert(e, p, 0, id_p);
+}
+
+static int open_json(mc_engine_t *e, const void *json, size_t len, bool by_meta,
+                     mc_segment_id_t *id_p)
+{
+    mc_desc_t d;
+    int rc = mc__desc_decode(json, len, &d);
+
+    return rc ? rc : open_desc(e, &d, by_meta, id_p);
+}
+
+/* This engine as a peer of its own (a host that opens whatever addresses it is given may be
+ * given its own): from our descriptor, without asking anyone. */
+static int open_self(mc_engine_t *e, mc_segment_id_t *id_p)
+{
+    char *json;
+    size_t len;
+    int rc = mc__desc_encode_local(e, &json, &len);
+
+    if (rc)
+        return rc;
+    rc = open_json(e, json, len, false, id_p);
+    free(json);
+    return rc;
+}
+
+static int check_name(const char *fn, mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
+{
+    if (!e || !name || !id_p || !*name || strlen(name) >= MC_NAME_MAX)
+        return mc__set_error(-EINVAL, "%s: invalid argument", fn);
+    return 0;
 }
 
 int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
 {
-    const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];
+    const mc_transport_ops_t *ctrl;
     mc_meta_kv_t kv;
     char *json;
     size_t len;
-    int rc;
+    int rc = check_name("mc_segment_open", e, name, id_p);
 
-    if (!e || !name || !id_p || !*name || strlen(name) >= MC_NAME_MAX)
-        return mc__set_error(-EINVAL, "mc_segment_open: invalid argument");
-    pthread_rwlock_wrlock(&e->peers_lock);
-    mc_peer_t *p = peer_find_ref(e, name);
-    if (p)
-        *id_p = p->id;
-    pthread_rwlock_unlock(&e->peers_lock);
-    if (p)
+    if (rc)
+        return rc;
+    if (mc__in_progress())
+        return mc__set_error(-EDEADLK, "mc_segment_open blocks: use mc_segment_open_nb in a "
+                                       "callback");
+    if (mc__peer_open_ref(e, name, 0, id_p))
         return 0;
+    if (!strcmp(name, e->name))
+        return open_self(e, id_p);
     if (e->meta) {
         rc = mc__meta_lookup(e, name, false, &kv);
         if (rc == 0) {
-            rc = open_desc(e, kv.value, kv.value_len, true, id_p);
+            rc = open_json(e, kv.value, kv.value_len, true, id_p);
             mc__meta_kv_free(&kv);
             return rc;
         }
         if (rc != -ENOENT)
             return rc;
     }
-    rc = ctrl->fetch_desc(e, name, NULL, &json, &len);
+    ctrl = mc__transports[e->ctrl];
+    rc = ctrl->fetch_desc(e, name, &json, &len);
     if (rc == -EINVAL)
         return mc__set_error(-MC_ENOSEGMENT,
                              "segment %s is not in metadata %s and is not an %s "
@@ -174,9 +108,55 @@ int mc_segment_open(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
                              name, e->cfg.metadata, ctrl->name);
     if (rc)
         return rc;
-    rc = open_desc(e, json, len, false, id_p);
+    rc = open_json(e, json, len, false, id_p);
     free(json);
     return rc;
+}
+
+/* An OPENING peer: d holds what is known so far (the control transport's part when there is an
+ * address to ask; nothing but the name when only metadata can tell). */
+static int open_later(mc_engine_t *e, mc_desc_t *d, bool by_meta, mc_segment_id_t *id_p)
+{
+    uint64_t instance = d->instance;
+    mc_peer_t *p;
+    int rc = mc__peer_create(e, d, MC_SEGMENT_OPENING, &p);
+
+    if (rc)
+        return rc;
+    p->by_metadata = by_meta;
+    return mc__peer_insert(e, p, instance, id_p);
+}
+
+int mc_segment_open_nb(mc_engine_t *e, const char *name, mc_segment_id_t *id_p)
+{
+    const mc_transport_ops_t *ctrl;
+    mc_meta_kv_t kv;
+    mc_desc_t d;
+    int rc = check_name("mc_segment_open_nb", e, name, id_p);
+
+    if (rc)
+        return rc;
+    if (mc__peer_open_ref(e, name, 0, id_p))
+        return 0;
+    if (!strcmp(name, e->name))
+        return open_self(e, id_p);
+    if (e->meta && mc__meta_lookup(e, name, true, &kv) == 0) {
+        rc = open_json(e, kv.value, kv.value_len, true, id_p);
+        mc__meta_kv_free(&kv);
+        return rc;
+    }
+    memset(&d, 0, sizeof(d));
+    ctrl = mc__transports[e->ctrl];
+    rc = ctrl->address_text(e, name, &d);
+    if (rc && rc != -EINVAL)
+        return rc;
+    if (rc && !e->meta)
+        return mc__set_error(-MC_ENOSEGMENT,
+                             "segment %s: metadata is \"none\" and it is not an %s address", name,
+                             ctrl->name);
+    if (rc) /* only metadata knows it: found in its cache, or the open fails in time */
+        snprintf(d.name, sizeof(d.name), "%s", name);
+    return open_later(e, &d, rc != 0, id_p);
 }
 
 int mc_segment_open_blob(mc_engine_t *e, const void *blob, size_t len, mc_segment_id_t *id_p)
@@ -186,7 +166,90 @@ int mc_segment_open_blob(mc_engine_t *e, const void *blob, size_t len, mc_segmen
     if (len > e->cfg.handshake_max)
         return mc__set_error(-EINVAL, "descriptor of %zu bytes exceeds MC_HANDSHAKE_MAX_LENGTH",
                              len);
-    return open_desc(e, blob, len, false, id_p);
+    return open_json(e, blob, len, false, id_p);
+}
+
+/* ---- compact addresses ---- */
+
+/* A short stable hash of the host identity (FNV-1a): equal hashes mean the same host. */
+static uint64_t host_hash(const char *host_id)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (const char *c = host_id; *c; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    return h;
+}
+
+int mc_engine_address(mc_engine_t *e, void *buf, size_t *len_p)
+{
+    uint8_t a[MC_ADDRESS_MAX];
+    int n;
+
+    if (!e || !len_p || (!buf && *len_p))
+        return mc__set_error(-EINVAL, "mc_engine_address: invalid argument");
+    a[0] = ADDRESS_VERSION;
+    a[1] = (uint8_t)e->ctrl;
+    mc__put64(a + 2, e->instance);
+    mc__put64(a + 10, host_hash(e->host_id));
+    n = mc__transports[e->ctrl]->address_pack(e, a + ADDRESS_HDR, sizeof(a) - ADDRESS_HDR);
+    if (n < 0)
+        return n;
+    if ((size_t)n + ADDRESS_HDR > *len_p) {
+        *len_p = (size_t)n + ADDRESS_HDR;
+        return mc__set_error(-ENOSPC, "the address needs %zu bytes", *len_p);
+    }
+    *len_p = (size_t)n + ADDRESS_HDR;
+    memcpy(buf, a, *len_p);
+    return 0;
+}
+
+int mc_segment_open_address(mc_engine_t *e, const void *addr, size_t len, mc_segment_id_t *id_p)
+{
+    const uint8_t *a = addr;
+    mc_desc_t d;
+    uint64_t instance;
+    int rc;
+
+    if (!e || !addr || !id_p)
+        return mc__set_error(-EINVAL, "mc_segment_open_address: NULL argument");
+    if (len <= ADDRESS_HDR || len > MC_ADDRESS_MAX || a[0] != ADDRESS_VERSION)
+        return mc__set_error(-MC_EPROTO, "not an engine address (%zu bytes, version %u)", len,
+                             len ? a[0] : 0);
+    if (a[1] != e->ctrl)
+        return mc__set_error(-MC_EPROTO, "the address is of control transport %u, ours is %s", a[1],
+                             mc__transports[e->ctrl]->name);
+    instance = mc__get64(a + 2);
+    if (instance == e->instance)
+        return open_self(e, id_p);
+    if (mc__peer_open_ref(e, NULL, instance, id_p))
+        return 0;
+    memset(&d, 0, sizeof(d));
+    rc = mc__transports[e->ctrl]->address_unpack(e, a + ADDRESS_HDR, len - ADDRESS_HDR, &d);
+    if (rc)
+        return rc;
+    d.instance = instance;
+    if (host_hash(e->host_id) == mc__get64(a + 10))
+        snprintf(d.host_id, sizeof(d.host_id), "%s", e->host_id); /* so shm is considered */
+    return open_later(e, &d, false, id_p);
+}
+
+/* ---- what hosts ask about peers ---- */
+
+int mc_segment_state(mc_engine_t *e, mc_segment_id_t id)
+{
+    int rc;
+
+    if (!e)
+        return mc__set_error(-EINVAL, "NULL engine");
+    pthread_rwlock_rdlock(&e->peers_lock);
+    mc_peer_t *p = mc__peer_get(e, id);
+    rc = !p                               ? mc__set_error(-ENOENT, "no open segment with id %u", id)
+         : p->state == MC_SEGMENT_READY   ? MC_SEGMENT_READY
+         : p->state == MC_SEGMENT_OPENING ? MC_SEGMENT_OPENING
+                                          : MC_SEGMENT_DEAD;
+    pthread_rwlock_unlock(&e->peers_lock);
+    return rc;
 }
 
 int mc_segment_export(mc_engine_t *e, void *buf, size_t *len_p)
@@ -247,18 +310,6 @@ int mc_segment_is_local_host(mc_engine_t *e, mc_segment_id_t id)
     return rc;
 }
 
-/* Drop a peer entirely. Caller holds e->lock; the peer has no tasks. */
-static void peer_destroy(mc_engine_t *e, mc_peer_t *p)
-{
-    mc_list_t *n;
-
-    while ((n = mc_list_pop_front(&p->msgq)))
-        free(mc_container_of(n, mc_msg_t, link));
-    if (p->active)
-        mc_list_del(&p->active_link);
-    peer_free(e, p);
-}
-
 int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
 {
     mc_peer_t *p;
@@ -285,79 +336,7 @@ int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
         e->peers[id] = NULL;
     pthread_rwlock_unlock(&e->peers_lock);
     if (destroy)
-        peer_destroy(e, p);
+        mc__peer_destroy(e, p);
     pthread_mutex_unlock(&e->lock);
-    return rc;
-}
-
-void mc__peers_fini(mc_engine_t *e)
-{
-    for (size_t i = 0; i < e->n_peers; i++) {
-        if (e->peers[i])
-            peer_destroy(e, e->peers[i]);
-    }
-    free(e->peers);
-    e->peers = NULL;
-    e->n_peers = 0;
-}
-
-static int fetch_from_meta(mc_engine_t *e, mc_peer_t *p, bool cached_only, mc_desc_t *d)
-{
-    mc_meta_kv_t kv;
-    int rc = mc__meta_lookup(e, p->name, cached_only, &kv);
-
-    if (rc)
-        return rc;
-    rc = mc__desc_decode(kv.value, kv.value_len, d);
-    mc__meta_kv_free(&kv);
-    return rc;
-}
-
-static int fetch_from_peer(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
-{
-    char *json;
-    size_t len;
-    int rc = mc__transports[e->ctrl]->fetch_desc(e, NULL, p, &json, &len);
-
-    if (rc)
-        return rc;
-    rc = mc__desc_decode(json, len, d);
-    free(json);
-    return rc;
-}
-
-/* Fetch a peer's current descriptor. may_block: ask the peer itself first (it is the
- * authority: metadata lags behind its registrations), then metadata. Otherwise (progress
- * context) only the watched metadata cache is consulted. */
-static int peer_fetch(mc_engine_t *e, mc_peer_t *p, bool may_block, mc_desc_t *d)
-{
-    bool meta = p->by_metadata && e->meta;
-
-    if (!may_block)
-        return meta ? fetch_from_meta(e, p, true, d) : -ENOTSUP;
-    if (fetch_from_peer(e, p, d) == 0)
-        return 0;
-    return meta ? fetch_from_meta(e, p, false, d)
-                : mc__set_error(-MC_EPEERDEAD, "%s", mc_last_error());
-}
-
-int mc__peer_reload(mc_engine_t *e, mc_peer_t *p, bool may_block)
-{
-    mc_desc_t d;
-    int rc = peer_fetch(e, p, may_block, &d);
-
-    if (rc)
-        return rc;
-    if (strcmp(d.name, p->name)) {
-        mc__desc_free(&d);
-        return mc__set_error(-MC_ENOSEGMENT, "segment %s now answers as %s", p->name, d.name);
-    }
-    pthread_rwlock_wrlock(&e->peers_lock);
-    mc__desc_free(&p->desc);
-    p->desc = d;
-    rc = peer_route(e, p);
-    pthread_rwlock_unlock(&e->peers_lock);
-    if (rc)
-        mc_warn("segment %s after reloading its descriptor: %s", p->name, mc_last_error());
     return rc;
 }

@@ -39,8 +39,10 @@ struct mc_task {
     mc_peer_t *peer;
     mc_buffer_t *lbuf; /* reference on the local buffer, held until release */
     mc_notify_group_t *group;
-    uint64_t carved; /* bytes cut into slices so far (progress-owned) */
-    uint64_t deadline_ns;
+    uint64_t carved;      /* bytes cut into slices so far (progress-owned) */
+    uint64_t queued_ns;   /* when it was submitted */
+    uint64_t deadline_ns; /* 0 until its first slice goes out, then that + timeout_ms */
+    unsigned timeout_ms;
     unsigned inflight; /* slices on the wire (progress-owned) */
     bool queued, released;
     bool vram;        /* either end is CUDA memory */
@@ -50,6 +52,7 @@ struct mc_task {
                          MC_RBUF_NONE when the range is in none */
     atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
+    int error;    /* 0 or a negative code; written with reason */
     char *reason; /* written by the finisher before the final state is published */
 };
 
@@ -58,7 +61,12 @@ struct mc_batch {
     size_t cap;
     atomic_size_t n;       /* tasks submitted */
     atomic_size_t n_final; /* tasks in a final state */
-    atomic_size_t busy;    /* tasks still referenced by the engine */
+    atomic_size_t n_completed;
+    atomic_int first_bad; /* the first final state other than COMPLETED, or 0 */
+    _Atomic uint64_t bytes;
+    atomic_size_t busy;   /* tasks still referenced by the engine */
+    atomic_bool released; /* mc_batch_release: freed when busy drops to 0 */
+    atomic_bool freeing;  /* claimed by whoever frees it */
     atomic_bool cancel_kick;
     mc_list_t cancel_link; /* in e->cancelq (under sub_lock) */
     mc_task_t *tasks;
@@ -92,14 +100,23 @@ struct mc_slice {
 mc_slice_t *mc__slice_alloc(mc_engine_t *e);
 void mc__slice_free(mc_engine_t *e, mc_slice_t *s);
 
-/* Finish a task with a final state; returns true if this call won (first final state). Any
- * thread. */
-bool mc__task_finish(mc_task_t *t, int state, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Finish a task with a final state and, unless COMPLETED, an error code and a reason; returns
+ * true if this call won (first final state). Any thread. */
+bool mc__task_finish(mc_task_t *t, int state, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Bytes of t confirmed; returns its total so far. */
+uint64_t mc__task_add_bytes(mc_task_t *t, uint64_t n);
 /* Release the engine's hold on a task once it is final, unqueued and has nothing in flight. */
 void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t);
+/* The engine lets go of one reference to b (a task, a cancel kick); a released batch is freed
+ * with its last one. */
+void mc__batch_unbusy(mc_batch_t *b);
 /* The transport t was routed to cannot take it after all: route it to the next one that
  * reaches its peer and accepts it, or fail it with the reasons. Submitting thread. */
 void mc__task_reroute(mc_engine_t *e, mc_task_t *t);
+/* Route a task that waited for its peer's descriptor (progress context): a transport, or
+ * failed (range still unknown, nothing accepts it); a transport that moves data at submit
+ * takes it at once. */
+void mc__task_route_late(mc_engine_t *e, mc_task_t *t);
 
 #endif

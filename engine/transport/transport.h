@@ -128,13 +128,29 @@ struct mc_transport_ops {
     /* The control transport only. address: our first endpoint (the default segment name).
      * ctrl_ready: whether a link to p is ready (if not, one is being opened; its readiness
      * activates p). ctrl_send: queue a control request on a ready link to p (-EAGAIN: none is
-     * ready). fetch_desc (any thread, blocking up to the
-     * connect timeout): the descriptor of the peer at addr, or of p at its first endpoint.
-     * -EINVAL when addr is not an address of this transport. */
+     * ready). fetch_desc (any thread, blocking up to the connect timeout): the descriptor of
+     * the peer at addr; -EINVAL when addr is not an address of this transport. */
     const char *(*address)(mc_engine_t *e);
     bool (*ctrl_ready)(mc_engine_t *e, mc_peer_t *p);
     int (*ctrl_send)(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
-    int (*fetch_desc)(mc_engine_t *e, const char *addr, mc_peer_t *p, char **json_p, size_t *len_p);
+    int (*fetch_desc)(mc_engine_t *e, const char *addr, char **json_p, size_t *len_p);
+
+    /* The control transport only. desc_request: ask p for its current descriptor over a ready
+     * link; the answer goes to mc__peer_desc_arrived, or, if the link fails first, to
+     * mc__peer_desc_retry. -EAGAIN while no link is ready (one is being opened; its readiness
+     * activates p). address_pack (any thread): our first endpoint in at most cap bytes; its
+     * length. address_unpack, address_text (any thread): the name and the control part of a
+     * descriptor (d is zeroed) for a peer known only by a packed or a text address; -EINVAL if
+     * it is not one. */
+    int (*desc_request)(mc_engine_t *e, mc_peer_t *p);
+    int (*address_pack)(mc_engine_t *e, uint8_t *out, size_t cap);
+    int (*address_unpack)(mc_engine_t *e, const uint8_t *in, size_t len, mc_desc_t *d);
+    int (*address_text)(mc_engine_t *e, const char *text, mc_desc_t *d);
+
+    /* Buffer keys (mc_buffer_key_pack; any thread, mem.lock held): its bytes for local buffer
+     * b in a key, at most cap, which its codec's decode_key reads back; the length, 0 for none,
+     * -E2BIG when they cannot fit. */
+    int (*key_pack)(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, size_t cap);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

@@ -33,6 +33,8 @@ typedef uint32_t mc_segment_id_t;
 #define MC_NAME_MAX        128         /* segment names, including the terminating NUL */
 #define MC_LOCATION_MAX    32          /* "cpu:0", "cuda:3", ... */
 #define MC_MSG_MAX         (64 * 1024) /* largest message or notification payload */
+#define MC_ADDRESS_MAX     64          /* largest mc_engine_address */
+#define MC_BUFFER_KEY_SIZE 128         /* every mc_buffer_key_pack key */
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
@@ -113,14 +115,69 @@ MC_API void mc_mem_free(mc_engine_t *engine, void *addr);
 
 /* ---- segments ----------------------------------------------------------------------------- */
 
+/* Peers are opened by name, descriptor blob or compact address; opening one that is open
+ * already (same name, or same engine instance for an address) returns the same id, reference
+ * counted. Opening our own name or address works: the engine is then a peer of its own. */
+
 /* Open a peer segment by name: looked up in metadata; if metadata is "none" or has no entry
- * and name is "ip:port", the descriptor is fetched from the peer itself by handshake. Opening
- * the same name again returns the same id (reference counted). */
+ * and name is "ip:port", the descriptor is fetched from the peer itself by handshake. Blocks
+ * up to MC_CONNECT_TIMEOUT_MS (metadata or the peer), so not from a callback (-EDEADLK). */
 MC_API int mc_segment_open(mc_engine_t *engine, const char *name, mc_segment_id_t *id_p);
 
-/* Open a peer from a descriptor blob produced by its mc_segment_export(). */
+/* Open a peer without blocking, from any thread including callbacks: the id comes at once, the
+ * segment is OPENING (mc_segment_state) while its descriptor is fetched in progress (from the
+ * metadata cache, or from the peer at "ip:port" over the control link). Work for it may be
+ * submitted at once: it waits, and fails with the reason (-MC_EPEERDEAD, -MC_ENOSEGMENT) if
+ * the peer does not answer within MC_CONNECT_TIMEOUT_MS. The peer handler hears
+ * MC_PEER_CONNECTED when it is ready, MC_PEER_UNREACHABLE if it never is. */
+MC_API int mc_segment_open_nb(mc_engine_t *engine, const char *name, mc_segment_id_t *id_p);
+
+/* Open a peer from a descriptor blob produced by its mc_segment_export(). Never blocks. If a
+ * segment of that name is open, its view is refreshed from the blob (buffers it registered
+ * since become usable) and its id returned; -EEXIST if the open one is another instance of the
+ * engine (a restarted process: close the old one first). */
 MC_API int mc_segment_open_blob(mc_engine_t *engine, const void *blob, size_t len,
                                 mc_segment_id_t *id_p);
+
+/* This engine's compact address: at most MC_ADDRESS_MAX bytes (25 for IPv4) naming its host,
+ * its instance and one endpoint, for hosts whose addresses have a size limit (UCX). Call with
+ * *len_p = buffer size; on success *len_p is the length. -ENOSPC (with *len_p set) if too
+ * small. */
+MC_API int mc_engine_address(mc_engine_t *engine, void *buf, size_t *len_p);
+
+/* Open the engine at an address from its mc_engine_address(), as mc_segment_open_nb: at once,
+ * from any thread. The peer is the instance the address names: another engine answering at
+ * that endpoint makes it fail. -MC_EPROTO for bytes that are not an address. */
+MC_API int mc_segment_open_address(mc_engine_t *engine, const void *addr, size_t len,
+                                   mc_segment_id_t *id_p);
+
+typedef enum mc_segment_state {
+    MC_SEGMENT_OPENING = 0, /* its descriptor is being fetched; submitted work waits */
+    MC_SEGMENT_READY = 1,
+    MC_SEGMENT_DEAD = 2, /* its process is gone or it never answered: work for it fails */
+} mc_segment_state_t;
+
+/* The state of an open segment (mc_segment_state_t), or -ENOENT. */
+MC_API int mc_segment_state(mc_engine_t *engine, mc_segment_id_t id);
+
+/* Peer events, reported once per change from progress (the same context as completion
+ * callbacks). CONNECTED: the peer is ready and a link to it is up (again). UNREACHABLE: every
+ * path to it failed, or it could not be opened; what was queued to it failed with `error`; new
+ * work is tried again. DEAD: its process is known to be gone (it refused connections on every
+ * endpoint, closed its same-host channel, or another engine answers at its address): every
+ * queued and in-flight task failed with -MC_EPEERDEAD, and so does anything submitted to it
+ * later; close it (and open it again by name to reach a new process). */
+typedef enum mc_peer_event {
+    MC_PEER_CONNECTED = 1,
+    MC_PEER_UNREACHABLE = 2,
+    MC_PEER_DEAD = 3,
+} mc_peer_event_t;
+
+typedef void (*mc_peer_cb)(void *arg, mc_segment_id_t id, mc_peer_event_t event, int error,
+                           const char *reason);
+
+/* Set (or clear with NULL) the peer handler. reason is valid during the call only. */
+MC_API int mc_peer_handler_set(mc_engine_t *engine, mc_peer_cb cb, void *arg);
 
 /* Drop one reference; the peer's connections close with the last one. Returns -EBUSY while
  * tasks to it are in flight, -ENOENT for an unknown id. */
@@ -145,6 +202,24 @@ MC_API int mc_segment_buffers(mc_engine_t *engine, mc_segment_id_t id, mc_buffer
 /* Whether a peer runs on this host: same boot id and same network namespace. 1, 0 or <0. */
 MC_API int mc_segment_is_local_host(mc_engine_t *engine, mc_segment_id_t id);
 
+/* ---- buffer keys -------------------------------------------------------------------------- */
+
+/* A buffer key: a fixed-size (MC_BUFFER_KEY_SIZE) token that makes one registered buffer of
+ * this engine usable by a peer without its descriptor (hosts that carry remote keys of their
+ * own, like UCX's packed rkeys). It names this engine's instance, the buffer's range and
+ * location, and what the transports need (rdma: the rkeys of each device; -E2BIG when a buffer
+ * has more memory regions than fit). A key stays valid until the buffer is unregistered.
+ * Pack the key of the buffer holding addr into out (MC_BUFFER_KEY_SIZE bytes); -ENOENT if addr
+ * is in no registered buffer. */
+MC_API int mc_buffer_key_pack(mc_engine_t *engine, const void *addr, void *out);
+
+/* Make the buffer a key describes usable in the open segment id, whatever its descriptor says
+ * (requests inside it are routed at once). Any thread, callbacks too. -MC_ENOSEGMENT if the
+ * key is of another engine than id, -MC_EPROTO if it is not a key. Its owner still checks every
+ * request: a key of an unregistered buffer gets requests refused there, not served. */
+MC_API int mc_segment_add_buffer(mc_engine_t *engine, mc_segment_id_t id, const void *key,
+                                 size_t len);
+
 /* ---- batches and tasks -------------------------------------------------------------------- */
 
 typedef enum mc_opcode { MC_READ = 0, MC_WRITE = 1 } mc_opcode_t;
@@ -162,7 +237,11 @@ typedef struct mc_task_status {
     mc_task_state_t state;
     uint64_t bytes;     /* bytes transferred and confirmed so far */
     const char *reason; /* why it failed; NULL unless FAILED/TIMEOUT/CANCELED. Owned by the
-                           batch, valid until the batch is destroyed. */
+                           batch, valid until the batch is reset or destroyed. */
+    int error;          /* 0, or what ended it otherwise, for hosts that map outcomes:
+                           -MC_ETIMEOUT, -MC_ECANCELED, -MC_EPEERDEAD (peer gone or
+                           unreachable), -MC_EACCESS (remote range not registered there),
+                           -MC_EAUTH, -MC_ENOSEGMENT, -EIO, ... */
 } mc_task_status_t;
 
 /* Completion callback: called once per task when it reaches a final state, from progress. */
@@ -186,29 +265,57 @@ typedef struct mc_notify_req {
     size_t len; /* <= MC_MSG_MAX */
 } mc_notify_req_t;
 
-/* Create a batch that can hold up to max_tasks tasks. Free with mc_batch_destroy(). */
+/* Create a batch that can hold up to max_tasks tasks. Free with mc_batch_destroy() or
+ * mc_batch_release(); reuse it with mc_batch_reset(). */
 MC_API int mc_batch_create(mc_engine_t *engine, size_t max_tasks, mc_batch_t **batch_p);
 
 /* Destroy a batch. -EBUSY while any of its tasks is still referenced by the engine (poll or
  * progress, then retry); the batch is untouched then. */
 MC_API int mc_batch_destroy(mc_batch_t *batch);
 
+/* Make a batch empty again, keeping its memory: indices restart at 0 and the previous tasks'
+ * statuses and reasons are gone. -EBUSY (nothing changes) while any of its tasks is still
+ * referenced by the engine. Not to be called concurrently with a submit on the same batch. */
+MC_API int mc_batch_reset(mc_batch_t *batch);
+
+/* Give a batch back without waiting: every task not final is canceled, and the engine frees the
+ * batch once it lets go of the last one (completion callbacks of the batch still run, with
+ * CANCELED for those). Never blocks; the batch must not be used any more. */
+MC_API void mc_batch_release(mc_batch_t *batch);
+
+/* Options of one submit call. Zero-filled means the defaults; size makes room for more. */
+typedef struct mc_submit_opts {
+    size_t size;                   /* sizeof(mc_submit_opts_t) */
+    const mc_notify_req_t *notify; /* NULL: no notification */
+    unsigned timeout_ms;           /* per task, counted from when its first bytes are sent;
+                                      0: MC_TRANSFER_TIMEOUT */
+} mc_submit_opts_t;
+
 /* Append count requests as tasks (indices continue from the previous submit). All requests are
  * validated first: on error nothing is submitted and nothing will ever complete for them.
- * Errors: -EINVAL (bad opcode, zero length, local range not registered, batch full),
- * -MC_ENOSEGMENT (target not open). A task whose remote range is not inside one buffer of the
- * target's descriptor (reloaded once on a miss) is accepted and ends FAILED at once, touching
- * nothing; the owner checks every slice again when it arrives (it may have unregistered
- * since). notify may be NULL. One doorbell per call. Not to be called concurrently on the same
- * batch. */
+ * Errors: -EINVAL (bad opcode, local range not registered, batch full, bad options),
+ * -MC_ENOSEGMENT (target not open). A zero-length request is a no-op that completes at once.
+ * A task whose remote range is not inside one buffer of the target's descriptor (reloaded once
+ * on a miss) is accepted and ends FAILED at once, touching nothing; the owner checks every
+ * slice again when it arrives (it may have unregistered since).
+ *
+ * Timeouts: a task times out timeout_ms after its first bytes went out, so a submit queued
+ * behind others is not penalised for waiting; a task that has not started times out only when
+ * its peer has completed nothing for timeout_ms either. One doorbell per call. Not to be called
+ * concurrently on the same batch. opts may be NULL. */
+MC_API int mc_batch_submit_ex(mc_batch_t *batch, const mc_request_t *reqs, size_t count,
+                              const mc_submit_opts_t *opts);
+
+/* mc_batch_submit_ex with a notification (notify may be NULL) and the default timeout. */
 MC_API int mc_batch_submit(mc_batch_t *batch, const mc_request_t *reqs, size_t count,
                            const mc_notify_req_t *notify);
 
 /* Status of task `index`. Does not block. In caller-progress mode it also drives progress. */
 MC_API int mc_task_status(mc_batch_t *batch, size_t index, mc_task_status_t *status_p);
 
-/* Summary of the batch: state is COMPLETED when every task completed, FAILED/TIMEOUT/CANCELED
- * when all are final and one is not COMPLETED (the first such), PENDING otherwise. */
+/* Summary of the batch, in constant time: state is COMPLETED when every task completed,
+ * FAILED/TIMEOUT/CANCELED when all are final and one is not COMPLETED (the first to end so),
+ * PENDING otherwise. */
 typedef struct mc_batch_status {
     mc_task_state_t state;
     size_t tasks, completed, failed; /* failed counts FAILED, TIMEOUT and CANCELED */

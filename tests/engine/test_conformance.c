@@ -574,9 +574,9 @@ static void test_bad_submit(void **state)
     r[1].local = src + 65536 - 100; /* runs past the end of the registered buffer */
     assert_int_equal(mc_batch_submit(b, r, 3, NULL), -EINVAL);
     r[1].local = src + 4096;
-    r[1].length = 0;
+    r[1].target_offset = UINT64_MAX - 100; /* wraps */
     assert_int_equal(mc_batch_submit(b, r, 3, NULL), -EINVAL);
-    r[1].length = 4096;
+    r[1].target_offset = tbuf(fx, 0) + 4096;
     r[1].target = fx->seg + 12345;
     assert_int_equal(mc_batch_submit(b, r, 3, NULL), -MC_ENOSEGMENT);
     r[1].target = fx->seg;
@@ -593,6 +593,16 @@ static void test_bad_submit(void **state)
     assert_int_equal(mc_batch_status(b, &bs), 0);
     assert_int_equal(bs.tasks, 3);
     assert_int_equal(bs.completed, 3);
+    assert_int_equal(bs.bytes, 3 * 4096);
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), 3 * 4096, 8, 0), -1);
+    /* A zero-length request is a no-op that completes at once, whatever its addresses. */
+    r[0] = (mc_request_t){.opcode = MC_READ, .local = NULL, .target = fx->seg, .length = 0};
+    assert_int_equal(mc_batch_submit(b, r, 1, NULL), 0);
+    assert_int_equal(mc_task_status(b, 3, &ts), 0);
+    assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    assert_int_equal(ts.bytes, 0);
+    assert_int_equal(ts.error, 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
     assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), 3 * 4096, 8, 0), -1);
     th_batch_destroy(fx->e, b);
 }

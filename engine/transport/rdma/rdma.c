@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "../../sys/verbs.h"
+#include "../../util/bytes.h"
 #include "rdma_int.h"
 
 unsigned mc__rdma_slot;
@@ -370,6 +371,28 @@ static int rdma_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
     return 0;
 }
 
+/* Its part of a buffer key (read back by the codec's decode_key). */
+static int rdma_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, size_t cap)
+{
+    const mc_rdma_mrs_t *m = b->tp[mc__rdma_slot];
+    size_t n = m ? (size_t)m->n_devs * m->n_chunks : 0;
+
+    (void)e;
+    if (!m)
+        return 0;
+    if (8 + 4 * n > cap)
+        return mc__set_error(-E2BIG,
+                             "buffer 0x%llx: %zu rkeys (%u devices x %u memory regions) do not "
+                             "fit in a key",
+                             (unsigned long long)b->addr, n, m->n_devs, m->n_chunks);
+    mc__put64(out, m->chunk);
+    for (unsigned d = 0; d < m->n_devs; d++)
+        for (uint32_t c = 0; c < m->n_chunks; c++)
+            mc__put32(out + 8 + 4 * ((size_t)d * m->n_chunks + c),
+                      m->mr[d * m->n_chunks + c]->rkey);
+    return (int)(8 + 4 * n);
+}
+
 /* ---- peers and tasks ---- */
 
 /* Peers on another host that publish devices on a common link layer; peers on this host only
@@ -472,6 +495,7 @@ const mc_transport_ops_t mc__rdma_ops = {
     .fini = rdma_fini,
     .encode = rdma_encode,
     .encode_buffer = rdma_encode_buffer,
+    .key_pack = rdma_key_pack,
     .mem_register = mc__rdma_mr_register,
     .mem_deregister = mc__rdma_mr_deregister,
     .peer_update = rdma_peer_update,

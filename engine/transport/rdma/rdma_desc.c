@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../util/bytes.h"
 #include "rdma_int.h"
 
 #define DESC_MIN_CHUNK 4096
@@ -86,6 +87,31 @@ static int decode_dev_keys(json_t *dev, const mc_desc_buffer_t *b, uint32_t n_ch
     return 0;
 }
 
+/* A buffer's rdma part for rd's devices in chunks of `chunk` bytes: checked, allocated with
+ * room for its rkeys (free it). */
+static int desc_buf_new(const rdma_desc_t *rd, const mc_desc_buffer_t *b, uint64_t chunk,
+                        rdma_desc_buf_t **k_p, size_t *size_p)
+{
+    uint64_t n_chunks = chunk >= DESC_MIN_CHUNK ? (b->len + chunk - 1) / chunk : 0;
+    rdma_desc_buf_t *k;
+
+    if (!n_chunks)
+        return mc__set_error(-MC_EPROTO, "descriptor: buffer 0x%llx: \"mr_chunk\" under %d",
+                             (unsigned long long)b->addr, DESC_MIN_CHUNK);
+    if (n_chunks > (1u << 20))
+        return mc__set_error(-MC_EPROTO, "descriptor: buffer 0x%llx has %llu memory regions",
+                             (unsigned long long)b->addr, (unsigned long long)n_chunks);
+    *size_p = sizeof(*k) + (size_t)n_chunks * rd->n * sizeof(k->rkey[0]);
+    k = malloc(*size_p);
+    if (!k)
+        return mc__set_error(-ENOMEM, "out of memory decoding a descriptor");
+    k->chunk = chunk;
+    k->n_chunks = (uint32_t)n_chunks;
+    k->n_devs = rd->n;
+    *k_p = k;
+    return 0;
+}
+
 static int rdma_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsigned slot,
                               mc_desc_buffer_t *b)
 {
@@ -93,7 +119,7 @@ static int rdma_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsign
     json_t *arr = json_object_get(jb, "rkey"), *chunk = json_object_get(jb, "mr_chunk"), *dev;
     rdma_desc_buf_t *k;
     size_t i, size;
-    int rc = 0;
+    int rc;
 
     if (!arr)
         return 0;
@@ -103,17 +129,9 @@ static int rdma_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsign
                              "descriptor: buffer 0x%llx: \"rkey\" needs one array per RDMA "
                              "device and \"mr_chunk\" >= %d",
                              (unsigned long long)b->addr, DESC_MIN_CHUNK);
-    uint64_t c = (uint64_t)json_integer_value(chunk), n_chunks = (b->len + c - 1) / c;
-    if (n_chunks > (1u << 20))
-        return mc__set_error(-MC_EPROTO, "descriptor: buffer 0x%llx has %llu memory regions",
-                             (unsigned long long)b->addr, (unsigned long long)n_chunks);
-    size = sizeof(*k) + (size_t)n_chunks * rd->n * sizeof(k->rkey[0]);
-    k = malloc(size);
-    if (!k)
-        return mc__set_error(-ENOMEM, "out of memory decoding a descriptor");
-    k->chunk = c;
-    k->n_chunks = (uint32_t)n_chunks;
-    k->n_devs = rd->n;
+    rc = desc_buf_new(rd, b, (uint64_t)json_integer_value(chunk), &k, &size);
+    if (rc)
+        return rc;
     json_array_foreach(arr, i, dev)
     {
         if (!rc)
@@ -125,8 +143,39 @@ static int rdma_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsign
     return rc;
 }
 
+/* Its bytes in a buffer key (mc__rdma_key_pack): u64 mr_chunk, then the rkeys as u32, device by
+ * device in the order of the descriptor's "rdma" list, chunk by chunk. */
+static int rdma_decode_key(const uint8_t *in, size_t len, const void *part, mc_desc_t *d,
+                           unsigned slot, mc_desc_buffer_t *b)
+{
+    const rdma_desc_t *rd = part;
+    rdma_desc_buf_t *k;
+    size_t size;
+    int rc;
+
+    if (!rd) /* no device list of the peer yet: reached otherwise */
+        return 0;
+    if (len < 8)
+        return mc__set_error(-MC_EPROTO, "buffer key: rdma part of %zu bytes", len);
+    rc = desc_buf_new(rd, b, mc__get64(in), &k, &size);
+    if (rc)
+        return rc;
+    if (len != 8 + 4 * (size_t)k->n_chunks * k->n_devs)
+        rc = mc__set_error(-MC_EPROTO,
+                           "buffer key: %zu bytes of rkeys for %u devices x %u "
+                           "regions",
+                           len - 8, k->n_devs, k->n_chunks);
+    for (size_t j = 0; !rc && j < (size_t)k->n_chunks * k->n_devs; j++)
+        k->rkey[j] = mc__get32(in + 8 + 4 * j);
+    if (!rc)
+        rc = mc__desc_part_add(d, b, slot, k, size);
+    free(k);
+    return rc;
+}
+
 const mc_desc_codec_t mc__rdma_codec = {
     .decode = rdma_decode,
     .decode_buffer = rdma_decode_buffer,
+    .decode_key = rdma_decode_key,
     .free_part = free,
 };

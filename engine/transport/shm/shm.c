@@ -18,7 +18,8 @@
  *
  * Dead owner: a copy into the memory of a process that died lands in orphaned pages. After the
  * copies of one submit, one poll of the owner's pidfd per peer decides: if it exited, those
- * tasks end FAILED ("owner exited"), never COMPLETED.
+ * tasks end FAILED ("owner exited"), never COMPLETED. The pidfd also sits in the progress loop:
+ * when the owner exits, the peer is DEAD for every transport (mc__peer_dead).
  */
 #include <errno.h>
 #include <poll.h>
@@ -71,12 +72,15 @@ typedef struct shm_map {
 
 /* Initiator side: what we hold of one owner (p->tp[mc__shm_slot]), connected on first use. */
 typedef struct shm_peer {
+    mc_peer_t *peer;
     pthread_mutex_t open_lock; /* the first submit connects; others wait */
     atomic_int state;          /* SP_NEW, SP_OPEN, SP_DEAD */
     char addr[MC_NAME_MAX];    /* the owner's socket name */
     pthread_mutex_t req_lock;  /* one MAP request at a time on req_fd */
     int req_fd;
-    mc_pollable_t ev; /* event socket, in the progress loop */
+    mc_pollable_t ev;   /* event socket, in the progress loop */
+    mc_pollable_t exit; /* its pidfd, in the progress loop: the owner's death */
+    bool exit_watched;
     int pidfd;
     pthread_rwlock_t lock; /* read: copies; write: mapping changes */
     shm_map_t *maps;
@@ -306,6 +310,13 @@ static void peer_unmap_all(shm_peer_t *s)
     pthread_rwlock_unlock(&s->lock);
 }
 
+static bool owner_exited(shm_peer_t *s)
+{
+    struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
+
+    return poll(&pfd, 1, 0) > 0;
+}
+
 static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     shm_peer_t *s = mc_container_of(p, shm_peer_t, ev);
@@ -332,6 +343,17 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         mc__epoll_del(e, &s->ev);
         peer_unmap_all(s);
     }
+}
+
+/* The owner's pidfd became readable: its process exited, it is dead for every transport. */
+static void peer_on_exit(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    shm_peer_t *s = mc_container_of(p, shm_peer_t, exit);
+
+    (void)events;
+    mc__epoll_del(e, &s->exit);
+    s->exit_watched = false;
+    mc__peer_dead(e, s->peer, "its process %d exited", s->pid);
 }
 
 static int connect_role(const char *name, uint32_t role, uint64_t instance)
@@ -386,6 +408,9 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s)
         setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
         mc__epoll_add(e, &s->ev, EPOLLIN))
         return -errno;
+    s->exit.fd = s->pidfd;
+    s->exit.handler = peer_on_exit;
+    s->exit_watched = mc__epoll_add(e, &s->exit, EPOLLIN) == 0;
     get_regtab(s);
     return 0;
 }
@@ -510,23 +535,16 @@ static size_t copy_run(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
     return j;
 }
 
-static bool owner_exited(shm_peer_t *s)
-{
-    struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
-
-    return poll(&pfd, 1, 0) > 0;
-}
-
 static void task_done(mc_engine_t *e, mc_task_t *d)
 {
     int cnt = d->req.opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
 
-    atomic_store(&d->bytes, d->req.length);
+    mc__task_add_bytes(d, d->req.length);
     mc__count(&d->peer->c[cnt], d->req.length);
     mc__count(&d->peer->c[MC_CNT_REQUESTS], 1);
     mc__tp_count(e, mc__shm_slot, cnt, d->req.length);
     mc__tp_count(e, mc__shm_slot, MC_CNT_REQUESTS, 1);
-    mc__task_finish(d, MC_TASK_COMPLETED, NULL);
+    mc__task_finish(d, MC_TASK_COMPLETED, 0, NULL);
 }
 
 /* Tasks [i, j) moved (a copy through mappings): one liveness check of the owner decides. */
@@ -536,8 +554,8 @@ static void settle(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, si
 
     for (size_t k = i; k < j; k++) {
         if (dead)
-            mc__task_finish(&tasks[k], MC_TASK_FAILED, "segment %s: owner process exited",
-                            tasks[k].peer->name);
+            mc__task_finish(&tasks[k], MC_TASK_FAILED, -MC_EPEERDEAD,
+                            "segment %s: owner process exited", tasks[k].peer->name);
         else
             task_done(e, &tasks[k]);
     }
@@ -589,8 +607,10 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
             got -= (ssize_t)len;
             task_done(e, &tasks[x]);
         } else {
-            mc__task_finish(&tasks[x], MC_TASK_FAILED, "segment %s: CMA %s: %s",
-                            tasks[x].peer->name, total ? "moved less than asked" : "failed",
+            mc__task_finish(&tasks[x], MC_TASK_FAILED,
+                            got < 0 && err == ESRCH ? -MC_EPEERDEAD : -MC_EACCESS,
+                            "segment %s: CMA %s: %s", tasks[x].peer->name,
+                            total ? "moved less than asked" : "failed",
                             got < 0 ? strerror(err) : "owner memory changed");
             got = -1;
         }
@@ -628,15 +648,16 @@ static int shm_peer_update(mc_engine_t *e, mc_peer_t *p)
     const char *addr = p->desc.tp[mc__shm_slot];
     shm_peer_t *s;
 
-    (void)e;
     if (p->tp[mc__shm_slot])
         return 30; /* reloads keep what is open */
-    if (!p->local_host || !addr)
+    /* To ourselves, tcp: opening our own socket would wait for our own progress. */
+    if (!p->local_host || !addr || p->desc.instance == e->instance)
         return 0;
     s = calloc(1, sizeof(*s));
     if (!s)
         return mc__set_error(-ENOMEM, "out of memory");
     snprintf(s->addr, sizeof(s->addr), "%s", addr);
+    s->peer = p;
     s->pid = p->desc.pid;
     s->req_fd = s->ev.fd = s->pidfd = -1;
     pthread_mutex_init(&s->open_lock, NULL);
@@ -656,6 +677,8 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
 
     if (atomic_exchange(&s->state, SP_DEAD) == SP_OPEN)
         mc__epoll_del(e, &s->ev);
+    if (s->exit_watched)
+        mc__epoll_del(e, &s->exit);
     peer_unmap_all(s);
     mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
     p->tp[mc__shm_slot] = NULL;
@@ -803,6 +826,16 @@ static int shm_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
     return b->memfd >= 0 && json_object_set_new(jb, "shm", json_true()) ? -ENOMEM : 0;
 }
 
+/* Keys: one byte, 1, for a buffer same-host peers may map (as "shm": true). */
+static int shm_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, size_t cap)
+{
+    (void)e;
+    if (b->memfd < 0 || cap < 1)
+        return 0;
+    out[0] = 1;
+    return 1;
+}
+
 const mc_transport_ops_t mc__shm_ops = {
     .size = sizeof(mc_transport_ops_t),
     .name = "shm",
@@ -813,6 +846,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .fini = shm_fini,
     .encode = shm_encode,
     .encode_buffer = shm_encode_buffer,
+    .key_pack = shm_key_pack,
     .mem_changed = shm_mem_changed,
     .mem_release = shm_mem_release,
     .peer_update = shm_peer_update,

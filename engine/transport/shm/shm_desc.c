@@ -38,8 +38,19 @@ static int shm_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsigne
                                                     : 0;
 }
 
+/* In a buffer key: the same mark, one byte 1. */
+static int shm_decode_key(const uint8_t *in, size_t len, const void *part, mc_desc_t *d,
+                          unsigned slot, mc_desc_buffer_t *b)
+{
+    (void)part;
+    if (len != 1 || in[0] != 1)
+        return mc__set_error(-MC_EPROTO, "buffer key: bad shm part");
+    return mc__desc_part_add(d, b, slot, in, 1);
+}
+
 const mc_desc_codec_t mc__shm_codec = {
     .decode = shm_decode,
     .decode_buffer = shm_decode_buffer,
+    .decode_key = shm_decode_key,
     .free_part = free,
 };

@@ -1,5 +1,6 @@
 /* TCP transport: its ops table, setup, teardown, peers and timeouts. */
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,15 @@ static const char *tcp_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer
     return t->vram ? "host memory only (VRAM moves over rdma)" : NULL;
 }
 
+/* How long c has moved nothing while we ran progress: a gap in our own progress calls (the
+ * application computing) is not the connection's fault. */
+static uint64_t io_idle(const mc_engine_t *e, const mc_tcp_conn_t *c, uint64_t now)
+{
+    uint64_t since = c->last_io_ns > e->resumed_ns ? c->last_io_ns : e->resumed_ns;
+
+    return now > since ? now - since : 0;
+}
+
 static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
 {
     mc_list_t *pos, *tmp;
@@ -155,7 +165,7 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
     mc_list_for_each_safe(pos, tmp, &tcp_peer(p)->conns)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
-        uint64_t idle = now - c->last_io_ns;
+        uint64_t idle = io_idle(e, c, now);
         if (c->state != CS_READY && now - c->since_ns > e->cfg.connect_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
                               e->cfg.connect_timeout_ms);
@@ -166,8 +176,10 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
     }
 }
 
-/* An inbound connection stuck mid-frame, or whose responses are not read, is dropped so that
- * the buffer references it holds are released. */
+/* An inbound connection that does not complete its handshake within the connect timeout, or
+ * stalls in the middle of a frame it is sending us, is dropped (with the buffer references it
+ * holds). Responses it leaves unread are not a fault: its application may be computing between
+ * progress calls; the kernel gives up on it if its host stops answering (mc__tcp_sockopts). */
 static void inbound_timers(mc_engine_t *e, uint64_t now)
 {
     mc_list_t *pos, *tmp;
@@ -175,10 +187,12 @@ static void inbound_timers(mc_engine_t *e, uint64_t now)
     mc_list_for_each_safe(pos, tmp, &tcp_of(e)->inbound)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
-        bool busy = c->have_hdr || !mc_list_empty(&c->sendq) || c->state != CS_READY;
-        if (busy && now - c->last_io_ns > e->cfg.io_timeout_ms * MC_MS)
-            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "inbound connection from %s stalled",
-                              c->remote_name[0] ? c->remote_name : "(handshake)");
+        if (c->state != CS_READY && now - c->since_ns > e->cfg.connect_timeout_ms * MC_MS)
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake within %u ms",
+                              e->cfg.connect_timeout_ms);
+        else if (c->have_hdr && io_idle(e, c, now) > e->cfg.io_timeout_ms * MC_MS)
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "inbound connection from %s stalled mid-frame",
+                              c->remote_name);
     }
 }
 
@@ -198,6 +212,79 @@ static void tcp_timers(mc_engine_t *e, uint64_t now)
             outbound_timers(e, snap[i], now);
     free(snap);
     inbound_timers(e, now);
+}
+
+/* ---- compact addresses: u8 4|6, u16 port, the 4 or 16 address bytes ---- */
+
+static int tcp_address_pack(mc_engine_t *e, uint8_t *out, size_t cap)
+{
+    struct sockaddr_storage sa;
+    socklen_t len;
+
+    if (mc__parse_ip_port(tcp_address(e), &sa, &len))
+        return mc__set_error(-EINVAL, "our address %s is not ip:port", tcp_address(e));
+    if (sa.ss_family == AF_INET) {
+        const struct sockaddr_in *v4 = (const void *)&sa;
+        if (cap < 7)
+            return mc__set_error(-ENOSPC, "no room for an address");
+        out[0] = 4;
+        memcpy(out + 1, &v4->sin_port, 2);
+        memcpy(out + 3, &v4->sin_addr, 4);
+        return 7;
+    }
+    const struct sockaddr_in6 *v6 = (const void *)&sa;
+    if (cap < 19)
+        return mc__set_error(-ENOSPC, "no room for an address");
+    out[0] = 6;
+    memcpy(out + 1, &v6->sin6_port, 2);
+    memcpy(out + 3, &v6->sin6_addr, 16);
+    return 19;
+}
+
+/* d names the peer by its endpoint, its only rail until its descriptor comes. */
+static int desc_of_endpoint(const struct sockaddr_storage *sa, mc_desc_t *d)
+{
+    tcp_desc_t *td = calloc(1, sizeof(*td));
+
+    if (!td)
+        return mc__set_error(-ENOMEM, "out of memory");
+    mc__format_ip_port(sa, td->addrs[0], sizeof(td->addrs[0]));
+    td->n = 1;
+    snprintf(d->name, sizeof(d->name), "%s", td->addrs[0]);
+    d->tp[mc__tcp_slot] = td;
+    return 0;
+}
+
+static int tcp_address_unpack(mc_engine_t *e, const uint8_t *in, size_t len, mc_desc_t *d)
+{
+    struct sockaddr_storage sa = {0};
+
+    (void)e;
+    if (len == 7 && in[0] == 4) {
+        struct sockaddr_in *v4 = (void *)&sa;
+        v4->sin_family = AF_INET;
+        memcpy(&v4->sin_port, in + 1, 2);
+        memcpy(&v4->sin_addr, in + 3, 4);
+    } else if (len == 19 && in[0] == 6) {
+        struct sockaddr_in6 *v6 = (void *)&sa;
+        v6->sin6_family = AF_INET6;
+        memcpy(&v6->sin6_port, in + 1, 2);
+        memcpy(&v6->sin6_addr, in + 3, 16);
+    } else {
+        return mc__set_error(-EINVAL, "not a tcp address (%zu bytes)", len);
+    }
+    return desc_of_endpoint(&sa, d);
+}
+
+static int tcp_address_text(mc_engine_t *e, const char *text, mc_desc_t *d)
+{
+    struct sockaddr_storage sa;
+    socklen_t len;
+
+    (void)e;
+    if (mc__parse_ip_port(text, &sa, &len))
+        return mc__set_error(-EINVAL, "\"%s\" is not ip:port", text);
+    return desc_of_endpoint(&sa, d);
 }
 
 const mc_transport_ops_t mc__tcp_ops = {
@@ -221,4 +308,8 @@ const mc_transport_ops_t mc__tcp_ops = {
     .ctrl_ready = mc__tcp_ctrl_ready,
     .ctrl_send = mc__tcp_ctrl_send,
     .fetch_desc = mc__tcp_fetch_desc,
+    .desc_request = mc__tcp_desc_request,
+    .address_pack = tcp_address_pack,
+    .address_unpack = tcp_address_unpack,
+    .address_text = tcp_address_text,
 };

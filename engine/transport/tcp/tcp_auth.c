@@ -166,22 +166,14 @@ static int client_hello(mc_engine_t *e, int fd)
     return rc;
 }
 
-int mc__tcp_fetch_desc(mc_engine_t *e, const char *addr, mc_peer_t *p, char **json_p, size_t *len_p)
+int mc__tcp_fetch_desc(mc_engine_t *e, const char *ip_port, char **json_p, size_t *len_p)
 {
     struct sockaddr_storage sa;
     socklen_t sa_len;
     mc_frame_t f = {.type = MC_FR_DESC_REQ};
-    char ip_port[MC_NAME_MAX], *json;
+    char *json;
     int fd, rc;
 
-    if (!addr) { /* p's first endpoint; descriptor reloads swap p->desc under peers_lock */
-        pthread_rwlock_rdlock(&e->peers_lock);
-        const tcp_desc_t *d = p->desc.tp[mc__tcp_slot];
-        snprintf(ip_port, sizeof(ip_port), "%s", d ? d->addrs[0] : "");
-        pthread_rwlock_unlock(&e->peers_lock);
-    } else {
-        snprintf(ip_port, sizeof(ip_port), "%s", addr);
-    }
     if (mc__parse_ip_port(ip_port, &sa, &sa_len))
         return mc__set_error(-EINVAL, "\"%s\" is not ip:port", ip_port);
     fd = connect_timeout(&sa, sa_len, e->cfg.connect_timeout_ms);

@@ -171,12 +171,12 @@ static int gather(mc_tcp_conn_t *c, struct iovec *iov)
     return n;
 }
 
-/* A frame left completely: requests (data, control) now await their response, the rest is
- * done. */
+/* A frame left completely: requests (data, control, descriptor) now await their response, the
+ * rest is done. */
 static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
 {
     mc_list_del(&s->link);
-    if (s->kind == MC_SL_DATA || s->kind == MC_SL_CTRL) {
+    if (s->kind == MC_SL_DATA || s->kind == MC_SL_CTRL || s->kind == TCP_SL_DESC) {
         mc_list_push_back(&c->ackq, &s->link);
         return;
     }

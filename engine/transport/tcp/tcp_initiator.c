@@ -15,15 +15,24 @@
     ((uint64_t)(2 * (e)->cfg.io_timeout_ms + (e)->cfg.connect_timeout_ms) * MC_MS)
 #define CONNECT_FAILURES_MAX 3
 
+/* Liveness is the kernel's: a peer whose host stops acknowledging is given up after
+ * MC_TCP_LIVENESS_FACTOR x MC_IO_TIMEOUT_MS (instead of TCP's minutes of retransmissions), and
+ * an idle connection is probed by keepalives after as long; neither depends on the application
+ * calling progress. A live peer that is merely not reading (its host computes between progress
+ * calls) keeps its connections for that long: our own I/O timeout judges only the data we are
+ * moving while we run progress (tcp.c). */
 void mc__tcp_sockopts(mc_engine_t *e, int fd)
 {
     int one = 1;
-    unsigned timeout = e->cfg.io_timeout_ms;
+    unsigned timeout = MC_TCP_LIVENESS_FACTOR * e->cfg.io_timeout_ms;
+    int idle = (int)(timeout / 1000 ? timeout / 1000 : 1), intvl = idle / 4 ? idle / 4 : 1, cnt = 4;
 
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    /* Unacknowledged data older than this fails the socket instead of TCP's minutes-long
-     * retransmission schedule. */
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof(timeout));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
 static int conn_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
@@ -84,7 +93,9 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     mc__random_bytes(c->nonce, sizeof(c->nonce));
     memcpy(h.nonce, c->nonce, sizeof(h.nonce));
     snprintf(h.name, sizeof(h.name), "%s", e->name);
-    snprintf(h.peer_name, sizeof(h.peer_name), "%s", p->name);
+    if (p->state != MC_SEGMENT_OPENING) /* opened by address: whoever answers there, checked by
+                                        its instance */
+        snprintf(h.peer_name, sizeof(h.peer_name), "%s", p->name);
     for (unsigned i = 0; i < tp->n_retired; i++)
         if (now - tp->retired_at[i] < RETIRE_KEEP_NS(e))
             h.retired[h.n_retired++] = tp->retired[i];
@@ -100,6 +111,7 @@ void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
 
     getsockopt(c->pollable.fd, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err) {
+        c->rail->refused = err == ECONNREFUSED;
         mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->link.peer->name,
                           strerror(err));
         return;
@@ -160,18 +172,33 @@ static void reset_rails(tcp_peer_t *p)
         p->rails[i].base.connect_failures = 0;
 }
 
-/* A connection that never completed its handshake failed: the peer may have moved (reload its
- * descriptor) or be gone (fail its queued work once no rail can reach it). */
+/* Every rail's last connect was refused: the host is up and nothing listens at any of the
+ * peer's endpoints, so its process is gone. */
+static bool all_rails_refused(const tcp_peer_t *p)
+{
+    for (unsigned i = 0; i < p->n_rails; i++)
+        if (!p->rails[i].refused)
+            return false;
+    return p->n_rails > 0;
+}
+
+/* A connection that never completed its handshake failed: the peer may have moved (its
+ * descriptor in the metadata cache may say where), be gone (refused everywhere), or be
+ * unreachable (every rail failed repeatedly): then what is queued to it fails. */
 static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
 {
     tcp_peer_t *tp = tcp_peer(p);
 
-    mc__peer_reload(e, p, false);
-    if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT || all_rails_down(tp)) {
+    mc__peer_reload_cached(e, p);
+    if (all_rails_refused(tp) && p->state == MC_SEGMENT_READY) {
+        mc__peer_dead(e, p, "nothing listens at its address%s any more (%s)",
+                      tp->n_rails > 1 ? "es" : "", why);
+    } else if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT ||
+               all_rails_refused(tp) || all_rails_down(tp)) {
         char msg[512];
         snprintf(msg, sizeof(msg), "cannot reach segment %s over any of its %u paths: %s", p->name,
                  tp->n_rails, why);
-        mc__sched_fail_peer(e, p, err, msg);
+        mc__peer_unreachable(e, p, err, msg);
         reset_rails(tp);
     }
 }
@@ -212,6 +239,8 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
         mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
         if (s->kind == MC_SL_DATA)
             mc__slice_failed(e, s, err, true, why);
+        else if (s->kind == TCP_SL_DESC)
+            mc__peer_desc_retry(e, p), mc__slice_free(e, s);
         else
             mc__slice_free(e, s);
     }
@@ -257,9 +286,10 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
         c->dst_kind = DST_CTRL;
         return 0;
     case MC_FR_CTRL_RESP:
+    case MC_FR_DESC_REPLY:
         if (expect_head(e, c, &s))
             return -MC_EPROTO;
-        if (s->kind != MC_SL_CTRL)
+        if (s->kind != (c->fr.type == MC_FR_CTRL_RESP ? MC_SL_CTRL : TCP_SL_DESC))
             break;
         c->dst_kind = DST_CTRL;
         return 0;
@@ -295,8 +325,17 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s", mc_last_error());
         return;
     }
-    if (strcmp(h.name, c->link.peer->name)) {
-        mc__tcp_conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", c->link.peer->name, h.name);
+    mc_peer_t *p = c->link.peer;
+    if (p->desc.instance && h.instance != p->desc.instance) {
+        if (p->state == MC_SEGMENT_READY) /* a new process took over its address */
+            mc__peer_dead(e, p, "another engine (instance %016llx) answers at its address",
+                          (unsigned long long)h.instance);
+        mc__tcp_conn_fail(e, c, -MC_ENOSEGMENT, "%s is another engine now (instance %016llx)",
+                          p->name, (unsigned long long)h.instance);
+        return;
+    }
+    if (p->state != MC_SEGMENT_OPENING && strcmp(h.name, p->name)) {
+        mc__tcp_conn_fail(e, c, -MC_ENOSEGMENT, "%s is now segment %s", p->name, h.name);
         return;
     }
     c->link.instance = h.instance;
@@ -341,6 +380,11 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__slice_free(e, s);
         return;
     }
+    if (s->kind == TCP_SL_DESC) {
+        mc__slice_free(e, s);
+        mc__peer_desc_arrived(e, c->link.peer, c->ctrl, c->ctrl_len);
+        return;
+    }
     if (c->fr.aux == 0) {
         mc__rail_moved(&c->rail->base, s->len);
         mc__slice_done(e, s);
@@ -370,9 +414,11 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     if (c->state == CS_READY) {
+        c->rail->refused = false;
         mc__rail_ready(&c->rail->base);
         retire_send(e, c, c->since_ns);
         mc__peer_activate(e, c->link.peer);
+        mc__peer_link_up(e, c->link.peer);
     }
 }
 
@@ -427,7 +473,9 @@ static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
         if (!room)
             return;
     }
-    if (conn_open(e, p, r)) {
+    int rc = conn_open(e, p, r);
+    if (rc) {
+        r->refused = rc == -ECONNREFUSED;
         mc_warn("%s", mc_last_error());
         mc__rail_failed(&r->base, mc__now_ns(), true);
         connect_failed(e, p, -MC_EPEERDEAD, mc_last_error());
@@ -496,6 +544,27 @@ int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **l
     mc_list_push_back(&c->sendq, &s->link);
     mc__tcp_conn_flush(e, c);
     *link_p = &c->link;
+    return 0;
+}
+
+int mc__tcp_desc_request(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_tcp_conn_t *c = ctrl_conn(e, p);
+    mc_slice_t *s;
+
+    if (!c)
+        return -EAGAIN; /* its readiness activates p, which asks again */
+    s = mc__slice_alloc(e);
+    if (!s)
+        return mc__set_error(-ENOMEM, "out of memory");
+    mc_frame_t f = {.type = MC_FR_DESC_REQ, .id = ++tcp_of(e)->next_cookie};
+    s->kind = TCP_SL_DESC;
+    tcp_sl(s)->cookie = f.id;
+    mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
+    if (c->window_used++ == 0)
+        c->last_io_ns = mc__now_ns(); /* unanswered, it times out like a data request */
+    mc_list_push_back(&c->sendq, &s->link);
+    mc__tcp_conn_flush(e, c);
     return 0;
 }
 

@@ -25,10 +25,12 @@
 #include "../transport.h"
 #include "tcp_proto.h"
 
-#define MC_TCP_RX_BUF    (64 * 1024)
-#define MC_TCP_RX_DIRECT (16 * 1024) /* payload left at least this large: recv into place */
-#define MC_TCP_RESP_MAX  1024        /* inbound: queued responses before we stop reading */
-#define MC_TCP_IOV_MAX   128
+#define MC_TCP_RX_BUF          (64 * 1024)
+#define MC_TCP_RX_DIRECT       (16 * 1024) /* payload left at least this large: recv into place */
+#define MC_TCP_RESP_MAX        1024        /* inbound: queued responses before we stop reading */
+#define MC_TCP_IOV_MAX         128
+#define MC_TCP_LIVENESS_FACTOR 10 /* the kernel gives up on a silent peer after this x IO_TIMEOUT  \
+                                   */
 
 extern unsigned mc__tcp_slot;
 
@@ -50,6 +52,7 @@ typedef struct tcp_engine {
 /* One rail: our address on a link and one of the peer's endpoints. */
 typedef struct tcp_rail {
     mc_rail_t base;
+    bool refused;                          /* its last connect was refused: nothing listens there */
     struct sockaddr_storage local, remote; /* protected by e->peers_lock (reload) */
     socklen_t local_len, remote_len;       /* local_len 0: no bind */
 } tcp_rail_t;
@@ -79,8 +82,9 @@ typedef struct tcp_slice {
 } tcp_slice_t;
 _Static_assert(sizeof(tcp_slice_t) <= MC_SLICE_PRIV, "tcp_slice_t does not fit in a slice");
 
-/* Slice kinds of tcp's own: a control frame of its own (hello, message...), a response. */
-enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP };
+/* Slice kinds of tcp's own: a control frame of its own (hello, message...), a response, a
+ * descriptor request (which awaits its answer like a data slice). */
+enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP, TCP_SL_DESC };
 
 static inline tcp_slice_t *tcp_sl(mc_slice_t *s)
 {
@@ -162,6 +166,8 @@ void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p);
 bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p);
 /* Queue control request s on a ready connection to p (-EAGAIN while none is ready). */
 int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
+/* Ask p for its descriptor on a ready connection (-EAGAIN while none is ready). */
+int mc__tcp_desc_request(mc_engine_t *e, mc_peer_t *p);
 /* Listen on every MC_LISTEN address. */
 int mc__tcp_listen(mc_engine_t *e);
 void mc__tcp_sockopts(mc_engine_t *e, int fd);
@@ -174,8 +180,7 @@ void mc__tcp_rails_build(mc_engine_t *e, mc_peer_t *p);
 int mc__tcp_proof(const char *token, const char *role, const uint8_t *a, const uint8_t *b,
                   const char *name, uint8_t out[32]);
 /* Blocking one-shot exchange that fetches a descriptor by handshake. */
-int mc__tcp_fetch_desc(mc_engine_t *e, const char *addr, mc_peer_t *p, char **json_p,
-                       size_t *len_p);
+int mc__tcp_fetch_desc(mc_engine_t *e, const char *addr, char **json_p, size_t *len_p);
 
 /* tcp_desc.c: its part of descriptors */
 extern const mc_desc_codec_t mc__tcp_codec;

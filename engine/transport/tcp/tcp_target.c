@@ -220,7 +220,7 @@ static void on_desc_req(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     char *json;
     size_t len;
-    mc_frame_t f = {.type = MC_FR_DESC_REPLY};
+    mc_frame_t f = {.type = MC_FR_DESC_REPLY, .id = c->fr.id};
 
     if (mc__desc_encode_local(e, &json, &len) || len > e->cfg.handshake_max) {
         reject(e, c, -EIO, "cannot encode the segment descriptor");

@@ -1,0 +1,505 @@
+/* Peers: their life (create, descriptor changes, destroy), the transports that reach each one,
+ * the work waiting for a descriptor, and the events hosts hear about them.
+ *
+ * A peer is OPENING while its descriptor is not known yet (opened by address, or by a name the
+ * metadata cache has not seen), READY once it is, DEAD once its process is known to be gone.
+ * Tasks whose remote range the descriptor lacks (the peer may have registered memory since)
+ * wait on the peer, parked, while the descriptor is asked of the peer itself over the control
+ * link, or (by name, before any link) found in the metadata cache; they go on when it comes and
+ * fail if it does not within MC_CONNECT_TIMEOUT_MS. Nothing here blocks the submitting thread
+ * or the progress context. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "msg.h"
+#include "transport/transport.h"
+
+mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id)
+{
+    return id < e->n_peers ? e->peers[id] : NULL;
+}
+
+/* ---- which transports reach it ---- */
+
+/* Let every transport look at p's (new) descriptor, and order those that reach it, best first.
+ * Caller holds peers_lock for writing, or owns p alone. The control transport must reach it. */
+static int peer_route(mc_engine_t *e, mc_peer_t *p)
+{
+    int score[MC_TP_MAX] = {0};
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < mc__n_transports; i++) {
+        const mc_transport_ops_t *ops = mc__transports[i];
+        if (!e->tp[i] || !MC_TP_HAS(ops, peer_update))
+            continue;
+        score[i] = ops->peer_update(e, p);
+        if (score[i] < 0)
+            return score[i];
+    }
+    if (score[e->ctrl] <= 0)
+        return mc__set_error(-MC_EPROTO, "segment %s cannot be reached over %s: %s", p->name,
+                             mc__transports[e->ctrl]->name, mc_last_error());
+    for (unsigned i = 0; i < mc__n_transports; i++) { /* insertion by score, stable */
+        unsigned k = n++;
+        if (score[i] <= 0) {
+            n--;
+            continue;
+        }
+        while (k > 0 && score[p->order[k - 1]] < score[i]) {
+            p->order[k] = p->order[k - 1];
+            k--;
+        }
+        p->order[k] = (uint8_t)i;
+    }
+    p->n_order = n;
+    return 0;
+}
+
+/* Make d p's descriptor (taking it over) and let the transports see it. Caller holds
+ * peers_lock for writing, or owns p alone. On failure p keeps its old descriptor and d is
+ * freed. */
+static int peer_install(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
+{
+    mc_desc_t old = p->desc;
+    int rc;
+
+    p->desc = *d;
+    if (p->state == MC_SEGMENT_OPENING)
+        snprintf(p->name, sizeof(p->name), "%s", d->name);
+    if (d->host_id[0])
+        p->local_host = !strcmp(d->host_id, e->host_id);
+    rc = peer_route(e, p);
+    if (rc) {
+        p->desc = old;
+        mc__desc_free(d);
+        if (old.n_buffers || old.tp[e->ctrl])
+            peer_route(e, p); /* back to what worked */
+        return rc;
+    }
+    mc__desc_free(&old);
+    return 0;
+}
+
+/* p's state, with the reason when it is DEAD (submitters read both under peers_lock). */
+static void set_state(mc_engine_t *e, mc_peer_t *p, int state, const char *why)
+{
+    pthread_rwlock_wrlock(&e->peers_lock);
+    p->state = state;
+    if (why)
+        snprintf(p->dead_reason, sizeof(p->dead_reason), "%s", why);
+    pthread_rwlock_unlock(&e->peers_lock);
+}
+
+static void peer_free(mc_engine_t *e, mc_peer_t *p)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (p->tp[i] && MC_TP_HAS(mc__transports[i], peer_close))
+            mc__transports[i]->peer_close(e, p);
+    mc__desc_free(&p->desc);
+    free(p);
+}
+
+int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
+{
+    mc_peer_t *p = calloc(1, sizeof(*p));
+    int rc;
+
+    if (!p) {
+        mc__desc_free(d);
+        return mc__set_error(-ENOMEM, "out of memory");
+    }
+    snprintf(p->name, sizeof(p->name), "%s", d->name);
+    p->state = state;
+    p->refcnt = 1;
+    for (int tp = 0; tp < MC_TP_MAX; tp++) {
+        mc_list_init(&p->q[tp].pending);
+        mc_list_init(&p->q[tp].retry);
+    }
+    mc_list_init(&p->msgq);
+    mc_list_init(&p->parked);
+    mc_list_init(&p->active_link);
+    rc = d->tp[e->ctrl] ? peer_install(e, p, d) : (p->desc = *d, 0);
+    if (rc) {
+        peer_free(e, p);
+        return rc;
+    }
+    *p_p = p;
+    return 0;
+}
+
+/* The open peer with this name (or, instance non-zero, this instance), with a reference
+ * taken; NULL if none. A DEAD peer is not found: opening its name again gives a new peer.
+ * Caller holds peers_lock for writing. */
+static mc_peer_t *peer_find_ref(mc_engine_t *e, const char *name, uint64_t instance)
+{
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = e->peers[i];
+        if (!p || p->state == MC_SEGMENT_DEAD)
+            continue;
+        if (instance ? p->desc.instance == instance : !strcmp(p->name, name)) {
+            p->refcnt++;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+int mc__peer_open_ref(mc_engine_t *e, const char *name, uint64_t instance, mc_segment_id_t *id_p)
+{
+    pthread_rwlock_wrlock(&e->peers_lock);
+    mc_peer_t *p = peer_find_ref(e, name, instance);
+    if (p)
+        *id_p = p->id;
+    pthread_rwlock_unlock(&e->peers_lock);
+    return p != NULL;
+}
+
+void mc__peer_unref(mc_engine_t *e, mc_peer_t *p)
+{
+    pthread_rwlock_wrlock(&e->peers_lock);
+    p->refcnt--;
+    pthread_rwlock_unlock(&e->peers_lock);
+}
+
+/* Room for one more peer. The table grows by copy, and the old array stays readable (chained
+ * through its extra last slot, freed with the engine): the progress context reads the table
+ * without peers_lock while another thread opens a peer. Caller holds peers_lock for writing. */
+static int peers_grow(mc_engine_t *e)
+{
+    size_t cap = e->peers_cap ? 2 * e->peers_cap : 16;
+    mc_peer_t **v;
+
+    if (e->n_peers < e->peers_cap)
+        return 0;
+    v = calloc(cap + 1, sizeof(*v));
+    if (!v)
+        return mc__set_error(-ENOMEM, "out of memory");
+    if (e->n_peers)
+        memcpy(v, e->peers, e->n_peers * sizeof(*v));
+    v[cap] = (mc_peer_t *)(void *)e->peers; /* the chain of old arrays */
+    e->peers = v;
+    e->peers_cap = cap;
+    return 0;
+}
+
+int mc__peer_insert(mc_engine_t *e, mc_peer_t *p, uint64_t instance, mc_segment_id_t *id_p)
+{
+    mc_peer_t *old;
+    int rc;
+
+    pthread_rwlock_wrlock(&e->peers_lock);
+    old = peer_find_ref(e, p->name, instance);
+    if (old) { /* opened meanwhile by another thread */
+        *id_p = old->id;
+        pthread_rwlock_unlock(&e->peers_lock);
+        peer_free(e, p);
+        return 0;
+    }
+    rc = peers_grow(e);
+    if (!rc) {
+        p->id = (mc_segment_id_t)e->n_peers;
+        e->peers[p->id] = p;
+        e->n_peers = p->id + 1; /* after the slot is written: lock-free readers */
+        *id_p = p->id;
+    }
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (rc)
+        peer_free(e, p);
+    else if (p->state == MC_SEGMENT_OPENING)
+        mc__peer_want_desc_async(e, p);
+    return rc;
+}
+
+int mc__peer_refresh(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
+{
+    int rc;
+
+    if (strcmp(d->name, p->name) && p->state != MC_SEGMENT_OPENING) {
+        rc = mc__set_error(-MC_ENOSEGMENT, "segment %s now answers as %s", p->name, d->name);
+        mc__desc_free(d);
+        return rc;
+    }
+    pthread_rwlock_wrlock(&e->peers_lock);
+    rc = peer_install(e, p, d);
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (rc)
+        mc_warn("segment %s: its new descriptor is unusable: %s", p->name, mc_last_error());
+    return rc;
+}
+
+int mc__peer_reload_cached(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_meta_kv_t kv;
+    mc_desc_t d;
+    int rc;
+
+    if (!p->by_metadata || !e->meta || p->state != MC_SEGMENT_READY)
+        return -ENOENT;
+    rc = mc__meta_lookup(e, p->name, true, &kv);
+    if (rc)
+        return rc;
+    rc = mc__desc_decode(kv.value, kv.value_len, &d);
+    mc__meta_kv_free(&kv);
+    return rc ? rc : mc__peer_refresh(e, p, &d);
+}
+
+/* ---- waiting for a descriptor ---- */
+
+/* Ask for p's descriptor from the progress context: over the control link if p has one,
+ * else (opened by name) from the metadata cache at every tick. */
+static void want_desc(mc_engine_t *e, mc_peer_t *p)
+{
+    if (!p->desc_wanted) {
+        p->desc_wanted = true;
+        p->desc_asked = false;
+        p->desc_deadline_ns = mc__now_ns() + (uint64_t)e->cfg.connect_timeout_ms * MC_MS;
+    }
+    mc__peer_activate(e, p);
+}
+
+void mc__peer_want_desc_async(mc_engine_t *e, mc_peer_t *p)
+{
+    pthread_mutex_lock(&e->sub_lock);
+    if (!p->desc_kick) {
+        p->desc_kick = true;
+        mc_list_push_back(&e->descq, &p->desc_link);
+    }
+    pthread_mutex_unlock(&e->sub_lock);
+    mc__doorbell(e);
+}
+
+void mc__peer_desc_kicked(mc_engine_t *e, mc_peer_t *p)
+{
+    p->desc_kick = false;
+    want_desc(e, p);
+}
+
+void mc__peer_park(mc_engine_t *e, mc_task_t *t)
+{
+    mc_list_push_back(&t->peer->parked, &t->qlink);
+    want_desc(e, t->peer);
+}
+
+/* Send the pending descriptor request, if the control link can take it now. */
+void mc__peer_desc_ask(mc_engine_t *e, mc_peer_t *p)
+{
+    const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];
+
+    if (!p->desc_wanted || p->desc_asked || !p->tp[e->ctrl])
+        return;
+    if (ctrl->desc_request(e, p) == 0)
+        p->desc_asked = true; /* else no link yet: its readiness activates p */
+}
+
+/* The parked tasks go on with the descriptor p has now, or fail. */
+static void unpark(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
+{
+    mc_list_t tasks, *n;
+
+    mc_list_init(&tasks);
+    mc_list_splice_back(&tasks, &p->parked);
+    p->desc_wanted = p->desc_asked = false;
+    while ((n = mc_list_pop_front(&tasks))) {
+        mc_task_t *t = mc_container_of(n, mc_task_t, qlink);
+        if (err)
+            mc__task_finish(t, MC_TASK_FAILED, err, "%s", why);
+        else
+            mc__task_route_late(e, t);
+        if (atomic_load(&t->state) >= MC_TASK_COMPLETED) {
+            t->queued = false;
+            mc__task_maybe_release(e, t);
+        } else {
+            mc_list_push_back(&p->q[t->tp].pending, &t->qlink);
+        }
+    }
+    mc__peer_activate(e, p);
+}
+
+void mc__peer_desc_arrived(mc_engine_t *e, mc_peer_t *p, const void *json, size_t len)
+{
+    bool opening = p->state == MC_SEGMENT_OPENING;
+    mc_desc_t d;
+    int rc = mc__desc_decode(json, len, &d);
+
+    if (!rc && opening && p->desc.instance && d.instance != p->desc.instance) {
+        mc__desc_free(&d);
+        rc = mc__set_error(-MC_ENOSEGMENT, "the engine at that address is another instance");
+    }
+    if (!rc)
+        rc = mc__peer_refresh(e, p, &d);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof(why), "segment %s: its descriptor: %s", p->name, mc_last_error());
+        if (opening)
+            mc__peer_unreachable(e, p, rc, why);
+        else
+            unpark(e, p, rc, why);
+        return;
+    }
+    if (opening) {
+        set_state(e, p, MC_SEGMENT_READY, NULL);
+        mc_info("segment %s is open", p->name);
+    }
+    unpark(e, p, 0, NULL);
+    if (p->tp[e->ctrl] && mc__ctrl_ready(e, p))
+        mc__peer_link_up(e, p);
+}
+
+void mc__peer_desc_retry(mc_engine_t *e, mc_peer_t *p)
+{
+    p->desc_asked = false;
+    mc__peer_activate(e, p);
+}
+
+/* Every tick: descriptors that did not come in time, peers opened by a name the metadata cache
+ * may have learnt since. */
+void mc__peers_tick(mc_engine_t *e, uint64_t now)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &e->active_peers)
+    {
+        mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
+        char why[512];
+        if (!p->desc_wanted)
+            continue;
+        if (p->state == MC_SEGMENT_OPENING && !p->tp[e->ctrl]) {
+            mc_meta_kv_t kv;
+            if (e->meta && mc__meta_lookup(e, p->name, true, &kv) == 0) {
+                mc__peer_desc_arrived(e, p, kv.value, kv.value_len);
+                mc__meta_kv_free(&kv);
+                continue;
+            }
+        }
+        if (now < p->desc_deadline_ns)
+            continue;
+        snprintf(why, sizeof(why), "segment %s: no descriptor within %u ms (%s)", p->name,
+                 e->cfg.connect_timeout_ms,
+                 p->state == MC_SEGMENT_OPENING ? "it could not be opened" : "for a remote range");
+        if (p->state == MC_SEGMENT_OPENING)
+            mc__peer_unreachable(e, p, p->tp[e->ctrl] ? -MC_EPEERDEAD : -MC_ENOSEGMENT, why);
+        else
+            unpark(e, p, -MC_EPEERDEAD, why);
+    }
+}
+
+/* ---- events ---- */
+
+int mc_peer_handler_set(mc_engine_t *e, mc_peer_cb cb, void *arg)
+{
+    if (!e)
+        return mc__set_error(-EINVAL, "mc_peer_handler_set: NULL engine");
+    pthread_mutex_lock(&e->handlers_lock);
+    e->peer_cb = cb;
+    e->peer_cb_arg = arg;
+    pthread_mutex_unlock(&e->handlers_lock);
+    return 0;
+}
+
+static void peer_event(mc_engine_t *e, mc_peer_t *p, mc_peer_event_t ev, int err, const char *why)
+{
+    mc_peer_cb cb;
+    void *arg;
+
+    pthread_mutex_lock(&e->handlers_lock);
+    cb = e->peer_cb;
+    arg = e->peer_cb_arg;
+    pthread_mutex_unlock(&e->handlers_lock);
+    if (cb)
+        cb(arg, p->id, ev, err, why);
+}
+
+void mc__peer_link_up(mc_engine_t *e, mc_peer_t *p)
+{
+    if (p->connected || p->state != MC_SEGMENT_READY)
+        return;
+    p->connected = true;
+    peer_event(e, p, MC_PEER_CONNECTED, 0, NULL);
+}
+
+/* Fail everything queued to p (parked too); drop its unsent messages. */
+static void fail_all(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
+{
+    mc_list_t *n;
+
+    mc__sched_fail_peer(e, p, err, why);
+    unpark(e, p, err, why);
+    while ((n = mc_list_pop_front(&p->msgq))) {
+        mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
+        mc__msg_sent(p, m);
+        free(m);
+    }
+}
+
+void mc__peer_unreachable(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
+{
+    bool was = p->connected || p->state == MC_SEGMENT_OPENING;
+
+    if (p->state == MC_SEGMENT_DEAD)
+        return;
+    mc_warn("%s", why);
+    p->connected = false;
+    if (p->state == MC_SEGMENT_OPENING) /* never opened: nothing will come of it */
+        set_state(e, p, MC_SEGMENT_DEAD, why);
+    fail_all(e, p, err, why);
+    if (was)
+        peer_event(e, p, MC_PEER_UNREACHABLE, err, why);
+}
+
+void mc__peer_dead(mc_engine_t *e, mc_peer_t *p, const char *fmt, ...)
+{
+    char why[512], reason[sizeof(p->dead_reason)];
+    va_list ap;
+
+    if (p->state == MC_SEGMENT_DEAD)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    snprintf(reason, sizeof(reason), "segment %s is dead: %s", p->name, why);
+    mc_warn("%s", reason);
+    set_state(e, p, MC_SEGMENT_DEAD, reason);
+    p->connected = false;
+    fail_all(e, p, -MC_EPEERDEAD, reason);
+    peer_event(e, p, MC_PEER_DEAD, -MC_EPEERDEAD, reason);
+}
+
+/* ---- the end ---- */
+
+/* Drop a peer entirely. Caller holds e->lock; the peer has no tasks. */
+void mc__peer_destroy(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&p->msgq)))
+        free(mc_container_of(n, mc_msg_t, link));
+    if (p->active)
+        mc_list_del(&p->active_link);
+    pthread_mutex_lock(&e->sub_lock);
+    if (p->desc_kick)
+        mc_list_del(&p->desc_link);
+    pthread_mutex_unlock(&e->sub_lock);
+    peer_free(e, p);
+}
+
+void mc__peers_fini(mc_engine_t *e)
+{
+    mc_peer_t **v = e->peers;
+    size_t cap = e->peers_cap;
+
+    for (size_t i = 0; i < e->n_peers; i++) {
+        if (v[i])
+            mc__peer_destroy(e, v[i]);
+    }
+    while (v) { /* the table and the arrays it grew out of */
+        mc_peer_t **prev = (mc_peer_t **)(void *)v[cap];
+        free(v);
+        v = prev;
+        cap /= 2;
+    }
+    e->peers = NULL;
+    e->n_peers = e->peers_cap = 0;
+}
