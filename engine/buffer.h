@@ -1,10 +1,13 @@
 /*
  * Registered memory (internal): the table every request is checked against.
  *
- * Buffers are sorted by address and do not overlap. Readers (submit, the target side of every
- * transport) take mem.lock for reading; registration changes take it for writing. A buffer in
- * use by a request in flight holds a reference; unregister removes it from the table at once
- * (new requests are refused), then waits for the references to drain.
+ * Buffers are sorted by address and may overlap: two layers of a host may register the same
+ * pages (a registration cache over a pool). Registering exactly the same range again counts
+ * one more registration of the buffer; unregister drops one, and the last removes it. Readers
+ * (submit, the target side of every transport) take mem.lock for reading; registration
+ * changes take it for writing. A buffer in use by a request in flight holds a reference;
+ * unregister removes it from the table at once (new requests are refused), then waits for the
+ * references to drain.
  */
 #ifndef MC_BUFFER_H
 #define MC_BUFFER_H
@@ -21,6 +24,7 @@ struct mc_buffer {
     char location[MC_LOCATION_MAX];
     int memfd;           /* >= 0 for mc_mem_alloc() memory: same-host peers may map it */
     bool vram;           /* CUDA device memory */
+    unsigned regs;       /* registrations of exactly this range (mem.lock) */
     atomic_uint refs;    /* requests in flight that touch this buffer */
     atomic_bool dead;    /* unregistered: waiting for refs to drain */
     void *tp[MC_TP_MAX]; /* each transport's registration (memory regions, handles), or NULL */
@@ -28,8 +32,9 @@ struct mc_buffer {
 
 typedef struct mc_memtab {
     pthread_rwlock_t lock;
-    mc_buffer_t **v; /* sorted by addr, non-overlapping */
+    mc_buffer_t **v; /* sorted by addr (equal ones in registration order); may overlap */
     size_t n, cap;
+    uint64_t max_len; /* the longest buffer ever registered: how far back a lookup looks */
     pthread_mutex_t drain_lock; /* with drain_cond: unregister waits (mc__mem_wait) */
     pthread_cond_t drain_cond;
 } mc_memtab_t;

@@ -91,7 +91,8 @@ struct mc_engine {
     /* Transports (transport/table.c order). */
     void *tp[MC_TP_MAX]; /* each one's private state; NULL: not in use here */
     unsigned ctrl;       /* the control transport (MC_TP_CONTROL) */
-    atomic_uint n_links; /* open connections of every transport: timer ticks run while any is */
+    atomic_uint n_links; /* open connections of every transport (and a paused listener): timer
+                            ticks run while any is */
     _Atomic uint64_t c[MC_TP_MAX][MC_CNT_N]; /* counters per transport (mc_counters_t order) */
 
     /* messages and notifications */
@@ -113,6 +114,7 @@ struct mc_engine {
     bool meta_dirty, meta_stop;
     int64_t lease;
     struct mc_seg_cache *seg_cache; /* created under meta_lock */
+    unsigned seen_deletions;        /* progress-owned: mc__meta_cache_deletions last looked at */
 };
 
 static inline void mc__count(_Atomic uint64_t *c, uint64_t v)
@@ -143,6 +145,8 @@ static inline void mc__progress_implicit(mc_engine_t *e)
  * never block on the service (progress context). */
 int mc__meta_lookup(mc_engine_t *e, const char *name, bool cached_only, mc_meta_kv_t *kv);
 void mc__meta_cache_stop(mc_engine_t *e);
+/* How many descriptors the watch saw deleted so far (their peers may be dead). */
+unsigned mc__meta_cache_deletions(mc_engine_t *e);
 
 /* Metadata publishing (publish.c). */
 int mc__publish_start(mc_engine_t *e);

@@ -93,12 +93,16 @@ static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
 mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
 {
     mc_memtab_t *t = &e->mem;
-    ssize_t i = memtab_floor(t, addr);
 
-    if (i < 0 || len > t->v[i]->len || addr - t->v[i]->addr > t->v[i]->len - len)
-        return NULL;
-    atomic_fetch_add(&t->v[i]->refs, 1);
-    return t->v[i];
+    /* The nearest buffer below that holds the range: overlapping ones start further back. */
+    for (ssize_t i = memtab_floor(t, addr); i >= 0 && addr - t->v[i]->addr < t->max_len; i--) {
+        mc_buffer_t *b = t->v[i];
+        if (len <= b->len && addr - b->addr <= b->len - len) {
+            atomic_fetch_add(&b->refs, 1);
+            return b;
+        }
+    }
+    return NULL;
 }
 
 mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
@@ -207,19 +211,21 @@ static int location_resolve(const void *addr, const char *loc, char *out)
     return 0;
 }
 
+/* The buffer registered (not allocated) as exactly [addr, addr+len) at location, or NULL.
+ * Caller holds t->lock. */
+static mc_buffer_t *memtab_same(const mc_memtab_t *t, uint64_t addr, uint64_t len,
+                                const char *location)
+{
+    for (ssize_t i = memtab_floor(t, addr); i >= 0 && t->v[i]->addr == addr; i--)
+        if (t->v[i]->len == len && t->v[i]->memfd < 0 && !strcmp(t->v[i]->location, location))
+            return t->v[i];
+    return NULL;
+}
+
 static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
 {
-    ssize_t i = memtab_floor(t, b->addr);
+    ssize_t i = memtab_floor(t, b->addr); /* b goes after every buffer starting at or below */
 
-    if (i >= 0 && b->addr - t->v[i]->addr < t->v[i]->len)
-        return mc__set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
-                             (unsigned long long)b->addr, (unsigned long long)b->len,
-                             (unsigned long long)t->v[i]->addr, (unsigned long long)t->v[i]->len);
-    if ((size_t)(i + 1) < t->n && t->v[i + 1]->addr - b->addr < b->len)
-        return mc__set_error(-EEXIST, "buffer 0x%llx+%llu overlaps registered 0x%llx+%llu",
-                             (unsigned long long)b->addr, (unsigned long long)b->len,
-                             (unsigned long long)t->v[i + 1]->addr,
-                             (unsigned long long)t->v[i + 1]->len);
     if (t->n == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 16;
         mc_buffer_t **v = realloc(t->v, cap * sizeof(*v));
@@ -231,7 +237,23 @@ static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
     memmove(&t->v[i + 2], &t->v[i + 1], (t->n - (size_t)(i + 1)) * sizeof(*t->v));
     t->v[i + 1] = b;
     t->n++;
+    if (b->len > t->max_len)
+        t->max_len = b->len;
     return 0;
+}
+
+/* The same range registered again (a second layer of the host): one more registration of the
+ * buffer, nothing else changes. 1 if so, 0 if it is new. */
+static int mem_register_again(mc_engine_t *e, uint64_t addr, size_t len, const char *location)
+{
+    mc_buffer_t *b;
+
+    pthread_rwlock_wrlock(&e->mem.lock);
+    b = memtab_same(&e->mem, addr, len, location);
+    if (b)
+        b->regs++;
+    pthread_rwlock_unlock(&e->mem.lock);
+    return b != NULL;
 }
 
 static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *location, int memfd)
@@ -251,7 +273,12 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     b->addr = (uint64_t)(uintptr_t)addr;
     b->len = len;
     b->memfd = memfd;
+    b->regs = 1;
     rc = location_resolve(addr, location, b->location);
+    if (!rc && memfd < 0 && mem_register_again(e, b->addr, len, b->location)) {
+        free(b);
+        return 0;
+    }
     b->vram = !strncmp(b->location, "cuda:", 5);
     if (!rc)
         rc = tp_register(e, b);
@@ -279,14 +306,21 @@ int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location
     return mem_register(e, addr, len, location, -1);
 }
 
-static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr)
+/* Drop one registration of the buffer starting at addr (the latest one, when several start
+ * there). The buffer if that was its last (out of the table), NULL if none starts at addr;
+ * *again_p is set when others remain. */
+static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, bool *again_p)
 {
     mc_memtab_t *t = &e->mem;
     mc_buffer_t *b = NULL;
 
+    *again_p = false;
     pthread_rwlock_wrlock(&t->lock);
     ssize_t i = memtab_floor(t, addr);
-    if (i >= 0 && t->v[i]->addr == addr) {
+    if (i >= 0 && t->v[i]->addr == addr && t->v[i]->regs > 1) {
+        t->v[i]->regs--;
+        *again_p = true;
+    } else if (i >= 0 && t->v[i]->addr == addr) {
         b = t->v[i];
         memmove(&t->v[i], &t->v[i + 1], (t->n - (size_t)i - 1) * sizeof(*t->v));
         t->n--;
@@ -343,13 +377,19 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
 static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *len_p)
 {
     mc_buffer_t *b;
+    bool again;
     int rc;
 
     if (!e)
         return mc__set_error(-EINVAL, "mc_mem_unregister: NULL engine");
     if (mc__in_progress())
         return mc__set_error(-EDEADLK, "memory cannot be unregistered from a callback");
-    b = memtab_remove(e, (uint64_t)(uintptr_t)addr);
+    b = memtab_remove(e, (uint64_t)(uintptr_t)addr, &again);
+    if (again) {
+        *memfd_p = -1; /* still registered by another caller */
+        *len_p = 0;
+        return 0;
+    }
     if (!b)
         return mc__set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
     mc__publish_kick(e);

@@ -339,6 +339,7 @@ void mc__peer_desc_arrived(mc_engine_t *e, mc_peer_t *p, const void *json, size_
             unpark(e, p, rc, why);
         return;
     }
+    p->lease_lost = false; /* it answers */
     if (opening) {
         set_state(e, p, MC_SEGMENT_READY, NULL);
         mc_info("segment %s is open", p->name);
@@ -354,12 +355,37 @@ void mc__peer_desc_retry(mc_engine_t *e, mc_peer_t *p)
     mc__peer_activate(e, p);
 }
 
+/* Peers opened through metadata whose entry was deleted: their lease expired or they left. A
+ * process cut off from the metadata service alone still answers: each is asked for its
+ * descriptor, and is dead if it does not answer in time (or refuses the connection). */
+static void leases_check(mc_engine_t *e)
+{
+    unsigned deletions = e->meta ? mc__meta_cache_deletions(e) : 0;
+
+    if (deletions == e->seen_deletions)
+        return;
+    e->seen_deletions = deletions;
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = e->peers[i];
+        mc_meta_kv_t kv;
+        if (!p || !p->by_metadata || p->state != MC_SEGMENT_READY)
+            continue;
+        if (mc__meta_lookup(e, p->name, true, &kv) == 0) {
+            mc__meta_kv_free(&kv);
+        } else {
+            want_desc(e, p);
+            p->lease_lost = true;
+        }
+    }
+}
+
 /* Every tick: descriptors that did not come in time, peers opened by a name the metadata cache
- * may have learnt since. */
+ * may have learnt since, peers whose metadata entry went. */
 void mc__peers_tick(mc_engine_t *e, uint64_t now)
 {
     mc_list_t *pos, *tmp;
 
+    leases_check(e);
     mc_list_for_each_safe(pos, tmp, &e->active_peers)
     {
         mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
@@ -381,6 +407,10 @@ void mc__peers_tick(mc_engine_t *e, uint64_t now)
                  p->state == MC_SEGMENT_OPENING ? "it could not be opened" : "for a remote range");
         if (p->state == MC_SEGMENT_OPENING)
             mc__peer_unreachable(e, p, p->tp[e->ctrl] ? -MC_EPEERDEAD : -MC_ENOSEGMENT, why);
+        else if (p->lease_lost)
+            mc__peer_dead(e, p,
+                          "its metadata entry is gone (lease expired) and it does not "
+                          "answer");
         else
             unpark(e, p, -MC_EPEERDEAD, why);
     }

@@ -87,6 +87,7 @@ struct mc_peer {
     mc_list_t parked;                 /* tasks waiting for its descriptor (mc_task_t.qlink) */
     bool desc_wanted;                 /* a descriptor is awaited (parked tasks, or OPENING) */
     bool desc_asked;                  /* ... and was asked for over the control link */
+    bool lease_lost;                  /* its metadata entry went: it must answer or be dead */
     uint64_t desc_deadline_ns;
     bool connected;        /* MC_PEER_CONNECTED reported, no failure since */
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */

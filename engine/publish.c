@@ -12,6 +12,11 @@
 
 #include "transport/transport.h"
 
+/* Registrations come in bursts (a pool registered block by block, a registration cache): a
+ * change is published at once, then the changes that follow within this long are published
+ * together when it has passed. */
+#define PUBLISH_COALESCE_MS 20
+
 static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len)
 {
     char key[512];
@@ -64,16 +69,27 @@ static void *publish_thread(void *arg)
     struct timespec ts;
 
     mc__log_enter(e->cfg.log_level);
+    uint64_t published_ns = 0;
+
     pthread_mutex_lock(&e->meta_lock);
     while (!e->meta_stop) {
+        uint64_t quiet_ns = published_ns + PUBLISH_COALESCE_MS * MC_MS, now = mc__now_ns();
+        if (e->meta_dirty && now < quiet_ns) { /* one publish for the rest of the burst */
+            mc__abstime_in(&ts, (int)((quiet_ns - now) / MC_MS) + 1);
+            while (!e->meta_stop &&
+                   pthread_cond_timedwait(&e->meta_cond, &e->meta_lock, &ts) != ETIMEDOUT)
+                ;
+        }
         bool dirty = e->meta_dirty;
         e->meta_dirty = false;
         pthread_mutex_unlock(&e->meta_lock);
         int rc = dirty ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
         if (rc == -ENOENT)
             e->lease = 0;
-        if (dirty || rc)
+        if (dirty || rc) {
             rc = publish_once(e);
+            published_ns = mc__now_ns();
+        }
         pthread_mutex_lock(&e->meta_lock);
         if (rc) {
             mc_warn("publishing segment %s failed: %s (will retry)", e->name, mc_last_error());

@@ -63,6 +63,8 @@ void mc__peer_activate(mc_engine_t *e, mc_peer_t *p)
 void mc__sched_route(mc_engine_t *e, mc_task_t *t)
 {
     mc_list_push_back(&e->active_tasks, &t->alink);
+    if (t->peer->state == MC_SEGMENT_DEAD) /* it died after the submit looked */
+        mc__task_finish(t, MC_TASK_FAILED, -MC_EPEERDEAD, "%s", t->peer->dead_reason);
     if (atomic_load(&t->state) >= MC_TASK_COMPLETED) { /* canceled before we saw it */
         t->queued = false;
         mc__task_maybe_release(e, t);

@@ -26,6 +26,7 @@ struct mc_seg_cache {
     atomic_bool stop;
     char prefix[256];
     size_t prefix_len;
+    atomic_uint deletions; /* entries deleted by the watch (a lease expired, an engine left) */
 };
 
 static cache_entry_t *find(struct mc_seg_cache *c, const char *name)
@@ -78,6 +79,7 @@ static void cache_del(struct mc_seg_cache *c, const char *name)
     if (en) {
         free(en->value);
         *en = c->v[--c->n];
+        atomic_fetch_add(&c->deletions, 1);
     }
     pthread_mutex_unlock(&c->lock);
 }
@@ -211,6 +213,14 @@ int mc__meta_lookup(mc_engine_t *e, const char *name, bool cached_only, mc_meta_
         return rc;
     mc_info("metadata unreachable: using the cached descriptor of %s", name);
     return 0;
+}
+
+unsigned mc__meta_cache_deletions(mc_engine_t *e)
+{
+    pthread_mutex_lock(&e->meta_lock);
+    struct mc_seg_cache *c = e->seg_cache;
+    pthread_mutex_unlock(&e->meta_lock);
+    return c ? atomic_load(&c->deletions) : 0;
 }
 
 void mc__meta_cache_stop(mc_engine_t *e)

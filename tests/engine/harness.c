@@ -298,6 +298,25 @@ static void child_msgs(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
     snprintf(r->str, sizeof(r->str), "%s", ce->first_sender);
 }
 
+/* A buffer registered after the start (engine memory with use_alloc), filled with stream a2. */
+static void child_register(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
+{
+    void *p = NULL;
+
+    if (c_opts.use_alloc) {
+        r->rc = mc_mem_alloc(ce->e, c->a1, "cpu:0", &p);
+    } else {
+        p = mmap(NULL, c->a1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        r->rc = p == MAP_FAILED ? -ENOMEM : 0;
+    }
+    if (r->rc)
+        return;
+    th_fill(p, c->a1, c->a2);
+    if (!c_opts.use_alloc)
+        r->rc = mc_mem_register(ce->e, p, c->a1, "cpu:0");
+    r->v[0] = (int64_t)(uintptr_t)p;
+}
+
 static void child_command(const th_cmd_t *c, th_reply_t *r)
 {
     child_engine_t *ce = &c_eng[c->eng < c_opts.n_engines ? c->eng : 0];
@@ -326,6 +345,18 @@ static void child_command(const th_cmd_t *c, th_reply_t *r)
     case TH_CMD_MSGS:
         child_msgs(ce, c, r);
         break;
+    case TH_CMD_REGISTER:
+        child_register(ce, c, r);
+        break;
+    case TH_CMD_KEY:
+        r->rc = mc_buffer_key_pack(ce->e, (void *)(uintptr_t)c->a0, r->msg);
+        break;
+    case TH_CMD_ADDRESS: {
+        size_t len = sizeof(r->msg);
+        r->rc = mc_engine_address(ce->e, r->msg, &len);
+        r->v[0] = (int64_t)len;
+        break;
+    }
     case TH_CMD_STATS:
         r->rc = mc_stats_transport(ce->e, "tcp", &cnt);
         r->v[0] = (int64_t)cnt.bytes_read;
@@ -387,7 +418,8 @@ void th_config(th_cfg_t *cfg)
     memset(cfg, 0, sizeof(*cfg));
     th_set(cfg, "METADATA", "none");
     th_set(cfg, "LISTEN", "127.0.0.1:0");
-    th_set(cfg, "LOG_LEVEL", "%s", getenv("TH_VERBOSE") ? "info" : "off");
+    const char *v = getenv("TH_VERBOSE"); /* set: info; "debug": debug */
+    th_set(cfg, "LOG_LEVEL", "%s", !v ? "off" : strcmp(v, "debug") ? "info" : "debug");
 }
 
 void th_set(th_cfg_t *cfg, const char *name, const char *fmt, ...)
@@ -505,6 +537,11 @@ int th_target_spawn(const th_target_opts_t *o, th_target_t *t)
         if (getppid() != parent)
             _exit(1);
         fcntl(sv[1], F_SETFD, 0);
+        if (o->log_path[0]) {
+            int lfd = open(o->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+            if (lfd < 0 || dup2(lfd, 2) < 0)
+                _exit(126);
+        }
         execv(exe, argv);
         _exit(127);
     }

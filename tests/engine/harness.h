@@ -44,6 +44,7 @@ typedef struct th_target_opts {
     char location[MC_LOCATION_MAX]; /* "" = "cpu:0"; "*" to test detection */
     int use_alloc;                  /* buffers from mc_mem_alloc instead of malloc + register */
     uint64_t seed;                  /* initial pattern: buffer i of engine j gets seed + 16j + i */
+    char log_path[256];             /* "": the child's stderr is ours; else that file's */
 } th_target_opts_t;
 
 typedef struct th_engine_info {
@@ -69,6 +70,9 @@ enum th_cmd_op {
     TH_CMD_NOTIFY,     /* a3 = timeout ms; pop loop, then check [a0, a0+a1) against seed a2 */
     TH_CMD_MSGS,       /* a0 = count expected, a3 = timeout ms: wait for the message handler */
     TH_CMD_STATS,      /* counters of "tcp" */
+    TH_CMD_REGISTER,   /* a1 = len, a2 = seed: a new buffer with that pattern; v[0] = its addr */
+    TH_CMD_KEY,        /* a0 = addr: msg = mc_buffer_key_pack of its buffer */
+    TH_CMD_ADDRESS,    /* msg = mc_engine_address, v[0] = its length */
     TH_CMD_EXIT,
 };
 

@@ -21,6 +21,10 @@ mc_script_test(test_netns_transfer COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_netns_
   TIMEOUT 180 LABELS netns)
 mc_unit_test(test_engine_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_api.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
+# What hosts embedding the engine rely on (reusable batches, timeouts, progress control, opens
+# that do not block, a flooded target).
+mc_unit_test(test_host_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_host_api.c
+             ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.sh

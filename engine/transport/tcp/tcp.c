@@ -40,6 +40,8 @@ static const mc_setting_t tcp_settings[] = {
     {"TCP_CONNS", "2", 1, 64, NULL, "tcp connections per rail"},
     {"TCP_WINDOW", "16", 1, 1024, NULL, "slices in flight per tcp connection"},
     {"MAX_CONNS", "256", 1, 65536, NULL, "outbound tcp connections over all peers"},
+    {"MAX_INBOUND", "1024", 1, 1 << 20, NULL,
+     "inbound tcp connections; beyond it the unauthenticated, then the idle, are closed"},
     {0},
 };
 
@@ -52,6 +54,7 @@ static int tcp_init(mc_engine_t *e)
     t->conns_per_rail = (unsigned)mc__config_num(e->conf, "TCP_CONNS");
     t->window = (unsigned)mc__config_num(e->conf, "TCP_WINDOW");
     t->max_conns = (unsigned)mc__config_num(e->conf, "MAX_CONNS");
+    t->max_inbound = (unsigned)mc__config_num(e->conf, "MAX_INBOUND");
     mc_list_init(&t->inbound);
     mc_list_init(&t->graveyard);
     e->tp[mc__tcp_slot] = t;
@@ -158,6 +161,12 @@ static uint64_t io_idle(const mc_engine_t *e, const mc_tcp_conn_t *c, uint64_t n
     return now > since ? now - since : 0;
 }
 
+/* How long c exists (0 for one opened since `now` was read, in this same pass). */
+static uint64_t since(const mc_tcp_conn_t *c, uint64_t now)
+{
+    return now > c->since_ns ? now - c->since_ns : 0;
+}
+
 static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
 {
     mc_list_t *pos, *tmp;
@@ -166,7 +175,7 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
         uint64_t idle = io_idle(e, c, now);
-        if (c->state != CS_READY && now - c->since_ns > e->cfg.connect_timeout_ms * MC_MS)
+        if (c->state != CS_READY && since(c, now) > e->cfg.connect_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
                               e->cfg.connect_timeout_ms);
         else if (c->state == CS_READY && c->window_used && idle > e->cfg.io_timeout_ms * MC_MS)
@@ -187,7 +196,7 @@ static void inbound_timers(mc_engine_t *e, uint64_t now)
     mc_list_for_each_safe(pos, tmp, &tcp_of(e)->inbound)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
-        if (c->state != CS_READY && now - c->since_ns > e->cfg.connect_timeout_ms * MC_MS)
+        if (c->state != CS_READY && since(c, now) > e->cfg.connect_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake within %u ms",
                               e->cfg.connect_timeout_ms);
         else if (c->have_hdr && io_idle(e, c, now) > e->cfg.io_timeout_ms * MC_MS)
@@ -208,10 +217,11 @@ static void tcp_timers(mc_engine_t *e, uint64_t now)
         memcpy(snap, e->peers, n * sizeof(*snap));
     pthread_rwlock_unlock(&e->peers_lock);
     for (size_t i = 0; snap && i < n; i++)
-        if (snap[i])
+        if (snap[i] && tcp_peer(snap[i])) /* a peer known by name only has none yet */
             outbound_timers(e, snap[i], now);
     free(snap);
     inbound_timers(e, now);
+    mc__tcp_accept_resume(e, now);
 }
 
 /* ---- compact addresses: u8 4|6, u16 port, the 4 or 16 address bytes ---- */

@@ -227,6 +227,19 @@ void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* ---- receiving ---- */
 
+/* The peer closed c (err 0) or reset it. Before the handshake completed, with no ERROR frame to
+ * say why, that is likely a listener closing its queue of pending connections as its process
+ * exits: one more connect at once tells (refused, or not). */
+static void conn_lost(mc_engine_t *e, mc_tcp_conn_t *c, int err)
+{
+    if (c->outbound && c->state != CS_READY && !c->rail->rechecked)
+        c->rail->recheck = true;
+    if (err)
+        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "recv: %s", strerror(err));
+    else
+        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connection closed by peer");
+}
+
 /* Refill the staging buffer. RX_SYSCALL if bytes came, 0 would block, <0 the connection
  * failed. */
 static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -251,10 +264,7 @@ static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return 0;
-    if (n == 0)
-        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connection closed by peer");
-    else
-        mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "recv: %s", strerror(errno));
+    conn_lost(e, c, n == 0 ? 0 : errno);
     return -1;
 }
 
@@ -314,8 +324,7 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
         if (n <= 0) {
             if (n < 0 && (errno == EAGAIN || errno == EINTR))
                 return 0;
-            mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, n ? "recv: %s" : "connection closed by peer%s",
-                              n ? strerror(errno) : "");
+            conn_lost(e, c, n == 0 ? 0 : errno);
             return -1;
         }
         c->last_io_ns = mc__now_ns();

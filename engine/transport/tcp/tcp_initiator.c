@@ -122,6 +122,9 @@ void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
     mc__tcp_conn_flush(e, c);
 }
 
+static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best);
+static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r);
+
 /* ---- retire bookkeeping ---- */
 
 static void retire_remember(tcp_peer_t *p, uint32_t id)
@@ -182,6 +185,23 @@ static bool all_rails_refused(const tcp_peer_t *p)
     return p->n_rails > 0;
 }
 
+/* Connect again at once on the rails whose connection was closed during its handshake. */
+static bool recheck(mc_engine_t *e, mc_peer_t *p)
+{
+    tcp_peer_t *tp = tcp_peer(p);
+    bool any = false;
+
+    for (unsigned i = 0; i < tp->n_rails; i++) {
+        tcp_rail_t *r = &tp->rails[i];
+        if (!r->recheck)
+            continue;
+        r->recheck = false;
+        r->rechecked = any = true;
+        rail_open(e, p, r);
+    }
+    return any;
+}
+
 /* A connection that never completed its handshake failed: the peer may have moved (its
  * descriptor in the metadata cache may say where), be gone (refused everywhere), or be
  * unreachable (every rail failed repeatedly): then what is queued to it fails. */
@@ -189,10 +209,14 @@ static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *wh
 {
     tcp_peer_t *tp = tcp_peer(p);
 
+    if (err == -MC_ECANCELED) /* the engine goes down */
+        return;
     mc__peer_reload_cached(e, p);
     if (all_rails_refused(tp) && p->state == MC_SEGMENT_READY) {
         mc__peer_dead(e, p, "nothing listens at its address%s any more (%s)",
                       tp->n_rails > 1 ? "es" : "", why);
+    } else if (recheck(e, p)) {
+        return; /* its answer decides */
     } else if (err == -MC_EAUTH || err == -MC_EVERSION || err == -MC_ENOSEGMENT ||
                all_rails_refused(tp) || all_rails_down(tp)) {
         char msg[512];
@@ -201,6 +225,17 @@ static void connect_failed(mc_engine_t *e, mc_peer_t *p, int err, const char *wh
         mc__peer_unreachable(e, p, err, msg);
         reset_rails(tp);
     }
+}
+
+/* The last link to p broke while established: connect once on every rail, paused or not, to
+ * learn whether it is still there (a refusal everywhere says its process is gone). */
+static void probe(mc_engine_t *e, mc_peer_t *p)
+{
+    tcp_peer_t *tp = tcp_peer(p);
+
+    for (unsigned i = 0; i < tp->n_rails && p->state == MC_SEGMENT_READY; i++)
+        if (!tp->rails[i].base.n_conns)
+            rail_open(e, p, &tp->rails[i]);
 }
 
 void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *reason)
@@ -250,6 +285,8 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     mc__tp_count(e, mc__tcp_slot, MC_CNT_ERRORS, 1);
     if (connecting)
         connect_failed(e, p, err, why);
+    else if (err != -MC_ECANCELED && !tp->n_conns && p->state == MC_SEGMENT_READY)
+        probe(e, p);
     mc__peer_activate(e, p);
 }
 
@@ -414,7 +451,7 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     if (c->state == CS_READY) {
-        c->rail->refused = false;
+        c->rail->refused = c->rail->recheck = c->rail->rechecked = false;
         mc__rail_ready(&c->rail->base);
         retire_send(e, c, c->since_ns);
         mc__peer_activate(e, c->link.peer);
@@ -502,8 +539,6 @@ static bool evict_idle(mc_engine_t *e)
     }
     return false;
 }
-
-static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best);
 
 /* The first ready connection to p (messages and control requests ride it, in order), or NULL
  * after starting to open one. */

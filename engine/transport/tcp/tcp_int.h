@@ -25,12 +25,13 @@
 #include "../transport.h"
 #include "tcp_proto.h"
 
-#define MC_TCP_RX_BUF          (64 * 1024)
-#define MC_TCP_RX_DIRECT       (16 * 1024) /* payload left at least this large: recv into place */
-#define MC_TCP_RESP_MAX        1024        /* inbound: queued responses before we stop reading */
-#define MC_TCP_IOV_MAX         128
-#define MC_TCP_LIVENESS_FACTOR 10 /* the kernel gives up on a silent peer after this x IO_TIMEOUT  \
-                                   */
+#define MC_TCP_RX_BUF    (64 * 1024)
+#define MC_TCP_RX_DIRECT (16 * 1024) /* payload left at least this large: recv into place */
+#define MC_TCP_RESP_MAX  1024        /* inbound: queued responses before we stop reading */
+#define MC_TCP_IOV_MAX   128
+/* The kernel gives up on a peer whose host stops answering after this x MC_IO_TIMEOUT_MS. */
+#define MC_TCP_LIVENESS_FACTOR 10
+#define MC_TCP_ACCEPT_PAUSE_MS 100 /* out of descriptors: accept nothing for this long */
 
 extern unsigned mc__tcp_slot;
 
@@ -42,7 +43,12 @@ typedef struct tcp_engine {
     mc_pollable_t listens[MC_MAX_RAILS];
     char listen_addrs[MC_MAX_RAILS][MC_NAME_MAX];
     unsigned n_listens;
-    mc_list_t inbound; /* inbound connections */
+    mc_list_t inbound; /* inbound connections, oldest first */
+    unsigned n_inbound;
+    unsigned max_inbound;      /* MC_MAX_INBOUND */
+    uint64_t accept_resume_ns; /* accepting is paused until then (0: it is not) */
+    uint64_t accept_said_ns;   /* the next accept failure is logged from then on */
+    unsigned accept_errors;    /* accept failures since the last one logged */
     unsigned n_outbound;
     uint32_t next_conn_id;
     uint32_t next_cookie;
@@ -52,7 +58,9 @@ typedef struct tcp_engine {
 /* One rail: our address on a link and one of the peer's endpoints. */
 typedef struct tcp_rail {
     mc_rail_t base;
-    bool refused;                          /* its last connect was refused: nothing listens there */
+    bool refused;   /* its last connect was refused: nothing listens there */
+    bool recheck;   /* a connection was closed during its handshake: connect again at once */
+    bool rechecked; /* ... done since the last ready connection (once, no loop) */
     struct sockaddr_storage local, remote; /* protected by e->peers_lock (reload) */
     socklen_t local_len, remote_len;       /* local_len 0: no bind */
 } tcp_rail_t;
@@ -168,6 +176,8 @@ bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p);
 int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
 /* Ask p for its descriptor on a ready connection (-EAGAIN while none is ready). */
 int mc__tcp_desc_request(mc_engine_t *e, mc_peer_t *p);
+/* Accept again once a pause for lack of descriptors is over (timer tick). */
+void mc__tcp_accept_resume(mc_engine_t *e, uint64_t now);
 /* Listen on every MC_LISTEN address. */
 int mc__tcp_listen(mc_engine_t *e);
 void mc__tcp_sockopts(mc_engine_t *e, int fd);

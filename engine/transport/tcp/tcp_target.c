@@ -297,20 +297,85 @@ void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__slice_free(e, s);
     }
     c->n_resp = 0;
+    tcp_of(e)->n_inbound--;
     mc__link_lost(e, &c->link);
 }
 
 /* ---- listening ---- */
 
+/* Make room for one inbound connection: close the oldest that never completed its handshake,
+ * else the one idle longest (nothing being received or sent, no state bound to it). False if
+ * every one is busy. */
+static bool inbound_evict(mc_engine_t *e)
+{
+    mc_tcp_conn_t *idle = NULL;
+    mc_list_t *pos;
+
+    for (pos = tcp_of(e)->inbound.next; pos != &tcp_of(e)->inbound; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        if (c->state != CS_READY) { /* oldest first: the list is in accept order */
+            reject(e, c, -EAGAIN, "too many inbound connections: closed before its handshake");
+            return true;
+        }
+        if (!c->have_hdr && mc_list_empty(&c->sendq) && !mc__link_busy(&c->link) &&
+            (!idle || c->last_io_ns < idle->last_io_ns))
+            idle = c;
+    }
+    if (idle)
+        mc__tcp_conn_close(e, idle);
+    return idle != NULL;
+}
+
+/* Out of descriptors (or memory): stop accepting for a moment instead of spinning on a
+ * listening socket that stays readable, and say so at most every 10 s. */
+static void accept_pause(mc_engine_t *e, int err)
+{
+    tcp_engine_t *t = tcp_of(e);
+    uint64_t now = mc__now_ns();
+
+    for (unsigned i = 0; i < t->n_listens; i++)
+        mc__epoll_mod(e, &t->listens[i], 0);
+    t->accept_resume_ns = now + MC_TCP_ACCEPT_PAUSE_MS * MC_MS;
+    atomic_fetch_add(&e->n_links, 1); /* timer ticks run until it resumes */
+    t->accept_errors++;
+    if (now >= t->accept_said_ns) {
+        mc_warn("accept: %s; not accepting for %d ms at a time (%u times since last said)",
+                strerror(err), MC_TCP_ACCEPT_PAUSE_MS, t->accept_errors);
+        t->accept_errors = 0;
+        t->accept_said_ns = now + 10000 * MC_MS;
+    }
+    inbound_evict(e); /* a descriptor for whoever comes next */
+}
+
+void mc__tcp_accept_resume(mc_engine_t *e, uint64_t now)
+{
+    tcp_engine_t *t = tcp_of(e);
+
+    if (!t->accept_resume_ns || now < t->accept_resume_ns)
+        return;
+    t->accept_resume_ns = 0;
+    atomic_fetch_sub(&e->n_links, 1);
+    for (unsigned i = 0; i < t->n_listens; i++)
+        mc__epoll_mod(e, &t->listens[i], EPOLLIN);
+}
+
 static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
+    tcp_engine_t *t = tcp_of(e);
+
     (void)events;
-    for (int i = 0; i < 64; i++) {
+    for (int i = 0; i < 64 && !t->accept_resume_ns; i++) {
         int fd = accept4(p->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                accept_pause(e, errno);
+            else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
                 mc_warn("accept: %s", strerror(errno));
             return;
+        }
+        if (t->n_inbound >= t->max_inbound && !inbound_evict(e)) {
+            close(fd); /* every connection is busy: the initiator retries */
+            continue;
         }
         mc_tcp_conn_t *c = mc__tcp_conn_new(e, fd, false);
         if (!c) {
@@ -319,7 +384,8 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         }
         mc__tcp_sockopts(e, fd);
         c->events = EPOLLIN;
-        mc_list_push_back(&tcp_of(e)->inbound, &c->node);
+        mc_list_push_back(&t->inbound, &c->node);
+        t->n_inbound++;
         if (mc__epoll_add(e, &c->pollable, c->events))
             mc__tcp_conn_close(e, c);
     }

@@ -1,0 +1,839 @@
+/*
+ * What hosts that embed the engine in their own process and event loop rely on (the UCX
+ * module, the KV plugin, the P2P store): batches reused without allocating, per-submit
+ * timeouts, release that never blocks, progress only where the host drives it, connections
+ * that survive a host computing for seconds, overlapping registrations, non-blocking opens (to
+ * unreachable peers, by a name metadata learns later, to self), and a target flooded with
+ * connections while out of descriptors. Targets run in child processes (harness.c).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define N_ENG 3
+#define N_TGT 2
+#define KIB   1024ull
+#define MIB   (1024ull * 1024)
+
+static struct {
+    mc_engine_t *e[N_ENG];
+    th_target_t t[N_TGT];
+    int *fds;
+    size_t n_fds;
+    char dir[64];
+} g;
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_TGT; i++)
+        if (g.t[i].pid > 0)
+            kill(g.t[i].pid, SIGCONT);
+    th_kill_all();
+    for (int i = 0; i < N_ENG; i++)
+        if (g.e[i])
+            mc_engine_destroy(g.e[i]);
+    for (size_t i = 0; i < g.n_fds; i++)
+        close(g.fds[i]);
+    free(g.fds);
+    th_rmdir(g.dir);
+    memset(&g, 0, sizeof(g));
+    return 0;
+}
+
+static th_target_t *spawn(int i, const th_cfg_t *cfg, size_t len, int use_alloc)
+{
+    th_target_opts_t o;
+
+    th_target_opts_init(&o, cfg, len);
+    o.use_alloc = use_alloc;
+    assert_int_equal(th_target_spawn(&o, &g.t[i]), 0);
+    return &g.t[i];
+}
+
+/* One task of its own batch with options; returns its final status (reason copied) as soon as
+ * it has one. */
+static mc_task_status_t xfer_opts(mc_engine_t *e, mc_opcode_t op, void *local, mc_segment_id_t seg,
+                                  uint64_t remote, uint64_t len, unsigned timeout_ms)
+{
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = timeout_ms};
+    mc_request_t r = {
+        .opcode = op, .local = local, .target = seg, .target_offset = remote, .length = len};
+    static char reason[512];
+    mc_task_status_t st;
+    mc_batch_t *b;
+
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    snprintf(reason, sizeof(reason), "%s", st.reason ? st.reason : "");
+    st.reason = reason;
+    mc_batch_release(b); /* its slices may still be on the wire: the engine frees it */
+    return st;
+}
+
+/* ---- counting allocations ------------------------------------------------------------------ */
+
+/* Every malloc/calloc/realloc of the process while counting is on (glibc's own are forwarded
+ * to). Not under AddressSanitizer, which owns the allocator. */
+#if defined(__SANITIZE_ADDRESS__)
+#define COUNT_ALLOCS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COUNT_ALLOCS 0
+#endif
+#endif
+#ifndef COUNT_ALLOCS
+#define COUNT_ALLOCS 1
+#endif
+
+static atomic_ulong n_allocs;
+static atomic_bool counting;
+
+#if COUNT_ALLOCS
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+
+void *malloc(size_t n)
+{
+    if (atomic_load_explicit(&counting, memory_order_relaxed))
+        atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    return __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t m)
+{
+    if (atomic_load_explicit(&counting, memory_order_relaxed))
+        atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    return __libc_calloc(n, m);
+}
+
+void *realloc(void *p, size_t n)
+{
+    if (atomic_load_explicit(&counting, memory_order_relaxed))
+        atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    return __libc_realloc(p, n);
+}
+#endif
+
+/* ---- reusable batches ---------------------------------------------------------------------- */
+
+/* A batch of 10^5 small WRITEs, reset and resubmitted 100 times: every round moves its bytes
+ * (checked at the target after the first and the last round), its status comes from counters,
+ * and from the second round on nothing is allocated per task: the process's allocations over
+ * 99 rounds stay far below one per task, and the heap does not grow. */
+static void test_batch_reuse(void **state)
+{
+    const size_t n = 100000, sz = 64, len = n * sz, rounds = COUNT_ALLOCS ? 100 : 10;
+    th_cfg_t cfg;
+    mc_batch_status_t bs;
+    mc_batch_t *b;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "0"); /* same host, engine memory: shm moves 10^7 tasks quickly */
+    th_target_t *t = spawn(0, &cfg, len, 1);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, len);
+    mc_request_t *reqs = calloc(n, sizeof(*reqs));
+    assert_non_null(reqs);
+    for (size_t i = 0; i < n; i++)
+        reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                 .local = src + i * sz,
+                                 .target = seg,
+                                 .target_offset = t->eng[0].buf[0] + i * sz,
+                                 .length = sz};
+    assert_int_equal(mc_batch_create(e, n, &b), 0);
+    size_t in_use = 0;
+    unsigned long allocs = 0;
+    for (size_t r = 0; r < rounds; r++) {
+        th_fill(src, len, 9000 + r);
+        if (r == 1) {
+            in_use = mallinfo2().uordblks;
+            atomic_store(&n_allocs, 0);
+            atomic_store(&counting, true);
+        }
+        assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+        assert_int_equal(mc_batch_wait(b, 60000), 0);
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+        assert_int_equal(bs.state, MC_TASK_COMPLETED);
+        assert_int_equal(bs.tasks, n);
+        assert_int_equal(bs.completed, n);
+        assert_int_equal(bs.bytes, len);
+        if (r == 0 || r == rounds - 1) {
+            atomic_store(&counting, false);
+            assert_int_equal(th_remote_check(t, 0, t->eng[0].buf[0], len, 9000 + r, 0), -1);
+            atomic_store(&counting, r > 0);
+        }
+        while (mc_batch_reset(b) == -EBUSY)
+            mc_engine_progress(e);
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+        assert_int_equal(bs.tasks, 0);
+    }
+    atomic_store(&counting, false);
+    allocs = atomic_load(&n_allocs);
+    ssize_t growth = (ssize_t)mallinfo2().uordblks - (ssize_t)in_use;
+    print_message("  %zu rounds of %zu tasks: %lu allocations after the first round, heap %+zd "
+                  "bytes\n",
+                  rounds, n, allocs, growth);
+    if (COUNT_ALLOCS) {
+        assert_true(allocs < rounds * 100); /* timers, wake-ups: never per task (10^7) */
+        assert_true(growth < (ssize_t)(1 * MIB));
+    }
+    assert_int_equal(mc_batch_destroy(b), 0);
+    free(reqs);
+    th_buf_free(e, src, len);
+}
+
+/* ---- per-submit timeouts ------------------------------------------------------------------- */
+
+/* Two targets; X stops answering (SIGSTOP). A submit to X with a 300 ms timeout ends TIMEOUT
+ * with -MC_ETIMEOUT soon after; Y, busy with 2 GiB of writes, also gets a small submit with a
+ * 200 ms timeout queued behind them: it waits longer than that and still completes, since its
+ * clock starts with its first bytes. */
+static void test_submit_timeout(void **state)
+{
+    const size_t big = 64 * MIB, small = 64 * KIB;
+    th_cfg_t cfg;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_target_t *x = spawn(0, &cfg, big, 0), *y = spawn(1, &cfg, big, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t sx = th_open(e, x, 0), sy = th_open(e, y, 0);
+    uint8_t *src = th_buf(e, big);
+    th_fill(src, big, 303);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, sx, x->eng[0].buf[0], small, NULL, 0),
+                     MC_TASK_COMPLETED);
+
+    assert_int_equal(kill(x->pid, SIGSTOP), 0);
+    int64_t t0 = th_now_ms();
+    mc_task_status_t st = xfer_opts(e, MC_WRITE, src, sx, x->eng[0].buf[0], 1 * MIB, 300);
+    int64_t took = th_now_ms() - t0;
+    print_message("  stopped target: %s after %lld ms: %s\n", mc_err_name(st.error),
+                  (long long)took, st.reason);
+    assert_int_equal(st.state, MC_TASK_TIMEOUT);
+    assert_int_equal(st.error, -MC_ETIMEOUT);
+    assert_true(took >= 300 && took < 2000);
+    /* Stopped longer than MC_IO_TIMEOUT_MS: its connections are torn down, but a stopped
+     * process is not a dead one. */
+    th_sleep_ms(2500);
+    assert_int_equal(kill(x->pid, SIGCONT), 0);
+
+    /* Y: 32 x 64 MiB, then 64 KiB with 200 ms of its own. */
+    mc_batch_t *b;
+    mc_request_t r[32];
+    for (int i = 0; i < 32; i++)
+        r[i] = (mc_request_t){.opcode = MC_WRITE,
+                              .local = src,
+                              .target = sy,
+                              .target_offset = y->eng[0].buf[0],
+                              .length = big};
+    assert_int_equal(mc_batch_create(e, 33, &b), 0);
+    assert_int_equal(mc_batch_submit(b, r, 32, NULL), 0);
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = 200};
+    mc_request_t late = {.opcode = MC_WRITE,
+                         .local = src + big - small,
+                         .target = sy,
+                         .target_offset = y->eng[0].buf[0] + 4096,
+                         .length = small};
+    t0 = th_now_ms();
+    assert_int_equal(mc_batch_submit_ex(b, &late, 1, &o), 0);
+    assert_int_equal(mc_batch_wait(b, 60000), 0);
+    took = th_now_ms() - t0;
+    mc_batch_status_t bs;
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    print_message("  queued behind 2 GiB: final after %lld ms (its timeout: 200 ms)\n",
+                  (long long)took);
+    assert_true(took > 200);
+    assert_int_equal(bs.completed, 33);
+    th_batch_destroy(e, b);
+    assert_int_equal(th_remote_check(y, 0, y->eng[0].buf[0] + 4096, small, 303, big - small), -1);
+    /* X answers again: a new request to it completes. */
+    assert_int_equal(th_xfer(e, MC_WRITE, src, sx, x->eng[0].buf[0], small, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(mc_segment_state(e, sx), MC_SEGMENT_READY);
+    th_buf_free(e, src, big);
+}
+
+/* Options are checked: an unknown size is refused and nothing is submitted. */
+static void test_submit_opts(void **state)
+{
+    th_cfg_t cfg;
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+    uint8_t *src;
+
+    (void)state;
+    th_config(&cfg);
+    th_target_t *t = spawn(0, &cfg, MIB, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    src = th_buf(e, 4096);
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = src,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = 4096};
+    mc_submit_opts_t o = {.size = sizeof(o) + 8};
+    assert_int_equal(mc_batch_create(e, 4, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), -EINVAL);
+    o.size = 1;
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), -EINVAL);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.tasks, 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, NULL), 0); /* NULL: the defaults */
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.completed, 1);
+    th_batch_destroy(e, b);
+    th_buf_free(e, src, 4096);
+}
+
+/* ---- release ------------------------------------------------------------------------------- */
+
+static atomic_int released_calls, released_bad;
+
+static void on_released(void *arg, const mc_task_status_t *st)
+{
+    (void)arg;
+    if (st->state != MC_TASK_COMPLETED &&
+        !(st->state == MC_TASK_CANCELED && st->error == -MC_ECANCELED))
+        atomic_fetch_add(&released_bad, 1);
+    atomic_fetch_add(&released_calls, 1);
+}
+
+/* A batch released right after a big submit: the call returns at once, every callback runs
+ * (COMPLETED or CANCELED with -MC_ECANCELED), and the engine frees the batch itself. */
+static void test_release(void **state)
+{
+    const size_t n = 1000, sz = 256 * KIB;
+    th_cfg_t cfg;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_target_t *t = spawn(0, &cfg, 8 * MIB, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, 8 * MIB);
+    mc_request_t *reqs = calloc(n, sizeof(*reqs));
+    mc_batch_t *b;
+
+    atomic_store(&released_calls, 0);
+    atomic_store(&released_bad, 0);
+    for (size_t i = 0; i < n; i++)
+        reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                 .local = src + (i % 32) * sz,
+                                 .target = seg,
+                                 .target_offset = t->eng[0].buf[0] + (i % 32) * sz,
+                                 .length = sz,
+                                 .cb = on_released};
+    assert_int_equal(mc_batch_create(e, n, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+    int64_t t0 = th_now_ms();
+    mc_batch_release(b);
+    assert_true(th_now_ms() - t0 < 100);
+    int64_t dl = th_now_ms() + 10000;
+    while (atomic_load(&released_calls) < (int)n && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&released_calls), n);
+    assert_int_equal(atomic_load(&released_bad), 0);
+    /* The engine is fine afterwards. */
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], sz, NULL, 0),
+                     MC_TASK_COMPLETED);
+    free(reqs);
+    th_buf_free(e, src, 8 * MIB);
+}
+
+/* ---- progress under the host's control ------------------------------------------------------ */
+
+static __thread bool in_progress_call;
+static atomic_int cb_calls, cb_outside;
+
+static void on_done_check_context(void *arg, const mc_task_status_t *st)
+{
+    (void)arg;
+    (void)st;
+    if (!in_progress_call)
+        atomic_fetch_add(&cb_outside, 1);
+    atomic_fetch_add(&cb_calls, 1);
+}
+
+/* PROGRESS_IMPLICIT=0: submit, status, notify_pop and send run nothing; the callback runs
+ * inside mc_engine_progress only. */
+static void test_progress_explicit(void **state)
+{
+    th_cfg_t cfg;
+    mc_batch_t *b;
+    mc_task_status_t ts;
+    mc_batch_status_t bs;
+    mc_notify_t nt;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_target_t *t = spawn(0, &cfg, MIB, 0);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, MIB);
+    th_fill(src, MIB, 77);
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = src,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = MIB,
+                      .cb = on_done_check_context};
+    atomic_store(&cb_calls, 0);
+    atomic_store(&cb_outside, 0);
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
+    int64_t dl = th_now_ms() + 300;
+    while (th_now_ms() < dl) {
+        assert_int_equal(mc_task_status(b, 0, &ts), 0);
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+        assert_int_equal(mc_notify_pop(e, &nt), 0);
+        assert_int_equal(mc_msg_send(e, seg, TH_MSG_ID, "ping", 4), 0);
+        th_sleep_ms(1);
+    }
+    assert_true(ts.state == MC_TASK_WAITING || ts.state == MC_TASK_PENDING);
+    assert_int_equal(atomic_load(&cb_calls), 0);
+    dl = th_now_ms() + 30000;
+    while (atomic_load(&cb_calls) == 0 && th_now_ms() < dl) {
+        in_progress_call = true;
+        mc_engine_progress(e);
+        in_progress_call = false;
+    }
+    assert_int_equal(atomic_load(&cb_calls), 1);
+    assert_int_equal(atomic_load(&cb_outside), 0);
+    assert_int_equal(mc_task_status(b, 0, &ts), 0);
+    assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    assert_int_equal(mc_batch_destroy(b), 0);
+    assert_int_equal(th_remote_check(t, 0, t->eng[0].buf[0], MIB, 77, 0), -1);
+    th_buf_free(e, src, MIB);
+}
+
+static uint64_t tcp_errors(mc_engine_t *e)
+{
+    mc_counters_t c;
+
+    assert_int_equal(mc_stats_transport(e, "tcp", &c), 0);
+    return c.errors + c.retries;
+}
+
+/* A caller-progress engine that does not call into the library for 10 s (its host computes)
+ * keeps its connections, and one that stops calling while 256 MiB of READs are in flight
+ * (5 s, far beyond MC_IO_TIMEOUT_MS) finishes them without an error or a retry. */
+static void test_caller_idle(void **state)
+{
+    const size_t len = 64 * MIB;
+    th_cfg_t cfg;
+    mc_rail_stats_t rs[2];
+    size_t nr;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "IO_TIMEOUT_MS", "1000");
+    th_target_t *t = spawn(0, &cfg, len, 0);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *buf = th_buf(e, 4 * len);
+    th_fill(buf, len, 1000);
+    assert_int_equal(th_xfer(e, MC_WRITE, buf, seg, t->eng[0].buf[0], len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(mc_stats_rails(e, seg, rs, 2, &nr), 0);
+    unsigned conns = rs[0].conns;
+    uint64_t errs = tcp_errors(e);
+    assert_true(conns > 0);
+
+    th_sleep_ms(10000);
+    assert_int_equal(th_xfer(e, MC_READ, buf + len, seg, t->eng[0].buf[0], len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(buf + len, len, 1000), -1);
+    assert_int_equal(mc_stats_rails(e, seg, rs, 2, &nr), 0);
+    assert_int_equal(rs[0].conns, conns);
+    assert_int_equal(rs[0].errors, 0);
+    assert_int_equal(tcp_errors(e), errs);
+
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+    mc_request_t r[4];
+    memset(buf, 0, 4 * len);
+    for (int i = 0; i < 4; i++)
+        r[i] = (mc_request_t){.opcode = MC_READ,
+                              .local = buf + i * len,
+                              .target = seg,
+                              .target_offset = t->eng[0].buf[0],
+                              .length = len};
+    assert_int_equal(mc_batch_create(e, 4, &b), 0);
+    assert_int_equal(mc_batch_submit(b, r, 4, NULL), 0);
+    int64_t dl = th_now_ms() + 10000;
+    do {
+        mc_engine_progress(e);
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+    } while (bs.bytes == 0 && th_now_ms() < dl);
+    assert_true(bs.bytes > 0 && bs.bytes < 4 * len);
+    th_sleep_ms(5000); /* the host computes; the target's responses pile up */
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.completed, 4);
+    th_batch_destroy(e, b);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(th_check(buf + i * len, len, 1000), -1);
+    assert_int_equal(tcp_errors(e), errs);
+    th_buf_free(e, buf, 4 * len);
+}
+
+/* ---- registrations --------------------------------------------------------------------------- */
+
+/* The same pages registered twice by two layers, and a smaller range inside a larger one: a
+ * peer (this engine itself, over tcp) reaches each range while any registration covers it. */
+static void test_overlapping_registrations(void **state)
+{
+    const size_t len = 4 * MIB;
+    th_cfg_t cfg;
+    mc_segment_id_t self;
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    (void)state;
+    assert_true(m != MAP_FAILED);
+    th_config(&cfg);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    uint8_t *src = th_buf(e, MIB);
+    assert_int_equal(mc_mem_register(e, m, len, "cpu:0"), 0);       /* a pool */
+    assert_int_equal(mc_mem_register(e, m + MIB, MIB, "cpu:0"), 0); /* a cache inside it */
+    assert_int_equal(mc_mem_register(e, m + MIB, MIB, "cpu:0"), 0); /* ... twice */
+    assert_int_equal(mc_segment_open(e, mc_engine_segment_name(e), &self), 0);
+
+    th_fill(src, MIB, 88);
+    uint64_t inner = (uint64_t)(uintptr_t)(m + MIB), far = (uint64_t)(uintptr_t)(m + 3 * MIB);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, self, inner + 100, MIB - 200, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(m + MIB + 100, MIB - 200, 88), -1);
+    /* A range across the inner one's end is inside the pool. */
+    assert_int_equal(th_xfer(e, MC_WRITE, src, self, inner + MIB / 2, MIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(m + MIB + MIB / 2, MIB, 88), -1);
+
+    assert_int_equal(mc_mem_unregister(e, m + MIB), 0); /* one of the two inner ones */
+    assert_int_equal(mc_mem_unregister(e, m), 0);       /* the pool */
+    th_fill(src, MIB, 89);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, self, inner, MIB, NULL, 0), MC_TASK_COMPLETED);
+    assert_int_equal(th_check(m + MIB, MIB, 89), -1);
+    mc_task_status_t st = xfer_opts(e, MC_WRITE, src, self, far, 4096, 0);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_int_equal(st.error, -MC_EACCESS);
+    assert_int_equal(mc_mem_unregister(e, m + MIB), 0); /* the last one */
+    st = xfer_opts(e, MC_WRITE, src, self, inner, 4096, 0);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_int_equal(st.error, -MC_EACCESS);
+    assert_int_equal(th_check(m + MIB, MIB, 89), -1); /* untouched */
+    assert_int_equal(mc_segment_close(e, self), 0);
+    th_buf_free(e, src, MIB);
+    munmap(m, len);
+}
+
+/* ---- opening without blocking ---------------------------------------------------------------- */
+
+typedef struct events {
+    atomic_int n[4];
+    atomic_int error;
+} events_t;
+
+static void on_event(void *arg, mc_segment_id_t id, mc_peer_event_t ev, int error,
+                     const char *reason)
+{
+    events_t *pe = arg;
+
+    (void)id;
+    (void)reason;
+    atomic_store(&pe->error, error);
+    atomic_fetch_add(&pe->n[ev], 1);
+}
+
+/* Nothing listens at the address: the open returns at once, the task submitted meanwhile
+ * fails with -MC_EPEERDEAD within the connect timeout, the host hears UNREACHABLE and the
+ * segment is DEAD. A name that is not an address, with no metadata, is refused at once. */
+static void test_open_unreachable(void **state)
+{
+    th_cfg_t cfg;
+    mc_segment_id_t id;
+    static events_t ev;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    char name[64];
+
+    (void)state;
+    /* A port that was just free and that nobody listens on. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd);
+    snprintf(name, sizeof(name), "127.0.0.1:%u", ntohs(sa.sin_port));
+
+    th_config(&cfg);
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "1000");
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    memset(&ev, 0, sizeof(ev));
+    assert_int_equal(mc_peer_handler_set(e, on_event, &ev), 0);
+    uint8_t *src = th_buf(e, 4096);
+    assert_int_equal(mc_segment_open_nb(e, "no-such-segment", &id), -MC_ENOSEGMENT);
+    int64_t t0 = th_now_ms();
+    assert_int_equal(mc_segment_open_nb(e, name, &id), 0);
+    assert_true(th_now_ms() - t0 < 100);
+    mc_task_status_t st = xfer_opts(e, MC_WRITE, src, id, 0x10000, 4096, 0);
+    print_message("  %s after %lld ms: %s\n", mc_err_name(st.error), (long long)(th_now_ms() - t0),
+                  st.reason);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_int_equal(st.error, -MC_EPEERDEAD);
+    assert_true(th_now_ms() - t0 < 2000);
+    int64_t dl = th_now_ms() + 2000;
+    while (!atomic_load(&ev.n[MC_PEER_UNREACHABLE]) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&ev.n[MC_PEER_UNREACHABLE]), 1);
+    assert_int_equal(atomic_load(&ev.n[MC_PEER_CONNECTED]), 0);
+    assert_int_equal(mc_segment_state(e, id), MC_SEGMENT_DEAD);
+    assert_int_equal(mc_segment_close(e, id), 0);
+    th_buf_free(e, src, 4096);
+}
+
+/* By a name metadata does not know yet: OPENING, work waits; once the segment is published
+ * (an engine created later) it is READY and the waiting task moves its bytes. */
+static void test_open_by_name_later(void **state)
+{
+    th_cfg_t cfg;
+    mc_segment_id_t id;
+    mc_batch_t *b;
+    mc_task_status_t ts;
+    static events_t ev;
+    char url[128];
+
+    (void)state;
+    th_tmpdir(g.dir, sizeof(g.dir));
+    snprintf(url, sizeof(url), "file://%s", g.dir);
+    th_config(&cfg);
+    th_set(&cfg, "METADATA", "%s", url);
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    memset(&ev, 0, sizeof(ev));
+    assert_int_equal(mc_peer_handler_set(e, on_event, &ev), 0);
+    uint8_t *src = th_buf(e, 65536);
+    th_fill(src, 65536, 4040);
+    assert_int_equal(mc_segment_open_nb(e, "published-later", &id), 0);
+    assert_int_equal(mc_segment_state(e, id), MC_SEGMENT_OPENING);
+
+    th_set(&cfg, "SEGMENT_NAME", "published-later");
+    mc_engine_t *late = g.e[1] = th_engine(&cfg);
+    uint8_t *dst = th_buf(late, 65536);
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = src,
+                      .target = id,
+                      .target_offset = (uint64_t)(uintptr_t)dst,
+                      .length = 65536};
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
+    assert_int_equal(mc_batch_wait(b, 15000), 0);
+    assert_int_equal(mc_task_status(b, 0, &ts), 0);
+    if (ts.state != MC_TASK_COMPLETED)
+        print_error("state %d: %s\n", ts.state, ts.reason);
+    assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    th_batch_destroy(e, b);
+    assert_int_equal(th_check(dst, 65536, 4040), -1);
+    assert_int_equal(mc_segment_state(e, id), MC_SEGMENT_READY);
+    int64_t dl = th_now_ms() + 3000; /* shm moved the bytes; the control link may come later */
+    while (!atomic_load(&ev.n[MC_PEER_CONNECTED]) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&ev.n[MC_PEER_CONNECTED]), 1);
+    assert_int_equal(mc_segment_close(e, id), 0);
+    th_buf_free(late, dst, 65536);
+    th_buf_free(e, src, 65536);
+}
+
+/* A caller-progress engine opens itself by name (blocking) and by address (not), and moves
+ * bytes between two of its own buffers through its own listener. */
+static void test_open_self(void **state)
+{
+    th_cfg_t cfg;
+    mc_segment_id_t a, b;
+    uint8_t addr[MC_ADDRESS_MAX];
+    size_t alen = sizeof(addr);
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    uint8_t *src = th_buf(e, MIB), *dst = th_buf(e, MIB);
+    assert_int_equal(mc_engine_address(e, NULL, &alen), -EINVAL);
+    alen = 4;
+    assert_int_equal(mc_engine_address(e, addr, &alen), -ENOSPC);
+    assert_true(alen > 4 && alen <= MC_ADDRESS_MAX);
+    assert_int_equal(mc_engine_address(e, addr, &alen), 0);
+    assert_int_equal(mc_segment_open_address(e, addr, alen, &a), 0);
+    assert_int_equal(mc_segment_open(e, mc_engine_segment_name(e), &b), 0);
+    assert_int_equal(a, b);
+    assert_int_equal(mc_segment_state(e, a), MC_SEGMENT_READY);
+    assert_int_equal(mc_segment_is_local_host(e, a), 1);
+    th_fill(src, MIB, 123);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, a, (uint64_t)(uintptr_t)dst, MIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, MIB, 123), -1);
+    memset(src, 0, MIB);
+    assert_int_equal(th_xfer(e, MC_READ, src, a, (uint64_t)(uintptr_t)dst, MIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(src, MIB, 123), -1);
+    assert_int_equal(mc_segment_close(e, a), 0);
+    assert_int_equal(mc_segment_close(e, b), 0);
+    th_buf_free(e, src, MIB);
+    th_buf_free(e, dst, MIB);
+}
+
+/* ---- a flooded target ----------------------------------------------------------------------- */
+
+static uint64_t cpu_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    unsigned long ut = 0, st = 0;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(buf, sizeof(buf), f));
+    fclose(f);
+    const char *p = strrchr(buf, ')'); /* fields after the command name */
+    assert_non_null(p);
+    assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st),
+                     2);
+    return ut + st;
+}
+
+static size_t count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = 0;
+    int c;
+
+    if (!f)
+        return 0;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* A target allowed 256 descriptors gets 600 connections that never say a word. It stays below
+ * 50% of a CPU (no spinning on accept's EMFILE), logs a bounded number of lines, drops the
+ * silent connections after MC_CONNECT_TIMEOUT_MS, and then serves a real peer. */
+static void test_inbound_flood(void **state)
+{
+    const size_t n_flood = 600;
+    th_cfg_t cfg;
+    th_target_opts_t o;
+    char log[128];
+    struct rlimit rl = {256, 256}, mine;
+
+    (void)state;
+    th_tmpdir(g.dir, sizeof(g.dir));
+    snprintf(log, sizeof(log), "%s/target.log", g.dir);
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "1000");
+    th_set(&cfg, "LOG_LEVEL", "warn");
+    th_target_opts_init(&o, &cfg, MIB);
+    snprintf(o.log_path, sizeof(o.log_path), "%s", log);
+    assert_int_equal(th_target_spawn(&o, &g.t[0]), 0);
+    th_target_t *t = &g.t[0];
+    assert_int_equal(prlimit(t->pid, RLIMIT_NOFILE, &rl, NULL), 0);
+
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &mine), 0);
+    if (mine.rlim_cur < n_flood + 64) {
+        mine.rlim_cur = mine.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &mine);
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    unsigned port = 0;
+    assert_int_equal(sscanf(t->eng[0].name, "127.0.0.1:%u", &port), 1);
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    g.fds = calloc(n_flood, sizeof(int));
+    uint64_t c0 = cpu_ticks(t->pid);
+    int64_t t0 = th_now_ms();
+    for (size_t i = 0; i < n_flood; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            break;
+        g.fds[g.n_fds++] = fd;
+        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS)
+            break;
+    }
+    print_message("  %zu silent connections opened\n", g.n_fds);
+    assert_true(g.n_fds > 300);
+    th_sleep_ms(3000);
+    double cpu = (double)(cpu_ticks(t->pid) - c0) / (double)sysconf(_SC_CLK_TCK) /
+                 ((double)(th_now_ms() - t0) / 1000.0);
+    print_message("  target CPU while flooded: %.0f%%\n", 100 * cpu);
+    assert_true(cpu < 0.5);
+
+    /* A real peer: served once the silent ones are reaped (they stay open on our side). */
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, MIB);
+    th_fill(src, MIB, 606);
+    int st = -1;
+    for (int64_t dl = th_now_ms() + 20000; st != MC_TASK_COMPLETED && th_now_ms() < dl;)
+        st = th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], MIB, NULL, 0);
+    print_message("  a real peer served %lld ms after the flood began\n",
+                  (long long)(th_now_ms() - t0));
+    assert_int_equal(st, MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(t, 0, t->eng[0].buf[0], MIB, 606, 0), -1);
+    size_t lines = count_lines(log);
+    print_message("  target log: %zu lines\n", lines);
+    assert_true(lines <= 10);
+    th_buf_free(e, src, MIB);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_batch_reuse, teardown),
+        cmocka_unit_test_teardown(test_submit_timeout, teardown),
+        cmocka_unit_test_teardown(test_submit_opts, teardown),
+        cmocka_unit_test_teardown(test_release, teardown),
+        cmocka_unit_test_teardown(test_progress_explicit, teardown),
+        cmocka_unit_test_teardown(test_caller_idle, teardown),
+        cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
+        cmocka_unit_test_teardown(test_open_unreachable, teardown),
+        cmocka_unit_test_teardown(test_open_by_name_later, teardown),
+        cmocka_unit_test_teardown(test_open_self, teardown),
+        cmocka_unit_test_teardown(test_inbound_flood, teardown),
+    };
+
+    th_main(argc, argv);
+    return cmocka_run_group_tests_name("host_api", tests, NULL, NULL);
+}
