@@ -92,13 +92,14 @@ static void drain_submissions(mc_engine_t *e)
     }
 }
 
-/* Timer ticks: fast while tasks are active, slow while peers are open (connections time out,
- * rails re-probe), none otherwise. */
+/* Timer ticks: fast while tasks are active, slow while connections or peers are open
+ * (connections time out, rails re-probe, peers' leases are checked), none otherwise. */
 static int tick_ms(mc_engine_t *e)
 {
     if (!mc_list_empty(&e->active_tasks))
         return TICK_BUSY_MS;
-    if (atomic_load_explicit(&e->n_links, memory_order_relaxed))
+    if (atomic_load_explicit(&e->n_links, memory_order_relaxed) ||
+        atomic_load_explicit(&e->n_open_peers, memory_order_relaxed))
         return TICK_IDLE_MS;
     return -1;
 }

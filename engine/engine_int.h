@@ -70,6 +70,7 @@ struct mc_engine {
     pthread_rwlock_t peers_lock;
     mc_peer_t **_Atomic peers; /* by id; NULL once closed. Grows by copy (peer.c) */
     _Atomic size_t n_peers;    /* ids in use */
+    atomic_uint n_open_peers;  /* not closed yet: timer ticks run while any is */
     size_t peers_cap;
 
     mc_memtab_t mem;

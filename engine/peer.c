@@ -203,6 +203,7 @@ int mc__peer_insert(mc_engine_t *e, mc_peer_t *p, uint64_t instance, mc_segment_
         p->id = (mc_segment_id_t)e->n_peers;
         e->peers[p->id] = p;
         e->n_peers = p->id + 1; /* after the slot is written: lock-free readers */
+        atomic_fetch_add(&e->n_open_peers, 1);
         *id_p = p->id;
     }
     pthread_rwlock_unlock(&e->peers_lock);
@@ -512,6 +513,7 @@ void mc__peer_destroy(mc_engine_t *e, mc_peer_t *p)
     if (p->desc_kick)
         mc_list_del(&p->desc_link);
     pthread_mutex_unlock(&e->sub_lock);
+    atomic_fetch_sub(&e->n_open_peers, 1);
     peer_free(e, p);
 }
 
