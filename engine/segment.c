@@ -244,10 +244,7 @@ int mc_segment_state(mc_engine_t *e, mc_segment_id_t id)
         return mc__set_error(-EINVAL, "NULL engine");
     pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, id);
-    rc = !p                               ? mc__set_error(-ENOENT, "no open segment with id %u", id)
-         : p->state == MC_SEGMENT_READY   ? MC_SEGMENT_READY
-         : p->state == MC_SEGMENT_OPENING ? MC_SEGMENT_OPENING
-                                          : MC_SEGMENT_DEAD;
+    rc = p ? p->state : mc__set_error(-ENOENT, "no open segment with id %u", id);
     pthread_rwlock_unlock(&e->peers_lock);
     return rc;
 }

@@ -7,7 +7,8 @@
  *   mooncake-bench --mode initiator --segment_id 127.0.0.1:4000
  *
  * The target exposes one buffer of --buffer_size bytes; the initiator moves --block_size
- * requests, --batch_size per batch, from --threads threads, for --duration seconds. With
+ * requests, --batch_size per batch, from --threads threads, for --duration seconds; with
+ * --reuse each thread resets and resubmits one batch instead of creating one per round. With
  * --json the last stdout line is the initiator's summary object.
  */
 #include <errno.h>
@@ -30,7 +31,7 @@ typedef struct opts {
     const char *mode, *segment_id, *operation, *protocol, *memory, *pattern, *metadata;
     uint64_t block_size, batch_size, threads, buffer_size;
     double duration, interval;
-    int verify, json, progress_thread;
+    int verify, json, progress_thread, reuse;
 } opts_t;
 
 static opts_t o = {
@@ -70,7 +71,7 @@ static void usage(int code)
             "  [--operation read|write] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
             "  [--batch_size N] [--threads N] [--duration S] [--buffer_size B]\n"
             "  [--memory engine|malloc] [--pattern seq|random] [--metadata URL]\n"
-            "  [--progress thread|caller] [--interval S] [--verify] [--json]\n");
+            "  [--progress thread|caller] [--interval S] [--reuse] [--verify] [--json]\n");
     exit(code);
 }
 
@@ -108,13 +109,25 @@ bad:
 
 static void parse_args(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"mode", 1, 0, 'm'},     {"segment_id", 1, 0, 's'}, {"operation", 1, 0, 'o'},
-        {"protocol", 1, 0, 'p'}, {"block_size", 1, 0, 'b'}, {"batch_size", 1, 0, 'n'},
-        {"threads", 1, 0, 't'},  {"duration", 1, 0, 'd'},   {"buffer_size", 1, 0, 'w'},
-        {"memory", 1, 0, 'M'},   {"pattern", 1, 0, 'P'},    {"metadata", 1, 0, 'D'},
-        {"progress", 1, 0, 'g'}, {"interval", 1, 0, 'i'},   {"verify", 0, 0, 'v'},
-        {"json", 0, 0, 'j'},     {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"mode", 1, 0, 'm'},
+                                       {"segment_id", 1, 0, 's'},
+                                       {"operation", 1, 0, 'o'},
+                                       {"protocol", 1, 0, 'p'},
+                                       {"block_size", 1, 0, 'b'},
+                                       {"batch_size", 1, 0, 'n'},
+                                       {"threads", 1, 0, 't'},
+                                       {"duration", 1, 0, 'd'},
+                                       {"buffer_size", 1, 0, 'w'},
+                                       {"memory", 1, 0, 'M'},
+                                       {"pattern", 1, 0, 'P'},
+                                       {"metadata", 1, 0, 'D'},
+                                       {"progress", 1, 0, 'g'},
+                                       {"interval", 1, 0, 'i'},
+                                       {"verify", 0, 0, 'v'},
+                                       {"json", 0, 0, 'j'},
+                                       {"reuse", 0, 0, 'r'},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -166,6 +179,9 @@ static void parse_args(int argc, char **argv)
             break;
         case 'j':
             o.json = 1;
+            break;
+        case 'r':
+            o.reuse = 1;
             break;
         case 'h':
             usage(0);
@@ -282,7 +298,8 @@ typedef struct worker {
     uint64_t bytes, requests;
     double end;
     int failed;
-    uint8_t *touched; /* per block: moved at least once (for --verify) */
+    uint8_t *touched;  /* per block: moved at least once (for --verify) */
+    mc_batch_t *batch; /* --reuse: the one batch, reset after every round */
 } worker_t;
 
 static void fill_order(worker_t *w, unsigned seed)
@@ -300,9 +317,9 @@ static void fill_order(worker_t *w, unsigned seed)
 
 static int run_batch(worker_t *w, mc_opcode_t op, uint64_t *next, mc_request_t *reqs)
 {
-    mc_batch_t *b;
+    mc_batch_t *b = w->batch;
     mc_batch_status_t st;
-    int rc = mc_batch_create(w->e, o.batch_size, &b);
+    int rc = b ? 0 : mc_batch_create(w->e, o.batch_size, &b);
 
     if (rc)
         die("mc_batch_create", rc);
@@ -334,7 +351,7 @@ static int run_batch(worker_t *w, mc_opcode_t op, uint64_t *next, mc_request_t *
     }
     w->bytes += st.bytes;
     w->requests += st.completed;
-    while (mc_batch_destroy(b) == -EBUSY)
+    while ((w->batch ? mc_batch_reset(b) : mc_batch_destroy(b)) == -EBUSY)
         mc_engine_progress(w->e);
     return st.state == MC_TASK_COMPLETED ? 0 : -1;
 }
@@ -345,9 +362,14 @@ static void *worker_main(void *arg)
     mc_opcode_t op = strcmp(o.operation, "read") ? MC_WRITE : MC_READ;
     mc_request_t *reqs = calloc(o.batch_size, sizeof(*reqs));
     uint64_t next = 0;
+    int rc = o.reuse ? mc_batch_create(w->e, o.batch_size, &w->batch) : 0;
 
+    if (rc)
+        die("mc_batch_create", rc);
     while (now_s() < w->end && !w->failed)
         run_batch(w, op, &next, reqs);
+    if (w->batch)
+        mc_batch_release(w->batch);
     free(reqs);
     return NULL;
 }
@@ -492,21 +514,26 @@ static void report(mc_engine_t *e, mc_segment_id_t seg, double secs, uint64_t by
     const char *proto = protocol_used(e);
     json_t *rails;
 
-    printf("%-10s %-8s %10s %10s %8s %14s %10s %10s %12s\n", "operation", "protocol", "block_size",
-           "batch_size", "threads", "bytes", "seconds", "GB/s", "requests/s");
-    printf("%-10s %-8s %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %14" PRIu64 " %10.3f %10.3f "
-           "%12.0f\n",
-           o.operation, proto, o.block_size, o.batch_size, o.threads, bytes, secs, gbps,
-           requests / secs);
+    /* ns/request: the time one thread spends per request, all costs included. */
+    double ns_per_req = requests ? secs * 1e9 * (double)o.threads / (double)requests : 0;
+
+    printf("%-10s %-8s %10s %10s %8s %6s %14s %10s %10s %12s %12s\n", "operation", "protocol",
+           "block_size", "batch_size", "threads", "reuse", "bytes", "seconds", "GB/s", "requests/s",
+           "ns/request");
+    printf("%-10s %-8s %10" PRIu64 " %10" PRIu64 " %8" PRIu64 " %6s %14" PRIu64
+           " %10.3f %10.3f %12.0f %12.0f\n",
+           o.operation, proto, o.block_size, o.batch_size, o.threads, o.reuse ? "yes" : "no", bytes,
+           secs, gbps, requests / secs, ns_per_req);
     rails = report_rails(e, seg);
     if (o.json) {
         json_t *line = json_pack(
-            "{s:s,s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:I,s:I,s:f,s:f,s:s,s:b,s:o}", "operation",
+            "{s:s,s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:b,s:I,s:I,s:f,s:f,s:f,s:s,s:b,s:o}", "operation",
             o.operation, "protocol", proto, "block_size", (json_int_t)o.block_size, "batch_size",
             (json_int_t)o.batch_size, "threads", (json_int_t)o.threads, "buffer_size",
-            (json_int_t)o.buffer_size, "memory", o.memory, "pattern", o.pattern, "bytes",
-            (json_int_t)bytes, "requests", (json_int_t)requests, "seconds", secs, "gbps", gbps,
-            "verify", verified, "same_host", mc_segment_is_local_host(e, seg) == 1, "rails", rails);
+            (json_int_t)o.buffer_size, "memory", o.memory, "pattern", o.pattern, "reuse", o.reuse,
+            "bytes", (json_int_t)bytes, "requests", (json_int_t)requests, "seconds", secs, "gbps",
+            gbps, "ns_per_request", ns_per_req, "verify", verified, "same_host",
+            mc_segment_is_local_host(e, seg) == 1, "rails", rails);
         print_json_line(line);
         json_decref(line);
     } else {

@@ -9,9 +9,17 @@
  * and are set only on success; mc_last_error() gives the reason of a failure.
  *
  * Threads: every function may be called from any thread unless its comment says otherwise.
- * Callbacks (completion, message handlers) run in the progress context — the internal progress
- * thread, or whichever thread calls mc_engine_progress(). They may submit, poll, cancel and send
- * messages, but must not register/unregister memory, open/close segments or destroy anything.
+ * Callbacks (completion, message and peer handlers) run in the progress context — the internal
+ * progress thread, or whichever thread calls mc_engine_progress(). They may submit, poll,
+ * cancel, release, send messages, pack and add buffer keys, and open segments without blocking
+ * (mc_segment_open_nb, mc_segment_open_address, mc_segment_open_blob), but must not
+ * register/unregister memory, close segments, open them blocking or destroy anything (those
+ * return -EDEADLK there).
+ *
+ * Progress: with MC_PROGRESS_THREAD=0 the host drives progress. Submit, status, send,
+ * notify_pop and unregister then also run a pass themselves unless MC_PROGRESS_IMPLICIT=0, under
+ * which callbacks run only inside mc_engine_progress (and mc_batch_wait). Connections do not
+ * depend on how often the host calls in: a host may compute for seconds between calls.
  */
 #ifndef MOONCAKE_ENGINE_H
 #define MOONCAKE_ENGINE_H
@@ -90,12 +98,17 @@ MC_API int mc_engine_event_fd(const mc_engine_t *engine);
 /* ---- memory ------------------------------------------------------------------------------- */
 
 /* Register [addr, addr+len) so that peers may read and write it. location is "cpu:N", "cuda:N"
- * or "*" (detected: NUMA node of the first page, or the CUDA device). Zero length and overlaps
- * with registered buffers are refused (-EINVAL / -EEXIST). The memory must stay valid until
- * mc_mem_unregister() returns. */
+ * or "*" (detected: NUMA node of the first page, or the CUDA device). Zero length is refused
+ * (-EINVAL). Two layers of a host may register the same pages: registering exactly the same
+ * range (and location) again counts one more registration of it; an overlapping range is a
+ * registration of its own, and a peer's request is served while any registration holds it
+ * whole. Peers learn of new buffers through the published descriptor (bursts of registrations
+ * are published together) or at once through a buffer key. The memory must stay valid until
+ * the last mc_mem_unregister() of it returns. */
 MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const char *location);
 
-/* Unregister the buffer that starts at addr. New remote accesses are refused at once; the call
+/* Drop one registration of the buffer that starts at addr (the latest, when several start
+ * there); with the last one the buffer goes. New remote accesses are refused at once; the call
  * then waits (bounded by the transfer timeout) until no request in flight still touches the
  * buffer, including copies that same-host peers make themselves (CMA, or through a mapping of
  * mc_mem_alloc memory, which they are told to unmap and must acknowledge within

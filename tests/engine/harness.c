@@ -713,6 +713,34 @@ int th_xfer(mc_engine_t *e, mc_opcode_t op, void *local, mc_segment_id_t seg, ui
     return rc;
 }
 
+void th_close(mc_engine_t *e, mc_segment_id_t seg)
+{
+    int64_t dl = th_now_ms() + 10000;
+    int rc;
+
+    while ((rc = mc_segment_close(e, seg)) == -EBUSY && th_now_ms() < dl) {
+        mc_engine_progress(e);
+        th_sleep_ms(1);
+    }
+    assert_int_equal(rc, 0);
+}
+
+mc_task_status_t th_xfer_req(mc_engine_t *e, const mc_request_t *r, const mc_submit_opts_t *opts)
+{
+    static char reason[512];
+    mc_task_status_t st;
+    mc_batch_t *b;
+
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, r, 1, opts), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    snprintf(reason, sizeof(reason), "%s", st.reason ? st.reason : "");
+    st.reason = reason;
+    mc_batch_release(b);
+    return st;
+}
+
 int64_t th_remote_check(th_target_t *t, unsigned eng, uint64_t addr, uint64_t len, uint64_t seed,
                         uint64_t off)
 {

@@ -144,6 +144,13 @@ void th_remote_fill(th_target_t *t, unsigned eng, uint64_t addr, uint64_t len, u
 /* Returns the final mc_task_state_t (>= 0), or the negative code mc_batch_submit returned. */
 int th_xfer(mc_engine_t *e, mc_opcode_t op, void *local, mc_segment_id_t seg, uint64_t remote,
             uint64_t len, char *reason, size_t reason_size);
+/* One request (opts may be NULL) in a batch of its own, waited for up to 30 s: its final status,
+ * the reason copied (valid until the next call). The batch is released, not destroyed, so this
+ * returns as soon as the task is final even with slices still on the wire. */
+mc_task_status_t th_xfer_req(mc_engine_t *e, const mc_request_t *r, const mc_submit_opts_t *opts);
+/* Close a segment, driving progress while it is -EBUSY (released batches the engine still
+ * holds); asserts it succeeds within 10 s. */
+void th_close(mc_engine_t *e, mc_segment_id_t seg);
 /* Destroy a batch, driving progress while it is -EBUSY; asserts it succeeds within 10 s. */
 void th_batch_destroy(mc_engine_t *e, mc_batch_t *b);
 

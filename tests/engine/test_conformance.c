@@ -472,8 +472,6 @@ static bool wait_event(mc_engine_t *e, peer_events_t *pe, mc_peer_event_t ev, in
 /* After a peer is known dead, everything to it fails at once with -MC_EPEERDEAD. */
 static void expect_dead_fails(fx_t *fx, uint8_t *src)
 {
-    mc_batch_t *b;
-    mc_task_status_t ts;
     mc_request_t r = {.opcode = MC_WRITE,
                       .local = src,
                       .target = fx->seg,
@@ -481,14 +479,10 @@ static void expect_dead_fails(fx_t *fx, uint8_t *src)
                       .length = 4096};
 
     assert_int_equal(mc_segment_state(fx->e, fx->seg), MC_SEGMENT_DEAD);
-    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
-    assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
-    assert_int_equal(mc_batch_wait(b, 2000), 0);
-    assert_int_equal(mc_task_status(b, 0, &ts), 0);
+    mc_task_status_t ts = th_xfer_req(fx->e, &r, NULL);
     assert_int_equal(ts.state, MC_TASK_FAILED);
     assert_int_equal(ts.error, -MC_EPEERDEAD);
     assert_true(th_contains(ts.reason, "dead"));
-    th_batch_destroy(fx->e, b);
     assert_int_equal(mc_msg_send(fx->e, fx->seg, TH_MSG_ID, "x", 1), -MC_EPEERDEAD);
 }
 
@@ -558,7 +552,7 @@ static void test_dead_peer(void **state)
     assert_true(th_now_ms() - t0 <= 2000);
     (void)why;
     assert_int_equal(atomic_load(&pe.n[MC_PEER_DEAD]), 1); /* once */
-    assert_int_equal(mc_segment_close(fx->e, fx->seg), 0);
+    th_close(fx->e, fx->seg);
     for (unsigned i = 0; i < fx->n_buf; i++)
         assert_int_equal(mc_mem_unregister(fx->e, fx->buf[i]), 0), munmap(fx->buf[i], fx->len[i]);
     fx->n_buf = 0;
@@ -720,7 +714,7 @@ static void test_dead_peer_idle(void **state)
     assert_true(wait_event(fx->e, &pe, MC_PEER_DEAD, 2000));
     print_message("  DEAD event %lld ms after the kill\n", (long long)(th_now_ms() - t0));
     expect_dead_fails(fx, src);
-    assert_int_equal(mc_segment_close(fx->e, fx->seg), 0);
+    th_close(fx->e, fx->seg);
 }
 
 /* ---- addresses, keys, late registrations ---------------------------------------------------- */
@@ -769,20 +763,14 @@ static void test_registered_later(void **state)
     assert_int_equal(mc_stats_transport(fx->e, fx->p->tr->counters, &c1), 0);
     assert_int_equal(c1.bytes_read - c0.bytes_read, len);
     /* A range that no one buffer of it holds still fails, with the code that says so. */
-    mc_batch_t *b;
-    mc_task_status_t ts;
     mc_request_t q = {.opcode = MC_WRITE,
                       .local = src,
                       .target = fx->seg,
                       .target_offset = nb + len / 2,
                       .length = len};
-    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
-    assert_int_equal(mc_batch_submit(b, &q, 1, NULL), 0);
-    assert_int_equal(mc_batch_wait(b, 10000), 0);
-    assert_int_equal(mc_task_status(b, 0, &ts), 0);
+    mc_task_status_t ts = th_xfer_req(fx->e, &q, NULL);
     assert_int_equal(ts.state, MC_TASK_FAILED);
     assert_int_equal(ts.error, -MC_EACCESS);
-    th_batch_destroy(fx->e, b);
 }
 
 /* A fresh engine opens the target by its compact address and adds the key of a buffer the

@@ -70,26 +70,15 @@ static th_target_t *spawn(int i, const th_cfg_t *cfg, size_t len, int use_alloc)
     return &g.t[i];
 }
 
-/* One task of its own batch with options; returns its final status (reason copied) as soon as
- * it has one. */
+/* One task with a timeout of its own (0: the default). */
 static mc_task_status_t xfer_opts(mc_engine_t *e, mc_opcode_t op, void *local, mc_segment_id_t seg,
                                   uint64_t remote, uint64_t len, unsigned timeout_ms)
 {
     mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = timeout_ms};
     mc_request_t r = {
         .opcode = op, .local = local, .target = seg, .target_offset = remote, .length = len};
-    static char reason[512];
-    mc_task_status_t st;
-    mc_batch_t *b;
 
-    assert_int_equal(mc_batch_create(e, 1, &b), 0);
-    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
-    assert_int_equal(mc_batch_wait(b, 30000), 0);
-    assert_int_equal(mc_task_status(b, 0, &st), 0);
-    snprintf(reason, sizeof(reason), "%s", st.reason ? st.reason : "");
-    st.reason = reason;
-    mc_batch_release(b); /* its slices may still be on the wire: the engine frees it */
-    return st;
+    return th_xfer_req(e, &r, &o);
 }
 
 /* ---- counting allocations ------------------------------------------------------------------ */
@@ -584,7 +573,7 @@ static void test_overlapping_registrations(void **state)
     assert_int_equal(st.state, MC_TASK_FAILED);
     assert_int_equal(st.error, -MC_EACCESS);
     assert_int_equal(th_check(m + MIB, MIB, 89), -1); /* untouched */
-    assert_int_equal(mc_segment_close(e, self), 0);
+    th_close(e, self);
     th_buf_free(e, src, MIB);
     munmap(m, len);
 }
@@ -649,7 +638,7 @@ static void test_open_unreachable(void **state)
     assert_int_equal(atomic_load(&ev.n[MC_PEER_UNREACHABLE]), 1);
     assert_int_equal(atomic_load(&ev.n[MC_PEER_CONNECTED]), 0);
     assert_int_equal(mc_segment_state(e, id), MC_SEGMENT_DEAD);
-    assert_int_equal(mc_segment_close(e, id), 0);
+    th_close(e, id);
     th_buf_free(e, src, 4096);
 }
 

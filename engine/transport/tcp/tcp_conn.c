@@ -216,6 +216,8 @@ void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 break;
+            if (c->outbound && c->state != CS_READY && (errno == ECONNRESET || errno == EPIPE))
+                mc__tcp_handshake_cut(c);
             mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "send: %s", strerror(errno));
             return;
         }
@@ -227,13 +229,12 @@ void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* ---- receiving ---- */
 
-/* The peer closed c (err 0) or reset it. Before the handshake completed, with no ERROR frame to
- * say why, that is likely a listener closing its queue of pending connections as its process
- * exits: one more connect at once tells (refused, or not). */
+/* The peer closed c (err 0) or reset it; before the handshake completed (no ERROR frame said
+ * why), see mc__tcp_handshake_cut. */
 static void conn_lost(mc_engine_t *e, mc_tcp_conn_t *c, int err)
 {
-    if (c->outbound && c->state != CS_READY && !c->rail->rechecked)
-        c->rail->recheck = true;
+    if (c->outbound && c->state != CS_READY)
+        mc__tcp_handshake_cut(c);
     if (err)
         mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "recv: %s", strerror(err));
     else

@@ -112,6 +112,8 @@ void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
     getsockopt(c->pollable.fd, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err) {
         c->rail->refused = err == ECONNREFUSED;
+        if (err == ECONNRESET)
+            mc__tcp_handshake_cut(c);
         mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "connect to %s: %s", c->link.peer->name,
                           strerror(err));
         return;
@@ -196,7 +198,8 @@ static bool recheck(mc_engine_t *e, mc_peer_t *p)
         if (!r->recheck)
             continue;
         r->recheck = false;
-        r->rechecked = any = true;
+        r->rechecks++;
+        any = true;
         rail_open(e, p, r);
     }
     return any;
@@ -451,7 +454,8 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     if (c->state == CS_READY) {
-        c->rail->refused = c->rail->recheck = c->rail->rechecked = false;
+        c->rail->refused = c->rail->recheck = false;
+        c->rail->rechecks = 0;
         mc__rail_ready(&c->rail->base);
         retire_send(e, c, c->since_ns);
         mc__peer_activate(e, c->link.peer);

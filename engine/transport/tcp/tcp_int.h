@@ -32,6 +32,7 @@
 /* The kernel gives up on a peer whose host stops answering after this x MC_IO_TIMEOUT_MS. */
 #define MC_TCP_LIVENESS_FACTOR 10
 #define MC_TCP_ACCEPT_PAUSE_MS 100 /* out of descriptors: accept nothing for this long */
+#define MC_TCP_RECHECKS        3   /* reconnections after handshakes cut short, in a row */
 
 extern unsigned mc__tcp_slot;
 
@@ -58,9 +59,9 @@ typedef struct tcp_engine {
 /* One rail: our address on a link and one of the peer's endpoints. */
 typedef struct tcp_rail {
     mc_rail_t base;
-    bool refused;   /* its last connect was refused: nothing listens there */
-    bool recheck;   /* a connection was closed during its handshake: connect again at once */
-    bool rechecked; /* ... done since the last ready connection (once, no loop) */
+    bool refused;      /* its last connect was refused: nothing listens there */
+    bool recheck;      /* a connection was closed during its handshake: connect again at once */
+    unsigned rechecks; /* ... done since its last ready connection (MC_TCP_RECHECKS at most) */
     struct sockaddr_storage local, remote; /* protected by e->peers_lock (reload) */
     socklen_t local_len, remote_len;       /* local_len 0: no bind */
 } tcp_rail_t;
@@ -145,6 +146,15 @@ typedef struct mc_tcp_conn {
     mc_buffer_t *rx_ref; /* inbound WRITE: buffer being written */
     int rx_status;       /* inbound WRITE: refusal code, payload discarded */
 } mc_tcp_conn_t;
+
+/* An outbound connection was reset or closed before its handshake completed (a listener going
+ * away with it queued): connect again at once, a few times in a row at most, to tell a dead
+ * peer (refused) from a live one. */
+static inline void mc__tcp_handshake_cut(mc_tcp_conn_t *c)
+{
+    if (c->rail->rechecks < MC_TCP_RECHECKS)
+        c->rail->recheck = true;
+}
 
 /* tcp_conn.c: connection mechanics */
 mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound);
