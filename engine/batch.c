@@ -52,7 +52,7 @@ int mc_batch_destroy(mc_batch_t *b)
         return 0;
     if (atomic_load(&b->busy))
         return mc__set_error(-EBUSY, "batch has %zu tasks still in flight", atomic_load(&b->busy));
-    batch_free(b);
+    batch_free(b); /* busy 0 and not released: the engine holds nothing of it */
     return 0;
 }
 
@@ -71,20 +71,16 @@ int mc_batch_reset(mc_batch_t *b)
     return 0;
 }
 
-/* Whoever sees the batch released with nothing referenced frees it, once. */
-static void batch_maybe_free(mc_batch_t *b)
-{
-    if (atomic_load(&b->released) && !atomic_load(&b->busy) && !atomic_exchange(&b->freeing, true))
-        batch_free(b);
-}
-
+/* A released batch is freed by whoever takes its count to MC_BATCH_RELEASED alone: the host if
+ * the engine holds nothing of it, else the engine with its last reference. One atomic decides,
+ * and nobody touches the batch after giving up its part. */
 void mc_batch_release(mc_batch_t *b)
 {
     if (!b)
         return;
     mc_batch_cancel(b);
-    atomic_store(&b->released, true);
-    batch_maybe_free(b);
+    if (atomic_fetch_or(&b->busy, MC_BATCH_RELEASED) == 0)
+        batch_free(b);
 }
 
 bool mc__task_finish(mc_task_t *t, int state, int err, const char *fmt, ...)
@@ -146,29 +142,39 @@ static void task_status_fill(mc_task_t *t, int state, mc_task_status_t *st)
 void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
 {
     int state = atomic_load_explicit(&t->state, memory_order_acquire);
-    mc_task_status_t st;
 
     if (t->released || t->queued || t->inflight || state < MC_TASK_COMPLETED ||
         state == MC_TASK_FINISHING)
         return;
     t->released = true;
     mc_list_del(&t->alink);
-    if (t->group)
-        notify_group_done(e, t);
-    if (t->req.cb) {
-        task_status_fill(t, state, &st);
-        t->req.cb(t->req.cb_arg, &st);
+    mc_list_push_back(&e->releaseq, &t->alink);
+}
+
+void mc__tasks_release(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&e->releaseq))) {
+        mc_task_t *t = mc_container_of(n, mc_task_t, alink);
+        mc_task_status_t st;
+        if (t->group)
+            notify_group_done(e, t);
+        if (t->req.cb) {
+            task_status_fill(t, atomic_load(&t->state), &st);
+            t->req.cb(t->req.cb_arg, &st);
+        }
+        if (t->lbuf)
+            mc__mem_put(e, t->lbuf);
+        atomic_fetch_sub(&t->peer->busy_tasks, 1);
+        mc__batch_unbusy(t->batch); /* last: the caller may destroy the batch from here on */
     }
-    if (t->lbuf)
-        mc__mem_put(e, t->lbuf);
-    atomic_fetch_sub(&t->peer->busy_tasks, 1);
-    mc__batch_unbusy(t->batch); /* last: the caller may destroy the batch from here on */
 }
 
 void mc__batch_unbusy(mc_batch_t *b)
 {
-    if (atomic_fetch_sub(&b->busy, 1) == 1)
-        batch_maybe_free(b);
+    if (atomic_fetch_sub(&b->busy, 1) == (MC_BATCH_RELEASED | 1))
+        batch_free(b);
 }
 
 /* Check the requests and take their references (peer, local buffer). The two tables are read
@@ -404,13 +410,16 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         t->timeout_ms = o.timeout_ms;
         t->queued = true;
         mc_list_init(&t->alink);
-        if (!t->req.length)
-            mc__task_finish(t, MC_TASK_COMPLETED, 0, NULL);
     }
-    route(e, tasks, count);
-    submit_now(e, tasks, count);
+    /* Counted before any of them can end (a poller must never see more final than there are
+     * tasks), then ended at once where they can. */
     atomic_fetch_add(&b->busy, count);
     atomic_store_explicit(&b->n, first + count, memory_order_release);
+    for (i = 0; i < count; i++)
+        if (!tasks[i].req.length)
+            mc__task_finish(&tasks[i], MC_TASK_COMPLETED, 0, NULL);
+    route(e, tasks, count);
+    submit_now(e, tasks, count);
     pthread_mutex_lock(&e->sub_lock);
     for (i = 0; i < count; i++)
         mc_list_push_back(&e->subq, &tasks[i].qlink);

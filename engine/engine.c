@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "callbacks.h"
 #include "msg.h"
 #include "scheduler.h"
 #include "task.h"
@@ -71,9 +72,19 @@ static void drain_submissions(mc_engine_t *e)
     mc_list_splice_back(&tasks, &e->subq);
     mc_list_splice_back(&msgs, &e->msgq_in);
     mc_list_splice_back(&cancels, &e->cancelq);
-    while ((n = mc_list_pop_front(&e->descq))) /* first: tasks to these peers park */
-        mc__peer_desc_kicked(e, mc_container_of(n, mc_peer_t, desc_link));
     pthread_mutex_unlock(&e->sub_lock);
+    /* Peers first (opens to start, newer descriptors to install): the tasks see them. One at a
+     * time off the queue, which other threads may append to meanwhile. */
+    for (;;) {
+        pthread_mutex_lock(&e->sub_lock);
+        n = mc_list_pop_front(&e->descq);
+        if (n)
+            mc_container_of(n, mc_peer_t, desc_link)->desc_kick = false;
+        pthread_mutex_unlock(&e->sub_lock);
+        if (!n)
+            break;
+        mc__peer_kicked(e, mc_container_of(n, mc_peer_t, desc_link));
+    }
 
     mc_list_for_each_safe(pos, tmp, &tasks)
     {
@@ -130,8 +141,9 @@ static void drain_fd(int fd)
         ;
 }
 
-/* One pass over ready events. Caller holds e->lock. */
-static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
+/* One pass over ready events. Caller holds e->lock. callbacks: run the host's at its end (a
+ * quiet pass keeps them, and the event fd says there is work). */
+static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool callbacks)
 {
     uint64_t now = mc__now_ns();
 
@@ -164,6 +176,14 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
         e->next_timer_ns = now + TICK_BUSY_MS * MC_MS;
         mc__sched_run(e);
     }
+    /* Callbacks last, with nothing of a transport's on the stack; what they queue (messages,
+     * notifications of the tasks they end) goes out in the same pass. */
+    if (callbacks) {
+        mc__callbacks_run(e);
+        mc__sched_run(e);
+        if (mc__callbacks_pending(e)) /* let go of just now: the next pass */
+            mc__doorbell(e);
+    }
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);
@@ -177,7 +197,7 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n)
     return n;
 }
 
-int mc__progress_try(mc_engine_t *e)
+static int progress_try(mc_engine_t *e, bool callbacks)
 {
     struct epoll_event evs[MAX_EVENTS];
     int n, rc;
@@ -186,9 +206,19 @@ int mc__progress_try(mc_engine_t *e)
         return 0;
     MC_LOG_SCOPE(e->cfg.log_level);
     n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
-    rc = progress_pass(e, evs, n < 0 ? 0 : n);
+    rc = progress_pass(e, evs, n < 0 ? 0 : n, callbacks);
     pthread_mutex_unlock(&e->lock);
     return rc;
+}
+
+int mc__progress_try(mc_engine_t *e)
+{
+    return progress_try(e, true);
+}
+
+int mc__progress_quiet(mc_engine_t *e)
+{
+    return progress_try(e, false);
 }
 
 int mc_engine_progress(mc_engine_t *e)
@@ -220,7 +250,7 @@ static void *progress_thread(void *arg)
             break;
         }
         pthread_mutex_lock(&e->lock);
-        progress_pass(e, evs, n < 0 ? 0 : n);
+        progress_pass(e, evs, n < 0 ? 0 : n, true);
         pthread_mutex_unlock(&e->lock);
     }
     return NULL;
@@ -260,6 +290,8 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->descq);
     mc_list_init(&e->active_peers);
     mc_list_init(&e->active_tasks);
+    mc_list_init(&e->releaseq);
+    mc_list_init(&e->heldq);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
     e->armed_ms = -2;
@@ -439,7 +471,9 @@ void mc_engine_destroy(mc_engine_t *e)
     transports_stop(e);
     for (size_t i = 0; i < e->n_peers; i++)
         if (e->peers[i])
-            mc__sched_fail_peer(e, e->peers[i], -MC_ECANCELED, "engine destroyed");
+            mc__peer_fail_all(e, e->peers[i], -MC_ECANCELED, "engine destroyed");
+    mc__tasks_release(e);  /* completion callbacks still run */
+    mc__callbacks_fini(e); /* messages and peer events no longer matter */
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);

@@ -60,7 +60,7 @@ struct mc_engine {
     mc_list_t subq;           /* mc_task_t.qlink */
     mc_list_t msgq_in;        /* mc_msg_t.link */
     mc_list_t cancelq;        /* mc_batch_t.cancel_link */
-    mc_list_t descq;          /* peers just opened, to ask for a descriptor: desc_link */
+    mc_list_t descq;          /* peers with work from other threads (mc__peer_kicked): desc_link */
 
     pthread_mutex_t done_lock; /* with done_cond: mc_batch_wait sleepers */
     pthread_cond_t done_cond;
@@ -78,6 +78,8 @@ struct mc_engine {
     /* Progress-owned. */
     mc_list_t active_peers;
     mc_list_t active_tasks;
+    mc_list_t releaseq; /* tasks let go of in this pass: callbacks at its end (mc_task_t.alink) */
+    mc_list_t heldq;    /* messages and peer events for the host's handlers (callbacks.c) */
     mc_slice_t *slice_free;   /* free list */
     mc_slice_t *slice_chunks; /* allocations, linked through their first slot */
     uint64_t next_timer_ns;
@@ -131,8 +133,10 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
 void mc__doorbell(mc_engine_t *e);
 /* True on a thread that is running a progress pass (inside callbacks). */
 bool mc__in_progress(void);
-/* Run one progress pass if nobody else is (caller-progress mode). */
+/* Run one progress pass if nobody else is (caller-progress mode). quiet: one that keeps the
+ * host's callbacks for a later pass (callbacks.h). */
 int mc__progress_try(mc_engine_t *e);
+int mc__progress_quiet(mc_engine_t *e);
 /* What an API call does in caller-progress mode: a pass, unless MC_PROGRESS_IMPLICIT=0 keeps
  * progress (and callbacks) inside mc_engine_progress alone. */
 static inline void mc__progress_implicit(mc_engine_t *e)

@@ -2,6 +2,7 @@
  * memfd-backed allocator. */
 #include <errno.h>
 #include <numaif.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,21 +307,32 @@ int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location
     return mem_register(e, addr, len, location, -1);
 }
 
-/* Drop one registration of the buffer starting at addr (the latest one, when several start
- * there). The buffer if that was its last (out of the table), NULL if none starts at addr;
- * *again_p is set when others remain. */
-static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, bool *again_p)
+/* The index of the latest buffer starting at addr that is (allocated) or is not an
+ * mc_mem_alloc allocation, or -1. Caller holds t->lock. */
+static ssize_t memtab_start(const mc_memtab_t *t, uint64_t addr, bool allocated)
+{
+    for (ssize_t i = memtab_floor(t, addr); i >= 0 && t->v[i]->addr == addr; i--)
+        if ((t->v[i]->memfd >= 0) == allocated)
+            return i;
+    return -1;
+}
+
+/* Drop one registration of the buffer starting at addr that is (allocated) or is not an
+ * mc_mem_alloc allocation: the latest one, when several start there. The buffer if that was
+ * its last (out of the table), NULL if none; *again_p is set when registrations remain. */
+static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, bool allocated, bool *again_p)
 {
     mc_memtab_t *t = &e->mem;
     mc_buffer_t *b = NULL;
+    ssize_t i;
 
     *again_p = false;
     pthread_rwlock_wrlock(&t->lock);
-    ssize_t i = memtab_floor(t, addr);
-    if (i >= 0 && t->v[i]->addr == addr && t->v[i]->regs > 1) {
+    i = memtab_start(t, addr, allocated);
+    if (i >= 0 && t->v[i]->regs > 1) {
         t->v[i]->regs--;
         *again_p = true;
-    } else if (i >= 0 && t->v[i]->addr == addr) {
+    } else if (i >= 0) {
         b = t->v[i];
         memmove(&t->v[i], &t->v[i + 1], (t->n - (size_t)i - 1) * sizeof(*t->v));
         t->n--;
@@ -334,11 +346,21 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, bool *again_p)
 bool mc__mem_wait(mc_engine_t *e, bool (*done)(mc_engine_t *, void *), void *arg,
                   uint64_t deadline_ns)
 {
+    bool ok = true;
+
     while (!done(e, arg)) {
-        if (mc__now_ns() > deadline_ns)
-            return false;
-        if (e->implicit_progress) { /* caller-progress mode: nobody else drives progress */
-            mc__progress_try(e);
+        if (mc__now_ns() > deadline_ns) {
+            ok = false;
+            break;
+        }
+        if (!e->has_thread) { /* caller-progress mode: nobody else drives progress */
+            /* With MC_PROGRESS_IMPLICIT=0 the bytes move but the host's callbacks wait for
+             * its next mc_engine_progress (the event fd says so). */
+            int moved = e->implicit_progress ? mc__progress_try(e) : mc__progress_quiet(e);
+            if (!moved) {
+                struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
+                poll(&pfd, 1, 1);
+            }
             continue;
         }
         struct timespec ts;
@@ -348,7 +370,9 @@ bool mc__mem_wait(mc_engine_t *e, bool (*done)(mc_engine_t *, void *), void *arg
             pthread_cond_timedwait(&e->mem.drain_cond, &e->mem.drain_lock, &ts);
         pthread_mutex_unlock(&e->mem.drain_lock);
     }
-    return true;
+    if (!e->has_thread && !e->implicit_progress)
+        mc__doorbell(e); /* callbacks of quiet passes wait for the host's progress: wake it */
+    return ok;
 }
 
 static bool refs_drained(mc_engine_t *e, void *arg)
@@ -374,7 +398,7 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
     return 0;
 }
 
-static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *len_p)
+static int mem_unregister(mc_engine_t *e, void *addr, bool allocated, int *memfd_p, uint64_t *len_p)
 {
     mc_buffer_t *b;
     bool again;
@@ -384,14 +408,14 @@ static int mem_unregister(mc_engine_t *e, void *addr, int *memfd_p, uint64_t *le
         return mc__set_error(-EINVAL, "mc_mem_unregister: NULL engine");
     if (mc__in_progress())
         return mc__set_error(-EDEADLK, "memory cannot be unregistered from a callback");
-    b = memtab_remove(e, (uint64_t)(uintptr_t)addr, &again);
+    b = memtab_remove(e, (uint64_t)(uintptr_t)addr, allocated, &again);
     if (again) {
         *memfd_p = -1; /* still registered by another caller */
         *len_p = 0;
         return 0;
     }
     if (!b)
-        return mc__set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
+        return -ENOENT;
     mc__publish_kick(e);
     rc = mem_drain(e, b);
     if (rc)
@@ -408,16 +432,16 @@ int mc_mem_unregister(mc_engine_t *e, void *addr)
 {
     int memfd;
     uint64_t len;
-    mc_buffer_t *b = e ? mc__mem_get(e, (uint64_t)(uintptr_t)addr, 1) : NULL;
+    int rc = mem_unregister(e, addr, false, &memfd, &len);
 
-    if (b) {
-        bool allocated = b->memfd >= 0 && b->addr == (uint64_t)(uintptr_t)addr;
-        mc__mem_put(e, b);
-        if (allocated)
-            return mc__set_error(-EINVAL, "%p comes from mc_mem_alloc: free it with mc_mem_free",
-                                 addr);
-    }
-    return mem_unregister(e, addr, &memfd, &len);
+    if (rc != -ENOENT)
+        return rc;
+    pthread_rwlock_rdlock(&e->mem.lock);
+    bool allocated = memtab_start(&e->mem, (uint64_t)(uintptr_t)addr, true) >= 0;
+    pthread_rwlock_unlock(&e->mem.lock);
+    if (allocated)
+        return mc__set_error(-EINVAL, "%p comes from mc_mem_alloc: free it with mc_mem_free", addr);
+    return mc__set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
 }
 
 int mc_mem_alloc(mc_engine_t *e, size_t len, const char *location, void **addr_p)
@@ -484,11 +508,12 @@ void mc_mem_free(mc_engine_t *e, void *addr)
 
     if (!addr)
         return;
-    if (mem_unregister(e, addr, &memfd, &len) == 0) {
+    int rc = mem_unregister(e, addr, true, &memfd, &len);
+    if (rc == 0) {
         munmap(addr, len);
-        if (memfd >= 0)
-            close(memfd);
+        close(memfd);
     } else {
-        mc_error("mc_mem_free(%p): %s", addr, mc_last_error());
+        mc_error("mc_mem_free(%p): %s", addr,
+                 rc == -ENOENT ? "no mc_mem_alloc allocation starts there" : mc_last_error());
     }
 }

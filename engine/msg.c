@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "callbacks.h"
 #include "engine_int.h"
 #include "msg.h"
 
@@ -151,21 +152,10 @@ static void notify_push(mc_engine_t *e, const char *sender, const void *data, si
 
 void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
 {
-    mc_msg_cb cb;
-    void *arg;
-
-    if (id == 0) {
+    if (id == 0)
         notify_push(e, sender, data, len);
-        return;
-    }
-    pthread_mutex_lock(&e->handlers_lock);
-    cb = e->handlers[id];
-    arg = e->handler_args[id];
-    pthread_mutex_unlock(&e->handlers_lock);
-    if (cb)
-        cb(arg, sender, id, data, len);
     else
-        mc_warn("message id %u from %s dropped: no handler", id, sender);
+        mc__cb_hold_msg(e, sender, id, data, len); /* its handler runs at the end of the pass */
 }
 
 int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "callbacks.h"
 #include "msg.h"
 #include "transport/transport.h"
 
@@ -98,6 +99,8 @@ static void peer_free(mc_engine_t *e, mc_peer_t *p)
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (p->tp[i] && MC_TP_HAS(mc__transports[i], peer_close))
             mc__transports[i]->peer_close(e, p);
+    if (p->active) /* after the transports: closing a link may activate it (a request lost) */
+        mc_list_del(&p->active_link);
     mc__desc_free(&p->desc);
     free(p);
 }
@@ -223,6 +226,14 @@ int mc__peer_refresh(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
         mc__desc_free(d);
         return rc;
     }
+    if (p->state == MC_SEGMENT_READY && p->desc.instance && d->instance &&
+        d->instance != p->desc.instance) { /* its process was replaced: never rebind to it */
+        unsigned long long was = p->desc.instance, now = d->instance;
+        mc__desc_free(d);
+        mc__peer_dead(e, p, "another engine (instance %016llx, was %016llx) took its name", now,
+                      was);
+        return mc__set_error(-MC_ENOSEGMENT, "segment %s is another engine now", p->name);
+    }
     pthread_rwlock_wrlock(&e->peers_lock);
     rc = peer_install(e, p, d);
     pthread_rwlock_unlock(&e->peers_lock);
@@ -261,21 +272,61 @@ static void want_desc(mc_engine_t *e, mc_peer_t *p)
     mc__peer_activate(e, p);
 }
 
-void mc__peer_want_desc_async(mc_engine_t *e, mc_peer_t *p)
+/* Have progress look at p (mc__peer_kicked). Caller holds e->sub_lock. */
+static void kick_locked(mc_engine_t *e, mc_peer_t *p)
 {
-    pthread_mutex_lock(&e->sub_lock);
     if (!p->desc_kick) {
         p->desc_kick = true;
         mc_list_push_back(&e->descq, &p->desc_link);
     }
+}
+
+void mc__peer_want_desc_async(mc_engine_t *e, mc_peer_t *p)
+{
+    pthread_mutex_lock(&e->sub_lock);
+    kick_locked(e, p);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
 }
 
-void mc__peer_desc_kicked(mc_engine_t *e, mc_peer_t *p)
+void mc__peer_refresh_async(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
 {
-    p->desc_kick = false;
-    want_desc(e, p);
+    mc_desc_t *held = malloc(sizeof(*held)), *old;
+
+    if (!held) {
+        mc__desc_free(d);
+        return;
+    }
+    *held = *d;
+    pthread_mutex_lock(&e->sub_lock);
+    old = p->pending_desc;
+    p->pending_desc = held;
+    kick_locked(e, p);
+    pthread_mutex_unlock(&e->sub_lock);
+    if (old) { /* superseded before progress saw it */
+        mc__desc_free(old);
+        free(old);
+    }
+    mc__doorbell(e);
+}
+
+static void unpark(mc_engine_t *e, mc_peer_t *p, int err, const char *why, bool final);
+
+void mc__peer_kicked(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_desc_t *d;
+
+    pthread_mutex_lock(&e->sub_lock);
+    d = p->pending_desc;
+    p->pending_desc = NULL;
+    pthread_mutex_unlock(&e->sub_lock);
+    if (d) {
+        if (mc__peer_refresh(e, p, d) == 0 && !mc_list_empty(&p->parked))
+            unpark(e, p, 0, NULL, false); /* those it now holds go on; the others wait */
+        free(d);
+    }
+    if (p->state == MC_SEGMENT_OPENING)
+        want_desc(e, p);
 }
 
 void mc__peer_park(mc_engine_t *e, mc_task_t *t)
@@ -295,20 +346,37 @@ void mc__peer_desc_ask(mc_engine_t *e, mc_peer_t *p)
         p->desc_asked = true; /* else no link yet: its readiness activates p */
 }
 
-/* The parked tasks go on with the descriptor p has now, or fail. */
-static void unpark(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
+/* Whether p's descriptor holds t's remote range (its buffer list may grow from any thread:
+ * buffer keys). */
+static bool desc_holds(mc_engine_t *e, mc_peer_t *p, const mc_task_t *t)
+{
+    pthread_rwlock_rdlock(&e->peers_lock);
+    bool found = mc__desc_find(&p->desc, t->req.target_offset, t->req.length) != NULL;
+    pthread_rwlock_unlock(&e->peers_lock);
+    return found;
+}
+
+/* The parked tasks go on with the descriptor p has now, or fail (err). final: it is the peer's
+ * current one, so a range it lacks is not registered there (-MC_EACCESS); else such a task
+ * stays parked. */
+static void unpark(mc_engine_t *e, mc_peer_t *p, int err, const char *why, bool final)
 {
     mc_list_t tasks, *n;
 
     mc_list_init(&tasks);
     mc_list_splice_back(&tasks, &p->parked);
-    p->desc_wanted = p->desc_asked = false;
+    if (final)
+        p->desc_wanted = p->desc_asked = false;
     while ((n = mc_list_pop_front(&tasks))) {
         mc_task_t *t = mc_container_of(n, mc_task_t, qlink);
-        if (err)
+        if (err) {
             mc__task_finish(t, MC_TASK_FAILED, err, "%s", why);
-        else
+        } else if (!final && !desc_holds(e, p, t)) {
+            mc_list_push_back(&p->parked, &t->qlink);
+            continue;
+        } else {
             mc__task_route_late(e, t);
+        }
         if (atomic_load(&t->state) >= MC_TASK_COMPLETED) {
             t->queued = false;
             mc__task_maybe_release(e, t);
@@ -337,7 +405,7 @@ void mc__peer_desc_arrived(mc_engine_t *e, mc_peer_t *p, const void *json, size_
         if (opening)
             mc__peer_unreachable(e, p, rc, why);
         else
-            unpark(e, p, rc, why);
+            unpark(e, p, rc, why, true);
         return;
     }
     p->lease_lost = false; /* it answers */
@@ -345,7 +413,7 @@ void mc__peer_desc_arrived(mc_engine_t *e, mc_peer_t *p, const void *json, size_
         set_state(e, p, MC_SEGMENT_READY, NULL);
         mc_info("segment %s is open", p->name);
     }
-    unpark(e, p, 0, NULL);
+    unpark(e, p, 0, NULL, true);
     if (p->tp[e->ctrl] && mc__ctrl_ready(e, p))
         mc__peer_link_up(e, p);
 }
@@ -356,10 +424,19 @@ void mc__peer_desc_retry(mc_engine_t *e, mc_peer_t *p)
     mc__peer_activate(e, p);
 }
 
+/* How long a peer whose lease expired has to answer: as long as the kernel gives a silent host
+ * (10 x MC_IO_TIMEOUT_MS), since a live one may be computing between progress calls. */
+static uint64_t lease_probe_ns(const mc_engine_t *e)
+{
+    uint64_t ms = 10ull * e->cfg.io_timeout_ms;
+
+    return (ms > e->cfg.connect_timeout_ms ? ms : e->cfg.connect_timeout_ms) * MC_MS;
+}
+
 /* Peers opened through metadata whose entry was deleted: their lease expired or they left. A
  * process cut off from the metadata service alone still answers: each is asked for its
  * descriptor, and is dead if it does not answer in time (or refuses the connection). */
-static void leases_check(mc_engine_t *e)
+static void leases_check(mc_engine_t *e, uint64_t now)
 {
     unsigned deletions = e->meta ? mc__meta_cache_deletions(e) : 0;
 
@@ -373,9 +450,10 @@ static void leases_check(mc_engine_t *e)
             continue;
         if (mc__meta_lookup(e, p->name, true, &kv) == 0) {
             mc__meta_kv_free(&kv);
-        } else {
-            want_desc(e, p);
+        } else if (!p->lease_lost) {
             p->lease_lost = true;
+            p->lease_deadline_ns = now + lease_probe_ns(e);
+            want_desc(e, p);
         }
     }
 }
@@ -386,11 +464,17 @@ void mc__peers_tick(mc_engine_t *e, uint64_t now)
 {
     mc_list_t *pos, *tmp;
 
-    leases_check(e);
+    leases_check(e, now);
     mc_list_for_each_safe(pos, tmp, &e->active_peers)
     {
         mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
         char why[512];
+        if (p->lease_lost && now >= p->lease_deadline_ns) {
+            mc__peer_dead(e, p,
+                          "its metadata entry is gone (lease expired) and it does not "
+                          "answer");
+            continue;
+        }
         if (!p->desc_wanted)
             continue;
         if (p->state == MC_SEGMENT_OPENING && !p->tp[e->ctrl]) {
@@ -406,14 +490,13 @@ void mc__peers_tick(mc_engine_t *e, uint64_t now)
         snprintf(why, sizeof(why), "segment %s: no descriptor within %u ms (%s)", p->name,
                  e->cfg.connect_timeout_ms,
                  p->state == MC_SEGMENT_OPENING ? "it could not be opened" : "for a remote range");
-        if (p->state == MC_SEGMENT_OPENING)
+        if (p->state == MC_SEGMENT_OPENING) {
             mc__peer_unreachable(e, p, p->tp[e->ctrl] ? -MC_EPEERDEAD : -MC_ENOSEGMENT, why);
-        else if (p->lease_lost)
-            mc__peer_dead(e, p,
-                          "its metadata entry is gone (lease expired) and it does not "
-                          "answer");
-        else
-            unpark(e, p, -MC_EPEERDEAD, why);
+            continue;
+        }
+        unpark(e, p, -MC_EPEERDEAD, why, true);
+        if (p->lease_lost) /* keep asking until its own deadline */
+            want_desc(e, p);
     }
 }
 
@@ -432,32 +515,23 @@ int mc_peer_handler_set(mc_engine_t *e, mc_peer_cb cb, void *arg)
 
 static void peer_event(mc_engine_t *e, mc_peer_t *p, mc_peer_event_t ev, int err, const char *why)
 {
-    mc_peer_cb cb;
-    void *arg;
-
-    pthread_mutex_lock(&e->handlers_lock);
-    cb = e->peer_cb;
-    arg = e->peer_cb_arg;
-    pthread_mutex_unlock(&e->handlers_lock);
-    if (cb)
-        cb(arg, p->id, ev, err, why);
+    mc__cb_hold_event(e, p->id, ev, err, why); /* the handler runs at the end of the pass */
 }
 
 void mc__peer_link_up(mc_engine_t *e, mc_peer_t *p)
 {
-    if (p->connected || p->state != MC_SEGMENT_READY)
+    if (p->reported == MC_PEER_CONNECTED || p->state != MC_SEGMENT_READY)
         return;
-    p->connected = true;
+    p->reported = MC_PEER_CONNECTED;
     peer_event(e, p, MC_PEER_CONNECTED, 0, NULL);
 }
 
-/* Fail everything queued to p (parked too); drop its unsent messages. */
-static void fail_all(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
+void mc__peer_fail_all(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
 {
     mc_list_t *n;
 
     mc__sched_fail_peer(e, p, err, why);
-    unpark(e, p, err, why);
+    unpark(e, p, err, why, true);
     while ((n = mc_list_pop_front(&p->msgq))) {
         mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
         mc__msg_sent(p, m);
@@ -467,16 +541,16 @@ static void fail_all(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
 
 void mc__peer_unreachable(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
 {
-    bool was = p->connected || p->state == MC_SEGMENT_OPENING;
+    bool news = p->reported != MC_PEER_UNREACHABLE;
 
     if (p->state == MC_SEGMENT_DEAD)
         return;
     mc_warn("%s", why);
-    p->connected = false;
+    p->reported = MC_PEER_UNREACHABLE;
     if (p->state == MC_SEGMENT_OPENING) /* never opened: nothing will come of it */
         set_state(e, p, MC_SEGMENT_DEAD, why);
-    fail_all(e, p, err, why);
-    if (was)
+    mc__peer_fail_all(e, p, err, why);
+    if (news)
         peer_event(e, p, MC_PEER_UNREACHABLE, err, why);
 }
 
@@ -493,8 +567,15 @@ void mc__peer_dead(mc_engine_t *e, mc_peer_t *p, const char *fmt, ...)
     snprintf(reason, sizeof(reason), "segment %s is dead: %s", p->name, why);
     mc_warn("%s", reason);
     set_state(e, p, MC_SEGMENT_DEAD, reason);
-    p->connected = false;
-    fail_all(e, p, -MC_EPEERDEAD, reason);
+    p->reported = MC_PEER_DEAD;
+    mc__peer_fail_all(e, p, -MC_EPEERDEAD, reason);
+    /* Tasks with slices still on the wire end now too: nothing will answer them (the slices
+     * are let go of when their links do). */
+    for (mc_list_t *pos = e->active_tasks.next; pos != &e->active_tasks; pos = pos->next) {
+        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+        if (t->peer == p)
+            mc__task_finish(t, MC_TASK_FAILED, -MC_EPEERDEAD, "%s", reason);
+    }
     peer_event(e, p, MC_PEER_DEAD, -MC_EPEERDEAD, reason);
 }
 
@@ -507,11 +588,13 @@ void mc__peer_destroy(mc_engine_t *e, mc_peer_t *p)
 
     while ((n = mc_list_pop_front(&p->msgq)))
         free(mc_container_of(n, mc_msg_t, link));
-    if (p->active)
-        mc_list_del(&p->active_link);
     pthread_mutex_lock(&e->sub_lock);
     if (p->desc_kick)
         mc_list_del(&p->desc_link);
+    if (p->pending_desc) {
+        mc__desc_free(p->pending_desc);
+        free(p->pending_desc);
+    }
     pthread_mutex_unlock(&e->sub_lock);
     atomic_fetch_sub(&e->n_open_peers, 1);
     peer_free(e, p);

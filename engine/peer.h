@@ -9,8 +9,12 @@
  * repeated failures pause it with a growing back-off, and slices of one task spread over every
  * usable rail the buffer's location prefers (NIC priority matrix).
  *
- * Peers are created under e->peers_lock and destroyed only with e->lock held too; descriptor
- * reloads swap p->desc under peers_lock for writing.
+ * Peers are created under e->peers_lock and destroyed only with e->lock held too. A peer's
+ * descriptor and the transports' state for it change in the progress context only, under
+ * peers_lock for writing (other threads hand a newer descriptor over: mc__peer_refresh_async);
+ * other threads read them under peers_lock, progress without it. The one exception is the
+ * buffer list, which grows from any thread when a buffer key is added: it is read under
+ * peers_lock everywhere.
  */
 #ifndef MC_PEER_H
 #define MC_PEER_H
@@ -61,7 +65,7 @@ enum {
 
 struct mc_peer {
     mc_segment_id_t id;
-    char name[MC_NAME_MAX];   /* while OPENING by address: "@<instance>" */
+    char name[MC_NAME_MAX];   /* while OPENING by address: its "ip:port" */
     int refcnt;               /* protected by e->peers_lock */
     int state;                /* MC_PEER_*: written under peers_lock, by progress */
     char dead_reason[700];    /* why it is DEAD (written with state) */
@@ -77,6 +81,7 @@ struct mc_peer {
     _Atomic uint64_t c[MC_CNT_N]; /* counters (mc_counters_t order), written by progress */
     bool desc_kick;               /* in e->descq (under e->sub_lock) */
     mc_list_t desc_link;
+    mc_desc_t *pending_desc; /* newer descriptor from another thread (under e->sub_lock) */
 
     /* Progress-owned scheduling state. */
     struct {
@@ -88,8 +93,9 @@ struct mc_peer {
     bool desc_wanted;                 /* a descriptor is awaited (parked tasks, or OPENING) */
     bool desc_asked;                  /* ... and was asked for over the control link */
     bool lease_lost;                  /* its metadata entry went: it must answer or be dead */
+    uint64_t lease_deadline_ns;       /* ... by then */
     uint64_t desc_deadline_ns;
-    bool connected;        /* MC_PEER_CONNECTED reported, no failure since */
+    int reported;          /* the last mc_peer_event_t the host heard (0: none yet) */
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
     mc_list_t active_link; /* in e->active_peers while it has queued work */
     bool active;
@@ -110,8 +116,12 @@ int mc__peer_insert(mc_engine_t *e, mc_peer_t *p, uint64_t instance, mc_segment_
  * 0 when there is none. */
 int mc__peer_open_ref(mc_engine_t *e, const char *name, uint64_t instance, mc_segment_id_t *id_p);
 /* Replace p's descriptor with d (taken over); the transports update their view under
- * peers_lock for writing. */
+ * peers_lock for writing. A READY peer whose new descriptor is of another engine instance is
+ * not rebound: it is dead (its process was replaced). Progress context: descriptors and the
+ * transports' state for a peer change there only (readers there need no lock). refresh_async: the
+ * same from any thread, applied by progress before the tasks submitted after it. */
 int mc__peer_refresh(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d);
+void mc__peer_refresh_async(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d);
 /* The same from the watched metadata cache (never blocks). */
 int mc__peer_reload_cached(mc_engine_t *e, mc_peer_t *p);
 /* Drop a reference taken by mc__peer_open_ref that cannot be the last one. */
@@ -121,16 +131,20 @@ void mc__peers_fini(mc_engine_t *e);
 
 /* Waiting for a descriptor (progress context unless said otherwise). park: t's remote range is
  * not in its peer's descriptor: t waits while it is asked for. want_desc_async: from any thread
- * (a peer just opened). desc_ask: send the request if the control link can take it.
+ * (a peer just opened). kicked: what other threads queued for p (an open to start, a newer
+ * descriptor). desc_ask: send the request if the control link can take it.
  * desc_arrived / desc_retry: for the control transport, with the answer, or when the link it
  * went on failed. */
 void mc__peer_park(mc_engine_t *e, mc_task_t *t);
 void mc__peer_want_desc_async(mc_engine_t *e, mc_peer_t *p);
-void mc__peer_desc_kicked(mc_engine_t *e, mc_peer_t *p);
+void mc__peer_kicked(mc_engine_t *e, mc_peer_t *p);
 void mc__peer_desc_ask(mc_engine_t *e, mc_peer_t *p);
 void mc__peer_desc_arrived(mc_engine_t *e, mc_peer_t *p, const void *json, size_t len);
 void mc__peer_desc_retry(mc_engine_t *e, mc_peer_t *p);
 void mc__peers_tick(mc_engine_t *e, uint64_t now);
+
+/* Fail everything queued to p, parked tasks too, and drop its unsent messages. */
+void mc__peer_fail_all(mc_engine_t *e, mc_peer_t *p, int err, const char *why);
 
 /* What transports learn about a peer (progress context): a link to it is up; it cannot be
  * reached (every path failed: what is queued to it fails with err); its process is gone

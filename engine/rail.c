@@ -53,15 +53,13 @@ static void rail_tick(mc_rail_t *r, uint64_t now)
 
 void mc__rails_tick(mc_engine_t *e, uint64_t now)
 {
-    /* Peers are destroyed only under e->lock, which the progress context holds. */
-    pthread_rwlock_rdlock(&e->peers_lock);
+    /* Progress context: the table and the rails are read without peers_lock (peer.h). */
     for (size_t i = 0; i < e->n_peers; i++) {
         mc_peer_t *p = e->peers[i];
         for (unsigned t = 0; p && t < mc__n_transports; t++)
             for (unsigned r = 0; r < p->rails[t].n; r++)
                 rail_tick(p->rails[t].v[r], now);
     }
-    pthread_rwlock_unlock(&e->peers_lock);
 }
 
 bool mc__rail_usable(const mc_rail_t *r, uint64_t now)

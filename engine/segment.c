@@ -31,7 +31,7 @@ static int open_desc(mc_engine_t *e, mc_desc_t *d, bool by_meta, mc_segment_id_t
             mc__desc_free(d);
             return rc;
         }
-        mc__peer_refresh(e, p, d); /* on failure p keeps what it had, which works */
+        mc__peer_refresh_async(e, p, d); /* applied by progress, which owns p's state */
         return 0;
     }
     rc = mc__peer_create(e, d, MC_SEGMENT_READY, &p); /* owns d from here */

@@ -16,6 +16,7 @@ typedef struct cache_entry {
     char name[MC_NAME_MAX];
     char *value;
     size_t len;
+    unsigned gen; /* the listing it was last seen in */
 } cache_entry_t;
 
 struct mc_seg_cache {
@@ -26,7 +27,8 @@ struct mc_seg_cache {
     atomic_bool stop;
     char prefix[256];
     size_t prefix_len;
-    atomic_uint deletions; /* entries deleted by the watch (a lease expired, an engine left) */
+    unsigned gen;          /* listings so far (under lock) */
+    atomic_uint deletions; /* entries deleted (a lease expired, an engine left) */
 };
 
 static cache_entry_t *find(struct mc_seg_cache *c, const char *name)
@@ -66,6 +68,7 @@ static void cache_put(struct mc_seg_cache *c, const char *name, const char *val,
         free(en->value);
         en->value = copy;
         en->len = len;
+        en->gen = c->gen;
     } else {
         free(copy);
     }
@@ -92,6 +95,22 @@ static const char *key_name(struct mc_seg_cache *c, const mc_meta_kv_t *kv)
     return kv->key + c->prefix_len;
 }
 
+/* Entries not in the latest listing: deleted while no watch was running. */
+static void drop_unlisted(struct mc_seg_cache *c)
+{
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->n;) {
+        if (c->v[i].gen == c->gen) {
+            i++;
+            continue;
+        }
+        free(c->v[i].value);
+        c->v[i] = c->v[--c->n];
+        atomic_fetch_add(&c->deletions, 1);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
 {
     mc_meta_kv_t *kvs;
@@ -100,6 +119,9 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
 
     if (mc__meta_list(e->meta, c->prefix, c->prefix_len, &kvs, &n))
         return -1;
+    pthread_mutex_lock(&c->lock);
+    c->gen++;
+    pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
         const char *name = key_name(c, &kvs[i]);
         if (name)
@@ -108,6 +130,7 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
             rev = kvs[i].mod_revision;
     }
     mc__meta_kvs_free(kvs, n);
+    drop_unlisted(c);
     return rev;
 }
 

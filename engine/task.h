@@ -33,7 +33,7 @@ typedef struct mc_notify_group {
 
 struct mc_task {
     mc_list_t qlink; /* in the peer's pending queue of its transport (progress-owned) */
-    mc_list_t alink; /* in e->active_tasks until released (progress-owned) */
+    mc_list_t alink; /* in e->active_tasks until released, then e->releaseq (progress-owned) */
     mc_batch_t *batch;
     mc_request_t req;
     mc_peer_t *peer;
@@ -64,9 +64,8 @@ struct mc_batch {
     atomic_size_t n_completed;
     atomic_int first_bad; /* the first final state other than COMPLETED, or 0 */
     _Atomic uint64_t bytes;
-    atomic_size_t busy;   /* tasks still referenced by the engine */
-    atomic_bool released; /* mc_batch_release: freed when busy drops to 0 */
-    atomic_bool freeing;  /* claimed by whoever frees it */
+    atomic_size_t busy; /* references the engine holds (tasks, a cancel kick), and
+                           MC_BATCH_RELEASED once the host let go (mc_batch_release) */
     atomic_bool cancel_kick;
     mc_list_t cancel_link; /* in e->cancelq (under sub_lock) */
     mc_task_t *tasks;
@@ -106,8 +105,14 @@ bool mc__task_finish(mc_task_t *t, int state, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Bytes of t confirmed; returns its total so far. */
 uint64_t mc__task_add_bytes(mc_task_t *t, uint64_t n);
-/* Release the engine's hold on a task once it is final, unqueued and has nothing in flight. */
+/* Let go of a task once it is final, unqueued and has nothing in flight: it joins e->releaseq,
+ * which mc__tasks_release empties at the end of the progress pass (notification, completion
+ * callback, references), so that callbacks never run inside a transport's code or under a
+ * lock other than e->lock. */
 void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t);
+void mc__tasks_release(mc_engine_t *e);
+#define MC_BATCH_RELEASED ((size_t)1 << (8 * sizeof(size_t) - 1))
+
 /* The engine lets go of one reference to b (a task, a cancel kick); a released batch is freed
  * with its last one. */
 void mc__batch_unbusy(mc_batch_t *b);

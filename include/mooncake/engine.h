@@ -13,13 +13,15 @@
  * progress thread, or whichever thread calls mc_engine_progress(). They may submit, poll,
  * cancel, release, send messages, pack and add buffer keys, and open segments without blocking
  * (mc_segment_open_nb, mc_segment_open_address, mc_segment_open_blob), but must not
- * register/unregister memory, close segments, open them blocking or destroy anything (those
- * return -EDEADLK there).
+ * unregister memory, close segments, open them blocking (those return -EDEADLK there) or
+ * destroy anything.
  *
  * Progress: with MC_PROGRESS_THREAD=0 the host drives progress. Submit, status, send,
  * notify_pop and unregister then also run a pass themselves unless MC_PROGRESS_IMPLICIT=0, under
- * which callbacks run only inside mc_engine_progress (and mc_batch_wait). Connections do not
- * depend on how often the host calls in: a host may compute for seconds between calls.
+ * which callbacks run only inside mc_engine_progress and mc_batch_wait (unregister, which must
+ * wait for I/O, moves bytes but keeps the callbacks for the next mc_engine_progress). Callbacks
+ * run at the end of a pass, never inside another engine call's work. Connections do not depend
+ * on how often the host calls in: a host may compute for seconds between calls.
  */
 #ifndef MOONCAKE_ENGINE_H
 #define MOONCAKE_ENGINE_H
@@ -134,7 +136,8 @@ MC_API void mc_mem_free(mc_engine_t *engine, void *addr);
 
 /* Open a peer segment by name: looked up in metadata; if metadata is "none" or has no entry
  * and name is "ip:port", the descriptor is fetched from the peer itself by handshake. Blocks
- * up to MC_CONNECT_TIMEOUT_MS (metadata or the peer), so not from a callback (-EDEADLK). */
+ * up to MC_CONNECT_TIMEOUT_MS (metadata or the peer), so not from a callback (-EDEADLK). A
+ * segment of that name that is open already, even still OPENING, is returned at once. */
 MC_API int mc_segment_open(mc_engine_t *engine, const char *name, mc_segment_id_t *id_p);
 
 /* Open a peer without blocking, from any thread including callbacks: the id comes at once, the
@@ -228,8 +231,11 @@ MC_API int mc_buffer_key_pack(mc_engine_t *engine, const void *addr, void *out);
 
 /* Make the buffer a key describes usable in the open segment id, whatever its descriptor says
  * (requests inside it are routed at once). Any thread, callbacks too. -MC_ENOSEGMENT if the
- * key is of another engine than id, -MC_EPROTO if it is not a key. Its owner still checks every
- * request: a key of an unregistered buffer gets requests refused there, not served. */
+ * key is of another engine than id (or id is a segment opened by a name metadata has not
+ * resolved yet, whose instance is unknown), -MC_EPROTO if it is not a key. A descriptor of the
+ * segment that arrives later replaces what keys added (it lists what is registered then). Its owner
+ * still checks every request: a key of an unregistered buffer gets requests refused there, not
+ * served. */
 MC_API int mc_segment_add_buffer(mc_engine_t *engine, mc_segment_id_t id, const void *key,
                                  size_t len);
 
@@ -308,9 +314,11 @@ typedef struct mc_submit_opts {
  * validated first: on error nothing is submitted and nothing will ever complete for them.
  * Errors: -EINVAL (bad opcode, local range not registered, batch full, bad options),
  * -MC_ENOSEGMENT (target not open). A zero-length request is a no-op that completes at once.
- * A task whose remote range is not inside one buffer of the target's descriptor (reloaded once
- * on a miss) is accepted and ends FAILED at once, touching nothing; the owner checks every
- * slice again when it arrives (it may have unregistered since).
+ * Never blocks: a task whose remote range is not inside one buffer of the descriptor we hold
+ * (the target may have registered since) waits while progress asks the target for its current
+ * one, then moves, or ends FAILED with -MC_EACCESS touching nothing; so does a task to a
+ * segment still OPENING. The owner checks every slice again when it arrives (it may have
+ * unregistered since). A task to a DEAD segment fails at once with -MC_EPEERDEAD.
  *
  * Timeouts: a task times out timeout_ms after its first bytes went out, so a submit queued
  * behind others is not penalised for waiting; a task that has not started times out only when

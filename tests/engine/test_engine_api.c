@@ -259,7 +259,13 @@ static void test_register(void **state)
     assert_int_equal(mc_mem_unregister(e, a), 0);
     assert_int_equal(mc_mem_unregister(e, a), -EINVAL);
     assert_true(th_contains(mc_last_error(), "mc_mem_free"));
+    /* mc_mem_free takes the allocation, never a registration of the same start. */
+    uint8_t key[MC_BUFFER_KEY_SIZE];
+    assert_int_equal(mc_mem_register(e, a, 4096, "*"), 0);
     mc_mem_free(e, a);
+    assert_int_equal(mc_buffer_key_pack(e, (uint8_t *)a + 8192, key), -ENOENT);
+    assert_int_equal(mc_buffer_key_pack(e, (uint8_t *)a + 100, key), 0);
+    assert_int_equal(mc_mem_unregister(e, a), 0);
     assert_int_equal(mc_mem_alloc(e, 1 << 20, "cpu:0", &a), 0);
     mc_mem_free(e, a);
     assert_true(mc_mem_alloc(e, 4096, "cuda:0", &a) < 0);

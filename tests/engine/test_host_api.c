@@ -387,6 +387,38 @@ static void test_release(void **state)
     th_buf_free(e, src, 8 * MIB);
 }
 
+/* Batches destroyed while the engine lets go of their last task, many times over: the host's
+ * destroy and the engine's release never both free (or touch a freed) batch. */
+static void test_destroy_race(void **state)
+{
+    th_cfg_t cfg;
+    mc_batch_t *b;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_target_t *t = spawn(0, &cfg, MIB, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, 4096);
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = src,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = 64};
+    for (int i = 0; i < 2000; i++) {
+        assert_int_equal(mc_batch_create(e, 1, &b), 0);
+        assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
+        if (i % 2) {
+            while (mc_batch_destroy(b) == -EBUSY)
+                ;
+        } else {
+            mc_batch_release(b);
+        }
+    }
+    th_buf_free(e, src, 4096);
+}
+
 /* ---- progress under the host's control ------------------------------------------------------ */
 
 static __thread bool in_progress_call;
@@ -694,6 +726,134 @@ static void test_open_by_name_later(void **state)
     th_buf_free(e, src, 65536);
 }
 
+static uint8_t *export_blob(mc_engine_t *e, size_t *len_p)
+{
+    size_t len = 0;
+
+    assert_int_equal(mc_segment_export(e, NULL, &len), -ENOSPC);
+    uint8_t *blob = malloc(len);
+    assert_non_null(blob);
+    assert_int_equal(mc_segment_export(e, blob, &len), 0);
+    *len_p = len;
+    return blob;
+}
+
+/* A newer blob of a segment that is open refreshes it: the same id, and the buffers registered
+ * since listed after the next progress pass (which applies the blob, before any submit that
+ * follows it) and usable, without asking the peer. */
+static void test_open_blob_refresh(void **state)
+{
+    th_cfg_t cfg;
+    mc_segment_id_t id, id2;
+    mc_buffer_info_t bi[4];
+    size_t n, l1, l2;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    mc_engine_t *a = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    mc_engine_t *b = g.e[1] = th_engine(&cfg);
+    uint8_t *a1 = th_buf(a, MIB), *src = th_buf(b, MIB);
+    uint8_t *blob1 = export_blob(a, &l1);
+    uint8_t *a2 = th_buf(a, MIB);
+    uint8_t *blob2 = export_blob(a, &l2);
+    assert_int_equal(mc_segment_open_blob(b, blob1, l1, &id), 0);
+    assert_int_equal(mc_segment_buffers(b, id, bi, 4, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(mc_segment_open_blob(b, blob2, l2, &id2), 0);
+    assert_int_equal(id2, id);
+    mc_engine_progress(b);
+    assert_int_equal(mc_segment_buffers(b, id, bi, 4, &n), 0);
+    assert_int_equal(n, 2);
+    th_fill(src, MIB, 2024);
+    assert_int_equal(th_xfer(b, MC_WRITE, src, id, (uint64_t)(uintptr_t)a2, MIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(a2, MIB, 2024), -1);
+    th_close(b, id);
+    th_close(b, id);
+    free(blob1);
+    free(blob2);
+    th_buf_free(b, src, MIB);
+    th_buf_free(a, a1, MIB);
+    th_buf_free(a, a2, MIB);
+}
+
+/* A segment closed while its descriptor request is unanswered (its process stopped): the
+ * request's connection goes with it and nothing of the peer is touched afterwards. */
+static void test_close_waiting_peer(void **state)
+{
+    th_cfg_t cfg;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "500");
+    th_target_t *t = spawn(0, &cfg, MIB, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, 65536);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], 65536, NULL, 0),
+                     MC_TASK_COMPLETED);
+    stop_and_wait(t->pid);
+    /* Beyond what we know of it: the task waits for a descriptor that does not come. */
+    mc_task_status_t st = xfer_opts(e, MC_WRITE, src, seg, t->eng[0].buf[0] + MIB, 4096, 0);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_int_equal(st.error, -MC_EPEERDEAD);
+    assert_true(th_contains(st.reason, "no descriptor"));
+    th_close(e, seg);
+    for (int i = 0; i < 50; i++) { /* passes after the close, with the peer gone */
+        mc_engine_progress(e);
+        th_sleep_ms(2);
+    }
+    kill(t->pid, SIGCONT);
+    th_buf_free(e, src, 65536);
+}
+
+/* A peer opened by name restarts under the same name (another process, another instance): the
+ * old segment is DEAD and never rebinds to the new process; opening the name again reaches it. */
+static void test_restarted_peer(void **state)
+{
+    th_cfg_t cfg;
+    static events_t ev;
+    mc_segment_id_t seg, seg2;
+    char url[128];
+
+    (void)state;
+    th_tmpdir(g.dir, sizeof(g.dir));
+    snprintf(url, sizeof(url), "file://%s", g.dir);
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "METADATA", "%s", url);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "SEGMENT_NAME", "restarting");
+    th_target_t *t = spawn(0, &cfg, MIB, 0);
+    memset(&ev, 0, sizeof(ev));
+    assert_int_equal(mc_peer_handler_set(e, on_event, &ev), 0);
+    uint8_t *src = th_buf(e, 65536);
+    th_fill(src, 65536, 7);
+    assert_int_equal(mc_segment_open(e, "restarting", &seg), 0);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], 65536, NULL, 0),
+                     MC_TASK_COMPLETED);
+    th_target_kill(t);
+    th_target_t *t2 = spawn(1, &cfg, MIB, 0);
+    int64_t dl = th_now_ms() + 5000;
+    while (mc_segment_state(e, seg) != MC_SEGMENT_DEAD && th_now_ms() < dl)
+        th_sleep_ms(5);
+    assert_int_equal(mc_segment_state(e, seg), MC_SEGMENT_DEAD);
+    mc_task_status_t st = xfer_opts(e, MC_WRITE, src, seg, t2->eng[0].buf[0], 65536, 0);
+    assert_int_equal(st.error, -MC_EPEERDEAD);
+    assert_int_equal(th_remote_check(t2, 0, t2->eng[0].buf[0], 65536, 0x7a7a, 0), -1);
+    assert_int_equal(mc_segment_open(e, "restarting", &seg2), 0);
+    assert_true(seg2 != seg);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg2, t2->eng[0].buf[0], 65536, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(t2, 0, t2->eng[0].buf[0], 65536, 7, 0), -1);
+    th_close(e, seg);
+    th_close(e, seg2);
+    th_buf_free(e, src, 65536);
+}
+
 /* A caller-progress engine opens itself by name (blocking) and by address (not), and moves
  * bytes between two of its own buffers through its own listener. */
 static void test_open_self(void **state)
@@ -843,12 +1003,16 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_submit_timeout, teardown),
         cmocka_unit_test_teardown(test_submit_opts, teardown),
         cmocka_unit_test_teardown(test_release, teardown),
+        cmocka_unit_test_teardown(test_destroy_race, teardown),
+        cmocka_unit_test_teardown(test_close_waiting_peer, teardown),
+        cmocka_unit_test_teardown(test_restarted_peer, teardown),
         cmocka_unit_test_teardown(test_progress_explicit, teardown),
         cmocka_unit_test_teardown(test_caller_idle, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),
         cmocka_unit_test_teardown(test_open_self, teardown),
+        cmocka_unit_test_teardown(test_open_blob_refresh, teardown),
         cmocka_unit_test_teardown(test_inbound_flood, teardown),
     };
 

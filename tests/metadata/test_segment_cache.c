@@ -183,7 +183,8 @@ static int child_main(const char *url)
 }
 
 /* A peer's process stops (SIGSTOP): its lease expires, etcd deletes its entry, and since it
- * does not answer either, the host hears DEAD and tasks to it fail with -MC_EPEERDEAD. */
+ * does not answer either (for 10 x MC_IO_TIMEOUT_MS), the host hears DEAD and tasks to it fail
+ * with -MC_EPEERDEAD. */
 static void test_lease_expiry_dead(void **state)
 {
     static char why[512];
@@ -207,7 +208,9 @@ static void test_lease_expiry_dead(void **state)
     assert_int_equal(fscanf(f, "%127s %llu", name, &raddr), 2);
     fclose(f);
 
+    setenv("MC_IO_TIMEOUT_MS", "500", 1); /* a silent peer gets 10x that to answer */
     mc_engine_t *b = engine();
+    unsetenv("MC_IO_TIMEOUT_MS");
     uint8_t *buf;
     mc_segment_id_t seg;
     memset(why, 0, sizeof(why));

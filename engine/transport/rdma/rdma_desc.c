@@ -155,20 +155,19 @@ static int rdma_decode_key(const uint8_t *in, size_t len, const void *part, mc_d
 
     if (!rd) /* no device list of the peer yet: reached otherwise */
         return 0;
-    if (len < 8)
-        return mc__set_error(-MC_EPROTO, "buffer key: rdma part of %zu bytes", len);
-    rc = desc_buf_new(rd, b, mc__get64(in), &k, &size);
+    uint64_t chunk = len >= 8 ? mc__get64(in) : 0;
+    uint64_t n_chunks = chunk ? b->len / chunk + (b->len % chunk != 0) : 0;
+    if (len < 8 || (len - 8) % 4 || n_chunks * rd->n != (len - 8) / 4) /* before allocating */
+        return mc__set_error(-MC_EPROTO,
+                             "buffer key: %zu bytes of rdma part for %u devices and regions "
+                             "of %llu bytes",
+                             len, rd->n, (unsigned long long)chunk);
+    rc = desc_buf_new(rd, b, chunk, &k, &size);
     if (rc)
         return rc;
-    if (len != 8 + 4 * (size_t)k->n_chunks * k->n_devs)
-        rc = mc__set_error(-MC_EPROTO,
-                           "buffer key: %zu bytes of rkeys for %u devices x %u "
-                           "regions",
-                           len - 8, k->n_devs, k->n_chunks);
-    for (size_t j = 0; !rc && j < (size_t)k->n_chunks * k->n_devs; j++)
+    for (size_t j = 0; j < (size_t)k->n_chunks * k->n_devs; j++)
         k->rkey[j] = mc__get32(in + 8 + 4 * j);
-    if (!rc)
-        rc = mc__desc_part_add(d, b, slot, k, size);
+    rc = mc__desc_part_add(d, b, slot, k, size);
     free(k);
     return rc;
 }

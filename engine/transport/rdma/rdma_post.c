@@ -174,15 +174,6 @@ static void connect_rails(mc_engine_t *e, mc_peer_t *p)
     }
 }
 
-/* Fail a slice from inside fill_qps: without peers_lock, since finishing a task runs the
- * caller's callback, which may open segments. Nothing of the descriptor is held across. */
-static void fail_unlocked(mc_engine_t *e, mc_slice_t *s, int err, const char *reason)
-{
-    pthread_rwlock_unlock(&e->peers_lock);
-    mc__slice_failed(e, s, err, false, reason);
-    pthread_rwlock_rdlock(&e->peers_lock);
-}
-
 /* Take the next slice for rail r, or fail it here if it cannot go over rdma any more. Caller
  * holds peers_lock for reading. */
 static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_p)
@@ -194,7 +185,8 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
     if (!s)
         return false;
     if (!remote_buf(p, s->task, &rb)) {
-        fail_unlocked(e, s, -MC_EACCESS, "the remote range is no longer registered by the segment");
+        mc__slice_failed(e, s, -MC_EACCESS, false,
+                         "the remote range is no longer registered by the segment");
         return true;
     }
     const mc_buffer_t *lb = s->task->lbuf;
@@ -206,7 +198,7 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
             return false;
         }
         if (rc) {
-            fail_unlocked(e, s, rc, mc_last_error());
+            mc__slice_failed(e, s, rc, false, mc_last_error());
             return true;
         }
     }
@@ -215,9 +207,9 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
         if (rdma_sl(s)->stage)
             mc__rdma_stage_put(e, s, false);
         if (need > most) { /* only when MC_SLICE_SIZE exceeds a memory region many times */
-            fail_unlocked(e, s, -EINVAL,
-                          "slice crosses more memory regions than a QP's send queue holds "
-                          "(MC_RDMA_QP_DEPTH + 2)");
+            mc__slice_failed(e, s, -EINVAL, false,
+                             "slice crosses more memory regions than a QP's send queue holds "
+                             "(MC_RDMA_QP_DEPTH + 2)");
             return true;
         }
         /* rare: a multi-piece slice at the end of the window; it fits once the QP drains */
@@ -260,7 +252,7 @@ void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
     /* Rails without a QP get one first (a re-probed rail rejoins even under a light load, and
      * a failover target is ready). Outside peers_lock: a failed connect may reload p->desc. */
     connect_rails(e, p);
-    /* Descriptor reloads swap p->desc under the write lock. */
+    /* The buffer list may grow from another thread (a buffer key): read it under the lock. */
     pthread_rwlock_rdlock(&e->peers_lock);
     fill_qps(e, p);
     pthread_rwlock_unlock(&e->peers_lock);

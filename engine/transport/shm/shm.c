@@ -78,9 +78,9 @@ typedef struct shm_peer {
     char addr[MC_NAME_MAX];    /* the owner's socket name */
     pthread_mutex_t req_lock;  /* one MAP request at a time on req_fd */
     int req_fd;
-    mc_pollable_t ev;   /* event socket, in the progress loop */
-    mc_pollable_t exit; /* its pidfd, in the progress loop: the owner's death */
-    bool exit_watched;
+    mc_pollable_t ev;         /* event socket, in the progress loop */
+    mc_pollable_t exit;       /* its pidfd, in the progress loop: the owner's death */
+    atomic_bool exit_watched; /* set by the connecting thread, cleared by progress */
     int pidfd;
     pthread_rwlock_t lock; /* read: copies; write: mapping changes */
     shm_map_t *maps;
@@ -351,6 +351,8 @@ static void peer_on_exit(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     shm_peer_t *s = mc_container_of(p, shm_peer_t, exit);
 
     (void)events;
+    if (!s->peer) /* closed since epoll reported it (freed at the end of this pass) */
+        return;
     mc__epoll_del(e, &s->exit);
     s->exit_watched = false;
     mc__peer_dead(e, s->peer, "its process %d exited", s->pid);
@@ -399,13 +401,22 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s)
 {
     struct timeval tv = {.tv_sec = e->cfg.io_timeout_ms / 1000,
                          .tv_usec = (e->cfg.io_timeout_ms % 1000) * 1000};
+    struct ucred cred = {0};
+    socklen_t cl = sizeof(cred);
 
     s->req_fd = connect_role(s->addr, ROLE_REQUEST, e->instance);
     s->ev.fd = connect_role(s->addr, ROLE_EVENT, e->instance);
-    s->pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    /* The owner's pid as our pid namespace sees it (0: not at all; the descriptor's is in its
+     * own namespace): CMA and the death watch need the process itself. */
+    if (s->req_fd >= 0 && getsockopt(s->req_fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+        s->pid = cred.pid;
+    s->pidfd = s->pid > 0 ? (int)syscall(SYS_pidfd_open, s->pid, 0) : -1;
     s->ev.handler = peer_on_event;
-    if (s->req_fd < 0 || s->ev.fd < 0 || s->pidfd < 0 ||
-        setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+    if (s->req_fd < 0 || s->ev.fd < 0)
+        return s->req_fd < 0 ? s->req_fd : s->ev.fd;
+    if (s->pidfd < 0)
+        return s->pid > 0 ? -errno : -ESRCH; /* its process is not in our pid namespace */
+    if (setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
         mc__epoll_add(e, &s->ev, EPOLLIN))
         return -errno;
     s->exit.fd = s->pidfd;
@@ -415,13 +426,15 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s)
     return 0;
 }
 
-/* p's shm state, connected on first use (any submitting thread); NULL when it is unusable. */
-static shm_peer_t *peer_ready(mc_engine_t *e, mc_peer_t *p)
+/* p's shm state, connected on first use (any submitting thread); NULL when it is unusable, or
+ * not connected yet and the caller may not block (the progress context: connecting waits for
+ * the owner's progress, which may be waiting for ours). */
+static shm_peer_t *peer_ready(mc_engine_t *e, mc_peer_t *p, bool may_block)
 {
     shm_peer_t *s = p->tp[mc__shm_slot];
     int st = s ? atomic_load_explicit(&s->state, memory_order_acquire) : SP_DEAD;
 
-    if (st == SP_NEW) {
+    if (st == SP_NEW && may_block) {
         pthread_mutex_lock(&s->open_lock);
         if (atomic_load(&s->state) == SP_NEW) {
             int rc = peer_connect(e, s);
@@ -507,8 +520,9 @@ static uint8_t *find_map(shm_peer_t *s, uint64_t addr, uint64_t len)
 }
 
 /* Copy a run of tasks to one owner through its mappings, starting at tasks[i], under one read
- * lock (revocations wait for it). Returns the end of the run: i if tasks[i] cannot go this way. */
-static size_t copy_run(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
+ * lock (revocations wait for it). A buffer not mapped yet is mapped first if the caller may
+ * block. Returns the end of the run: i if tasks[i] cannot go this way. */
+static size_t copy_run(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n, bool may_block)
 {
     size_t j = i;
 
@@ -519,6 +533,8 @@ static size_t copy_run(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
             tasks[j].tp_hint != SHM_BY_MAP || atomic_load(&tasks[j].state) != MC_TASK_WAITING)
             break;
         uint8_t *remote = find_map(s, r->target_offset, r->length);
+        if (!remote && !may_block)
+            break;
         if (!remote) { /* first use of this buffer: map it (takes the write lock) */
             pthread_rwlock_unlock(&s->lock);
             int rc = map_buffer(s, r->target_offset, r->length);
@@ -618,17 +634,22 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
     return j;
 }
 
+/* In the submitting thread, or in progress for tasks that waited for a descriptor: there,
+ * nothing that waits for the owner (a first connection, a first mapping); such tasks go over
+ * the next transport instead. */
 static void shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
+    bool may_block = !mc__in_progress();
+
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &tasks[i];
         shm_peer_t *s;
         size_t j = i;
         if (t->tp != mc__shm_slot || atomic_load(&t->state) != MC_TASK_WAITING)
             continue;
-        s = peer_ready(e, t->peer);
+        s = peer_ready(e, t->peer, may_block);
         if (s && t->tp_hint == SHM_BY_MAP) {
-            j = copy_run(s, tasks, i, n);
+            j = copy_run(s, tasks, i, n, may_block);
             if (j > i)
                 settle(e, s, tasks, i, j);
         } else if (s && s->regtab && !atomic_load(&s->cma_off)) {
@@ -679,6 +700,8 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
         mc__epoll_del(e, &s->ev);
     if (s->exit_watched)
         mc__epoll_del(e, &s->exit);
+    s->exit_watched = false;
+    s->peer = NULL;
     peer_unmap_all(s);
     mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
     p->tp[mc__shm_slot] = NULL;

@@ -207,19 +207,10 @@ static void inbound_timers(mc_engine_t *e, uint64_t now)
 
 static void tcp_timers(mc_engine_t *e, uint64_t now)
 {
-    /* Peers are destroyed only under e->lock, which we hold, so the pointers stay valid
-     * after the table lock is dropped (a failing connection may refresh a descriptor, which
-     * takes the table lock for writing). */
-    pthread_rwlock_rdlock(&e->peers_lock);
-    size_t n = e->n_peers;
-    mc_peer_t **snap = malloc(n * sizeof(*snap) + 1);
-    if (snap && n)
-        memcpy(snap, e->peers, n * sizeof(*snap));
-    pthread_rwlock_unlock(&e->peers_lock);
-    for (size_t i = 0; snap && i < n; i++)
-        if (snap[i] && tcp_peer(snap[i])) /* a peer known by name only has none yet */
-            outbound_timers(e, snap[i], now);
-    free(snap);
+    /* The table is read without its lock here (peer.c): peers go only under e->lock, ours. */
+    for (size_t i = 0; i < e->n_peers; i++)
+        if (e->peers[i] && tcp_peer(e->peers[i])) /* one known by name only has none yet */
+            outbound_timers(e, e->peers[i], now);
     inbound_timers(e, now);
     mc__tcp_accept_resume(e, now);
 }

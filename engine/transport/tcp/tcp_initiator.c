@@ -43,12 +43,10 @@ static int conn_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
     socklen_t sa_len, local_len;
     mc_tcp_conn_t *c;
 
-    pthread_rwlock_rdlock(&e->peers_lock); /* endpoints may be reloaded by a submitter */
-    sa = r->remote;
+    sa = r->remote; /* rails change in the progress context only: ours */
     sa_len = r->remote_len;
     local = r->local;
     local_len = r->local_len;
-    pthread_rwlock_unlock(&e->peers_lock);
     int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return mc__set_error(-errno, "socket: %s", strerror(errno));
@@ -288,7 +286,8 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     mc__tp_count(e, mc__tcp_slot, MC_CNT_ERRORS, 1);
     if (connecting)
         connect_failed(e, p, err, why);
-    else if (err != -MC_ECANCELED && !tp->n_conns && p->state == MC_SEGMENT_READY)
+    else if (err != -MC_ECANCELED && err != -EAGAIN && !tp->n_conns &&
+             p->state == MC_SEGMENT_READY) /* EAGAIN: the target closed it to make room */
         probe(e, p);
     mc__peer_activate(e, p);
 }
@@ -507,13 +506,8 @@ static bool evict_idle(mc_engine_t *e);
 
 static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
 {
-    if (tcp_of(e)->n_outbound >= tcp_of(e)->max_conns) {
-        pthread_rwlock_rdlock(&e->peers_lock);
-        bool room = evict_idle(e);
-        pthread_rwlock_unlock(&e->peers_lock);
-        if (!room)
-            return;
-    }
+    if (tcp_of(e)->n_outbound >= tcp_of(e)->max_conns && !evict_idle(e))
+        return;
     int rc = conn_open(e, p, r);
     if (rc) {
         r->refused = rc == -ECONNREFUSED;

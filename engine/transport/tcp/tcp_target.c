@@ -321,8 +321,8 @@ static bool inbound_evict(mc_engine_t *e)
             (!idle || c->last_io_ns < idle->last_io_ns))
             idle = c;
     }
-    if (idle)
-        mc__tcp_conn_close(e, idle);
+    if (idle) /* told why, so that it does not take it for a death and reconnect at once */
+        reject(e, idle, -EAGAIN, "too many inbound connections: the idle one is closed");
     return idle != NULL;
 }
 

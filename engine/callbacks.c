@@ -1,0 +1,100 @@
+/* Host callbacks held until the end of the progress pass (see callbacks.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "callbacks.h"
+#include "engine_int.h"
+#include "task.h"
+
+enum { HELD_MSG, HELD_EVENT };
+
+typedef struct held {
+    mc_list_t link;
+    int kind;
+    uint8_t msg_id;
+    mc_segment_id_t peer;
+    int event, error;
+    char sender[MC_NAME_MAX];
+    size_t len;
+    char data[]; /* the message, or the event's reason (NUL-terminated) */
+} held_t;
+
+static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
+{
+    held_t *h = malloc(sizeof(*h) + len + 1);
+
+    if (!h) {
+        mc_error("a %s was dropped: out of memory", kind == HELD_MSG ? "message" : "peer event");
+        return NULL;
+    }
+    h->kind = kind;
+    h->len = len;
+    if (len)
+        memcpy(h->data, data, len);
+    h->data[len] = 0;
+    mc_list_push_back(&e->heldq, &h->link);
+    return h;
+}
+
+void mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    held_t *h = held_new(e, HELD_MSG, data, len);
+
+    if (h) {
+        h->msg_id = id;
+        snprintf(h->sender, sizeof(h->sender), "%s", sender);
+    }
+}
+
+void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error, const char *why)
+{
+    held_t *h = held_new(e, HELD_EVENT, why ? why : "", why ? strlen(why) : 0);
+
+    if (h) {
+        h->peer = id;
+        h->event = event;
+        h->error = error;
+    }
+}
+
+static void run_one(mc_engine_t *e, held_t *h)
+{
+    pthread_mutex_lock(&e->handlers_lock);
+    mc_msg_cb mcb = h->kind == HELD_MSG ? e->handlers[h->msg_id] : NULL;
+    void *marg = h->kind == HELD_MSG ? e->handler_args[h->msg_id] : NULL;
+    mc_peer_cb pcb = e->peer_cb;
+    void *parg = e->peer_cb_arg;
+    pthread_mutex_unlock(&e->handlers_lock);
+    if (h->kind == HELD_MSG && mcb)
+        mcb(marg, h->sender, h->msg_id, h->data, h->len);
+    else if (h->kind == HELD_MSG)
+        mc_warn("message id %u from %s dropped: no handler", h->msg_id, h->sender);
+    else if (pcb)
+        pcb(parg, h->peer, (mc_peer_event_t)h->event, h->error, h->len ? h->data : NULL);
+}
+
+void mc__callbacks_run(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    mc__tasks_release(e);
+    while ((n = mc_list_pop_front(&e->heldq))) {
+        held_t *h = mc_container_of(n, held_t, link);
+        run_one(e, h);
+        free(h);
+    }
+}
+
+bool mc__callbacks_pending(const mc_engine_t *e)
+{
+    return !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->heldq);
+}
+
+void mc__callbacks_fini(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&e->heldq)))
+        free(mc_container_of(n, held_t, link));
+}

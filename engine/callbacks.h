@@ -1,0 +1,30 @@
+/*
+ * Host callbacks, held until the end of the progress pass (internal).
+ *
+ * Completion callbacks (tasks let go of: task.h), message handlers and the peer handler run
+ * only at the end of a pass, with nothing of a transport's on the stack and no lock but
+ * e->lock: a callback may call back into the engine (submit, open without blocking, send).
+ * A quiet pass (mc__progress_quiet: unregister waiting for I/O in caller-progress mode with
+ * MC_PROGRESS_IMPLICIT=0) moves bytes but keeps them for the host's next mc_engine_progress.
+ */
+#ifndef MC_CALLBACKS_H
+#define MC_CALLBACKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fwd.h"
+
+/* Hold a message for its handler (id 1..255), or a peer event for the peer handler. Progress
+ * context. */
+void mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len);
+void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error, const char *why);
+/* Run everything held, in the order it came (tasks let go of first). */
+void mc__callbacks_run(mc_engine_t *e);
+/* Whether anything is held. */
+bool mc__callbacks_pending(const mc_engine_t *e);
+/* Drop what is held (engine destroy, after the last pass). */
+void mc__callbacks_fini(mc_engine_t *e);
+
+#endif
