@@ -160,6 +160,8 @@ void mc__tasks_release(mc_engine_t *e)
         mc_task_status_t st;
         if (t->group)
             notify_group_done(e, t);
+        if (t->flush)
+            mc__flush_task_done(e, t);
         if (t->req.cb) {
             task_status_fill(t, atomic_load(&t->state), &st);
             t->req.cb(t->req.cb_arg, &st);

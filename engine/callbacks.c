@@ -1,4 +1,5 @@
 /* Host callbacks held until the end of the progress pass (see callbacks.h). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +8,7 @@
 #include "engine_int.h"
 #include "task.h"
 
-enum { HELD_MSG, HELD_EVENT };
+enum { HELD_MSG, HELD_EVENT, HELD_DONE };
 
 typedef struct held {
     mc_list_t link;
@@ -15,6 +16,8 @@ typedef struct held {
     uint8_t msg_id;
     mc_segment_id_t peer;
     int event, error;
+    mc_done_cb done;
+    void *done_arg;
     char sender[MC_NAME_MAX];
     size_t len;
     char data[]; /* the message, or the event's reason (NUL-terminated) */
@@ -25,7 +28,9 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
     held_t *h = malloc(sizeof(*h) + len + 1);
 
     if (!h) {
-        mc_error("a %s was dropped: out of memory", kind == HELD_MSG ? "message" : "peer event");
+        mc_error("a %s was dropped: out of memory", kind == HELD_MSG     ? "message"
+                                                    : kind == HELD_EVENT ? "peer event"
+                                                                         : "completion");
         return NULL;
     }
     h->kind = kind;
@@ -37,13 +42,27 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
     return h;
 }
 
-void mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
+int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
 {
+    if (e->n_held_msgs >= MC_MSG_WINDOW)
+        return -EAGAIN;
     held_t *h = held_new(e, HELD_MSG, data, len);
+    if (!h)
+        return -EAGAIN;
+    h->msg_id = id;
+    snprintf(h->sender, sizeof(h->sender), "%s", sender);
+    e->n_held_msgs++;
+    return 0;
+}
+
+void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)
+{
+    held_t *h = held_new(e, HELD_DONE, NULL, 0);
 
     if (h) {
-        h->msg_id = id;
-        snprintf(h->sender, sizeof(h->sender), "%s", sender);
+        h->done = cb;
+        h->done_arg = arg;
+        h->error = status;
     }
 }
 
@@ -60,6 +79,10 @@ void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error,
 
 static void run_one(mc_engine_t *e, held_t *h)
 {
+    if (h->kind == HELD_DONE) {
+        h->done(h->done_arg, h->error);
+        return;
+    }
     pthread_mutex_lock(&e->handlers_lock);
     mc_msg_cb mcb = h->kind == HELD_MSG ? e->handlers[h->msg_id] : NULL;
     void *marg = h->kind == HELD_MSG ? e->handler_args[h->msg_id] : NULL;
@@ -81,6 +104,8 @@ void mc__callbacks_run(mc_engine_t *e)
     mc__tasks_release(e);
     while ((n = mc_list_pop_front(&e->heldq))) {
         held_t *h = mc_container_of(n, held_t, link);
+        if (h->kind == HELD_MSG)
+            e->n_held_msgs--;
         run_one(e, h);
         free(h);
     }

@@ -16,10 +16,12 @@
 
 #include "fwd.h"
 
-/* Hold a message for its handler (id 1..255), or a peer event for the peer handler. Progress
- * context. */
-void mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len);
+/* Hold a message for its handler (id 1..255): 0, or -EAGAIN when MC_MSG_WINDOW are held
+ * already (the sender keeps it); a peer event for the peer handler; a completion (a send, a
+ * flush). Progress context. */
+int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len);
 void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error, const char *why);
+void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
 /* Run everything held, in the order it came (tasks let go of first). */
 void mc__callbacks_run(mc_engine_t *e);
 /* Whether anything is held. */

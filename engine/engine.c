@@ -63,14 +63,16 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p)
 /* Move everything other threads queued into the progress context. */
 static void drain_submissions(mc_engine_t *e)
 {
-    mc_list_t tasks, msgs, cancels, *pos, *tmp, *n;
+    mc_list_t tasks, msgs, flushes, cancels, *pos, *tmp, *n;
 
     mc_list_init(&tasks);
     mc_list_init(&msgs);
+    mc_list_init(&flushes);
     mc_list_init(&cancels);
     pthread_mutex_lock(&e->sub_lock);
     mc_list_splice_back(&tasks, &e->subq);
     mc_list_splice_back(&msgs, &e->msgq_in);
+    mc_list_splice_back(&flushes, &e->flushq_in);
     mc_list_splice_back(&cancels, &e->cancelq);
     pthread_mutex_unlock(&e->sub_lock);
     /* Peers first (opens to start, newer descriptors to install): the tasks see them. One at a
@@ -96,6 +98,9 @@ static void drain_submissions(mc_engine_t *e)
         mc_list_del(pos);
         mc__msg_route(e, mc_container_of(pos, mc_msg_t, link));
     }
+    /* After the tasks and messages queued before them. */
+    while ((n = mc_list_pop_front(&flushes)))
+        mc__flush_start(e, mc_container_of(n, mc_flush_t, link));
     mc_list_for_each_safe(pos, tmp, &cancels)
     {
         mc_list_del(pos);
@@ -107,8 +112,8 @@ static void drain_submissions(mc_engine_t *e)
  * (connections time out, rails re-probe, peers' leases are checked), none otherwise. */
 static int tick_ms(mc_engine_t *e)
 {
-    if (!mc_list_empty(&e->active_tasks))
-        return TICK_BUSY_MS;
+    if (!mc_list_empty(&e->active_tasks) || !mc_list_empty(&e->active_peers))
+        return TICK_BUSY_MS; /* active peers: a message may wait to be sent again */
     if (atomic_load_explicit(&e->n_links, memory_order_relaxed) ||
         atomic_load_explicit(&e->n_open_peers, memory_order_relaxed))
         return TICK_IDLE_MS;
@@ -286,6 +291,7 @@ static void engine_init_state(mc_engine_t *e)
     pthread_cond_init(&e->meta_cond, NULL);
     mc_list_init(&e->subq);
     mc_list_init(&e->msgq_in);
+    mc_list_init(&e->flushq_in);
     mc_list_init(&e->cancelq);
     mc_list_init(&e->descq);
     mc_list_init(&e->active_peers);

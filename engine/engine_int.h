@@ -56,9 +56,10 @@ struct mc_engine {
     bool implicit_progress; /* no thread, and API calls may drive progress (PROGRESS_IMPLICIT) */
     atomic_bool stop;
 
-    pthread_mutex_t sub_lock; /* protects subq, msgq_in, cancelq, descq */
+    pthread_mutex_t sub_lock; /* protects subq, msgq_in, flushq_in, cancelq, descq */
     mc_list_t subq;           /* mc_task_t.qlink */
     mc_list_t msgq_in;        /* mc_msg_t.link */
+    mc_list_t flushq_in;      /* mc_flush_t.link */
     mc_list_t cancelq;        /* mc_batch_t.cancel_link */
     mc_list_t descq;          /* peers with work from other threads (mc__peer_kicked): desc_link */
 
@@ -78,10 +79,12 @@ struct mc_engine {
     /* Progress-owned. */
     mc_list_t active_peers;
     mc_list_t active_tasks;
-    mc_list_t releaseq; /* tasks let go of in this pass: callbacks at its end (mc_task_t.alink) */
-    mc_list_t heldq;    /* messages and peer events for the host's handlers (callbacks.c) */
-    mc_slice_t *slice_free;   /* free list */
-    mc_slice_t *slice_chunks; /* allocations, linked through their first slot */
+    mc_list_t releaseq;   /* tasks let go of in this pass: callbacks at its end (mc_task_t.alink) */
+    mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
+    unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
+    struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
+    mc_slice_t *slice_free;           /* free list */
+    mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */
     uint64_t next_timer_ns;
     uint64_t last_pass_ns; /* when the last progress pass started */
     uint64_t resumed_ns;   /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:

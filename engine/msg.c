@@ -1,4 +1,5 @@
-/* Messages (ordered per peer, dispatched to handlers) and notifications (message id 0). */
+/* Messages (exactly once, in order, per peer), notifications (message id 0) and flushes. See
+ * msg.h for the protocol. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,9 +8,12 @@
 #include "callbacks.h"
 #include "engine_int.h"
 #include "msg.h"
+#include "task.h"
+#include "util/crypto.h"
 
-#define MAX_QUEUED_MSGS 4096  /* per peer, not yet on the wire */
-#define MAX_NOTIFY      65536 /* received, not yet popped */
+#define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
+#define RESEND_DELAY_NS (1 * MC_MS) /* after a receiver said -EAGAIN */
+#define RX_STREAMS_MAX  65536       /* streams remembered; the least recently used go first */
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -22,8 +26,10 @@ int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
     return 0;
 }
 
-/* Reserve a queue slot on the target peer. */
-static int msg_reserve(mc_engine_t *e, mc_segment_id_t target)
+/* ---- sending ---- */
+
+/* Take a place in the target's window (queued or unacknowledged messages). */
+static int window_take(mc_engine_t *e, mc_segment_id_t target)
 {
     int rc = 0;
 
@@ -33,57 +39,66 @@ static int msg_reserve(mc_engine_t *e, mc_segment_id_t target)
         rc = mc__set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
     else if (p->state == MC_SEGMENT_DEAD)
         rc = mc__set_error(-MC_EPEERDEAD, "%s", p->dead_reason);
-    else if (atomic_fetch_add(&p->queued_msgs, 1) >= MAX_QUEUED_MSGS) {
+    else if (atomic_fetch_add(&p->queued_msgs, 1) >= MC_MSG_WINDOW) {
         atomic_fetch_sub(&p->queued_msgs, 1);
-        rc = mc__set_error(-EAGAIN, "%d messages to segment %u already queued", MAX_QUEUED_MSGS,
-                           target);
+        rc = mc__set_error(-EAGAIN, "%d messages to segment %u are queued or unacknowledged",
+                           MC_MSG_WINDOW, target);
     }
     pthread_rwlock_unlock(&e->peers_lock);
     return rc;
 }
 
-static void msg_unreserve(mc_engine_t *e, mc_segment_id_t target)
+/* Give the place back (the message left: acknowledged, failed, or never queued). */
+static void window_give(mc_peer_t *p)
 {
-    pthread_rwlock_rdlock(&e->peers_lock);
-    mc_peer_t *p = mc__peer_get(e, target);
-    if (p)
-        atomic_fetch_sub(&p->queued_msgs, 1);
-    pthread_rwlock_unlock(&e->peers_lock);
+    atomic_fetch_sub(&p->queued_msgs, 1);
 }
 
 static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
-                   mc_msg_t **m_p)
+                   const mc_msg_opts_t *opts, mc_msg_t **m_p)
 {
+    mc_msg_opts_t o = {0};
     mc_msg_t *m;
     int rc;
 
     if (len > MC_MSG_MAX || (len && !data))
         return mc__set_error(-EINVAL, "message of %zu bytes (max %d)", len, MC_MSG_MAX);
-    rc = msg_reserve(e, target);
+    if (opts && (opts->size < sizeof(size_t) || opts->size > sizeof(o)))
+        return mc__set_error(-EINVAL, "mc_msg_opts_t.size is %zu, expected %zu", opts->size,
+                             sizeof(o));
+    if (opts)
+        memcpy(&o, opts, opts->size);
+    rc = window_take(e, target);
     if (rc)
         return rc;
-    m = malloc(sizeof(*m) + len);
+    m = calloc(1, sizeof(*m) + len);
     if (!m) {
-        msg_unreserve(e, target);
+        pthread_rwlock_rdlock(&e->peers_lock);
+        window_give(mc__peer_get(e, target));
+        pthread_rwlock_unlock(&e->peers_lock);
         return mc__set_error(-ENOMEM, "out of memory");
     }
     m->target = target;
     m->id = id;
     m->len = (uint32_t)len;
+    m->refs = 1;
+    m->cb = o.cb;
+    m->cb_arg = o.cb_arg;
     if (len)
         memcpy(m->data, data, len);
     *m_p = m;
     return 0;
 }
 
-int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len)
+static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
+                      size_t len, const mc_msg_opts_t *opts)
 {
     mc_msg_t *m = NULL;
     int rc;
 
-    if (!e || id == 0)
-        return mc__set_error(-EINVAL, "mc_msg_send: id 0 is reserved for notifications");
-    rc = msg_new(e, target, id, data, len, &m);
+    if (!e)
+        return mc__set_error(-EINVAL, "NULL engine");
+    rc = msg_new(e, target, id, data, len, opts, &m);
     if (rc)
         return rc;
     pthread_mutex_lock(&e->sub_lock);
@@ -94,68 +109,244 @@ int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *
     return 0;
 }
 
-/* From the progress context: queue straight onto the peer. */
+int mc_msg_send_ex(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
+                   const mc_msg_opts_t *opts)
+{
+    if (id == 0)
+        return mc__set_error(-EINVAL, "mc_msg_send: id 0 is reserved for notifications");
+    return msg_submit(e, target, id, data, len, opts);
+}
+
+int mc_msg_send(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len)
+{
+    return mc_msg_send_ex(e, target, id, data, len, NULL);
+}
+
+int mc_notify_send(mc_engine_t *e, mc_segment_id_t target, const void *msg, size_t len)
+{
+    return msg_submit(e, target, 0, msg, len, NULL);
+}
+
 int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
                     size_t len)
 {
     mc_msg_t *m = NULL;
-    int rc = msg_new(e, target, id, data, len, &m);
+    int rc = msg_new(e, target, id, data, len, NULL, &m);
 
     if (!rc)
         mc__msg_route(e, m);
     return rc;
 }
 
-void mc__msg_sent(mc_peer_t *p, mc_msg_t *m)
+void mc__msg_put(mc_msg_t *m)
 {
-    (void)m;
-    atomic_fetch_sub(&p->queued_msgs, 1);
+    if (--m->refs == 0)
+        free(m);
+}
+
+/* m leaves its peer's window: delivered (status 0) or never will be. */
+static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
+{
+    if (m->cb)
+        mc__cb_hold_done(e, m->cb, m->cb_arg, status);
+    if (p)
+        window_give(p);
+    m->inflight = false;
+    mc__msg_put(m);
 }
 
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
 {
-    pthread_rwlock_rdlock(&e->peers_lock);
-    mc_peer_t *p = mc__peer_get(e, m->target);
-    pthread_rwlock_unlock(&e->peers_lock);
+    mc_peer_t *p = mc__peer_get(e, m->target); /* the table is read without its lock here */
 
-    if (!p) { /* closed since: nothing to deliver to */
-        free(m);
+    if (!p || p->state == MC_SEGMENT_DEAD) { /* closed or dead since it was sent */
+        msg_done(e, p, m, p ? -MC_EPEERDEAD : -MC_ECANCELED);
         return;
     }
+    m->seq = ++p->msg_seq;
     mc_list_push_back(&p->msgq, &m->link);
     mc__peer_activate(e, p);
 }
 
-static void notify_push(mc_engine_t *e, const char *sender, const void *data, size_t len)
+bool mc__msg_ready(const mc_peer_t *p)
 {
-    mc_notify_item_t *it = malloc(sizeof(*it) + len + 1);
+    return !mc_list_empty(&p->msgq) && mc__now_ns() >= p->msg_retry_ns;
+}
 
-    if (!it) {
-        mc_error("notification from %s dropped: out of memory", sender);
+mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *n;
+    mc_msg_t *m;
+
+    (void)e;
+    if (!mc__msg_ready(p) || !(n = mc_list_pop_front(&p->msgq)))
+        return NULL;
+    m = mc_container_of(n, mc_msg_t, link);
+    mc_list_push_back(&p->msg_unacked, &m->link);
+    m->inflight = true;
+    m->tx++;
+    m->refs++;
+    return m;
+}
+
+/* Every unacknowledged message goes back to the front of msgq, in order, to be sent again
+ * (after delay_ns). */
+static void go_back(mc_peer_t *p, uint64_t delay_ns)
+{
+    mc_list_t again;
+
+    mc_list_init(&again);
+    mc_list_splice_back(&again, &p->msg_unacked);
+    for (mc_list_t *pos = again.next; pos != &again; pos = pos->next)
+        mc_container_of(pos, mc_msg_t, link)->inflight = false;
+    mc_list_splice_back(&again, &p->msgq);
+    mc_list_splice_back(&p->msgq, &again);
+    if (delay_ns)
+        p->msg_retry_ns = mc__now_ns() + delay_ns;
+}
+
+void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status)
+{
+    mc_list_t *n;
+
+    if (!m->inflight || m->tx != tx) /* sent again since; this answer is of an earlier send */
+        return;
+    if (status == -EAGAIN) {
+        go_back(p, RESEND_DELAY_NS);
+        mc__peer_activate(e, p);
         return;
     }
+    /* Answers come in order: m and whatever was sent before it are in the receiver's queue (or
+     * were refused for good: status). */
+    while ((n = mc_list_pop_front(&p->msg_unacked))) {
+        mc_msg_t *x = mc_container_of(n, mc_msg_t, link);
+        p->msg_acked = x->seq;
+        msg_done(e, p, x, x == m ? status : 0);
+        if (x == m)
+            break;
+    }
+    mc__flushes_check(e, p);
+}
+
+void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p)
+{
+    if (mc_list_empty(&p->msg_unacked))
+        return;
+    go_back(p, 0);
+    mc__peer_activate(e, p);
+}
+
+/* ---- receiving ---- */
+
+/* The next sequence number expected of each stream that sent to us (open addressing; a full
+ * table forgets the streams least recently heard from). */
+typedef struct rx_stream {
+    uint64_t stream, next, used;
+} rx_stream_t;
+
+struct mc_rx_streams {
+    rx_stream_t *v;
+    size_t cap, n;
+    uint64_t clock;
+};
+
+static rx_stream_t *rx_slot(struct mc_rx_streams *r, uint64_t stream)
+{
+    size_t i = (size_t)(stream * 0x9e3779b97f4a7c15ull) & (r->cap - 1);
+
+    while (r->v[i].stream && r->v[i].stream != stream)
+        i = (i + 1) & (r->cap - 1);
+    return &r->v[i];
+}
+
+/* Rebuild into cap slots, keeping the most recently used when there are too many. */
+static int rx_rebuild(struct mc_rx_streams *r, size_t cap)
+{
+    rx_stream_t *old = r->v;
+    size_t old_cap = r->cap;
+    uint64_t keep_from = 0;
+
+    if (r->n >= RX_STREAMS_MAX) /* keep the newer half: the median of the last uses */
+        keep_from = r->clock - r->n / 2;
+    r->v = calloc(cap, sizeof(*r->v));
+    if (!r->v) {
+        r->v = old;
+        return -ENOMEM;
+    }
+    r->cap = cap;
+    r->n = 0;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (!old[i].stream || old[i].used < keep_from)
+            continue;
+        *rx_slot(r, old[i].stream) = old[i];
+        r->n++;
+    }
+    free(old);
+    return 0;
+}
+
+/* The stream's entry; a stream not known yet starts at seq (1 for a new one; a forgotten one
+ * resumes where it is). */
+static rx_stream_t *rx_find(mc_engine_t *e, uint64_t stream, uint64_t seq)
+{
+    struct mc_rx_streams *r = e->rx_streams;
+
+    if (!r) {
+        r = e->rx_streams = calloc(1, sizeof(*r));
+        if (!r || rx_rebuild(r, 64))
+            return NULL;
+    }
+    if (2 * (r->n + 1) > r->cap && rx_rebuild(r, r->n + 1 >= RX_STREAMS_MAX ? r->cap : 2 * r->cap))
+        return NULL;
+    rx_stream_t *s = rx_slot(r, stream);
+    if (!s->stream) {
+        s->stream = stream;
+        s->next = seq;
+        r->n++;
+    }
+    s->used = ++r->clock;
+    return s;
+}
+
+static int notify_push(mc_engine_t *e, const char *sender, const void *data, size_t len)
+{
+    mc_notify_item_t *it;
+
+    pthread_mutex_lock(&e->notify_lock);
+    bool full = e->n_notify >= MAX_NOTIFY;
+    pthread_mutex_unlock(&e->notify_lock);
+    if (full)
+        return -EAGAIN; /* the sender keeps it and tries again */
+    it = malloc(sizeof(*it) + len + 1);
+    if (!it)
+        return -EAGAIN;
     snprintf(it->sender, sizeof(it->sender), "%s", sender);
     it->len = len;
     memcpy(it->msg, data, len);
     it->msg[len] = 0;
     pthread_mutex_lock(&e->notify_lock);
-    if (e->n_notify >= MAX_NOTIFY) {
-        pthread_mutex_unlock(&e->notify_lock);
-        mc_error("notification from %s dropped: %d are waiting to be popped", sender, MAX_NOTIFY);
-        free(it);
-        return;
-    }
     mc_list_push_back(&e->notifyq, &it->link);
     e->n_notify++;
     pthread_mutex_unlock(&e->notify_lock);
+    return 0;
 }
 
-void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
+int mc__msg_deliver(mc_engine_t *e, const char *sender, uint64_t stream, uint64_t seq, uint8_t id,
+                    const void *data, size_t len)
 {
-    if (id == 0)
-        notify_push(e, sender, data, len);
-    else
-        mc__cb_hold_msg(e, sender, id, data, len); /* its handler runs at the end of the pass */
+    rx_stream_t *s = rx_find(e, stream, seq);
+    int rc;
+
+    if (!s)
+        return -EAGAIN;
+    if (seq < s->next)
+        return 0; /* a duplicate: it was delivered already */
+    if (seq > s->next)
+        return -EAGAIN; /* one before it is missing: the sender goes back to it */
+    rc = id == 0 ? notify_push(e, sender, data, len) : mc__cb_hold_msg(e, sender, id, data, len);
+    if (!rc)
+        s->next = seq + 1;
+    return rc;
 }
 
 int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
@@ -182,6 +373,117 @@ int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
     return 1;
 }
 
+/* ---- flushes ---- */
+
+int mc_peer_flush(mc_engine_t *e, mc_segment_id_t target, mc_done_cb cb, void *arg)
+{
+    mc_flush_t *f;
+    int rc = 0;
+
+    if (!e || !cb)
+        return mc__set_error(-EINVAL, "mc_peer_flush: NULL argument");
+    pthread_rwlock_rdlock(&e->peers_lock);
+    mc_peer_t *p = mc__peer_get(e, target);
+    if (!p)
+        rc = mc__set_error(-MC_ENOSEGMENT, "segment %u is not open", target);
+    else if (p->state == MC_SEGMENT_DEAD)
+        rc = mc__set_error(-MC_EPEERDEAD, "%s", p->dead_reason);
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (rc)
+        return rc;
+    f = calloc(1, sizeof(*f));
+    if (!f)
+        return mc__set_error(-ENOMEM, "out of memory");
+    f->target = target;
+    f->cb = cb;
+    f->cb_arg = arg;
+    pthread_mutex_lock(&e->sub_lock);
+    mc_list_push_back(&e->flushq_in, &f->link);
+    pthread_mutex_unlock(&e->sub_lock);
+    mc__doorbell(e);
+    mc__progress_implicit(e);
+    return 0;
+}
+
+static void flush_done(mc_engine_t *e, mc_flush_t *f, int status)
+{
+    mc__cb_hold_done(e, f->cb, f->cb_arg, status);
+    free(f);
+}
+
+void mc__flush_start(mc_engine_t *e, mc_flush_t *f)
+{
+    mc_peer_t *p = mc__peer_get(e, f->target);
+
+    if (!p || p->state == MC_SEGMENT_DEAD) {
+        flush_done(e, f, p ? -MC_EPEERDEAD : -MC_ECANCELED);
+        return;
+    }
+    /* Every task to p the engine still holds (tasks queued with it were drained before it); a
+     * task a flush before this one waits for is covered by waiting for that flush. */
+    for (mc_list_t *pos = e->active_tasks.next; pos != &e->active_tasks; pos = pos->next) {
+        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+        if (t->peer == p && !t->flush) {
+            t->flush = f;
+            f->tasks++;
+        }
+    }
+    f->msg_seq = p->msg_seq;
+    mc_list_push_back(&p->flushes, &f->link);
+    mc__flushes_check(e, p);
+}
+
+void mc__flushes_check(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_list_t *n;
+
+    while (!mc_list_empty(&p->flushes)) {
+        mc_flush_t *f = mc_container_of(p->flushes.next, mc_flush_t, link);
+        if (f->tasks || p->msg_acked < f->msg_seq)
+            return;
+        n = mc_list_pop_front(&p->flushes);
+        flush_done(e, mc_container_of(n, mc_flush_t, link), 0);
+    }
+}
+
+void mc__flush_task_done(mc_engine_t *e, mc_task_t *t)
+{
+    mc_flush_t *f = t->flush;
+
+    t->flush = NULL;
+    if (f && --f->tasks == 0)
+        mc__flushes_check(e, t->peer);
+}
+
+/* ---- peers going away ---- */
+
+unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err)
+{
+    unsigned n_msgs = 0;
+    mc_list_t *n;
+
+    go_back(p, 0); /* the unacknowledged first, in order */
+    while ((n = mc_list_pop_front(&p->msgq))) {
+        msg_done(e, p, mc_container_of(n, mc_msg_t, link), err);
+        n_msgs++;
+    }
+    while ((n = mc_list_pop_front(&p->flushes))) {
+        mc_flush_t *f = mc_container_of(n, mc_flush_t, link);
+        for (mc_list_t *pos = e->active_tasks.next; pos != &e->active_tasks; pos = pos->next) {
+            mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+            if (t->flush == f)
+                t->flush = NULL;
+        }
+        flush_done(e, f, err);
+    }
+    return n_msgs;
+}
+
+void mc__msgs_peer_fini(mc_engine_t *e, mc_peer_t *p)
+{
+    mc__msgs_fail_peer(e, p, -MC_ECANCELED);
+}
+
 void mc__msgs_fini(mc_engine_t *e)
 {
     mc_list_t *n;
@@ -190,4 +492,10 @@ void mc__msgs_fini(mc_engine_t *e)
         free(mc_container_of(n, mc_notify_item_t, link));
     while ((n = mc_list_pop_front(&e->msgq_in)))
         free(mc_container_of(n, mc_msg_t, link));
+    while ((n = mc_list_pop_front(&e->flushq_in)))
+        free(mc_container_of(n, mc_flush_t, link));
+    if (e->rx_streams)
+        free(e->rx_streams->v);
+    free(e->rx_streams);
+    e->rx_streams = NULL;
 }

@@ -1,19 +1,39 @@
-/* Messages (ordered per peer, dispatched to handlers) and notifications (message id 0)
- * (internal). The control transport carries them. */
+/* Messages (ordered per peer, dispatched to handlers), notifications (message id 0) and
+ * flushes (internal). The control transport carries messages; the core numbers them, keeps
+ * them until the receiver acknowledges them and resends them after a failure; the receiver
+ * drops what it saw already.
+ *
+ * Sender: each peer has a stream (a random id and sequence numbers from 1). A message goes
+ * msgq -> unacked when the transport takes it (mc__msg_take), and leaves when the receiver
+ * acknowledges it in order. An answer -EAGAIN (the receiver is full, or got it out of order),
+ * or a lost link, sends every unacknowledged message back to the front of msgq (go-back-N).
+ * Receiver: per stream, the next sequence number expected; a message is delivered only if it
+ * is that one (a smaller one is a duplicate: acknowledged, dropped).
+ *
+ * Everything here runs in the progress context unless said otherwise. */
 #ifndef MC_MSG_H
 #define MC_MSG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <mooncake/engine.h>
 
 #include "fwd.h"
 #include "util/list.h"
 
 typedef struct mc_msg {
-    mc_list_t link;
+    mc_list_t link; /* in e->msgq_in, then its peer's msgq or msg_unacked */
     mc_segment_id_t target;
-    uint8_t id;
+    uint8_t id;    /* 0: a notification */
+    bool inflight; /* taken by the transport, not answered yet */
     uint32_t len;
+    uint64_t seq;  /* in its peer's stream, from 1 (progress numbers it) */
+    uint32_t tx;   /* times taken: an answer to an earlier take is stale */
+    unsigned refs; /* its list, and the transport's frames that point at it */
+    mc_done_cb cb;
+    void *cb_arg;
     char data[];
 } mc_msg_t;
 
@@ -24,15 +44,52 @@ typedef struct mc_notify_item {
     char msg[];
 } mc_notify_item_t;
 
-/* Queue a message from the submission queue onto its peer (progress context). */
+/* A flush of one peer (mc_peer_flush): done when the tasks it waits for are let go of and the
+ * messages up to msg_seq are acknowledged, after the flushes before it. */
+typedef struct mc_flush {
+    mc_list_t link; /* in e->flushq_in, then its peer's flushes */
+    mc_segment_id_t target;
+    unsigned tasks; /* tasks it waits for (their mc_task_t.flush) */
+    uint64_t msg_seq;
+    mc_done_cb cb;
+    void *cb_arg;
+} mc_flush_t;
+
+/* Queue a message from the submission queue onto its peer (numbered here). */
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m);
-/* A message arrived from sender: dispatch it (progress context). */
-void mc__msg_deliver(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len);
-/* Queue a message from the progress context. */
+/* Queue a message from the progress context (a batch's notification). */
 int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
                     size_t len);
-/* A message is on its way: it no longer counts against the peer's queue. */
-void mc__msg_sent(mc_peer_t *p, mc_msg_t *m);
+
+/* For the control transport. take: the next message to send to p now (it stays p's until
+ * answered; one more reference for the transport's frame), or NULL. answered: the receiver's
+ * answer to take number tx of m (0: in its queue; -EAGAIN: not taken, send it again later).
+ * link_lost: what was sent to p on a link that failed is sent again. put: the transport's frame
+ * no longer points at m. */
+mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p);
+void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status);
+void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p);
+void mc__msg_put(mc_msg_t *m);
+/* Whether p has a message the transport may take now. */
+bool mc__msg_ready(const mc_peer_t *p);
+
+/* A message arrived from sender (its stream and sequence number): delivered (or a duplicate)
+ * 0, or -EAGAIN when it cannot be taken now (the queue it goes to is full, or it is not the
+ * next one of its stream). */
+int mc__msg_deliver(mc_engine_t *e, const char *sender, uint64_t stream, uint64_t seq, uint8_t id,
+                    const void *data, size_t len);
+
+/* Peers: fail everything p will not deliver (err, the reason), with its flushes; returns how
+ * many messages that was. peer_fini: drop what p still holds (it goes away). */
+unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err);
+void mc__msgs_peer_fini(mc_engine_t *e, mc_peer_t *p);
+
+/* Flushes: start the ones queued (after the tasks and messages queued before them), and
+ * check p's once one of its tasks is let go of or a message acknowledged. */
+void mc__flush_start(mc_engine_t *e, mc_flush_t *f);
+void mc__flushes_check(mc_engine_t *e, mc_peer_t *p);
+void mc__flush_task_done(mc_engine_t *e, mc_task_t *t);
+
 void mc__msgs_fini(mc_engine_t *e);
 
 #endif

@@ -122,6 +122,10 @@ int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
         mc_list_init(&p->q[tp].retry);
     }
     mc_list_init(&p->msgq);
+    mc_list_init(&p->msg_unacked);
+    mc_list_init(&p->flushes);
+    while (!p->msg_stream) /* random, never 0 */
+        mc__random_bytes(&p->msg_stream, sizeof(p->msg_stream));
     mc_list_init(&p->parked);
     mc_list_init(&p->active_link);
     rc = d->tp[e->ctrl] ? peer_install(e, p, d) : (p->desc = *d, 0);
@@ -528,15 +532,8 @@ void mc__peer_link_up(mc_engine_t *e, mc_peer_t *p)
 
 void mc__peer_fail_all(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
 {
-    mc_list_t *n;
-
     mc__sched_fail_peer(e, p, err, why);
     unpark(e, p, err, why, true);
-    while ((n = mc_list_pop_front(&p->msgq))) {
-        mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
-        mc__msg_sent(p, m);
-        free(m);
-    }
 }
 
 void mc__peer_unreachable(mc_engine_t *e, mc_peer_t *p, int err, const char *why)
@@ -547,8 +544,10 @@ void mc__peer_unreachable(mc_engine_t *e, mc_peer_t *p, int err, const char *why
         return;
     mc_warn("%s", why);
     p->reported = MC_PEER_UNREACHABLE;
-    if (p->state == MC_SEGMENT_OPENING) /* never opened: nothing will come of it */
+    if (p->state == MC_SEGMENT_OPENING) { /* never opened: nothing will come of it */
         set_state(e, p, MC_SEGMENT_DEAD, why);
+        mc__msgs_fail_peer(e, p, err);
+    }
     mc__peer_fail_all(e, p, err, why);
     if (news)
         peer_event(e, p, MC_PEER_UNREACHABLE, err, why);
@@ -576,7 +575,11 @@ void mc__peer_dead(mc_engine_t *e, mc_peer_t *p, const char *fmt, ...)
         if (t->peer == p)
             mc__task_finish(t, MC_TASK_FAILED, -MC_EPEERDEAD, "%s", reason);
     }
-    peer_event(e, p, MC_PEER_DEAD, -MC_EPEERDEAD, reason);
+    unsigned lost = mc__msgs_fail_peer(e, p, -MC_EPEERDEAD);
+    char event[sizeof(reason) + 64];
+    snprintf(event, sizeof(event), "%s; %u message%s not delivered", reason, lost,
+             lost == 1 ? "" : "s");
+    peer_event(e, p, MC_PEER_DEAD, -MC_EPEERDEAD, event);
 }
 
 /* ---- the end ---- */
@@ -584,10 +587,7 @@ void mc__peer_dead(mc_engine_t *e, mc_peer_t *p, const char *fmt, ...)
 /* Drop a peer entirely. Caller holds e->lock; the peer has no tasks. */
 void mc__peer_destroy(mc_engine_t *e, mc_peer_t *p)
 {
-    mc_list_t *n;
-
-    while ((n = mc_list_pop_front(&p->msgq)))
-        free(mc_container_of(n, mc_msg_t, link));
+    mc__msgs_peer_fini(e, p);
     pthread_mutex_lock(&e->sub_lock);
     if (p->desc_kick)
         mc_list_del(&p->desc_link);

@@ -76,8 +76,8 @@ struct mc_peer {
     unsigned n_order;
     void *tp[MC_TP_MAX]; /* each transport's private state for this peer */
     mc_rail_set_t rails[MC_TP_MAX];
-    atomic_uint busy_tasks; /* tasks to this peer not yet released */
-    atomic_uint queued_msgs;
+    atomic_uint busy_tasks;       /* tasks to this peer not yet released */
+    atomic_uint queued_msgs;      /* queued or unacknowledged: at most MC_MSG_WINDOW */
     _Atomic uint64_t c[MC_CNT_N]; /* counters (mc_counters_t order), written by progress */
     bool desc_kick;               /* in e->descq (under e->sub_lock) */
     mc_list_t desc_link;
@@ -97,6 +97,12 @@ struct mc_peer {
     uint64_t desc_deadline_ns;
     int reported;          /* the last mc_peer_event_t the host heard (0: none yet) */
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
+    mc_list_t msg_unacked; /* sent, not acknowledged yet, in order */
+    uint64_t msg_stream;   /* our stream of messages to it (random) */
+    uint64_t msg_seq;      /* the last sequence number given */
+    uint64_t msg_acked;    /* everything up to it is in its queue */
+    uint64_t msg_retry_ns; /* it said -EAGAIN: send again from then on */
+    mc_list_t flushes;     /* mc_peer_flush in progress, in order (mc_flush_t.link) */
     mc_list_t active_link; /* in e->active_peers while it has queued work */
     bool active;
 };

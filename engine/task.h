@@ -39,9 +39,10 @@ struct mc_task {
     mc_peer_t *peer;
     mc_buffer_t *lbuf; /* reference on the local buffer, held until release */
     mc_notify_group_t *group;
-    uint64_t carved;      /* bytes cut into slices so far (progress-owned) */
-    uint64_t queued_ns;   /* when it was submitted */
-    uint64_t deadline_ns; /* 0 until its first slice goes out, then that + timeout_ms */
+    struct mc_flush *flush; /* a flush of its peer waits for it to be let go of */
+    uint64_t carved;        /* bytes cut into slices so far (progress-owned) */
+    uint64_t queued_ns;     /* when it was submitted */
+    uint64_t deadline_ns;   /* 0 until its first slice goes out, then that + timeout_ms */
     unsigned timeout_ms;
     unsigned inflight; /* slices on the wire (progress-owned) */
     bool queued, released;

@@ -43,6 +43,7 @@ typedef uint32_t mc_segment_id_t;
 #define MC_NAME_MAX        128         /* segment names, including the terminating NUL */
 #define MC_LOCATION_MAX    32          /* "cpu:0", "cuda:3", ... */
 #define MC_MSG_MAX         (64 * 1024) /* largest message or notification payload */
+#define MC_MSG_WINDOW      4096        /* messages per peer queued or unacknowledged */
 #define MC_ADDRESS_MAX     64          /* largest mc_engine_address */
 #define MC_BUFFER_KEY_SIZE 128         /* every mc_buffer_key_pack key */
 
@@ -357,16 +358,50 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
 
 /* ---- messages and notifications ----------------------------------------------------------- */
 
+/* Messages and notifications to one peer are delivered exactly once and in the order sent, as
+ * long as the peer's process lives: each is acknowledged by the receiver once it is in its
+ * handler queue, resent over another connection after a failure, and dropped by the receiver
+ * if it sees it twice. At most MC_MSG_WINDOW of them per peer are queued or unacknowledged;
+ * past that, sends return -EAGAIN (a receiver that does not keep up slows its senders down,
+ * it never drops). If the peer dies, the ones it did not acknowledge fail: their completion
+ * callbacks get -MC_EPEERDEAD and the peer event says how many. */
+
 /* Handler for messages with id 1..255, called from progress with the sender's segment name. */
 typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
 
 /* Set (or clear with cb == NULL) the handler of message id (1..255; 0 is notifications). */
 MC_API int mc_msg_handler_set(mc_engine_t *engine, uint8_t id, mc_msg_cb cb, void *arg);
 
-/* Send a message to a peer. Messages to one peer arrive in the order sent. The data is copied.
- * -EAGAIN if too many messages to that peer are queued; -EINVAL if len > MC_MSG_MAX. */
+/* Completion of a send or a flush, from progress: 0, or why it failed (-MC_EPEERDEAD,
+ * -MC_ECANCELED when the segment was closed or the engine destroyed first). */
+typedef void (*mc_done_cb)(void *arg, int status);
+
+/* Options of one send. Zero-filled means none; size makes room for more. */
+typedef struct mc_msg_opts {
+    size_t size;   /* sizeof(mc_msg_opts_t) */
+    mc_done_cb cb; /* optional: the message is in the receiver's queue (0), or never will be */
+    void *cb_arg;
+} mc_msg_opts_t;
+
+/* Send a message to a peer. The data is copied. -EAGAIN if MC_MSG_WINDOW messages to that peer
+ * are queued or unacknowledged; -EINVAL if len > MC_MSG_MAX; -MC_EPEERDEAD if the peer is dead.
+ * opts may be NULL. */
+MC_API int mc_msg_send_ex(mc_engine_t *engine, mc_segment_id_t target, uint8_t id, const void *data,
+                          size_t len, const mc_msg_opts_t *opts);
+
+/* mc_msg_send_ex without options. */
 MC_API int mc_msg_send(mc_engine_t *engine, mc_segment_id_t target, uint8_t id, const void *data,
                        size_t len);
+
+/* Send a notification on its own (a batch's comes with mc_batch_submit): delivered through the
+ * peer's mc_notify_pop, exactly once and in order with its other messages. As mc_msg_send. */
+MC_API int mc_notify_send(mc_engine_t *engine, mc_segment_id_t target, const void *msg, size_t len);
+
+/* Flush everything issued to a peer before this call: cb(arg, 0) once every task submitted to
+ * it is remotely complete (final, with nothing of it in flight any more) and every message sent
+ * to it is in its queue; cb(arg, error) if the peer dies or is closed first. cb runs from
+ * progress, never inside this call. -MC_EPEERDEAD if the peer is dead already. */
+MC_API int mc_peer_flush(mc_engine_t *engine, mc_segment_id_t target, mc_done_cb cb, void *arg);
 
 typedef struct mc_notify {
     char sender[MC_NAME_MAX];

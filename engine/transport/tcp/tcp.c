@@ -178,7 +178,8 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
         if (c->state != CS_READY && since(c, now) > e->cfg.connect_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
                               e->cfg.connect_timeout_ms);
-        else if (c->state == CS_READY && c->window_used && idle > e->cfg.io_timeout_ms * MC_MS)
+        else if (c->state == CS_READY && (c->window_used || c->msgs_out) &&
+                 idle > e->cfg.io_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT,
                               "no progress for %llu ms with %u requests in flight",
                               (unsigned long long)(idle / MC_MS), c->window_used);

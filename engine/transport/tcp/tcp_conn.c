@@ -176,7 +176,8 @@ static int gather(mc_tcp_conn_t *c, struct iovec *iov)
 static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
 {
     mc_list_del(&s->link);
-    if (s->kind == MC_SL_DATA || s->kind == MC_SL_CTRL || s->kind == TCP_SL_DESC) {
+    if (s->kind == MC_SL_DATA || s->kind == MC_SL_CTRL || s->kind == TCP_SL_DESC ||
+        s->kind == TCP_SL_MSG) {
         mc_list_push_back(&c->ackq, &s->link);
         return;
     }

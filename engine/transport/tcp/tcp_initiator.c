@@ -244,7 +244,7 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     mc_peer_t *p = c->link.peer;
     tcp_peer_t *tp = tcp_peer(p);
     tcp_rail_t *r = c->rail;
-    bool connecting = c->state != CS_READY, had_data = c->window_used > 0;
+    bool connecting = c->state != CS_READY, had_data = c->window_used > 0, msgs_lost = false;
     mc_list_t failed, *n;
     char why[512];
 
@@ -273,14 +273,21 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     }
     while ((n = mc_list_pop_front(&failed))) {
         mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
-        if (s->kind == MC_SL_DATA)
+        if (s->kind == MC_SL_DATA) {
             mc__slice_failed(e, s, err, true, why);
-        else if (s->kind == TCP_SL_DESC)
-            mc__peer_desc_retry(e, p), mc__slice_free(e, s);
-        else
-            mc__slice_free(e, s);
+            continue;
+        }
+        if (s->kind == TCP_SL_DESC)
+            mc__peer_desc_retry(e, p);
+        if (s->kind == TCP_SL_MSG) {
+            msgs_lost = true;
+            mc__msg_put(s->ctx);
+        }
+        mc__slice_free(e, s);
     }
-    c->window_used = 0;
+    c->window_used = c->msgs_out = 0;
+    if (msgs_lost) /* sent again, in order, on the next link */
+        mc__msg_link_lost(e, p);
     if (!reason)
         return;
     mc__tp_count(e, mc__tcp_slot, MC_CNT_ERRORS, 1);
@@ -326,9 +333,12 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return 0;
     case MC_FR_CTRL_RESP:
     case MC_FR_DESC_REPLY:
+    case MC_FR_MSG_ACK:
         if (expect_head(e, c, &s))
             return -MC_EPROTO;
-        if (s->kind != (c->fr.type == MC_FR_CTRL_RESP ? MC_SL_CTRL : TCP_SL_DESC))
+        if (s->kind != (c->fr.type == MC_FR_CTRL_RESP    ? MC_SL_CTRL
+                        : c->fr.type == MC_FR_DESC_REPLY ? TCP_SL_DESC
+                                                         : TCP_SL_MSG))
             break;
         c->dst_kind = DST_CTRL;
         return 0;
@@ -412,8 +422,15 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     char reason[300];
 
     mc_list_del(&s->link);
-    c->window_used--;
     c->last_io_ns = mc__now_ns();
+    if (s->kind == TCP_SL_MSG) { /* outside the window */
+        c->msgs_out--;
+        mc__msg_answered(e, c->link.peer, s->ctx, (uint32_t)s->offset, (int)(int64_t)c->fr.aux);
+        mc__msg_put(s->ctx);
+        mc__slice_free(e, s);
+        return;
+    }
+    c->window_used--;
     if (s->kind == MC_SL_CTRL) {
         mc__ctrl_answered(e, s, &c->link, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
         mc__slice_free(e, s);
@@ -487,18 +504,36 @@ static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     mc_list_push_back(&c->sendq, &s->link);
 }
 
-/* Messages ride the peer's first ready connection, which keeps them in order. */
+/* Messages ride the peer's first ready connection, which keeps them in order; each is answered
+ * (MSG_ACK) once it is in the receiver's queue. The frame points at the message, which the core
+ * keeps until then. */
 static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
 {
-    mc_list_t *n;
+    mc_msg_t *m;
 
-    while ((n = mc_list_pop_front(&p->msgq))) {
-        mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
-        mc_frame_t f = {.type = MC_FR_MSG, .flags = m->id};
-        mc__msg_sent(p, m);
-        if (mc__tcp_conn_send_ctrl(e, c, &f, m->data, m->len))
-            mc_error("message to %s dropped: out of memory", p->name);
-        free(m);
+    while ((m = mc__msg_take(e, p))) {
+        mc_slice_t *s = mc__slice_alloc(e);
+        if (!s) { /* it goes back to the queue, for a later pass */
+            mc__msg_answered(e, p, m, m->tx, -EAGAIN);
+            mc__msg_put(m);
+            return;
+        }
+        mc_frame_t f = {.type = MC_FR_MSG,
+                        .flags = m->id,
+                        .id = ++tcp_of(e)->next_cookie,
+                        .length = m->len,
+                        .addr = m->seq,
+                        .aux = p->msg_stream};
+        s->kind = TCP_SL_MSG;
+        s->ctx = m;
+        s->offset = m->tx;
+        s->payload = m->data;
+        s->payload_len = m->len;
+        tcp_sl(s)->cookie = f.id;
+        mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
+        if (c->window_used + c->msgs_out++ == 0)
+            c->last_io_ns = mc__now_ns(); /* unanswered, it times out like a data request */
+        mc_list_push_back(&c->sendq, &s->link);
     }
 }
 
@@ -528,8 +563,8 @@ static bool evict_idle(mc_engine_t *e)
         for (pos = tcp_peer(p)->conns.next; pos != &tcp_peer(p)->conns; pos = pos->next) {
             mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
             /* A link that carries other transports' state (queue pairs) is not idle. */
-            if (c->state == CS_READY && !c->window_used && mc_list_empty(&c->sendq) &&
-                !mc__link_busy(&c->link)) {
+            if (c->state == CS_READY && !c->window_used && !c->msgs_out &&
+                mc_list_empty(&c->sendq) && !mc__link_busy(&c->link)) {
                 mc__tcp_conn_close(e, c);
                 return true;
             }
@@ -677,7 +712,7 @@ void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
     mc_list_t *pos, *tmp;
 
     fill_conns(e, p);
-    if (!mc_list_empty(&p->msgq)) {
+    if (mc__msg_ready(p)) {
         mc_tcp_conn_t *c = ctrl_conn(e, p);
         if (c)
             send_msgs(e, p, c);

@@ -91,9 +91,10 @@ typedef struct tcp_slice {
 } tcp_slice_t;
 _Static_assert(sizeof(tcp_slice_t) <= MC_SLICE_PRIV, "tcp_slice_t does not fit in a slice");
 
-/* Slice kinds of tcp's own: a control frame of its own (hello, message...), a response, a
- * descriptor request (which awaits its answer like a data slice). */
-enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP, TCP_SL_DESC };
+/* Slice kinds of tcp's own: a control frame of its own (hello, retire...), a response, a
+ * descriptor request and a message (which await their answer like a data slice; a message's
+ * slice points at it: ctx, and offset is the take it belongs to). */
+enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP, TCP_SL_DESC, TCP_SL_MSG };
 
 static inline tcp_slice_t *tcp_sl(mc_slice_t *s)
 {
@@ -131,6 +132,7 @@ typedef struct mc_tcp_conn {
     uint32_t send_off;    /* bytes of the first one already written */
     mc_list_t ackq;       /* outbound: slices written, awaiting their response */
     unsigned window_used; /* outbound: slices in sendq + ackq that await a response */
+    unsigned msgs_out;    /* outbound: messages among those (outside the window) */
     unsigned n_resp;      /* inbound: responses in sendq */
 
     uint8_t *rx; /* staging buffer of MC_TCP_RX_BUF bytes */

@@ -20,13 +20,21 @@ void mc__tcp_frame_encode(const mc_frame_t *f, uint8_t out[MC_FRAME_HDR_LEN])
 }
 
 static const char *const type_names[MC_FR_TYPE_MAX] = {
-    [MC_FR_HELLO] = "HELLO",         [MC_FR_HELLO_REPLY] = "HELLO_REPLY",
-    [MC_FR_AUTH] = "AUTH",           [MC_FR_READY] = "READY",
-    [MC_FR_ERROR] = "ERROR",         [MC_FR_WRITE] = "WRITE",
-    [MC_FR_WRITE_ACK] = "WRITE_ACK", [MC_FR_READ] = "READ",
-    [MC_FR_READ_RESP] = "READ_RESP", [MC_FR_MSG] = "MSG",
-    [MC_FR_DESC_REQ] = "DESC_REQ",   [MC_FR_DESC_REPLY] = "DESC_REPLY",
-    [MC_FR_RETIRE] = "RETIRE",       [MC_FR_CTRL_REQ] = "CTRL_REQ",
+    [MC_FR_HELLO] = "HELLO",
+    [MC_FR_HELLO_REPLY] = "HELLO_REPLY",
+    [MC_FR_AUTH] = "AUTH",
+    [MC_FR_READY] = "READY",
+    [MC_FR_ERROR] = "ERROR",
+    [MC_FR_WRITE] = "WRITE",
+    [MC_FR_WRITE_ACK] = "WRITE_ACK",
+    [MC_FR_READ] = "READ",
+    [MC_FR_READ_RESP] = "READ_RESP",
+    [MC_FR_MSG] = "MSG",
+    [MC_FR_MSG_ACK] = "MSG_ACK",
+    [MC_FR_DESC_REQ] = "DESC_REQ",
+    [MC_FR_DESC_REPLY] = "DESC_REPLY",
+    [MC_FR_RETIRE] = "RETIRE",
+    [MC_FR_CTRL_REQ] = "CTRL_REQ",
     [MC_FR_CTRL_RESP] = "CTRL_RESP",
 };
 

@@ -33,12 +33,13 @@ enum mc_frame_type {
     MC_FR_WRITE_ACK,  /* id = cookie, aux = status; payload = reason if status != 0 */
     MC_FR_READ,       /* id = cookie, addr = target address, aux = length */
     MC_FR_READ_RESP,  /* id = cookie, aux = status; payload = data, or reason if status != 0 */
-    MC_FR_MSG,        /* flags = handler id; payload = message */
+    MC_FR_MSG,        /* flags = handler id, id = cookie, addr = seq, aux = stream; payload */
     MC_FR_DESC_REQ,   /* id = cookie; ask for the target's segment descriptor */
     MC_FR_DESC_REPLY, /* id = cookie; payload = descriptor JSON */
     MC_FR_RETIRE,     /* payload = u32 connection ids of this sender to drop unread */
     MC_FR_CTRL_REQ,   /* flags = transport slot, id = cookie; payload = that transport's request */
     MC_FR_CTRL_RESP,  /* id = cookie, aux = status; payload = the answer, or a reason */
+    MC_FR_MSG_ACK,    /* id = cookie, aux = status (0, or -EAGAIN: send it again later) */
     MC_FR_TYPE_MAX
 };
 

@@ -265,9 +265,14 @@ static void on_ctrl_req(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
+/* A message: into its queue (or refused for now, -EAGAIN: the sender keeps it), answered in
+ * order with the other responses. */
 static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    mc__msg_deliver(e, c->remote_name, (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
+    int rc = mc__msg_deliver(e, c->remote_name, c->fr.aux, c->fr.addr, (uint8_t)c->fr.flags,
+                             c->ctrl, c->ctrl_len);
+
+    respond(e, c, MC_FR_MSG_ACK, rc, NULL, 0, NULL, rc ? "the receiver's queue is full" : NULL);
 }
 
 /* mc__tcp_in_header admits only these frame types. */
