@@ -68,11 +68,14 @@ enum th_cmd_op {
     TH_CMD_FILL,       /* a0 = addr, a1 = len, a2 = seed, a4 = stream offset */
     TH_CMD_CHECK,      /* like FILL; rc = 0 or 1 + first bad offset */
     TH_CMD_NOTIFY,     /* a3 = timeout ms; pop loop, then check [a0, a0+a1) against seed a2 */
-    TH_CMD_MSGS,       /* a0 = count expected, a3 = timeout ms: wait for the message handler */
+    TH_CMD_MSGS,       /* a0 = count expected, a3 = timeout ms: wait for the message handler
+                          (message n: u32 n then stream 1000 + n, cut to any length) */
     TH_CMD_STATS,      /* counters of "tcp" */
     TH_CMD_REGISTER,   /* a1 = len, a2 = seed: a new buffer with that pattern; v[0] = its addr */
     TH_CMD_KEY,        /* a0 = addr: msg = mc_buffer_key_pack of its buffer */
     TH_CMD_ADDRESS,    /* msg = mc_engine_address, v[0] = its length */
+    TH_CMD_POPS,       /* a0 = count, a3 = timeout ms (0: only what is queued): pop notifications,
+                          each a u32 from a1 on; v[0] = popped, v[1] = wrong ones */
     TH_CMD_EXIT,
 };
 

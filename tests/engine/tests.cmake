@@ -25,6 +25,10 @@ mc_unit_test(test_engine_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_api.c
 # that do not block, a flooded target).
 mc_unit_test(test_host_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_host_api.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
+# Messages and notifications: exactly once across killed connections, a dead peer, flush,
+# back-pressure.
+mc_unit_test(test_messages SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_messages.c
+             ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 600 LABELS integration)
 mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.sh

@@ -1,0 +1,542 @@
+/*
+ * Messages and notifications: exactly once and in order while connections are killed under
+ * them (ss -K, as root), every unacknowledged one reported when the peer dies, flush, standalone
+ * and batch notifications, and back-pressure from a receiver that does not keep up.
+ *
+ * TH_MESSAGES sets how many messages the kill test sends (default 10^6). Targets run in child
+ * processes (harness.c) on loopback.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+static struct {
+    mc_engine_t *e;
+    th_target_t t;
+} g;
+
+static int teardown(void **state)
+{
+    (void)state;
+    th_kill_all();
+    if (g.e)
+        mc_engine_destroy(g.e);
+    memset(&g, 0, sizeof(g));
+    return 0;
+}
+
+static th_target_t *spawn(const th_cfg_t *cfg, size_t len)
+{
+    th_target_opts_t o;
+
+    th_target_opts_init(&o, cfg, len);
+    assert_int_equal(th_target_spawn(&o, &g.t), 0);
+    return &g.t;
+}
+
+/* Completion callbacks: how many with each outcome. */
+typedef struct done {
+    atomic_uint ok, failed;
+    atomic_int last_error;
+} done_t;
+
+static void on_done(void *arg, int status)
+{
+    done_t *d = arg;
+
+    atomic_fetch_add(status == 0 ? &d->ok : &d->failed, 1);
+    if (status)
+        atomic_store(&d->last_error, status);
+}
+
+/* Message n of the stream the target checks (harness.c): u32 n then stream 1000 + n. */
+static size_t make_msg(uint8_t *buf, uint32_t n, size_t len)
+{
+    uint8_t head[4];
+
+    memcpy(head, &n, 4);
+    memcpy(buf, head, len < 4 ? len : 4);
+    if (len > 4)
+        th_fill(buf + 4, len - 4, 1000 + n);
+    return len;
+}
+
+/* Send, driving progress while the window is full (bounded). */
+static int send_msg(mc_engine_t *e, mc_segment_id_t id, uint8_t mid, const void *buf, size_t len,
+                    const mc_msg_opts_t *o)
+{
+    int64_t dl = th_now_ms() + 30000;
+    int rc;
+
+    while ((rc = mc_msg_send_ex(e, id, mid, buf, len, o)) == -EAGAIN && th_now_ms() < dl)
+        mc_engine_progress(e);
+    return rc;
+}
+
+/* ---- exactly once while connections die ----------------------------------------------------- */
+
+typedef struct killer {
+    pthread_t thr;
+    unsigned port;
+    atomic_bool stop;
+    unsigned rounds, killed;
+} killer_t;
+
+/* The TCP port target pid listens on (from ss), or 0. */
+static unsigned listen_port(pid_t pid)
+{
+    char line[512], pat[32];
+    unsigned port = 0;
+    FILE *f = popen("ss -Htlnp 2>/dev/null", "r");
+
+    if (!f)
+        return 0;
+    snprintf(pat, sizeof(pat), "pid=%d,", (int)pid);
+    while (fgets(line, sizeof(line), f)) {
+        char *a = strstr(line, "127.0.0.1:");
+        if (strstr(line, pat) && a)
+            port = (unsigned)atoi(a + 10);
+    }
+    pclose(f);
+    return port;
+}
+
+/* Every few milliseconds, kill every established connection to or from the port (both ends,
+ * both processes): what was in flight on them is lost. */
+static void *killer_main(void *arg)
+{
+    killer_t *k = arg;
+    char cmd[160], line[512];
+    unsigned r = 12345;
+
+    snprintf(cmd, sizeof(cmd),
+             "ss -HK state established '( sport = :%u or dport = :%u )' 2>/dev/null", k->port,
+             k->port);
+    while (!atomic_load(&k->stop)) {
+        r = r * 1103515245 + 12345;
+        th_sleep_ms(2 + (int)((r >> 16) % 40));
+        FILE *f = popen(cmd, "r");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof(line), f))
+            k->killed++;
+        pclose(f);
+        k->rounds++;
+    }
+    return NULL;
+}
+
+static unsigned n_messages(void)
+{
+    const char *v = getenv("TH_MESSAGES");
+    return v && atoi(v) > 0 ? (unsigned)atoi(v) : 1000000;
+}
+
+/* Random sizes from 0 B to 64 KiB (log-uniform, so most are small, as control messages are),
+ * to a target whose handler checks each one's number and bytes, while connections are killed
+ * at random: every message arrives once, in order, intact, and every send completes with 0. */
+static void test_exactly_once(void **state)
+{
+    const unsigned n = n_messages();
+    static uint8_t buf[MC_MSG_MAX];
+    static done_t d;
+    killer_t k = {0};
+    th_cfg_t cfg;
+    th_reply_t r;
+    unsigned rnd = 777;
+    uint64_t bytes = 0;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    memset(&d, 0, sizeof(d));
+
+    bool kill = geteuid() == 0 && (k.port = listen_port(t->pid)) != 0;
+    if (kill)
+        assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
+    else
+        print_message("  not root (or no ss): no connections killed\n");
+    int64_t t0 = th_now_ms();
+    mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
+    for (uint32_t i = 0; i < n; i++) {
+        rnd = rnd * 1103515245 + 12345;
+        unsigned bits = (rnd >> 8) % 17;
+        size_t len = ((rnd >> 13) & ((1u << bits) - 1)) + (bits ? 1u << (bits - 1) : 0);
+        len = len > MC_MSG_MAX ? MC_MSG_MAX : i % 97 == 0 ? 0 : len;
+        make_msg(buf, i, len);
+        bytes += len;
+        int rc = send_msg(e, id, TH_MSG_ID, buf, len, &o);
+        if (rc)
+            print_error("send %u: %s (%s)\n", i, mc_err_name(rc), mc_last_error());
+        assert_int_equal(rc, 0);
+    }
+    th_cmd_t c = {.op = TH_CMD_MSGS, .a0 = n, .a3 = 120000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 150000), 0);
+    int64_t dl = th_now_ms() + 30000;
+    while (atomic_load(&d.ok) + atomic_load(&d.failed) < n && th_now_ms() < dl)
+        th_sleep_ms(1);
+    atomic_store(&k.stop, true);
+    if (kill)
+        pthread_join(k.thr, NULL);
+    print_message("  %u messages (%.1f MiB) in %lld ms, %u kill rounds, %u connections killed\n", n,
+                  bytes / 1048576.0, (long long)(th_now_ms() - t0), k.rounds, k.killed);
+    if (r.v[0] != n || r.v[1] || r.v[2] || r.v[3])
+        print_error("received %lld, out of order %lld, bad payload %lld, bad sender %lld\n",
+                    (long long)r.v[0], (long long)r.v[1], (long long)r.v[2], (long long)r.v[3]);
+    assert_int_equal(r.v[0], n);
+    assert_int_equal(r.v[1], 0);
+    assert_int_equal(r.v[2], 0);
+    assert_int_equal(r.v[3], 0);
+    assert_int_equal(atomic_load(&d.ok), n);
+    assert_int_equal(atomic_load(&d.failed), 0);
+    if (kill)
+        assert_true(k.killed > 0);
+    /* Nothing more arrives afterwards (no late duplicate). */
+    th_sleep_ms(200);
+    c.a3 = 0;
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(r.v[0], n);
+    assert_int_equal(r.v[1], 0);
+    th_close(e, id);
+}
+
+/* ---- a peer that dies with messages outstanding --------------------------------------------- */
+
+typedef struct events {
+    atomic_uint dead;
+    char reason[256];
+} events_t;
+
+static void on_event(void *arg, mc_segment_id_t id, mc_peer_event_t ev, int error,
+                     const char *reason)
+{
+    events_t *x = arg;
+
+    (void)id;
+    (void)error;
+    if (ev == MC_PEER_DEAD) {
+        snprintf(x->reason, sizeof(x->reason), "%s", reason);
+        atomic_fetch_add(&x->dead, 1);
+    }
+}
+
+/* The target stops (SIGSTOP) so nothing is acknowledged, then is killed: each of the messages
+ * and the flush fails with -MC_EPEERDEAD, none hangs, the DEAD event counts them, and a send
+ * afterwards is refused. */
+static void test_peer_killed(void **state)
+{
+    const unsigned n = 300;
+    static done_t d, fd;
+    static events_t ev;
+    uint8_t buf[256];
+    th_cfg_t cfg;
+
+    (void)state;
+    th_config(&cfg);
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    memset(&d, 0, sizeof(d));
+    memset(&fd, 0, sizeof(fd));
+    memset(&ev, 0, sizeof(ev));
+    assert_int_equal(mc_peer_handler_set(e, on_event, &ev), 0);
+    mc_segment_id_t id = th_open(e, t, 0);
+    mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
+    assert_int_equal(kill(t->pid, SIGSTOP), 0);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, sizeof(buf)), &o), 0);
+    assert_int_equal(mc_peer_flush(e, id, on_done, &fd), 0);
+    th_sleep_ms(300);
+    assert_int_equal(atomic_load(&d.ok) + atomic_load(&d.failed), 0);
+    int64_t t0 = th_now_ms();
+    th_target_kill(t);
+    int64_t dl = th_now_ms() + 20000;
+    while ((atomic_load(&d.failed) < n || !atomic_load(&fd.failed) || !atomic_load(&ev.dead)) &&
+           th_now_ms() < dl)
+        th_sleep_ms(1);
+    print_message("  reported after %lld ms: %s\n", (long long)(th_now_ms() - t0), ev.reason);
+    assert_int_equal(atomic_load(&d.ok), 0);
+    assert_int_equal(atomic_load(&d.failed), n);
+    assert_int_equal(atomic_load(&d.last_error), -MC_EPEERDEAD);
+    assert_int_equal(atomic_load(&fd.failed), 1);
+    assert_int_equal(atomic_load(&fd.last_error), -MC_EPEERDEAD);
+    assert_int_equal(atomic_load(&ev.dead), 1);
+    char want[64];
+    snprintf(want, sizeof(want), "%u messages", n);
+    assert_true(th_contains(ev.reason, want));
+    assert_int_equal(mc_msg_send(e, id, TH_MSG_ID, buf, 8), -MC_EPEERDEAD);
+    assert_int_equal(mc_notify_send(e, id, buf, 8), -MC_EPEERDEAD);
+    assert_int_equal(mc_peer_flush(e, id, on_done, &fd), -MC_EPEERDEAD);
+    th_close(e, id);
+}
+
+/* ---- flush ----------------------------------------------------------------------------------- */
+
+typedef struct flushed {
+    atomic_int status;
+    atomic_bool done;
+} flushed_t;
+
+static void on_flushed(void *arg, int status)
+{
+    flushed_t *f = arg;
+
+    atomic_store(&f->status, status);
+    atomic_store(&f->done, true);
+}
+
+/* Writes (released, not waited for), notifications and handler messages, then a flush: when it
+ * completes the target already holds every byte and every notification (checked at once, no
+ * waiting), and its handler saw every message. */
+static void test_flush(void **state)
+{
+    const size_t n = 64, sz = 256 * 1024;
+    const unsigned nn = 500, nm = 500;
+    static flushed_t f;
+    mc_request_t reqs[64];
+    uint8_t buf[4096];
+    th_cfg_t cfg;
+    th_reply_t r;
+    mc_batch_t *b;
+
+    (void)state;
+    th_config(&cfg);
+    th_target_t *t = spawn(&cfg, n * sz);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    uint64_t ra = t->eng[0].buf[0];
+    uint8_t *src = th_buf(e, n * sz);
+
+    for (int round = 0; round < 3; round++) {
+        uint64_t seed = 4242 + (uint64_t)round;
+        th_fill(src, n * sz, seed);
+        memset(&f, 0, sizeof(f));
+        for (size_t i = 0; i < n; i++)
+            reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                     .local = src + i * sz,
+                                     .target = id,
+                                     .target_offset = ra + i * sz,
+                                     .length = sz};
+        assert_int_equal(mc_batch_create(e, n, &b), 0);
+        assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
+        mc_batch_release(b);
+        for (uint32_t i = 0; i < nn; i++) {
+            uint32_t v = round * nn + i;
+            memcpy(buf, &v, 4);
+            int64_t dl = th_now_ms() + 10000;
+            int rc;
+            while ((rc = mc_notify_send(e, id, buf, 4)) == -EAGAIN && th_now_ms() < dl)
+                mc_engine_progress(e);
+            assert_int_equal(rc, 0);
+            uint32_t m = round * nm + i;
+            assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, m, 16 + i % 4000), NULL),
+                             0);
+        }
+        assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
+        int64_t dl = th_now_ms() + 30000;
+        while (!atomic_load(&f.done) && th_now_ms() < dl)
+            th_sleep_ms(1);
+        assert_true(atomic_load(&f.done));
+        assert_int_equal(atomic_load(&f.status), 0);
+        /* At once: the bytes and the notifications are there. */
+        assert_int_equal(th_remote_check(t, 0, ra, n * sz, seed, 0), -1);
+        th_cmd_t c = {.op = TH_CMD_POPS, .a0 = nn, .a1 = round * nn, .a3 = 0};
+        assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+        assert_int_equal(r.v[0], nn);
+        assert_int_equal(r.v[1], 0);
+        /* The handler runs in the target's progress pass that queued them. */
+        c = (th_cmd_t){.op = TH_CMD_MSGS, .a0 = (round + 1) * nm, .a3 = 5000};
+        assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+        assert_int_equal(r.v[0], (round + 1) * nm);
+        assert_int_equal(r.v[1] + r.v[2], 0);
+    }
+    /* A flush with nothing outstanding completes too (from progress, not inside the call). */
+    memset(&f, 0, sizeof(f));
+    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
+    int64_t dl = th_now_ms() + 5000;
+    while (!atomic_load(&f.done) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&f.status), 0);
+    assert_int_equal(mc_peer_flush(e, id + 99, on_flushed, &f), -MC_ENOSEGMENT);
+    th_buf_free(e, src, n * sz);
+    th_close(e, id);
+}
+
+/* ---- notifications --------------------------------------------------------------------------- */
+
+static void notify(mc_engine_t *e, mc_segment_id_t id, const char *s)
+{
+    assert_int_equal(mc_notify_send(e, id, s, strlen(s)), 0);
+}
+
+static void expect_pop(th_target_t *t, const char *msg, uint64_t addr, uint64_t len, uint64_t seed)
+{
+    th_reply_t r;
+    th_cmd_t c = {.op = TH_CMD_NOTIFY, .a0 = addr, .a1 = len, .a2 = seed, .a3 = 20000};
+
+    assert_int_equal(th_target_cmd(t, &c, &r, 30000), 0);
+    assert_int_equal(r.v[0], 1);
+    assert_string_equal(r.msg, msg);
+    assert_int_equal(r.rc, 0); /* the data was there when it popped */
+}
+
+/* Standalone notifications come in the order sent; a batch's comes after its data is remotely
+ * complete, though the initiator never waits for the batch; each comes once. An empty one and
+ * bad input are handled. */
+static void test_notifications(void **state)
+{
+    const size_t sz = 32u << 20;
+    th_cfg_t cfg;
+    mc_batch_t *b;
+    th_reply_t r;
+
+    (void)state;
+    th_config(&cfg);
+    th_target_t *t = spawn(&cfg, sz);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    uint64_t ra = t->eng[0].buf[0];
+    uint8_t *src = th_buf(e, sz);
+    th_fill(src, sz, 9090);
+
+    notify(e, id, "one");
+    notify(e, id, "two");
+    mc_request_t rq = {
+        .opcode = MC_WRITE, .local = src, .target = id, .target_offset = ra, .length = sz};
+    mc_notify_req_t nr = {.target = id, .msg = "data landed", .len = 11};
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &rq, 1, &nr), 0);
+    mc_batch_release(b);
+    expect_pop(t, "one", 0, 0, 0);
+    expect_pop(t, "two", 0, 0, 0);
+    notify(e, id, "three");
+    /* "three" may overtake the batch's (sent when the data is complete), never the other way. */
+    th_cmd_t c = {.op = TH_CMD_NOTIFY, .a0 = ra, .a1 = sz, .a2 = 9090, .a3 = 20000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 30000), 0);
+    if (!strcmp(r.msg, "three")) {
+        expect_pop(t, "data landed", ra, sz, 9090);
+    } else {
+        assert_string_equal(r.msg, "data landed");
+        assert_int_equal(r.rc, 0);
+        expect_pop(t, "three", 0, 0, 0);
+    }
+    /* An empty notification, then nothing more (each came once). */
+    assert_int_equal(mc_notify_send(e, id, NULL, 0), 0);
+    c = (th_cmd_t){.op = TH_CMD_NOTIFY, .a3 = 20000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 30000), 0);
+    assert_int_equal(r.v[0], 1);
+    assert_int_equal(r.v[1], 0);
+    c.a3 = 500;
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(r.v[0], 0);
+    static char big[MC_MSG_MAX + 1];
+    assert_int_equal(mc_notify_send(e, id, big, sizeof(big)), -EINVAL);
+    assert_int_equal(mc_notify_send(e, id, NULL, 4), -EINVAL);
+    assert_int_equal(mc_notify_send(e, id + 99, "x", 1), -MC_ENOSEGMENT);
+    th_buf_free(e, src, sz);
+    th_close(e, id);
+}
+
+/* ---- back-pressure --------------------------------------------------------------------------- */
+
+/* Send notifications numbered from *next until the sender has said -EAGAIN for quiet_ms in a
+ * row; returns how many went. */
+static unsigned fill_up(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms)
+{
+    unsigned sent = 0;
+    int64_t since = 0;
+
+    for (;;) {
+        int rc = mc_notify_send(e, id, next, 4);
+        if (rc == 0) {
+            (*next)++;
+            sent++;
+            since = 0;
+            continue;
+        }
+        assert_int_equal(rc, -EAGAIN);
+        if (!since)
+            since = th_now_ms();
+        else if (th_now_ms() - since >= quiet_ms)
+            return sent;
+        th_sleep_ms(1);
+    }
+}
+
+/* A receiver whose application does not pop: past its queue limit it refuses, the sender's
+ * window fills and sends return -EAGAIN; once it pops, everything arrives once and in order.
+ * A receiver that does not progress at all (stopped) has the same effect. */
+static void test_backpressure(void **state)
+{
+    th_cfg_t cfg;
+    th_reply_t r;
+    uint32_t next = 0;
+
+    (void)state;
+    th_config(&cfg);
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+
+    /* Nobody pops at the target. */
+    unsigned sent = fill_up(e, id, &next, 1000);
+    print_message("  %u notifications went before the sender was held back\n", sent);
+    assert_true(sent >= MC_MSG_WINDOW);
+    assert_true(sent <= 65536 + MC_MSG_WINDOW);
+    th_cmd_t c = {.op = TH_CMD_POPS, .a0 = sent, .a1 = 0, .a3 = 30000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 40000), 0);
+    assert_int_equal(r.v[0], sent);
+    assert_int_equal(r.v[1], 0);
+
+    /* Once all is acknowledged (a flush), the target stops; sends are held back after a
+     * window, and go once it continues. */
+    static flushed_t f;
+    memset(&f, 0, sizeof(f));
+    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
+    int64_t dl = th_now_ms() + 10000;
+    while (!atomic_load(&f.done) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&f.status), 0);
+    assert_int_equal(kill(t->pid, SIGSTOP), 0);
+    uint32_t first = next;
+    unsigned more = fill_up(e, id, &next, 300);
+    assert_int_equal(more, MC_MSG_WINDOW);
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    c = (th_cmd_t){.op = TH_CMD_POPS, .a0 = more, .a1 = first, .a3 = 30000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 40000), 0);
+    assert_int_equal(r.v[0], more);
+    assert_int_equal(r.v[1], 0);
+    c = (th_cmd_t){.op = TH_CMD_POPS, .a0 = 1, .a3 = 300};
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(r.v[0], 0); /* nothing twice */
+    th_close(e, id);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_exactly_once, teardown),
+        cmocka_unit_test_teardown(test_peer_killed, teardown),
+        cmocka_unit_test_teardown(test_flush, teardown),
+        cmocka_unit_test_teardown(test_notifications, teardown),
+        cmocka_unit_test_teardown(test_backpressure, teardown),
+    };
+
+    th_main(argc, argv);
+    return cmocka_run_group_tests_name("messages", tests, NULL, NULL);
+}
