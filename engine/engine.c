@@ -23,10 +23,16 @@
 #define TICK_IDLE_MS 1000 /* while connections exist but nothing is submitted */
 
 static __thread bool in_pass;
+static __thread const mc_engine_t *pass_engine; /* whose pass (in_pass) */
 
 bool mc__in_progress(void)
 {
     return in_pass;
+}
+
+bool mc__in_pass_of(const mc_engine_t *e)
+{
+    return in_pass && pass_engine == e;
 }
 
 void mc__doorbell(mc_engine_t *e)
@@ -153,6 +159,7 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool ca
     uint64_t now = mc__now_ns();
 
     in_pass = true;
+    pass_engine = e;
     if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)
         e->resumed_ns = now;
     e->last_pass_ns = now;
@@ -202,13 +209,15 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool ca
     return n;
 }
 
-static int progress_try(mc_engine_t *e, bool callbacks)
+static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
 {
     struct epoll_event evs[MAX_EVENTS];
     int n, rc;
 
+    *ran = false;
     if (in_pass || pthread_mutex_trylock(&e->lock))
         return 0;
+    *ran = true;
     MC_LOG_SCOPE(e->cfg.log_level);
     n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
     rc = progress_pass(e, evs, n < 0 ? 0 : n, callbacks);
@@ -218,12 +227,25 @@ static int progress_try(mc_engine_t *e, bool callbacks)
 
 int mc__progress_try(mc_engine_t *e)
 {
-    return progress_try(e, true);
+    bool ran;
+
+    return progress_try(e, true, &ran);
+}
+
+bool mc__progress_implicit(mc_engine_t *e)
+{
+    bool ran = false;
+
+    if (e->implicit_progress)
+        progress_try(e, true, &ran);
+    return ran;
 }
 
 int mc__progress_quiet(mc_engine_t *e)
 {
-    return progress_try(e, false);
+    bool ran;
+
+    return progress_try(e, false, &ran);
 }
 
 int mc_engine_progress(mc_engine_t *e)

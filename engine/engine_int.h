@@ -136,17 +136,16 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
 void mc__doorbell(mc_engine_t *e);
 /* True on a thread that is running a progress pass (inside callbacks). */
 bool mc__in_progress(void);
+/* Whether this thread is in a progress pass of e (its lock held: callbacks included). */
+bool mc__in_pass_of(const mc_engine_t *e);
 /* Run one progress pass if nobody else is (caller-progress mode). quiet: one that keeps the
  * host's callbacks for a later pass (callbacks.h). */
 int mc__progress_try(mc_engine_t *e);
 int mc__progress_quiet(mc_engine_t *e);
 /* What an API call does in caller-progress mode: a pass, unless MC_PROGRESS_IMPLICIT=0 keeps
- * progress (and callbacks) inside mc_engine_progress alone. */
-static inline void mc__progress_implicit(mc_engine_t *e)
-{
-    if (e->implicit_progress)
-        mc__progress_try(e);
-}
+ * progress (and callbacks) inside mc_engine_progress alone. Whether a pass ran (it took what
+ * was queued before the call, so the doorbell is not needed). */
+bool mc__progress_implicit(mc_engine_t *e);
 
 /* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the
  * last one seen (segment_cache.c, kept current by a watch started on first use). cached_only:

@@ -101,11 +101,15 @@ static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const 
     rc = msg_new(e, target, id, data, len, opts, &m);
     if (rc)
         return rc;
+    if (mc__in_pass_of(e)) { /* a callback: it goes out at the end of this pass */
+        mc__msg_route(e, m);
+        return 0;
+    }
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->msgq_in, &m->link);
     pthread_mutex_unlock(&e->sub_lock);
-    mc__doorbell(e);
-    mc__progress_implicit(e);
+    if (!mc__progress_implicit(e))
+        mc__doorbell(e);
     return 0;
 }
 

@@ -8,14 +8,16 @@
  *
  * The target exposes one buffer of --buffer_size bytes; the initiator moves --block_size
  * requests, --batch_size per batch, from --threads threads, for --duration seconds; with
- * --reuse each thread resets and resubmits one batch instead of creating one per round. With
- * --json the last stdout line is the initiator's summary object.
+ * --reuse each thread resets and resubmits one batch instead of creating one per round.
+ * --operation msg measures messages instead (bench_msg.c). With --json the last stdout line
+ * is the initiator's summary object.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,14 +29,9 @@
 
 #include <mooncake/engine.h>
 
-typedef struct opts {
-    const char *mode, *segment_id, *operation, *protocol, *memory, *pattern, *metadata;
-    uint64_t block_size, batch_size, threads, buffer_size;
-    double duration, interval;
-    int verify, json, progress_thread, reuse;
-} opts_t;
+#include "mooncake_bench.h"
 
-static opts_t o = {
+opts_t o = {
     .mode = "local",
     .operation = "write",
     .protocol = "auto",
@@ -50,13 +47,13 @@ static opts_t o = {
 
 static volatile sig_atomic_t stop_target;
 
-static void die(const char *what, int rc)
+void die(const char *what, int rc)
 {
     fprintf(stderr, "mooncake-bench: %s: %s (%s)\n", what, mc_last_error(), mc_err_name(rc));
     exit(1);
 }
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
 
@@ -68,7 +65,7 @@ static void usage(int code)
 {
     fprintf(code ? stderr : stdout,
             "usage: mooncake-bench [--mode target|initiator|local] [--segment_id NAME]\n"
-            "  [--operation read|write] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
+            "  [--operation read|write|msg] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
             "  [--batch_size N] [--threads N] [--duration S] [--buffer_size B]\n"
             "  [--memory engine|malloc] [--pattern seq|random] [--metadata URL]\n"
             "  [--progress thread|caller] [--interval S] [--reuse] [--verify] [--json]\n");
@@ -190,7 +187,7 @@ static void parse_args(int argc, char **argv)
             usage(2);
         }
     }
-    if (strcmp(o.operation, "read") && strcmp(o.operation, "write"))
+    if (strcmp(o.operation, "read") && strcmp(o.operation, "write") && strcmp(o.operation, "msg"))
         usage(2);
     if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "shm") && strcmp(o.protocol, "rdma") &&
         strcmp(o.protocol, "auto")) {
@@ -204,7 +201,7 @@ static void parse_args(int argc, char **argv)
     }
 }
 
-static mc_engine_t *make_engine(int progress_thread)
+mc_engine_t *make_engine(int progress_thread)
 {
     mc_config_t *cfg;
     mc_engine_t *e;
@@ -263,8 +260,11 @@ static void on_signal(int sig)
 static int run_target(void)
 {
     mc_engine_t *e = make_engine(o.progress_thread < 0 ? 1 : o.progress_thread);
-    void *buf = alloc_buffer(e, o.buffer_size);
+    bool msg = !strcmp(o.operation, "msg");
+    void *buf = msg ? NULL : alloc_buffer(e, o.buffer_size);
 
+    if (msg)
+        msg_target_setup(e);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     printf("segment: %s\n", mc_engine_segment_name(e));
@@ -276,9 +276,9 @@ static int run_target(void)
         else
             usleep(100 * 1000);
     }
-    if (!strcmp(o.memory, "engine")) {
+    if (buf && !strcmp(o.memory, "engine")) {
         mc_mem_free(e, buf);
-    } else {
+    } else if (buf) {
         mc_mem_unregister(e, buf);
         free(buf);
     }
@@ -447,8 +447,12 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
         dup2(fds[1], 1);
         close(fds[0]);
         snprintf(ws, sizeof(ws), "%s", o.memory);
+        if (!strcmp(o.operation, "msg")) /* it answers us: it hears us leave, as it should */
+            setenv("MC_LOG_LEVEL", "error", 0);
         execl(self, self, "--mode", "target", "--buffer_size", bs, "--memory", ws, "--protocol",
-              o.protocol, o.metadata ? "--metadata" : NULL, o.metadata, (char *)NULL);
+              o.protocol, "--operation", o.operation, "--progress",
+              o.progress_thread == 0 ? "caller" : "thread", o.metadata ? "--metadata" : NULL,
+              o.metadata, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -465,7 +469,7 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
 }
 
 /* One compact JSON line on stdout (the --json summary). */
-static void print_json_line(const json_t *j)
+void print_json_line(const json_t *j)
 {
     char *text = json_dumps(j, JSON_COMPACT);
 
@@ -566,6 +570,12 @@ static int run_initiator(const char *target)
 
     if (rc)
         die("mc_segment_open", rc);
+    if (!strcmp(o.operation, "msg")) {
+        rc = msg_run_initiator(e, seg);
+        mc_segment_close(e, seg);
+        mc_engine_destroy(e);
+        return rc;
+    }
     rc = mc_segment_buffers(e, seg, bi, 64, &nb);
     if (rc)
         die("mc_segment_buffers", rc);

@@ -257,8 +257,7 @@ static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
     }
     printf("\nTransports\n  tcp: yes (and the control link)\n  shm: yes (peers on this host)\n"
            "  rdma: %s%s%s%s\n",
-           r->n > 0 ? "" : "no (", r->note,
-           r->n > 0 ? ": " : ")", r->names);
+           r->n > 0 ? "" : "no (", r->note, r->n > 0 ? ": " : ")", r->names);
     print_ports(r->ports);
 }
 
@@ -278,10 +277,9 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
                      r->n < 0 ? 0 : r->n, "names", r->names, "note", r->note, "ports", r->ports);
     json_object_set_new(root, "version", json_string(MC_VERSION_STRING));
     json_object_set_new(root, "cuda_built", json_boolean(MC_HAVE_CUDA));
-    json_object_set_new(
-        root, "transports",
-        json_pack("{s:{s:b}, s:{s:b}, s:o}", "tcp", "available", 1, "shm", "available", 1,
-                  "rdma", rdma ? rdma : json_null()));
+    json_object_set_new(root, "transports",
+                        json_pack("{s:{s:b}, s:{s:b}, s:o}", "tcp", "available", 1, "shm",
+                                  "available", 1, "rdma", rdma ? rdma : json_null()));
     text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!text)

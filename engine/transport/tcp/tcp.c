@@ -57,6 +57,7 @@ static int tcp_init(mc_engine_t *e)
     t->max_inbound = (unsigned)mc__config_num(e->conf, "MAX_INBOUND");
     mc_list_init(&t->inbound);
     mc_list_init(&t->graveyard);
+    mc_list_init(&t->acks_later);
     e->tp[mc__tcp_slot] = t;
     return mc__tcp_listen(e);
 }

@@ -132,10 +132,32 @@ void mc__tcp_conn_close(mc_engine_t *e, mc_tcp_conn_t *c)
     conn_bury(e, c);
 }
 
+static void flush_resume(mc_engine_t *e, mc_tcp_conn_t *c);
+
+void mc__tcp_answer_later(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    if (!c->in_later) {
+        c->in_later = true;
+        mc_list_push_back(&tcp_of(e)->acks_later, &c->later);
+    }
+}
+
 void mc__tcp_reap(mc_engine_t *e)
 {
     mc_list_t *n;
 
+    while ((n = mc_list_pop_front(&tcp_of(e)->acks_later))) {
+        mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, later);
+        c->in_later = false;
+        if (c->state != CS_DEAD)
+            flush_resume(e, c);
+        if (c->in_later) { /* more messages read meanwhile: answer them now, no more reading */
+            mc_list_del(&c->later);
+            c->in_later = false;
+            if (c->state != CS_DEAD)
+                mc__tcp_conn_flush(e, c);
+        }
+    }
     while ((n = mc_list_pop_front(&tcp_of(e)->graveyard))) {
         mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, node);
         free(c->rx);
@@ -260,6 +282,7 @@ static int rx_fill(mc_engine_t *e, mc_tcp_conn_t *c)
         want = MC_FRAME_HDR_LEN - (c->rx_end - c->rx_start);
     ssize_t n = recv(c->pollable.fd, c->rx + c->rx_end, want, 0);
     if (n > 0) {
+        c->rx_drained = (size_t)n < want;
         c->rx_end += (uint32_t)n;
         c->last_io_ns = mc__now_ns();
         return RX_SYSCALL;
@@ -334,7 +357,7 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
         c->left -= (uint64_t)n;
         rc = RX_SYSCALL;
     } else {
-        rc = rx_fill(e, c);
+        rc = c->rx_drained ? 0 : rx_fill(e, c);
         if (rc <= 0)
             return rc;
     }
@@ -354,6 +377,7 @@ static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     unsigned reads = 0;
 
+    c->rx_drained = false;
     while (c->state != CS_DEAD && reads < RX_READS) {
         int rc;
         if (c->have_hdr)
@@ -362,6 +386,8 @@ static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
             break; /* back-pressure: let the responses drain first */
         else if (c->rx_end - c->rx_start >= MC_FRAME_HDR_LEN)
             rc = parse_header(e, c) ? -1 : 1;
+        else if (c->rx_drained)
+            break; /* a short read emptied the socket: no recv just to hear EAGAIN */
         else
             rc = rx_fill(e, c);
         if (rc <= 0)
@@ -383,8 +409,14 @@ void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     }
     if (events & (EPOLLIN | EPOLLERR | EPOLLHUP) || rx_staged(c))
         conn_readable(e, c);
-    /* Frames left staged by back-pressure get another go as responses drain; epoll would not
-     * report them, since they are no longer in the socket. */
+    if (!c->in_later) /* else at the end of the pass */
+        flush_resume(e, c);
+}
+
+/* Send what is queued; frames left staged by back-pressure get another go as responses drain
+ * (epoll would not report them, since they are no longer in the socket). */
+static void flush_resume(mc_engine_t *e, mc_tcp_conn_t *c)
+{
     for (int i = 0; i < 16 && c->state != CS_DEAD; i++) {
         unsigned before = c->n_resp;
         mc__tcp_conn_flush(e, c);

@@ -53,7 +53,9 @@ typedef struct tcp_engine {
     unsigned n_outbound;
     uint32_t next_conn_id;
     uint32_t next_cookie;
-    mc_list_t graveyard; /* connections freed at the end of the pass (tcp_reap) */
+    mc_list_t graveyard;  /* connections freed at the end of the pass (tcp_reap) */
+    mc_list_t acks_later; /* inbound connections whose message answers go at the end of the
+                           * pass (tcp_reap), after what the handlers sent: not in their way */
 } tcp_engine_t;
 
 /* One rail: our address on a link and one of the peer's endpoints. */
@@ -134,11 +136,14 @@ typedef struct mc_tcp_conn {
     unsigned window_used; /* outbound: slices in sendq + ackq that await a response */
     unsigned msgs_out;    /* outbound: messages among those (outside the window) */
     unsigned n_resp;      /* inbound: responses in sendq */
+    mc_list_t later;      /* in acks_later (its answers wait for the end of the pass) */
+    bool in_later;
 
     uint8_t *rx; /* staging buffer of MC_TCP_RX_BUF bytes */
     uint32_t rx_start, rx_end;
     bool have_hdr;
     bool expect_large; /* the last payload was large: read headers alone */
+    bool rx_drained;   /* this read pass: a short read found the socket empty */
     mc_frame_t fr;
     uint8_t dst_kind;
     uint8_t *dst;
@@ -170,7 +175,10 @@ int mc__tcp_conn_ctrl_reserve(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t len);
 /* Queue a frame of tcp's own (payload copied). */
 int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f,
                            const void *payload, uint32_t len);
-void mc__tcp_reap(mc_engine_t *e); /* free the graveyard: end of a progress pass */
+/* Send c's answers to messages at the end of this pass rather than at once. */
+void mc__tcp_answer_later(mc_engine_t *e, mc_tcp_conn_t *c);
+/* End of a progress pass: send the answers left for it, free the graveyard. */
+void mc__tcp_reap(mc_engine_t *e);
 
 /* tcp_initiator.c / tcp_target.c: frame handlers for each role */
 int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c);
