@@ -520,7 +520,7 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
             return mc__set_error(-MC_ETIMEOUT, "batch not final after %d ms", timeout_ms);
         if (!e->has_thread) {
             struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
-            if (!mc__progress_try(e))
+            if (!mc__progress_try(e) && mc__progress_may_sleep(e))
                 poll(&pfd, 1, 10);
             continue;
         }

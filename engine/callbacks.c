@@ -44,13 +44,15 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
 
 int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
 {
-    if (e->n_held_msgs >= MC_MSG_WINDOW)
+    if (e->n_held_msgs >= MC_MSG_WINDOW) {
+        e->rx_held_full = true;
         return -EAGAIN;
+    }
     held_t *h = held_new(e, HELD_MSG, data, len);
     if (!h)
         return -EAGAIN;
     h->msg_id = id;
-    snprintf(h->sender, sizeof(h->sender), "%s", sender);
+    mc__copy_name(h->sender, sender);
     e->n_held_msgs++;
     return 0;
 }
@@ -108,6 +110,10 @@ void mc__callbacks_run(mc_engine_t *e)
             e->n_held_msgs--;
         run_one(e, h);
         free(h);
+    }
+    if (e->rx_held_full) { /* there is room again: take what waits */
+        e->rx_held_full = false;
+        mc__doorbell(e);
     }
 }
 

@@ -18,9 +18,10 @@
 #include "transport/transport.h"
 #include "util/crypto.h"
 
-#define MAX_EVENTS   64
-#define TICK_BUSY_MS 50   /* timer granularity while tasks are active */
-#define TICK_IDLE_MS 1000 /* while connections exist but nothing is submitted */
+#define MAX_EVENTS    64
+#define TICK_BUSY_MS  50   /* timer granularity while tasks are active */
+#define TICK_IDLE_MS  1000 /* while connections exist but nothing is submitted */
+#define EPOLL_SPIN_NS 1000 /* caller-progress mode: epoll at least this often */
 
 static __thread bool in_pass;
 static __thread const mc_engine_t *pass_engine; /* whose pass (in_pass) */
@@ -209,6 +210,29 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool ca
     return n;
 }
 
+/* About to sleep (progress context): the transports arm what wakes us (transport.h idle).
+ * False if work came meanwhile. */
+static bool idle_arm(mc_engine_t *e)
+{
+    bool busy = false;
+
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], idle))
+            busy |= mc__transports[i]->idle(e);
+    return !busy;
+}
+
+bool mc__progress_may_sleep(mc_engine_t *e)
+{
+    bool ok;
+
+    if (in_pass || pthread_mutex_trylock(&e->lock))
+        return false; /* another thread is in a pass: look again soon */
+    ok = idle_arm(e);
+    pthread_mutex_unlock(&e->lock);
+    return ok;
+}
+
 static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
 {
     struct epoll_event evs[MAX_EVENTS];
@@ -219,8 +243,19 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
         return 0;
     *ran = true;
     MC_LOG_SCOPE(e->cfg.log_level);
-    n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
+    /* A host spinning on progress asks epoll at most every EPOLL_SPIN_NS while it reports
+     * nothing: what arrives through shared memory is seen without a syscall per pass. */
+    uint64_t now = mc__now_ns();
+    n = 0;
+    if (e->epoll_found || now - e->epoll_ns >= EPOLL_SPIN_NS) {
+        n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
+        e->epoll_ns = now;
+        e->epoll_found = n > 0;
+    }
     rc = progress_pass(e, evs, n < 0 ? 0 : n, callbacks);
+    /* A host that sleeps on the event fd may do so after any pass. */
+    if (atomic_load_explicit(&e->event_fd_taken, memory_order_relaxed) && !idle_arm(e))
+        mc__doorbell(e);
     pthread_mutex_unlock(&e->lock);
     return rc;
 }
@@ -259,25 +294,33 @@ int mc_engine_progress(mc_engine_t *e)
 
 int mc_engine_event_fd(const mc_engine_t *e)
 {
-    return e ? e->epfd : mc__set_error(-EINVAL, "mc_engine_event_fd: NULL engine");
+    if (!e)
+        return mc__set_error(-EINVAL, "mc_engine_event_fd: NULL engine");
+    /* From now on every pass arms the wake-ups of work that epoll does not see by itself. */
+    atomic_store(&((mc_engine_t *)e)->event_fd_taken, true);
+    return e->epfd;
 }
 
-/* The internal progress thread: sleeps in epoll_wait (never spins), then handles the events it
- * got under the lock. Conns are freed only at the end of a pass, so the events stay valid. */
+/* The internal progress thread: sleeps in epoll_wait, then handles the events it got under the
+ * lock. Conns are freed only at the end of a pass, so the events stay valid. After a pass that
+ * had events it looks once more without sleeping; it sleeps only once the transports armed
+ * their wake-ups (idle_arm) and nothing came meanwhile. */
 static void *progress_thread(void *arg)
 {
     mc_engine_t *e = arg;
     struct epoll_event evs[MAX_EVENTS];
+    bool may_sleep = false;
 
     mc__log_enter(e->cfg.log_level);
     while (!atomic_load(&e->stop)) {
-        int n = epoll_wait(e->epfd, evs, MAX_EVENTS, tick_ms(e));
+        int n = epoll_wait(e->epfd, evs, MAX_EVENTS, may_sleep ? tick_ms(e) : 0);
         if (n < 0 && errno != EINTR) {
             mc_error("epoll_wait: %s", strerror(errno));
             break;
         }
         pthread_mutex_lock(&e->lock);
         progress_pass(e, evs, n < 0 ? 0 : n, true);
+        may_sleep = n <= 0 && idle_arm(e);
         pthread_mutex_unlock(&e->lock);
     }
     return NULL;
@@ -539,6 +582,8 @@ static void counters_load(_Atomic uint64_t *c, mc_counters_t *out)
     out->requests = atomic_load(&c[MC_CNT_REQUESTS]);
     out->errors = atomic_load(&c[MC_CNT_ERRORS]);
     out->retries = atomic_load(&c[MC_CNT_RETRIES]);
+    out->msgs_sent = atomic_load(&c[MC_CNT_MSGS_SENT]);
+    out->msgs_received = atomic_load(&c[MC_CNT_MSGS_RECEIVED]);
 }
 
 int mc_stats_transport(mc_engine_t *e, const char *transport, mc_counters_t *out)

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <mooncake/engine.h>
 
@@ -82,6 +83,7 @@ struct mc_engine {
     mc_list_t releaseq;   /* tasks let go of in this pass: callbacks at its end (mc_task_t.alink) */
     mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
+    bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
     mc_slice_t *slice_free;           /* free list */
     mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */
@@ -90,6 +92,8 @@ struct mc_engine {
     uint64_t resumed_ns;   /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:
                               I/O timeouts count from here, not across our own absence */
     int armed_ms;          /* current timerfd interval (caller-progress mode) */
+    uint64_t epoll_ns;     /* caller-progress mode: the last epoll_wait, and whether it found */
+    bool epoll_found;      /* events (then the next pass asks again at once) */
 
     mc_topo_t topo; /* the process's devices (shared, read-only) and this engine's matrix */
     bool has_topo;
@@ -110,6 +114,8 @@ struct mc_engine {
     pthread_mutex_t notify_lock;
     mc_list_t notifyq;
     size_t n_notify;
+    atomic_bool rx_notify_full; /* a notification was refused (queue full): wake on a pop */
+    atomic_bool event_fd_taken; /* caller mode: the host may sleep on the event fd */
 
     /* metadata */
     mc_meta_t *meta;
@@ -132,12 +138,25 @@ int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
 int mc__epoll_mod(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
 void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
 
+/* Copy a segment name into a buffer of MC_NAME_MAX bytes (cut if longer; no printf per
+ * message). */
+static inline void mc__copy_name(char *dst, const char *src)
+{
+    size_t n = strnlen(src, MC_NAME_MAX - 1);
+
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
 /* Wake the progress context (one eventfd write). Any thread. */
 void mc__doorbell(mc_engine_t *e);
 /* True on a thread that is running a progress pass (inside callbacks). */
 bool mc__in_progress(void);
 /* Whether this thread is in a progress pass of e (its lock held: callbacks included). */
 bool mc__in_pass_of(const mc_engine_t *e);
+/* Caller-progress mode, before an internal wait polls the event fd: whether it may sleep (the
+ * transports armed their wake-ups and nothing came meanwhile). */
+bool mc__progress_may_sleep(mc_engine_t *e);
 /* Run one progress pass if nobody else is (caller-progress mode). quiet: one that keeps the
  * host's callbacks for a later pass (callbacks.h). */
 int mc__progress_try(mc_engine_t *e);

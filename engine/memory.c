@@ -357,7 +357,7 @@ bool mc__mem_wait(mc_engine_t *e, bool (*done)(mc_engine_t *, void *), void *arg
             /* With MC_PROGRESS_IMPLICIT=0 the bytes move but the host's callbacks wait for
              * its next mc_engine_progress (the event fd says so). */
             int moved = e->implicit_progress ? mc__progress_try(e) : mc__progress_quiet(e);
-            if (!moved) {
+            if (!moved && mc__progress_may_sleep(e)) {
                 struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
                 poll(&pfd, 1, 1);
             }

@@ -9,6 +9,7 @@
 #include "engine_int.h"
 #include "msg.h"
 #include "task.h"
+#include "transport/transport.h"
 #include "util/crypto.h"
 
 #define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
@@ -169,25 +170,38 @@ void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
     }
     m->seq = ++p->msg_seq;
     mc_list_push_back(&p->msgq, &m->link);
+    /* A transport faster than the control link (same-host shared memory) carries p's messages
+     * once it is up; what the control link took before is answered in order all the same. */
+    for (unsigned i = 0; p->msg_tp == e->ctrl && i < mc__n_transports; i++)
+        if (i != e->ctrl && p->tp[i] && MC_TP_HAS(mc__transports[i], msg_open) &&
+            mc__transports[i]->msg_open(e, p))
+            p->msg_tp = (uint8_t)i;
     mc__peer_activate(e, p);
 }
 
-bool mc__msg_ready(const mc_peer_t *p)
+mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp)
 {
-    return !mc_list_empty(&p->msgq) && mc__now_ns() >= p->msg_retry_ns;
+    if (tp != p->msg_tp || mc_list_empty(&p->msgq))
+        return NULL;
+    if (p->msg_retry_ns) { /* refused: not before then */
+        if (mc__now_ns() < p->msg_retry_ns)
+            return NULL;
+        p->msg_retry_ns = 0;
+    }
+    return mc_container_of(p->msgq.next, mc_msg_t, link);
 }
 
-mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p)
+mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
-    mc_list_t *n;
-    mc_msg_t *m;
+    mc_msg_t *m = mc__msg_peek(p, tp);
 
     (void)e;
-    if (!mc__msg_ready(p) || !(n = mc_list_pop_front(&p->msgq)))
+    if (!m)
         return NULL;
-    m = mc_container_of(n, mc_msg_t, link);
+    mc_list_del(&m->link);
     mc_list_push_back(&p->msg_unacked, &m->link);
     m->inflight = true;
+    m->tp = (uint8_t)tp;
     m->tx++;
     m->refs++;
     return m;
@@ -225,6 +239,10 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
     while ((n = mc_list_pop_front(&p->msg_unacked))) {
         mc_msg_t *x = mc_container_of(n, mc_msg_t, link);
         p->msg_acked = x->seq;
+        if (!status || x != m) {
+            mc__count(&p->c[MC_CNT_MSGS_SENT], 1);
+            mc__count(&e->c[x->tp][MC_CNT_MSGS_SENT], 1);
+        }
         msg_done(e, p, x, x == m ? status : 0);
         if (x == m)
             break;
@@ -319,12 +337,14 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
     pthread_mutex_lock(&e->notify_lock);
     bool full = e->n_notify >= MAX_NOTIFY;
     pthread_mutex_unlock(&e->notify_lock);
-    if (full)
-        return -EAGAIN; /* the sender keeps it and tries again */
+    if (full) {
+        atomic_store(&e->rx_notify_full, true); /* the next pop wakes progress */
+        return -EAGAIN;                         /* the sender keeps it and tries again */
+    }
     it = malloc(sizeof(*it) + len + 1);
     if (!it)
         return -EAGAIN;
-    snprintf(it->sender, sizeof(it->sender), "%s", sender);
+    mc__copy_name(it->sender, sender);
     it->len = len;
     memcpy(it->msg, data, len);
     it->msg[len] = 0;
@@ -335,8 +355,8 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
     return 0;
 }
 
-int mc__msg_deliver(mc_engine_t *e, const char *sender, uint64_t stream, uint64_t seq, uint8_t id,
-                    const void *data, size_t len)
+int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t stream, uint64_t seq,
+                    uint8_t id, const void *data, size_t len)
 {
     rx_stream_t *s = rx_find(e, stream, seq);
     int rc;
@@ -348,8 +368,10 @@ int mc__msg_deliver(mc_engine_t *e, const char *sender, uint64_t stream, uint64_
     if (seq > s->next)
         return -EAGAIN; /* one before it is missing: the sender goes back to it */
     rc = id == 0 ? notify_push(e, sender, data, len) : mc__cb_hold_msg(e, sender, id, data, len);
-    if (!rc)
+    if (!rc) {
         s->next = seq + 1;
+        mc__count(&e->c[tp][MC_CNT_MSGS_RECEIVED], 1);
+    }
     return rc;
 }
 
@@ -367,6 +389,8 @@ int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
     pthread_mutex_unlock(&e->notify_lock);
     if (!n)
         return 0;
+    if (atomic_exchange(&e->rx_notify_full, false)) /* there is room: take what waits */
+        mc__doorbell(e);
     mc_notify_item_t *it = mc_container_of(n, mc_notify_item_t, link);
     memcpy(out->sender, it->sender, sizeof(out->sender));
     out->len = it->len;

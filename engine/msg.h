@@ -27,6 +27,7 @@ typedef struct mc_msg {
     mc_list_t link; /* in e->msgq_in, then its peer's msgq or msg_unacked */
     mc_segment_id_t target;
     uint8_t id;    /* 0: a notification */
+    uint8_t tp;    /* the transport that took it last */
     bool inflight; /* taken by the transport, not answered yet */
     uint32_t len;
     uint64_t seq;  /* in its peer's stream, from 1 (progress numbers it) */
@@ -61,23 +62,23 @@ void mc__msg_route(mc_engine_t *e, mc_msg_t *m);
 int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
                     size_t len);
 
-/* For the control transport. take: the next message to send to p now (it stays p's until
- * answered; one more reference for the transport's frame), or NULL. answered: the receiver's
- * answer to take number tx of m (0: in its queue; -EAGAIN: not taken, send it again later).
- * link_lost: what was sent to p on a link that failed is sent again. put: the transport's frame
- * no longer points at m. */
-mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p);
+/* For the transport that carries p's messages (p->msg_tp; others get nothing). peek: the next
+ * message it may take now, left queued. take: that message, taken (it stays p's until answered;
+ * one more reference for the transport), or NULL. answered: the receiver's answer to take
+ * number tx of m (0: in its queue, and so is everything taken before it; -EAGAIN: not taken,
+ * send it again later). link_lost: what was sent to p on a link that failed is sent again.
+ * put: the transport no longer points at m. */
+mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp);
+mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status);
 void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p);
 void mc__msg_put(mc_msg_t *m);
-/* Whether p has a message the transport may take now. */
-bool mc__msg_ready(const mc_peer_t *p);
 
-/* A message arrived from sender (its stream and sequence number): delivered (or a duplicate)
- * 0, or -EAGAIN when it cannot be taken now (the queue it goes to is full, or it is not the
- * next one of its stream). */
-int mc__msg_deliver(mc_engine_t *e, const char *sender, uint64_t stream, uint64_t seq, uint8_t id,
-                    const void *data, size_t len);
+/* A message arrived from sender (its stream and sequence number) over transport tp: delivered
+ * (or a duplicate) 0, or -EAGAIN when it cannot be taken now (the queue it goes to is full: a
+ * progress pass comes once there is room; or it is not the next one of its stream). */
+int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t stream, uint64_t seq,
+                    uint8_t id, const void *data, size_t len);
 
 /* Peers: fail everything p will not deliver (err, the reason), with its flushes; returns how
  * many messages that was. peer_fini: drop what p still holds (it goes away). */

@@ -122,6 +122,7 @@ int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
         mc_list_init(&p->q[tp].retry);
     }
     mc_list_init(&p->msgq);
+    p->msg_tp = (uint8_t)e->ctrl;
     mc_list_init(&p->msg_unacked);
     mc_list_init(&p->flushes);
     while (!p->msg_stream) /* random, never 0 */

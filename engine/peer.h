@@ -60,6 +60,8 @@ enum {
     MC_CNT_REQUESTS,
     MC_CNT_ERRORS,
     MC_CNT_RETRIES,
+    MC_CNT_MSGS_SENT,
+    MC_CNT_MSGS_RECEIVED,
     MC_CNT_N
 };
 
@@ -97,6 +99,8 @@ struct mc_peer {
     uint64_t desc_deadline_ns;
     int reported;          /* the last mc_peer_event_t the host heard (0: none yet) */
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
+    uint8_t msg_tp;        /* the transport that carries them: the control one, or a faster
+                              one once it is up (ops->msg_open) */
     mc_list_t msg_unacked; /* sent, not acknowledged yet, in order */
     uint64_t msg_stream;   /* our stream of messages to it (random) */
     uint64_t msg_seq;      /* the last sequence number given */

@@ -151,11 +151,10 @@ static bool has_slices(mc_peer_t *p, unsigned tp)
     return !mc_list_empty(&p->q[tp].pending) || !mc_list_empty(&p->q[tp].retry);
 }
 
-/* Whether transport tp has work for p: slices, or messages for the control transport, which
- * carries them. */
-static bool tp_has_work(mc_engine_t *e, mc_peer_t *p, unsigned tp)
+/* Whether transport tp has work for p: slices, or messages if it carries p's. */
+static bool tp_has_work(mc_peer_t *p, unsigned tp)
 {
-    return has_slices(p, tp) || (tp == e->ctrl && !mc_list_empty(&p->msgq));
+    return has_slices(p, tp) || (tp == p->msg_tp && !mc_list_empty(&p->msgq));
 }
 
 void mc__sched_run(mc_engine_t *e)
@@ -168,9 +167,9 @@ void mc__sched_run(mc_engine_t *e)
         bool work = p->desc_wanted;
         mc__peer_desc_ask(e, p);
         for (unsigned tp = 0; tp < mc__n_transports; tp++) {
-            if (p->tp[tp] && tp_has_work(e, p, tp) && MC_TP_HAS(mc__transports[tp], fill))
+            if (p->tp[tp] && tp_has_work(p, tp) && MC_TP_HAS(mc__transports[tp], fill))
                 mc__transports[tp]->fill(e, p);
-            work = work || tp_has_work(e, p, tp);
+            work = work || tp_has_work(p, tp);
         }
         if (!work) {
             mc_list_del(&p->active_link);

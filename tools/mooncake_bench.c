@@ -270,7 +270,7 @@ static int run_target(void)
     printf("segment: %s\n", mc_engine_segment_name(e));
     fflush(stdout);
     /* Serve until told to stop, or until our parent (local mode) goes away. */
-    while (!stop_target && getppid() != 1) {
+    for (unsigned i = 0; !stop_target && (i % 4096 || getppid() != 1); i++) {
         if (o.progress_thread == 0)
             mc_engine_progress(e);
         else

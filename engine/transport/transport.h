@@ -151,6 +151,19 @@ struct mc_transport_ops {
      * b in a key, at most cap, which its codec's decode_key reads back; the length, 0 for none,
      * -E2BIG when they cannot fit. */
     int (*key_pack)(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, size_t cap);
+
+    /* Messages over a transport other than the control one. msg_open: messages to p are
+     * queued and the control link carries them; true if this transport carries them from now
+     * on (set up without blocking). Its fill then takes them (mc__msg_take with its slot) and
+     * answers them (mc__msg_answered) as the receiver takes them; when it cannot reach p any
+     * more, p is dead (mc__peer_dead), which fails the unanswered. A receiving transport hands
+     * what arrives to mc__msg_deliver. */
+    bool (*msg_open)(mc_engine_t *e, mc_peer_t *p);
+
+    /* The progress context is about to sleep (its thread, in epoll_wait; a host that took the
+     * event fd; an internal wait): arm whatever must wake it through its epoll set, and return
+     * true if work came meanwhile (it does not sleep then). */
+    bool (*idle)(mc_engine_t *e);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

@@ -421,6 +421,8 @@ typedef struct mc_counters {
     uint64_t requests;      /* slices completed as initiator */
     uint64_t errors;        /* slice or connection failures */
     uint64_t retries;       /* slices resubmitted after a failure */
+    uint64_t msgs_sent;     /* messages and notifications in the receiver's queue */
+    uint64_t msgs_received; /* messages and notifications taken into our queue */
 } mc_counters_t;
 
 /* One path to a peer (for tcp: local interface address -> peer endpoint). */

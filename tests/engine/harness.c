@@ -4,6 +4,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,6 +31,41 @@
 static th_target_t *children[MAX_CHILDREN]; /* spawned and not yet reaped */
 
 /* ---- small utilities ---------------------------------------------------------------------- */
+
+/* Whether every thread of pid is stopped ('T' in /proc/PID/task/TID/stat). */
+static int all_stopped(pid_t pid)
+{
+    char path[320], buf[512];
+    struct dirent *d;
+    int n = 0, stopped = 0;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    while (dir && (d = readdir(dir))) {
+        if (d->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, d->d_name);
+        FILE *f = fopen(path, "r");
+        const char *p = f && fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+        n++;
+        stopped += p && p[1] == ' ' && p[2] == 'T';
+        if (f)
+            fclose(f);
+    }
+    if (dir)
+        closedir(dir);
+    return n > 0 && stopped == n;
+}
+
+void th_stop(pid_t pid)
+{
+    int64_t dl = th_now_ms() + 5000;
+
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    while (!all_stopped(pid) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_true(all_stopped(pid));
+}
 
 int64_t th_now_ms(void)
 {

@@ -119,6 +119,8 @@ void th_target_kill(th_target_t *t);
 /* Ask the child to exit cleanly (destroying its engines); returns its exit status, or -1 if
  * it had to be killed after timeout_ms. */
 int th_target_stop(th_target_t *t, int timeout_ms);
+/* SIGSTOP pid and wait (asserting, up to 5 s) until every thread of it is stopped indeed. */
+void th_stop(pid_t pid);
 /* Kill every child this process spawned and has not reaped; for teardowns. */
 void th_kill_all(void);
 

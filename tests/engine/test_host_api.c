@@ -198,35 +198,6 @@ static void test_batch_reuse(void **state)
 
 /* ---- per-submit timeouts ------------------------------------------------------------------- */
 
-/* The state letter of a process in /proc/PID/stat ('T' once stopped). */
-static char proc_state(pid_t pid)
-{
-    char path[64], buf[512];
-    char st = '?';
-
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f && fgets(buf, sizeof(buf), f)) {
-        const char *p = strrchr(buf, ')');
-        if (p && p[1] == ' ')
-            st = p[2];
-    }
-    if (f)
-        fclose(f);
-    return st;
-}
-
-/* SIGSTOP, and wait until the process is stopped indeed. */
-static void stop_and_wait(pid_t pid)
-{
-    int64_t dl = th_now_ms() + 5000;
-
-    assert_int_equal(kill(pid, SIGSTOP), 0);
-    while (proc_state(pid) != 'T' && th_now_ms() < dl)
-        th_sleep_ms(1);
-    assert_int_equal(proc_state(pid), 'T');
-}
-
 /* Two targets; X stops answering (SIGSTOP). A submit to X with a 300 ms timeout ends TIMEOUT
  * with -MC_ETIMEOUT soon after; Y, busy with 2 GiB of writes, also gets a small submit with a
  * 200 ms timeout queued behind them: it waits longer than that and still completes, since its
@@ -247,7 +218,7 @@ static void test_submit_timeout(void **state)
     assert_int_equal(th_xfer(e, MC_WRITE, src, sx, x->eng[0].buf[0], small, NULL, 0),
                      MC_TASK_COMPLETED);
 
-    stop_and_wait(x->pid);
+    th_stop(x->pid);
     int64_t t0 = th_now_ms();
     mc_task_status_t st = xfer_opts(e, MC_WRITE, src, sx, x->eng[0].buf[0], 1 * MIB, 300);
     int64_t took = th_now_ms() - t0;
@@ -795,7 +766,7 @@ static void test_close_waiting_peer(void **state)
     uint8_t *src = th_buf(e, 65536);
     assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], 65536, NULL, 0),
                      MC_TASK_COMPLETED);
-    stop_and_wait(t->pid);
+    th_stop(t->pid);
     /* Beyond what we know of it: the task waits for a descriptor that does not come. */
     mc_task_status_t st = xfer_opts(e, MC_WRITE, src, seg, t->eng[0].buf[0] + MIB, 4096, 0);
     assert_int_equal(st.state, MC_TASK_FAILED);

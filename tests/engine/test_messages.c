@@ -3,8 +3,9 @@
  * them (ss -K, as root), every unacknowledged one reported when the peer dies, flush, standalone
  * and batch notifications, and back-pressure from a receiver that does not keep up.
  *
- * TH_MESSAGES sets how many messages the kill test sends (default 10^6). Targets run in child
- * processes (harness.c) on loopback.
+ * TH_TRANSPORT picks what carries them: tcp (the default: MC_FORCE_TCP=1 on both sides) or shm
+ * (same-host peers: the shared-memory ring). TH_MESSAGES sets how many messages the first test
+ * sends (default 10^6). Targets run in child processes (harness.c) on loopback.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,6 +37,30 @@ static int teardown(void **state)
         mc_engine_destroy(g.e);
     memset(&g, 0, sizeof(g));
     return 0;
+}
+
+static bool over_tcp(void)
+{
+    const char *v = getenv("TH_TRANSPORT");
+
+    return !v || strcmp(v, "shm");
+}
+
+/* Test settings for the transport under test. */
+static void config(th_cfg_t *cfg)
+{
+    th_config(cfg);
+    if (over_tcp())
+        th_set(cfg, "FORCE_TCP", "1");
+}
+
+/* How many messages went over the transport under test. */
+static uint64_t carried(mc_engine_t *e)
+{
+    mc_counters_t c;
+
+    assert_int_equal(mc_stats_transport(e, over_tcp() ? "tcp" : "shm", &c), 0);
+    return c.msgs_sent;
 }
 
 static th_target_t *spawn(const th_cfg_t *cfg, size_t len)
@@ -90,9 +115,10 @@ static int send_msg(mc_engine_t *e, mc_segment_id_t id, uint8_t mid, const void 
 
 typedef struct killer {
     pthread_t thr;
-    unsigned port;
+    unsigned port; /* 0: no connections to kill */
+    pid_t pid;     /* the target, stopped now and then */
     atomic_bool stop;
-    unsigned rounds, killed;
+    unsigned rounds, killed, stops;
 } killer_t;
 
 /* The TCP port target pid listens on (from ss), or 0. */
@@ -115,7 +141,8 @@ static unsigned listen_port(pid_t pid)
 }
 
 /* Every few milliseconds, kill every established connection to or from the port (both ends,
- * both processes): what was in flight on them is lost. */
+ * both processes): what was in flight on them is lost; or stop the target for a few
+ * milliseconds (a receiver that does not progress: the sender fills up and waits). */
 static void *killer_main(void *arg)
 {
     killer_t *k = arg;
@@ -128,6 +155,13 @@ static void *killer_main(void *arg)
     while (!atomic_load(&k->stop)) {
         r = r * 1103515245 + 12345;
         th_sleep_ms(2 + (int)((r >> 16) % 40));
+        if (!k->port || (r >> 8) % 4 == 0) {
+            kill(k->pid, SIGSTOP);
+            th_sleep_ms(1 + (int)((r >> 12) % 20));
+            kill(k->pid, SIGCONT);
+            k->stops++;
+            continue;
+        }
         FILE *f = popen(cmd, "r");
         if (!f)
             continue;
@@ -147,7 +181,8 @@ static unsigned n_messages(void)
 
 /* Random sizes from 0 B to 64 KiB (log-uniform, so most are small, as control messages are),
  * to a target whose handler checks each one's number and bytes, while connections are killed
- * at random: every message arrives once, in order, intact, and every send completes with 0. */
+ * (tcp) and the target is stopped at random: every message arrives once, in order, intact, and
+ * every send completes with 0. */
 static void test_exactly_once(void **state)
 {
     const unsigned n = n_messages();
@@ -160,18 +195,18 @@ static void test_exactly_once(void **state)
     uint64_t bytes = 0;
 
     (void)state;
-    th_config(&cfg);
+    config(&cfg);
     th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
     th_target_t *t = spawn(&cfg, 4096);
     mc_engine_t *e = g.e = th_engine(&cfg);
     mc_segment_id_t id = th_open(e, t, 0);
     memset(&d, 0, sizeof(d));
 
-    bool kill = geteuid() == 0 && (k.port = listen_port(t->pid)) != 0;
-    if (kill)
-        assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
-    else
+    bool kill_conns = over_tcp() && geteuid() == 0 && (k.port = listen_port(t->pid)) != 0;
+    if (over_tcp() && !kill_conns)
         print_message("  not root (or no ss): no connections killed\n");
+    k.pid = t->pid;
+    assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
     int64_t t0 = th_now_ms();
     mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
     for (uint32_t i = 0; i < n; i++) {
@@ -192,10 +227,10 @@ static void test_exactly_once(void **state)
     while (atomic_load(&d.ok) + atomic_load(&d.failed) < n && th_now_ms() < dl)
         th_sleep_ms(1);
     atomic_store(&k.stop, true);
-    if (kill)
-        pthread_join(k.thr, NULL);
-    print_message("  %u messages (%.1f MiB) in %lld ms, %u kill rounds, %u connections killed\n", n,
-                  bytes / 1048576.0, (long long)(th_now_ms() - t0), k.rounds, k.killed);
+    pthread_join(k.thr, NULL);
+    print_message("  %u messages (%.1f MiB) in %lld ms, %u kill rounds killed %u connections, "
+                  "%u stops\n",
+                  n, bytes / 1048576.0, (long long)(th_now_ms() - t0), k.rounds, k.killed, k.stops);
     if (r.v[0] != n || r.v[1] || r.v[2] || r.v[3])
         print_error("received %lld, out of order %lld, bad payload %lld, bad sender %lld\n",
                     (long long)r.v[0], (long long)r.v[1], (long long)r.v[2], (long long)r.v[3]);
@@ -205,7 +240,8 @@ static void test_exactly_once(void **state)
     assert_int_equal(r.v[3], 0);
     assert_int_equal(atomic_load(&d.ok), n);
     assert_int_equal(atomic_load(&d.failed), 0);
-    if (kill)
+    assert_int_equal(carried(e), n); /* all of them over the transport under test */
+    if (kill_conns)
         assert_true(k.killed > 0);
     /* Nothing more arrives afterwards (no late duplicate). */
     th_sleep_ms(200);
@@ -248,7 +284,7 @@ static void test_peer_killed(void **state)
     th_cfg_t cfg;
 
     (void)state;
-    th_config(&cfg);
+    config(&cfg);
     th_target_t *t = spawn(&cfg, 4096);
     mc_engine_t *e = g.e = th_engine(&cfg);
     memset(&d, 0, sizeof(d));
@@ -257,7 +293,7 @@ static void test_peer_killed(void **state)
     assert_int_equal(mc_peer_handler_set(e, on_event, &ev), 0);
     mc_segment_id_t id = th_open(e, t, 0);
     mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
-    assert_int_equal(kill(t->pid, SIGSTOP), 0);
+    th_stop(t->pid);
     for (uint32_t i = 0; i < n; i++)
         assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, sizeof(buf)), &o), 0);
     assert_int_equal(mc_peer_flush(e, id, on_done, &fd), 0);
@@ -300,9 +336,9 @@ static void on_flushed(void *arg, int status)
     atomic_store(&f->done, true);
 }
 
-/* Writes (released, not waited for), notifications and handler messages, then a flush: when it
- * completes the target already holds every byte and every notification (checked at once, no
- * waiting), and its handler saw every message. */
+/* Writes (not waited for), notifications and handler messages, then a flush: when it completes
+ * the target already holds every byte and every notification (checked at once, no waiting),
+ * and its handler saw every message. */
 static void test_flush(void **state)
 {
     const size_t n = 64, sz = 256 * 1024;
@@ -315,7 +351,7 @@ static void test_flush(void **state)
     mc_batch_t *b;
 
     (void)state;
-    th_config(&cfg);
+    config(&cfg);
     th_target_t *t = spawn(&cfg, n * sz);
     mc_engine_t *e = g.e = th_engine(&cfg);
     mc_segment_id_t id = th_open(e, t, 0);
@@ -334,7 +370,6 @@ static void test_flush(void **state)
                                      .length = sz};
         assert_int_equal(mc_batch_create(e, n, &b), 0);
         assert_int_equal(mc_batch_submit(b, reqs, n, NULL), 0);
-        mc_batch_release(b);
         for (uint32_t i = 0; i < nn; i++) {
             uint32_t v = round * nn + i;
             memcpy(buf, &v, 4);
@@ -364,6 +399,10 @@ static void test_flush(void **state)
         assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
         assert_int_equal(r.v[0], (round + 1) * nm);
         assert_int_equal(r.v[1] + r.v[2], 0);
+        mc_batch_status_t bs;
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+        assert_int_equal(bs.completed, n);
+        th_batch_destroy(e, b);
     }
     /* A flush with nothing outstanding completes too (from progress, not inside the call). */
     memset(&f, 0, sizeof(f));
@@ -396,8 +435,8 @@ static void expect_pop(th_target_t *t, const char *msg, uint64_t addr, uint64_t 
 }
 
 /* Standalone notifications come in the order sent; a batch's comes after its data is remotely
- * complete, though the initiator never waits for the batch; each comes once. An empty one and
- * bad input are handled. */
+ * complete, though the initiator never waits for the batch (the progress thread sends it); each
+ * comes once. An empty one and bad input are handled. */
 static void test_notifications(void **state)
 {
     const size_t sz = 32u << 20;
@@ -406,7 +445,7 @@ static void test_notifications(void **state)
     th_reply_t r;
 
     (void)state;
-    th_config(&cfg);
+    config(&cfg);
     th_target_t *t = spawn(&cfg, sz);
     mc_engine_t *e = g.e = th_engine(&cfg);
     mc_segment_id_t id = th_open(e, t, 0);
@@ -421,7 +460,6 @@ static void test_notifications(void **state)
     mc_notify_req_t nr = {.target = id, .msg = "data landed", .len = 11};
     assert_int_equal(mc_batch_create(e, 1, &b), 0);
     assert_int_equal(mc_batch_submit(b, &rq, 1, &nr), 0);
-    mc_batch_release(b);
     expect_pop(t, "one", 0, 0, 0);
     expect_pop(t, "two", 0, 0, 0);
     notify(e, id, "three");
@@ -448,6 +486,7 @@ static void test_notifications(void **state)
     assert_int_equal(mc_notify_send(e, id, big, sizeof(big)), -EINVAL);
     assert_int_equal(mc_notify_send(e, id, NULL, 4), -EINVAL);
     assert_int_equal(mc_notify_send(e, id + 99, "x", 1), -MC_ENOSEGMENT);
+    th_batch_destroy(e, b);
     th_buf_free(e, src, sz);
     th_close(e, id);
 }
@@ -488,7 +527,7 @@ static void test_backpressure(void **state)
     uint32_t next = 0;
 
     (void)state;
-    th_config(&cfg);
+    config(&cfg);
     th_target_t *t = spawn(&cfg, 4096);
     mc_engine_t *e = g.e = th_engine(&cfg);
     mc_segment_id_t id = th_open(e, t, 0);
@@ -512,7 +551,7 @@ static void test_backpressure(void **state)
     while (!atomic_load(&f.done) && th_now_ms() < dl)
         th_sleep_ms(1);
     assert_int_equal(atomic_load(&f.status), 0);
-    assert_int_equal(kill(t->pid, SIGSTOP), 0);
+    th_stop(t->pid);
     uint32_t first = next;
     unsigned more = fill_up(e, id, &next, 300);
     assert_int_equal(more, MC_MSG_WINDOW);

@@ -25,10 +25,13 @@ mc_unit_test(test_engine_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_api.c
 # that do not block, a flooded target).
 mc_unit_test(test_host_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_host_api.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
-# Messages and notifications: exactly once across killed connections, a dead peer, flush,
-# back-pressure.
+# Messages and notifications: exactly once across killed connections and stalls, a dead peer,
+# flush, back-pressure; over tcp, and over the shared-memory ring between same-host peers.
 mc_unit_test(test_messages SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_messages.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 600 LABELS integration)
+add_test(NAME test_messages_shm COMMAND test_messages)
+set_tests_properties(test_messages_shm PROPERTIES TIMEOUT 600 LABELS integration
+  ENVIRONMENT "TH_TRANSPORT=shm")
 mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.sh

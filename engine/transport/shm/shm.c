@@ -39,30 +39,14 @@
 
 #define CMA_IOV 1024 /* iovecs per process_vm_readv/writev call (IOV_MAX) */
 
-enum {
-    SHM_HELLO = 1,
-    SHM_MAP,
-    SHM_MAP_OK,
-    SHM_MAP_ERR,
-    SHM_REVOKE,
-    SHM_REVOKE_ACK,
-    SHM_REGTAB,    /* request: the registration table and a slot in it */
-    SHM_REGTAB_OK, /* arg = slot; the table's memfd attached */
-};
-enum { ROLE_REQUEST = 1, ROLE_EVENT = 2 };
-
-typedef struct shm_msg {
-    uint32_t type, arg; /* arg: role for HELLO */
-    uint64_t addr, len, instance;
-} shm_msg_t;
-
 /* Owner side: one accepted connection. Progress-owned. */
 typedef struct shm_conn {
     mc_pollable_t p;
     mc_list_t link; /* in the conns of shm_engine_t, then its grave */
     uint32_t role;
     uint64_t instance;
-    int slot; /* request connections: this peer's slot in the registration table, or -1 */
+    int slot;     /* request connections: this peer's slot in the registration table, or -1 */
+    shm_rx_t *rx; /* message connections: the ring they deliver from */
 } shm_conn_t;
 
 typedef struct shm_map {
@@ -91,6 +75,7 @@ typedef struct shm_peer {
     pthread_mutex_t cma_lock; /* one CMA call at a time: the slot counts one in flight */
     int pid;
     atomic_bool cma_off; /* CMA refused (EPERM): said once, other transports from then on */
+    shm_tx_t tx;         /* messages to it (shm_msg.c), progress-owned */
 } shm_peer_t;
 
 enum { SP_NEW, SP_OPEN, SP_DEAD };
@@ -106,7 +91,7 @@ static socklen_t sun_of(const char *name, struct sockaddr_un *sun)
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-static int msg_send(int fd, const shm_msg_t *m, int pass_fd)
+int mc__shm_send(int fd, const shm_msg_t *m, int pass_fd)
 {
     struct iovec iov = {(void *)m, sizeof(*m)};
     char cbuf[CMSG_SPACE(sizeof(int))];
@@ -155,6 +140,9 @@ static void conn_bury(mc_engine_t *e, shm_conn_t *c)
 
     mc__shm_regtab_slot_put(e, c->slot);
     c->slot = -1;
+    if (c->rx)
+        mc__shm_rx_detach(e, c->rx);
+    c->rx = NULL;
     mc__epoll_del(e, &c->p);
     close(c->p.fd);
     c->p.fd = -1;
@@ -174,9 +162,9 @@ static void on_map(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
 
     if (b && b->memfd >= 0) {
         r = (shm_msg_t){.type = SHM_MAP_OK, .addr = b->addr, .len = b->len};
-        if (msg_send(c->p.fd, &r, b->memfd))
+        if (mc__shm_send(c->p.fd, &r, b->memfd))
             conn_bury(e, c);
-    } else if (msg_send(c->p.fd, &r, -1)) {
+    } else if (mc__shm_send(c->p.fd, &r, -1)) {
         conn_bury(e, c);
     }
     if (b)
@@ -188,19 +176,27 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     shm_conn_t *c = mc_container_of(p, shm_conn_t, p);
     shm_engine_t *se = shm_of(e);
     shm_msg_t m;
-    int rc;
+    int rc, fd = -1;
 
     (void)events;
-    while (c->p.fd >= 0 && (rc = msg_recv(c->p.fd, &m, NULL, MSG_DONTWAIT)) == 0) {
-        if (m.type == SHM_HELLO && !c->role && (m.arg == ROLE_REQUEST || m.arg == ROLE_EVENT)) {
+    while (c->p.fd >= 0 && (rc = msg_recv(c->p.fd, &m, &fd, MSG_DONTWAIT)) == 0) {
+        if (m.type == SHM_HELLO && !c->role && m.arg >= ROLE_REQUEST && m.arg <= ROLE_MSG) {
             c->role = m.arg;
             c->instance = m.instance;
+        } else if (m.type == SHM_RING && c->role == ROLE_MSG && !c->rx && fd >= 0) {
+            c->rx = mc__shm_rx_attach(e, c->p.fd, fd);
+            if (!c->rx) {
+                mc_warn("shm: a message ring that is not one: dropping it");
+                rc = -EIO;
+            }
+        } else if (m.type == SHM_KICK && c->role == ROLE_MSG) {
+            /* the ring is read every pass */
         } else if (m.type == SHM_MAP && c->role == ROLE_REQUEST) {
             on_map(e, c, &m);
         } else if (m.type == SHM_REGTAB && c->role == ROLE_REQUEST && c->slot < 0 && se->regtab) {
             c->slot = mc__shm_regtab_slot_get(e);
             shm_msg_t r = {.type = SHM_REGTAB_OK, .arg = (uint32_t)c->slot};
-            if (c->slot < 0 || msg_send(c->p.fd, &r, se->regtab_fd)) {
+            if (c->slot < 0 || mc__shm_send(c->p.fd, &r, se->regtab_fd)) {
                 rc = -EIO;
                 break;
             }
@@ -212,9 +208,15 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         } else {
             mc_warn("shm: unexpected message %u from a peer: dropping it", m.type);
             rc = -EIO;
-            break;
         }
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
+        if (rc)
+            break;
     }
+    if (fd >= 0)
+        close(fd);
     if (c->p.fd >= 0 && rc != -EAGAIN)
         conn_bury(e, c);
 }
@@ -263,7 +265,7 @@ static void revoke_start(mc_engine_t *e)
         shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
         if (c->role != ROLE_EVENT)
             continue;
-        if (msg_send(c->p.fd, &m, -1) == 0)
+        if (mc__shm_send(c->p.fd, &m, -1) == 0)
             se->revoke_left++;
         else
             conn_bury(e, c); /* it will drop its mappings on HUP */
@@ -297,6 +299,7 @@ static void shm_progress(mc_engine_t *e)
         revoke_start(e);
     if (atomic_exchange(&se->revoke_abort, false))
         revoke_abort(e);
+    mc__shm_msg_progress(e);
 }
 
 /* ---- initiator side ---- */
@@ -336,7 +339,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         }
         pthread_rwlock_unlock(&s->lock);
         m.type = SHM_REVOKE_ACK;
-        msg_send(s->ev.fd, &m, -1);
+        mc__shm_send(s->ev.fd, &m, -1);
     }
     if (rc != -EAGAIN) { /* the owner went away, or misbehaved: forget it */
         atomic_store(&s->state, SP_DEAD);
@@ -358,10 +361,10 @@ static void peer_on_exit(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     mc__peer_dead(e, s->peer, "its process %d exited", s->pid);
 }
 
-static int connect_role(const char *name, uint32_t role, uint64_t instance)
+int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, bool nonblock)
 {
     struct sockaddr_un sun;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
     shm_msg_t m = {.type = SHM_HELLO, .arg = role, .instance = instance};
 
     if (fd < 0)
@@ -404,8 +407,8 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s)
     struct ucred cred = {0};
     socklen_t cl = sizeof(cred);
 
-    s->req_fd = connect_role(s->addr, ROLE_REQUEST, e->instance);
-    s->ev.fd = connect_role(s->addr, ROLE_EVENT, e->instance);
+    s->req_fd = mc__shm_connect(s->addr, ROLE_REQUEST, e->instance, false);
+    s->ev.fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, false);
     /* The owner's pid as our pid namespace sees it (0: not at all; the descriptor's is in its
      * own namespace): CMA and the death watch need the process itself. */
     if (s->req_fd >= 0 && getsockopt(s->req_fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
@@ -686,6 +689,7 @@ static int shm_peer_update(mc_engine_t *e, mc_peer_t *p)
     pthread_mutex_init(&s->cma_lock, NULL);
     pthread_rwlock_init(&s->lock, NULL);
     mc_list_init(&s->link);
+    mc__shm_tx_init(&s->tx, p);
     p->tp[mc__shm_slot] = s;
     return 30;
 }
@@ -702,6 +706,7 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
         mc__epoll_del(e, &s->exit);
     s->exit_watched = false;
     s->peer = NULL;
+    mc__shm_tx_close(e, &s->tx);
     peer_unmap_all(s);
     mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
     p->tp[mc__shm_slot] = NULL;
@@ -748,6 +753,8 @@ static int shm_init(mc_engine_t *e)
     mc_list_init(&se->conns);
     mc_list_init(&se->grave);
     mc_list_init(&se->peers_grave);
+    mc_list_init(&se->rx_rings);
+    mc_list_init(&se->tx_busy);
     pthread_mutex_init(&se->revoke_mutex, NULL);
     se->listen.fd = -1;
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -878,4 +885,21 @@ const mc_transport_ops_t mc__shm_ops = {
     .submit = shm_submit,
     .progress = shm_progress,
     .reap = shm_reap,
+    .fill = mc__shm_msg_fill,
+    .msg_open = mc__shm_msg_open,
+    .idle = mc__shm_msg_idle,
 };
+
+shm_tx_t *mc__shm_peer_tx(mc_peer_t *p)
+{
+    shm_peer_t *s = p->tp[mc__shm_slot];
+
+    return s ? &s->tx : NULL;
+}
+
+const char *mc__shm_peer_addr(mc_peer_t *p)
+{
+    shm_peer_t *s = p->tp[mc__shm_slot];
+
+    return s ? s->addr : NULL;
+}

@@ -33,6 +33,46 @@ typedef struct mc_regtab {
 
 extern unsigned mc__shm_slot;
 
+/* What goes over the unix sockets (SOCK_SEQPACKET: one message per send). */
+enum {
+    SHM_HELLO = 1,
+    SHM_MAP,
+    SHM_MAP_OK,
+    SHM_MAP_ERR,
+    SHM_REVOKE,
+    SHM_REVOKE_ACK,
+    SHM_REGTAB,    /* request: the registration table and a slot in it */
+    SHM_REGTAB_OK, /* arg = slot; the table's memfd attached */
+    SHM_RING,      /* message channel: the sender's ring, its memfd attached */
+    SHM_KICK,      /* message channel, either way: look at the ring */
+};
+enum { ROLE_REQUEST = 1, ROLE_EVENT = 2, ROLE_MSG = 3 };
+
+typedef struct shm_msg {
+    uint32_t type, arg; /* arg: role for HELLO */
+    uint64_t addr, len, instance;
+} shm_msg_t;
+
+/* One message on fd (without blocking), with a descriptor attached if pass_fd >= 0. */
+int mc__shm_send(int fd, const shm_msg_t *m, int pass_fd);
+/* Connect to the owner socket called name as role (HELLO sent); the fd or a negative errno. */
+int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, bool nonblock);
+
+/* Messages to one peer through a ring in shared memory (shm_msg.c). */
+typedef struct shm_ring shm_ring_t;
+typedef struct shm_tx {
+    mc_pollable_t chan; /* the channel socket: kicks, and the receiver's end */
+    int state;          /* TX_NONE, TX_UP, TX_OFF */
+    shm_ring_t *ring;
+    uint64_t head;           /* bytes written */
+    struct shm_tx_rec *fifo; /* records not consumed yet, oldest first (a circle) */
+    unsigned fifo_first, fifo_n;
+    mc_list_t busy_link; /* in shm_engine_t.tx_busy while fifo_n */
+    mc_peer_t *peer;
+} shm_tx_t;
+/* The receiving end of one ring, on an accepted message connection. */
+typedef struct shm_rx shm_rx_t;
+
 /* e->tp[mc__shm_slot] */
 typedef struct shm_engine {
     char name[MC_NAME_MAX]; /* our abstract unix socket */
@@ -46,6 +86,8 @@ typedef struct shm_engine {
     mc_regtab_t *regtab; /* our registrations, shared with same-host peers (CMA) */
     int regtab_fd;
     bool regtab_used[MC_REGTAB_SLOTS]; /* peer slots in regtab, progress-owned */
+    mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
+    mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
 } shm_engine_t;
 
 static inline shm_engine_t *shm_of(mc_engine_t *e)
@@ -68,6 +110,21 @@ void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
 
 /* Peer side: whether [addr, addr+len) is inside one registered buffer of the table now. */
 bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len);
+
+/* shm_msg.c. Sender: msg_open, fill and idle are the transport ops; tx_close when its peer goes.
+ * Receiver: rx_attach a ring that arrived on message connection fd (NULL: refused), rx_detach
+ * when the connection goes. progress: every pass, both sides. */
+bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p);
+/* shm.c: p's message sender and the owner's socket name (NULL: shm does not reach p). */
+shm_tx_t *mc__shm_peer_tx(mc_peer_t *p);
+const char *mc__shm_peer_addr(mc_peer_t *p);
+void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p);
+bool mc__shm_msg_idle(mc_engine_t *e);
+void mc__shm_msg_progress(mc_engine_t *e);
+void mc__shm_tx_init(shm_tx_t *tx, mc_peer_t *p);
+void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx);
+shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd);
+void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx);
 
 /* shm_desc.c: its part of descriptors (our socket name; which buffers may be mapped) */
 extern const mc_desc_codec_t mc__shm_codec;

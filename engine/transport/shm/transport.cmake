@@ -2,4 +2,5 @@
 list(APPEND MC_TRANSPORT_SOURCES
   transport/shm/shm.c
   transport/shm/shm_desc.c
+  transport/shm/shm_msg.c
   transport/shm/shm_regtab.c)

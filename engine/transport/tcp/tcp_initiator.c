@@ -511,7 +511,7 @@ static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
 {
     mc_msg_t *m;
 
-    while ((m = mc__msg_take(e, p))) {
+    while ((m = mc__msg_take(e, p, e->ctrl))) {
         mc_slice_t *s = mc__slice_alloc(e);
         if (!s) { /* it goes back to the queue, for a later pass */
             mc__msg_answered(e, p, m, m->tx, -EAGAIN);
@@ -712,7 +712,7 @@ void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
     mc_list_t *pos, *tmp;
 
     fill_conns(e, p);
-    if (mc__msg_ready(p)) {
+    if (mc__msg_peek(p, e->ctrl)) {
         mc_tcp_conn_t *c = ctrl_conn(e, p);
         if (c)
             send_msgs(e, p, c);

@@ -1,0 +1,414 @@
+/*
+ * Messages between same-host peers through shared memory.
+ *
+ * Each sender makes one ring per peer it sends to (a memfd, RING_BYTES of records) and hands it
+ * over a message connection to the peer's socket (HELLO as ROLE_MSG, then SHM_RING with the
+ * memfd), all without blocking: the ring is usable at once, and the peer starts reading it once
+ * its progress accepts the connection. A record is {u32 len, u8 id, u64 seq} and the payload,
+ * padded to 16 bytes; one that would cross the end leaves a skip record there and starts at the
+ * beginning. The sender owns `head` (bytes written), the receiver `tail` (bytes consumed): one
+ * producer, one consumer, no lock.
+ *
+ * The receiver consumes a record once mc__msg_deliver took it (or saw it before); one it cannot
+ * take now stays where it is, and the receiver tries again on a later pass (a pop, or handlers
+ * run, make room and wake it). So the ring itself is the back-pressure: a full ring stops the
+ * sender, whose window then fills. The sender answers each record once `tail` passed it, in
+ * order, which completes the send and counts for flushes.
+ *
+ * Wake-ups: a side about to sleep (transport idle op) sets its flag in the ring and looks once
+ * more; the other side, after moving head (or tail), sends one SHM_KICK datagram on the
+ * connection if it finds the flag set, clearing it. The flags sit on both sides of a
+ * sequentially consistent fence, so a record is either seen before sleeping or kicked.
+ * Spinning hosts (caller-progress mode without the event fd) never set them: no syscall per
+ * message at all.
+ *
+ * The connection is the ring's lifeline: the receiver's end closing (its engine or process
+ * went) makes the peer dead for the sender after answering what was consumed, and every
+ * message it did not take fails with the count in the DEAD event. The sender's end closing
+ * (closed peer, exited process) makes the receiver take what it can and drop the ring.
+ */
+#include <errno.h>
+#include <stdalign.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shm_int.h"
+
+#define RING_BYTES (512u << 10)
+#define RING_MAGIC 0x474e4952434du /* "MCRING" */
+#define REC_HDR    16u
+#define REC_SKIP   UINT32_MAX
+#define FIFO_CAP   (2 * MC_MSG_WINDOW) /* records in the ring, resends included */
+#define RX_BUDGET  1024u               /* records taken per ring per pass */
+
+enum { TX_NONE, TX_UP, TX_OFF };
+
+struct shm_ring {
+    uint64_t magic, bytes, stream;
+    char sender[MC_NAME_MAX];
+    alignas(64) _Atomic uint64_t head; /* written by the sender */
+    _Atomic uint32_t rx_armed;         /* the receiver may sleep: kick it */
+    alignas(64) _Atomic uint64_t tail; /* written by the receiver */
+    _Atomic uint32_t tx_armed;         /* the sender may sleep waiting for tail: kick it */
+    alignas(64) uint8_t data[];
+};
+
+typedef struct rec {
+    uint32_t len;
+    uint8_t id;
+    uint8_t pad[3];
+    uint64_t seq;
+} rec_t;
+
+struct shm_tx_rec {
+    mc_msg_t *m;
+    uint32_t tx;
+    uint64_t end; /* head after it */
+};
+
+struct shm_rx {
+    mc_list_t link; /* in shm_engine_t.rx_rings */
+    int fd;         /* the connection (the conn owns it) */
+    shm_ring_t *ring;
+    uint64_t tail;
+    uint64_t stream;
+    char sender[MC_NAME_MAX];
+    bool blocked; /* the head record was refused: the next pass tries it again */
+    bool corrupt; /* not read any more: its connection is being shut */
+};
+
+_Static_assert(sizeof(rec_t) == REC_HDR, "record header");
+_Static_assert(RING_BYTES >= 4 * (MC_MSG_MAX + REC_HDR), "a ring holds a few largest messages");
+
+static size_t ring_size(void)
+{
+    return sizeof(shm_ring_t) + RING_BYTES;
+}
+
+static uint64_t rec_bytes(uint32_t len)
+{
+    return REC_HDR + (((uint64_t)len + 15) & ~(uint64_t)15);
+}
+
+static void kick(int fd)
+{
+    shm_msg_t k = {.type = SHM_KICK};
+
+    mc__shm_send(fd, &k, -1); /* a full socket holds kicks already */
+}
+
+/* After moving our index: kick the other side if it said it may sleep. */
+static void kick_if_armed(_Atomic uint32_t *armed, int fd)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(armed, memory_order_relaxed) && atomic_exchange(armed, 0))
+        kick(fd);
+}
+
+/* ---- sender ---- */
+
+void mc__shm_tx_init(shm_tx_t *tx, mc_peer_t *p)
+{
+    memset(tx, 0, sizeof(*tx));
+    tx->chan.fd = -1;
+    tx->peer = p;
+    mc_list_init(&tx->busy_link);
+}
+
+/* Answer the records the receiver consumed. */
+static void tx_poll(mc_engine_t *e, shm_tx_t *tx)
+{
+    uint64_t tail = atomic_load_explicit(&tx->ring->tail, memory_order_acquire);
+    bool room = false;
+
+    while (tx->fifo_n && tx->fifo[tx->fifo_first].end <= tail) {
+        struct shm_tx_rec *r = &tx->fifo[tx->fifo_first];
+        mc__msg_answered(e, tx->peer, r->m, r->tx, 0);
+        mc__msg_put(r->m);
+        tx->fifo_first = (tx->fifo_first + 1) % FIFO_CAP;
+        tx->fifo_n--;
+        room = true;
+    }
+    if (!tx->fifo_n)
+        mc_list_del(&tx->busy_link);
+    if (room && !mc_list_empty(&tx->peer->msgq)) /* a full ring held some back */
+        mc__peer_activate(e, tx->peer);
+}
+
+static void tx_stop(mc_engine_t *e, shm_tx_t *tx)
+{
+    if (tx->chan.fd >= 0) {
+        mc__epoll_del(e, &tx->chan);
+        close(tx->chan.fd);
+        tx->chan.fd = -1;
+    }
+    tx->state = TX_OFF;
+}
+
+/* The channel: kicks (the receiver consumed), or its end went away. */
+static void tx_on_chan(mc_engine_t *e, mc_pollable_t *pl, uint32_t events)
+{
+    shm_tx_t *tx = mc_container_of(pl, shm_tx_t, chan);
+    shm_msg_t m;
+    ssize_t n;
+
+    if (tx->state != TX_UP)
+        return;
+    while ((n = recv(tx->chan.fd, &m, sizeof(m), MSG_DONTWAIT)) > 0)
+        ;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) ||
+        (events & (EPOLLHUP | EPOLLERR))) {
+        tx_poll(e, tx); /* what it consumed was delivered */
+        tx_stop(e, tx);
+        mc__peer_dead(e, tx->peer,
+                      "it closed its same-host message channel (engine or process "
+                      "gone)");
+        return;
+    }
+    tx_poll(e, tx);
+}
+
+bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p)
+{
+    shm_tx_t *tx = mc__shm_peer_tx(p);
+    const char *addr = mc__shm_peer_addr(p);
+    shm_msg_t m = {.type = SHM_RING};
+    int fd = -1, rc = 0;
+
+    if (!tx || tx->state != TX_NONE)
+        return tx && tx->state == TX_UP;
+    tx->fifo = calloc(FIFO_CAP, sizeof(*tx->fifo));
+    int mfd = memfd_create("mooncake-msg-ring", MFD_CLOEXEC);
+    if (!tx->fifo || mfd < 0 || ftruncate(mfd, (off_t)ring_size()) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    tx->ring = mmap(NULL, ring_size(), PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    if (tx->ring == MAP_FAILED) {
+        tx->ring = NULL;
+        rc = -errno;
+        goto fail;
+    }
+    tx->ring->magic = RING_MAGIC;
+    tx->ring->bytes = RING_BYTES;
+    tx->ring->stream = p->msg_stream;
+    snprintf(tx->ring->sender, sizeof(tx->ring->sender), "%s", e->name);
+    fd = mc__shm_connect(addr, ROLE_MSG, e->instance, true);
+    if (fd < 0) {
+        rc = fd;
+        goto fail;
+    }
+    if (mc__shm_send(fd, &m, mfd)) {
+        rc = -EIO;
+        goto fail;
+    }
+    close(mfd);
+    mfd = -1;
+    tx->chan.fd = fd;
+    tx->chan.handler = tx_on_chan;
+    if (mc__epoll_add(e, &tx->chan, EPOLLIN)) {
+        tx->chan.fd = -1;
+        rc = -EIO;
+        goto fail;
+    }
+    tx->state = TX_UP;
+    return true;
+fail:
+    mc_info("shm messages to %s unavailable (%s): they go over %s", p->name, strerror(-rc),
+            mc__transports[e->ctrl]->name);
+    if (fd >= 0)
+        close(fd);
+    if (mfd >= 0)
+        close(mfd);
+    if (tx->ring)
+        munmap(tx->ring, ring_size());
+    tx->ring = NULL;
+    free(tx->fifo);
+    tx->fifo = NULL;
+    tx->state = TX_OFF;
+    return false;
+}
+
+/* Write what p has queued into its ring, as far as room allows. */
+void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p)
+{
+    shm_tx_t *tx = mc__shm_peer_tx(p);
+    shm_ring_t *r;
+    mc_msg_t *m;
+    bool wrote = false;
+
+    if (!tx || tx->state != TX_UP)
+        return;
+    r = tx->ring;
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+    while (tx->fifo_n < FIFO_CAP && (m = mc__msg_peek(p, mc__shm_slot))) {
+        uint64_t need = rec_bytes(m->len), at = tx->head % RING_BYTES;
+        uint64_t skip = RING_BYTES - at < need ? RING_BYTES - at : 0;
+        if (tx->head + skip + need - tail > RING_BYTES)
+            break; /* full: the receiver's kick (or our next pass) resumes */
+        if (skip) {
+            ((rec_t *)(r->data + at))->len = REC_SKIP;
+            tx->head += skip;
+            at = 0;
+        }
+        m = mc__msg_take(e, p, mc__shm_slot);
+        rec_t *h = (rec_t *)(r->data + at);
+        h->len = m->len;
+        h->id = m->id;
+        h->seq = m->seq;
+        memcpy(h + 1, m->data, m->len);
+        tx->head += need;
+        unsigned slot = (tx->fifo_first + tx->fifo_n++) % FIFO_CAP;
+        tx->fifo[slot] = (struct shm_tx_rec){.m = m, .tx = m->tx, .end = tx->head};
+        wrote = true;
+    }
+    if (!wrote)
+        return;
+    atomic_store_explicit(&r->head, tx->head, memory_order_release);
+    kick_if_armed(&r->rx_armed, tx->chan.fd);
+    if (mc_list_empty(&tx->busy_link))
+        mc_list_push_back(&shm_of(e)->tx_busy, &tx->busy_link);
+}
+
+void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx)
+{
+    tx_stop(e, tx);
+    while (tx->fifo_n) {
+        mc__msg_put(tx->fifo[tx->fifo_first].m);
+        tx->fifo_first = (tx->fifo_first + 1) % FIFO_CAP;
+        tx->fifo_n--;
+    }
+    mc_list_del(&tx->busy_link);
+    if (tx->ring)
+        munmap(tx->ring, ring_size());
+    tx->ring = NULL;
+    free(tx->fifo);
+    tx->fifo = NULL;
+}
+
+/* ---- receiver ---- */
+
+shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd)
+{
+    struct stat st;
+    shm_rx_t *rx;
+    shm_ring_t *r;
+
+    if (fstat(ring_fd, &st) < 0 || (size_t)st.st_size < ring_size())
+        return NULL;
+    r = mmap(NULL, ring_size(), PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0);
+    if (r == MAP_FAILED)
+        return NULL;
+    rx = calloc(1, sizeof(*rx));
+    if (!rx || r->magic != RING_MAGIC || r->bytes != RING_BYTES ||
+        !memchr(r->sender, 0, sizeof(r->sender))) {
+        munmap(r, ring_size());
+        free(rx);
+        return NULL;
+    }
+    rx->fd = fd;
+    rx->ring = r;
+    rx->tail = atomic_load(&r->tail);
+    rx->stream = r->stream; /* read once: the sender cannot change who it is */
+    memcpy(rx->sender, r->sender, sizeof(rx->sender));
+    mc_list_push_back(&shm_of(e)->rx_rings, &rx->link);
+    return rx;
+}
+
+/* Take what the ring holds, in order, up to RX_BUDGET records. -EIO: a record that cannot be
+ * (the ring is not one, or the sender wrote over it). */
+static int rx_poll(mc_engine_t *e, shm_rx_t *rx)
+{
+    shm_ring_t *r = rx->ring;
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire), start = rx->tail;
+    unsigned n = 0;
+    int rc = 0;
+
+    rx->blocked = false;
+    while (rx->tail != head && n < RX_BUDGET) {
+        uint64_t at = rx->tail % RING_BYTES;
+        const rec_t *h = (const rec_t *)(r->data + at);
+        uint32_t len = h->len;
+        if (len == REC_SKIP) {
+            rx->tail += RING_BYTES - at;
+            continue;
+        }
+        if (len > MC_MSG_MAX || at + rec_bytes(len) > RING_BYTES || head - rx->tail > RING_BYTES ||
+            head - rx->tail < rec_bytes(len)) {
+            rc = -EIO;
+            break;
+        }
+        if (mc__msg_deliver(e, mc__shm_slot, rx->sender, rx->stream, h->seq, h->id, h + 1, len)) {
+            rx->blocked = true; /* full, or the control link still has the ones before it */
+            break;
+        }
+        rx->tail += rec_bytes(len);
+        n++;
+    }
+    if (rx->tail != start) {
+        atomic_store_explicit(&r->tail, rx->tail, memory_order_release);
+        kick_if_armed(&r->tx_armed, rx->fd);
+    }
+    return rc;
+}
+
+void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx)
+{
+    if (!rx->corrupt)
+        rx_poll(e, rx); /* what the sender wrote before it left */
+    mc_list_del(&rx->link);
+    munmap(rx->ring, ring_size());
+    free(rx);
+}
+
+/* ---- both ---- */
+
+void mc__shm_msg_progress(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &se->rx_rings)
+    {
+        shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
+        if (!rx->corrupt && rx_poll(e, rx)) {
+            mc_warn("shm: the message ring from %s is corrupt: closing it", rx->sender);
+            rx->corrupt = true;
+            shutdown(rx->fd, SHUT_RDWR); /* its connection goes, and the sender hears it */
+        }
+    }
+    mc_list_for_each_safe(pos, tmp, &se->tx_busy)
+    {
+        shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
+        tx_poll(e, tx);
+    }
+}
+
+bool mc__shm_msg_idle(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
+    mc_list_t *pos;
+    bool busy = false;
+
+    for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
+        shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
+        atomic_store(&rx->ring->rx_armed, 1);
+        atomic_thread_fence(memory_order_seq_cst);
+        busy |= !rx->blocked && !rx->corrupt &&
+                atomic_load_explicit(&rx->ring->head, memory_order_relaxed) != rx->tail;
+    }
+    for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
+        shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
+        atomic_store(&tx->ring->tx_armed, 1);
+        atomic_thread_fence(memory_order_seq_cst);
+        busy |= atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
+                tx->fifo[tx->fifo_first].end;
+    }
+    return busy;
+}
