@@ -194,7 +194,8 @@ static void parse_args(int argc, char **argv)
         fprintf(stderr, "mooncake-bench: unknown protocol %s (tcp, shm, rdma, auto)\n", o.protocol);
         exit(2);
     }
-    if (o.block_size * o.threads > o.buffer_size || o.duration <= 0) {
+    if ((strcmp(o.operation, "msg") && o.block_size * o.threads > o.buffer_size) ||
+        o.duration <= 0) {
         fprintf(stderr, "mooncake-bench: need block_size * threads <= buffer_size and a "
                         "positive duration\n");
         exit(2);

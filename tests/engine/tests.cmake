@@ -19,6 +19,9 @@ if(TARGET softverbs)
 endif()
 mc_script_test(test_netns_transfer COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_netns_transfer.sh
   TIMEOUT 180 LABELS netns)
+# Messages across two namespaces over a link that drops (tc tbf) while connections are killed.
+mc_script_test(test_netns_messages COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_netns_messages.sh
+  TIMEOUT 180 LABELS netns)
 mc_unit_test(test_engine_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_api.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 # What hosts embedding the engine rely on (reusable batches, timeouts, progress control, opens
