@@ -126,6 +126,10 @@ void mc__callbacks_fini(mc_engine_t *e)
 {
     mc_list_t *n;
 
-    while ((n = mc_list_pop_front(&e->heldq)))
-        free(mc_container_of(n, held_t, link));
+    while ((n = mc_list_pop_front(&e->heldq))) {
+        held_t *h = mc_container_of(n, held_t, link);
+        if (h->kind == HELD_DONE) /* a send or flush: its owner may be waiting for it */
+            h->done(h->done_arg, h->error);
+        free(h);
+    }
 }

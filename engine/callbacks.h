@@ -26,7 +26,8 @@ void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
 void mc__callbacks_run(mc_engine_t *e);
 /* Whether anything is held. */
 bool mc__callbacks_pending(const mc_engine_t *e);
-/* Drop what is held (engine destroy, after the last pass). */
+/* Engine destroy, after the last pass: run the completions of sends and flushes held, drop
+ * the rest (messages, peer events). */
 void mc__callbacks_fini(mc_engine_t *e);
 
 #endif

@@ -194,12 +194,12 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool ca
     if (callbacks) {
         mc__callbacks_run(e);
         mc__sched_run(e);
-        if (mc__callbacks_pending(e)) /* let go of just now: the next pass */
-            mc__doorbell(e);
     }
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);
+    if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
+        mc__doorbell(e);
     arm_timer(e);
     in_pass = false;
     if (atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
@@ -543,8 +543,9 @@ void mc_engine_destroy(mc_engine_t *e)
     for (size_t i = 0; i < e->n_peers; i++)
         if (e->peers[i])
             mc__peer_fail_all(e, e->peers[i], -MC_ECANCELED, "engine destroyed");
+    mc__msgs_cancel_all(e);
     mc__tasks_release(e);  /* completion callbacks still run */
-    mc__callbacks_fini(e); /* messages and peer events no longer matter */
+    mc__callbacks_fini(e); /* and those of sends and flushes; messages and events are dropped */
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);

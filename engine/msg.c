@@ -171,8 +171,10 @@ void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
     m->seq = ++p->msg_seq;
     mc_list_push_back(&p->msgq, &m->link);
     /* A transport faster than the control link (same-host shared memory) carries p's messages
-     * once it is up; what the control link took before is answered in order all the same. */
-    for (unsigned i = 0; p->msg_tp == e->ctrl && i < mc__n_transports; i++)
+     * once it is up: only when nothing is unanswered, so that all a carrier ever holds can be
+     * taken in order (the ring cannot skip a record whose predecessors went another way). */
+    for (unsigned i = 0;
+         p->msg_tp == e->ctrl && mc_list_empty(&p->msg_unacked) && i < mc__n_transports; i++)
         if (i != e->ctrl && p->tp[i] && MC_TP_HAS(mc__transports[i], msg_open) &&
             mc__transports[i]->msg_open(e, p))
             p->msg_tp = (uint8_t)i;
@@ -250,9 +252,9 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
     mc__flushes_check(e, p);
 }
 
-void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p)
+void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
-    if (mc_list_empty(&p->msg_unacked))
+    if (tp != p->msg_tp || mc_list_empty(&p->msg_unacked))
         return;
     go_back(p, 0);
     mc__peer_activate(e, p);
@@ -336,11 +338,11 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
 
     pthread_mutex_lock(&e->notify_lock);
     bool full = e->n_notify >= MAX_NOTIFY;
+    if (full) /* under the lock: the next pop sees it and wakes progress */
+        atomic_store(&e->rx_notify_full, true);
     pthread_mutex_unlock(&e->notify_lock);
-    if (full) {
-        atomic_store(&e->rx_notify_full, true); /* the next pop wakes progress */
-        return -EAGAIN;                         /* the sender keeps it and tries again */
-    }
+    if (full)
+        return -EAGAIN; /* the sender keeps it and tries again */
     it = malloc(sizeof(*it) + len + 1);
     if (!it)
         return -EAGAIN;
@@ -487,9 +489,12 @@ void mc__flush_task_done(mc_engine_t *e, mc_task_t *t)
 
 unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err)
 {
+    const mc_transport_ops_t *carrier = mc__transports[p->msg_tp];
     unsigned n_msgs = 0;
     mc_list_t *n;
 
+    if (MC_TP_HAS(carrier, msg_settle)) /* what the receiver took was delivered */
+        carrier->msg_settle(e, p);
     go_back(p, 0); /* the unacknowledged first, in order */
     while ((n = mc_list_pop_front(&p->msgq))) {
         msg_done(e, p, mc_container_of(n, mc_msg_t, link), err);
@@ -510,6 +515,27 @@ unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err)
 void mc__msgs_peer_fini(mc_engine_t *e, mc_peer_t *p)
 {
     mc__msgs_fail_peer(e, p, -MC_ECANCELED);
+}
+
+void mc__msgs_cancel_all(mc_engine_t *e)
+{
+    mc_list_t msgs, flushes, *n;
+
+    mc_list_init(&msgs);
+    mc_list_init(&flushes);
+    pthread_mutex_lock(&e->sub_lock);
+    mc_list_splice_back(&msgs, &e->msgq_in);
+    mc_list_splice_back(&flushes, &e->flushq_in);
+    pthread_mutex_unlock(&e->sub_lock);
+    while ((n = mc_list_pop_front(&msgs))) {
+        mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
+        msg_done(e, mc__peer_get(e, m->target), m, -MC_ECANCELED);
+    }
+    while ((n = mc_list_pop_front(&flushes)))
+        flush_done(e, mc_container_of(n, mc_flush_t, link), -MC_ECANCELED);
+    for (size_t i = 0; i < e->n_peers; i++)
+        if (e->peers[i])
+            mc__msgs_fail_peer(e, e->peers[i], -MC_ECANCELED);
 }
 
 void mc__msgs_fini(mc_engine_t *e)

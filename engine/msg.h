@@ -66,12 +66,12 @@ int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
  * message it may take now, left queued. take: that message, taken (it stays p's until answered;
  * one more reference for the transport), or NULL. answered: the receiver's answer to take
  * number tx of m (0: in its queue, and so is everything taken before it; -EAGAIN: not taken,
- * send it again later). link_lost: what was sent to p on a link that failed is sent again.
+ * send it again later). link_lost: what carrier tp sent to p on a link that failed is sent again.
  * put: the transport no longer points at m. */
 mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp);
 mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status);
-void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p);
+void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__msg_put(mc_msg_t *m);
 
 /* A message arrived from sender (its stream and sequence number) over transport tp: delivered
@@ -91,6 +91,9 @@ void mc__flush_start(mc_engine_t *e, mc_flush_t *f);
 void mc__flushes_check(mc_engine_t *e, mc_peer_t *p);
 void mc__flush_task_done(mc_engine_t *e, mc_task_t *t);
 
+/* Engine destroy: every message and flush not answered yet fails with -MC_ECANCELED (their
+ * callbacks then run as the engine goes). fini: free what is left. */
+void mc__msgs_cancel_all(mc_engine_t *e);
 void mc__msgs_fini(mc_engine_t *e);
 
 #endif

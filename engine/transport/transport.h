@@ -156,9 +156,13 @@ struct mc_transport_ops {
      * queued and the control link carries them; true if this transport carries them from now
      * on (set up without blocking). Its fill then takes them (mc__msg_take with its slot) and
      * answers them (mc__msg_answered) as the receiver takes them; when it cannot reach p any
-     * more, p is dead (mc__peer_dead), which fails the unanswered. A receiving transport hands
-     * what arrives to mc__msg_deliver. */
+     * more, it gives them back (p->msg_tp = the control transport, mc__msg_link_lost with its
+     * slot), and the control link carries them. A receiving transport hands what arrives to
+     * mc__msg_deliver. */
     bool (*msg_open)(mc_engine_t *e, mc_peer_t *p);
+    /* p's messages are about to fail (dead, closed, engine destroyed): answer those the
+     * receiver took already. */
+    void (*msg_settle)(mc_engine_t *e, mc_peer_t *p);
 
     /* The progress context is about to sleep (its thread, in epoll_wait; a host that took the
      * event fd; an internal wait): arm whatever must wake it through its epoll set, and return

@@ -372,8 +372,9 @@ typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void 
 /* Set (or clear with cb == NULL) the handler of message id (1..255; 0 is notifications). */
 MC_API int mc_msg_handler_set(mc_engine_t *engine, uint8_t id, mc_msg_cb cb, void *arg);
 
-/* Completion of a send or a flush, from progress: 0, or why it failed (-MC_EPEERDEAD,
- * -MC_ECANCELED when the segment was closed or the engine destroyed first). */
+/* Completion of a send or a flush, from progress: 0, or why it failed (-MC_EPEERDEAD;
+ * -MC_ECANCELED when the segment was closed or the engine destroyed before the receiver's
+ * answer came: a message may have arrived all the same). */
 typedef void (*mc_done_cb)(void *arg, int status);
 
 /* Options of one send. Zero-filled means none; size makes room for more. */

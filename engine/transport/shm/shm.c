@@ -887,6 +887,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .reap = shm_reap,
     .fill = mc__shm_msg_fill,
     .msg_open = mc__shm_msg_open,
+    .msg_settle = mc__shm_msg_settle,
     .idle = mc__shm_msg_idle,
 };
 

@@ -22,10 +22,12 @@
  * Spinning hosts (caller-progress mode without the event fd) never set them: no syscall per
  * message at all.
  *
- * The connection is the ring's lifeline: the receiver's end closing (its engine or process
- * went) makes the peer dead for the sender after answering what was consumed, and every
- * message it did not take fails with the count in the DEAD event. The sender's end closing
- * (closed peer, exited process) makes the receiver take what it can and drop the ring.
+ * The connection is the ring's lifeline. The receiver's end closing (its engine or process
+ * went, or it would not take the ring) makes the sender answer what was consumed and give the
+ * rest back to the control link (go-back-N there; the receiver drops what it saw): whether the
+ * peer is dead is for the control link and the owner's pidfd to say. The sender's end closing
+ * (closed peer, exited process, our own engine stopping) makes the receiver drop the ring
+ * without taking more: the sender answered what it could and failed the rest.
  */
 #include <errno.h>
 #include <stdalign.h>
@@ -96,19 +98,16 @@ static uint64_t rec_bytes(uint32_t len)
     return REC_HDR + (((uint64_t)len + 15) & ~(uint64_t)15);
 }
 
-static void kick(int fd)
+/* After moving our index: kick the other side if it said it may sleep. A kick that cannot
+ * go (other than a full socket, which holds kicks already) leaves the flag for the next one. */
+static void kick_if_armed(_Atomic uint32_t *armed, int fd)
 {
     shm_msg_t k = {.type = SHM_KICK};
 
-    mc__shm_send(fd, &k, -1); /* a full socket holds kicks already */
-}
-
-/* After moving our index: kick the other side if it said it may sleep. */
-static void kick_if_armed(_Atomic uint32_t *armed, int fd)
-{
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(armed, memory_order_relaxed) && atomic_exchange(armed, 0))
-        kick(fd);
+    if (atomic_load_explicit(armed, memory_order_relaxed) && atomic_exchange(armed, 0) &&
+        mc__shm_send(fd, &k, -1) && errno != EAGAIN)
+        atomic_store(armed, 1);
 }
 
 /* ---- sender ---- */
@@ -151,10 +150,12 @@ static void tx_stop(mc_engine_t *e, shm_tx_t *tx)
     tx->state = TX_OFF;
 }
 
-/* The channel: kicks (the receiver consumed), or its end went away. */
+/* The channel: kicks (the receiver consumed), or its end went away: what it consumed was
+ * delivered, the rest goes back to the control link. */
 static void tx_on_chan(mc_engine_t *e, mc_pollable_t *pl, uint32_t events)
 {
     shm_tx_t *tx = mc_container_of(pl, shm_tx_t, chan);
+    mc_peer_t *p = tx->peer;
     shm_msg_t m;
     ssize_t n;
 
@@ -162,16 +163,24 @@ static void tx_on_chan(mc_engine_t *e, mc_pollable_t *pl, uint32_t events)
         return;
     while ((n = recv(tx->chan.fd, &m, sizeof(m), MSG_DONTWAIT)) > 0)
         ;
+    tx_poll(e, tx);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) ||
         (events & (EPOLLHUP | EPOLLERR))) {
-        tx_poll(e, tx); /* what it consumed was delivered */
-        tx_stop(e, tx);
-        mc__peer_dead(e, tx->peer,
-                      "it closed its same-host message channel (engine or process "
-                      "gone)");
-        return;
+        mc_info("shm message channel to %s closed: its messages go over %s", p->name,
+                mc__transports[e->ctrl]->name);
+        mc__shm_tx_close(e, tx);
+        mc__msg_link_lost(e, p, mc__shm_slot);
+        p->msg_tp = (uint8_t)e->ctrl;
+        mc__peer_activate(e, p);
     }
-    tx_poll(e, tx);
+}
+
+void mc__shm_msg_settle(mc_engine_t *e, mc_peer_t *p)
+{
+    shm_tx_t *tx = mc__shm_peer_tx(p);
+
+    if (tx && tx->state == TX_UP)
+        tx_poll(e, tx);
 }
 
 bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p)
@@ -360,8 +369,7 @@ static int rx_poll(mc_engine_t *e, shm_rx_t *rx)
 
 void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx)
 {
-    if (!rx->corrupt)
-        rx_poll(e, rx); /* what the sender wrote before it left */
+    (void)e;
     mc_list_del(&rx->link);
     munmap(rx->ring, ring_size());
     free(rx);

@@ -287,7 +287,7 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     }
     c->window_used = c->msgs_out = 0;
     if (msgs_lost) /* sent again, in order, on the next link */
-        mc__msg_link_lost(e, p);
+        mc__msg_link_lost(e, p, e->ctrl);
     if (!reason)
         return;
     mc__tp_count(e, mc__tcp_slot, MC_CNT_ERRORS, 1);

@@ -269,8 +269,8 @@ static void on_ctrl_req(mc_engine_t *e, mc_tcp_conn_t *c)
  * order with the other responses, at the end of the pass. */
 static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    int rc = mc__msg_deliver(e, e->ctrl, c->remote_name, c->fr.aux, c->fr.addr, (uint8_t)c->fr.flags,
-                             c->ctrl, c->ctrl_len);
+    int rc = mc__msg_deliver(e, e->ctrl, c->remote_name, c->fr.aux, c->fr.addr,
+                             (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
 
     respond(e, c, MC_FR_MSG_ACK, rc, NULL, 0, NULL, rc ? "the receiver's queue is full" : NULL);
     mc__tcp_answer_later(e, c); /* after the answers its handler sends, with the others read */
