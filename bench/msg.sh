@@ -27,6 +27,7 @@ set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
+source "$here/lib.sh"
 ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-"8 4096 65536"}
 DURATION=${DURATION:-2}
@@ -95,31 +96,14 @@ print("%.2f %.2f %.0f %s %s" % (j["lat_us_p50"], j["lat_us_p99"], j["msgs_per_se
     record "$fig" "$size" rate "$rate"
 }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# True when something listens on TCP port $1 (state 0A in /proc/net/tcp).
-listening() {
-    awk -v p="$(printf '%04X' "$1")" '$4 == "0A" && $2 ~ (":" p "$") { f = 1 } END { exit !f }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-
 # ucx TLS FIELD -- client args...: one ucx_perftest run; prints the "Final:" field asked for
 # (3: the latency median, 9: overall messages/s).
 ucx() {
-    local tls=$1 field=$2 port srv log=$tmp/ucx.log i rc
+    local tls=$1 field=$2 port srv log=$tmp/ucx.log rc
     shift 3
     port=$(free_port)
-    UCX_TLS=$tls timeout -k 5 60 ucx_perftest -p "$port" >"$tmp/ucx-server.log" 2>&1 &
-    srv=$!
-    bg_pids+=("$srv")
-    # The client does not retry: wait until the server listens (a probe would be taken for the
-    # client).
-    for ((i = 0; i < 100; i++)); do
-        listening "$port" && break
-        sleep 0.1
-    done
+    ucx_server "$tls" "$port" "$tmp/ucx-server.log" 60
+    srv=$UCX_SERVER
     UCX_TLS=$tls timeout -k 5 60 ucx_perftest 127.0.0.1 -p "$port" "$@" >"$log" 2>&1
     rc=$?
     wait "$srv" 2>/dev/null

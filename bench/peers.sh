@@ -28,6 +28,7 @@ set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
+source "$here/lib.sh"
 ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-"65536 1048576"}
 WORKING_SET=${WORKING_SET:-1073741824}
@@ -89,10 +90,6 @@ lines = [l for l in open(sys.argv[1]).read().splitlines() if l.strip()]
 print(float(json.loads(lines[-1])["gbps"]))' "$1" 2>/dev/null
 }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 # run_json FIGURE SIZE cmd...: runs a program that ends with a JSON line; 77 means skipped.
 run_json() {
     local fig=$1 size=$2 log=$tmp/run.log rc gbps
@@ -125,12 +122,6 @@ d, r, s = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 print(max(100, min(2000000, int(d * r * 1e9 / s))))' "$DURATION" "$rate" "$size"
 }
 
-# True when something listens on TCP port $1 (state 0A in /proc/net/tcp).
-listening() {
-    awk -v p="$(printf '%04X' "$1")" '$4 == "0A" && $2 ~ (":" p "$") { f = 1 } END { exit !f }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-
 # run_ucx FIGURE SIZE GUESS_GBPS [server env] -- client args...
 run_ucx() {
     local fig=$1 size=$2 guess=$3 port n w srv log=$tmp/ucx.log slog=$tmp/ucx-server.log
@@ -139,15 +130,8 @@ run_ucx() {
     port=$(free_port)
     n=$(ucx_iters "$fig" "$size" "$guess")
     w=$((n / 10 < 1000 ? n / 10 : 1000))
-    UCX_TLS=$tls timeout -k 5 $((${DURATION%.*} * 10 + 60)) ucx_perftest -p "$port" >"$slog" 2>&1 &
-    srv=$!
-    bg_pids+=("$srv")
-    # The client does not retry, so wait until the server listens.  Probing with a connection
-    # would not do: the server takes the first connection as its client.
-    for ((i = 0; i < 100; i++)); do
-        listening "$port" && break
-        sleep 0.1
-    done
+    ucx_server "$tls" "$port" "$slog" $((${DURATION%.*} * 10 + 60))
+    srv=$UCX_SERVER
     UCX_TLS=$tls timeout -k 5 $((${DURATION%.*} * 10 + 60)) \
         ucx_perftest 127.0.0.1 -p "$port" "$@" -s "$size" -n "$n" -w "$w" >"$log" 2>&1
     rc=$?
