@@ -153,11 +153,12 @@ static void drain_fd(int fd)
         ;
 }
 
-/* One pass over ready events. Caller holds e->lock. callbacks: run the host's at its end (a
- * quiet pass keeps them, and the event fd says there is work). */
-static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool callbacks)
+/* One pass over ready events, starting at now (one clock read per pass: timers are coarse).
+ * Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps them, and the
+ * event fd says there is work). */
+static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, int n,
+                         bool callbacks)
 {
-    uint64_t now = mc__now_ns();
 
     in_pass = true;
     pass_engine = e;
@@ -178,7 +179,6 @@ static int progress_pass(mc_engine_t *e, struct epoll_event *evs, int n, bool ca
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
             mc__transports[i]->progress(e);
     mc__sched_run(e);
-    now = mc__now_ns();
     if (now >= e->next_timer_ns) {
         mc__sched_timers(e, now);
         mc__peers_tick(e, now);
@@ -252,7 +252,7 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
         e->epoll_ns = now;
         e->epoll_found = n > 0;
     }
-    rc = progress_pass(e, evs, n < 0 ? 0 : n, callbacks);
+    rc = progress_pass(e, now, evs, n < 0 ? 0 : n, callbacks);
     /* A host that sleeps on the event fd may do so after any pass. */
     if (atomic_load_explicit(&e->event_fd_taken, memory_order_relaxed) && !idle_arm(e))
         mc__doorbell(e);
@@ -319,7 +319,7 @@ static void *progress_thread(void *arg)
             break;
         }
         pthread_mutex_lock(&e->lock);
-        progress_pass(e, evs, n < 0 ? 0 : n, true);
+        progress_pass(e, mc__now_ns(), evs, n < 0 ? 0 : n, true);
         may_sleep = n <= 0 && idle_arm(e);
         pthread_mutex_unlock(&e->lock);
     }
