@@ -153,7 +153,8 @@ static void drain_fd(int fd)
         ;
 }
 
-/* One pass over ready events, starting at now (one clock read per pass: timers are coarse).
+/* One pass over ready events, starting at now (one clock read per pass, another when timers
+ * are due).
  * Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps them, and the
  * event fd says there is work). */
 static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, int n,
@@ -180,6 +181,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
             mc__transports[i]->progress(e);
     mc__sched_run(e);
     if (now >= e->next_timer_ns) {
+        now = mc__now_ns(); /* later than what the pass recorded meanwhile (last_done_ns) */
         mc__sched_timers(e, now);
         mc__peers_tick(e, now);
         for (unsigned i = 0; i < mc__n_transports; i++)
