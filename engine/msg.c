@@ -160,6 +160,19 @@ static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
     mc__msg_put(m);
 }
 
+/* A transport faster than the control link (same-host shared memory) carries p's messages once
+ * it is up: tried when one is routed or the last unanswered one is answered, and taken only
+ * while nothing is unanswered, so that all a carrier ever holds can be taken in order (a ring
+ * cannot skip a record whose predecessors went another way). */
+static void faster_carrier(mc_engine_t *e, mc_peer_t *p)
+{
+    for (unsigned i = 0;
+         p->msg_tp == e->ctrl && mc_list_empty(&p->msg_unacked) && i < mc__n_transports; i++)
+        if (i != e->ctrl && p->tp[i] && MC_TP_HAS(mc__transports[i], msg_open) &&
+            mc__transports[i]->msg_open(e, p))
+            p->msg_tp = (uint8_t)i;
+}
+
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
 {
     mc_peer_t *p = mc__peer_get(e, m->target); /* the table is read without its lock here */
@@ -170,14 +183,7 @@ void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
     }
     m->seq = ++p->msg_seq;
     mc_list_push_back(&p->msgq, &m->link);
-    /* A transport faster than the control link (same-host shared memory) carries p's messages
-     * once it is up: only when nothing is unanswered, so that all a carrier ever holds can be
-     * taken in order (the ring cannot skip a record whose predecessors went another way). */
-    for (unsigned i = 0;
-         p->msg_tp == e->ctrl && mc_list_empty(&p->msg_unacked) && i < mc__n_transports; i++)
-        if (i != e->ctrl && p->tp[i] && MC_TP_HAS(mc__transports[i], msg_open) &&
-            mc__transports[i]->msg_open(e, p))
-            p->msg_tp = (uint8_t)i;
+    faster_carrier(e, p);
     mc__peer_activate(e, p);
 }
 
@@ -249,6 +255,8 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
         if (x == m)
             break;
     }
+    if (!mc_list_empty(&p->msgq))
+        faster_carrier(e, p);
     mc__flushes_check(e, p);
 }
 

@@ -87,6 +87,19 @@ static void on_done(void *arg, int status)
         atomic_store(&d->last_error, status);
 }
 
+typedef struct flushed {
+    atomic_int status;
+    atomic_bool done;
+} flushed_t;
+
+static void on_flushed(void *arg, int status)
+{
+    flushed_t *f = arg;
+
+    atomic_store(&f->status, status);
+    atomic_store(&f->done, true);
+}
+
 /* Message n of the stream the target checks (harness.c): u32 n then stream 1000 + n. */
 static size_t make_msg(uint8_t *buf, uint32_t n, size_t len)
 {
@@ -252,6 +265,49 @@ static void test_exactly_once(void **state)
     th_close(e, id);
 }
 
+/* A peer opened by its address gets messages at once, while it is OPENING: those go over tcp
+ * (its descriptor, and so its shm socket, is not known yet); once they are answered the rest
+ * may go through the ring. Every one arrives once, in order, and the two carriers' counts add
+ * up. */
+static void test_carrier_switch(void **state)
+{
+    const unsigned n = 50000;
+    uint8_t buf[300];
+    th_cfg_t cfg;
+    th_reply_t r;
+    mc_segment_id_t id;
+    mc_counters_t tcp, shm;
+
+    (void)state;
+    config(&cfg);
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    th_cmd_t c = {.op = TH_CMD_ADDRESS};
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(mc_segment_open_address(e, r.msg, (size_t)r.v[0], &id), 0);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, 1 + i % 300), NULL), 0);
+    c = (th_cmd_t){.op = TH_CMD_MSGS, .a0 = n, .a3 = 60000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 70000), 0);
+    assert_int_equal(r.v[0], n);
+    assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+    static flushed_t f;
+    memset(&f, 0, sizeof(f));
+    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
+    int64_t dl = th_now_ms() + 10000;
+    while (!atomic_load(&f.done) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&f.status), 0);
+    assert_int_equal(mc_stats_transport(e, "tcp", &tcp), 0);
+    assert_int_equal(mc_stats_transport(e, "shm", &shm), 0);
+    print_message("  over tcp %llu, through the ring %llu\n", (unsigned long long)tcp.msgs_sent,
+                  (unsigned long long)shm.msgs_sent);
+    assert_int_equal(tcp.msgs_sent + shm.msgs_sent, n);
+    if (!over_tcp())
+        assert_true(shm.msgs_sent > 0);
+    th_close(e, id);
+}
+
 /* ---- a peer that dies with messages outstanding --------------------------------------------- */
 
 typedef struct events {
@@ -322,19 +378,6 @@ static void test_peer_killed(void **state)
 }
 
 /* ---- flush ----------------------------------------------------------------------------------- */
-
-typedef struct flushed {
-    atomic_int status;
-    atomic_bool done;
-} flushed_t;
-
-static void on_flushed(void *arg, int status)
-{
-    flushed_t *f = arg;
-
-    atomic_store(&f->status, status);
-    atomic_store(&f->done, true);
-}
 
 /* Writes (not waited for), notifications and handler messages, then a flush: when it completes
  * the target already holds every byte and every notification (checked at once, no waiting),
@@ -570,6 +613,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_exactly_once, teardown),
+        cmocka_unit_test_teardown(test_carrier_switch, teardown),
         cmocka_unit_test_teardown(test_peer_killed, teardown),
         cmocka_unit_test_teardown(test_flush, teardown),
         cmocka_unit_test_teardown(test_notifications, teardown),
