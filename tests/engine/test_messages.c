@@ -100,6 +100,20 @@ static void on_flushed(void *arg, int status)
     atomic_store(&f->done, true);
 }
 
+/* Flush the peer and wait (up to 30 s) for the callback: its status. */
+static int flush_wait(mc_engine_t *e, mc_segment_id_t id)
+{
+    static flushed_t f;
+
+    memset(&f, 0, sizeof(f));
+    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
+    int64_t dl = th_now_ms() + 30000;
+    while (!atomic_load(&f.done) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    assert_true(atomic_load(&f.done));
+    return atomic_load(&f.status);
+}
+
 /* Message n of the stream the target checks (harness.c): u32 n then stream 1000 + n. */
 static size_t make_msg(uint8_t *buf, uint32_t n, size_t len)
 {
@@ -291,13 +305,7 @@ static void test_carrier_switch(void **state)
     assert_int_equal(th_target_cmd(t, &c, &r, 70000), 0);
     assert_int_equal(r.v[0], n);
     assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
-    static flushed_t f;
-    memset(&f, 0, sizeof(f));
-    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
-    int64_t dl = th_now_ms() + 10000;
-    while (!atomic_load(&f.done) && th_now_ms() < dl)
-        th_sleep_ms(1);
-    assert_int_equal(atomic_load(&f.status), 0);
+    assert_int_equal(flush_wait(e, id), 0);
     assert_int_equal(mc_stats_transport(e, "tcp", &tcp), 0);
     assert_int_equal(mc_stats_transport(e, "shm", &shm), 0);
     print_message("  over tcp %llu, through the ring %llu\n", (unsigned long long)tcp.msgs_sent,
@@ -386,7 +394,6 @@ static void test_flush(void **state)
 {
     const size_t n = 64, sz = 256 * 1024;
     const unsigned nn = 500, nm = 500;
-    static flushed_t f;
     mc_request_t reqs[64];
     uint8_t buf[4096];
     th_cfg_t cfg;
@@ -404,7 +411,6 @@ static void test_flush(void **state)
     for (int round = 0; round < 3; round++) {
         uint64_t seed = 4242 + (uint64_t)round;
         th_fill(src, n * sz, seed);
-        memset(&f, 0, sizeof(f));
         for (size_t i = 0; i < n; i++)
             reqs[i] = (mc_request_t){.opcode = MC_WRITE,
                                      .local = src + i * sz,
@@ -425,12 +431,7 @@ static void test_flush(void **state)
             assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, m, 16 + i % 4000), NULL),
                              0);
         }
-        assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
-        int64_t dl = th_now_ms() + 30000;
-        while (!atomic_load(&f.done) && th_now_ms() < dl)
-            th_sleep_ms(1);
-        assert_true(atomic_load(&f.done));
-        assert_int_equal(atomic_load(&f.status), 0);
+        assert_int_equal(flush_wait(e, id), 0);
         /* At once: the bytes and the notifications are there. */
         assert_int_equal(th_remote_check(t, 0, ra, n * sz, seed, 0), -1);
         th_cmd_t c = {.op = TH_CMD_POPS, .a0 = nn, .a1 = round * nn, .a3 = 0};
@@ -448,13 +449,8 @@ static void test_flush(void **state)
         th_batch_destroy(e, b);
     }
     /* A flush with nothing outstanding completes too (from progress, not inside the call). */
-    memset(&f, 0, sizeof(f));
-    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
-    int64_t dl = th_now_ms() + 5000;
-    while (!atomic_load(&f.done) && th_now_ms() < dl)
-        th_sleep_ms(1);
-    assert_int_equal(atomic_load(&f.status), 0);
-    assert_int_equal(mc_peer_flush(e, id + 99, on_flushed, &f), -MC_ENOSEGMENT);
+    assert_int_equal(flush_wait(e, id), 0);
+    assert_int_equal(mc_peer_flush(e, id + 99, on_flushed, NULL), -MC_ENOSEGMENT);
     th_buf_free(e, src, n * sz);
     th_close(e, id);
 }
@@ -587,13 +583,7 @@ static void test_backpressure(void **state)
 
     /* Once all is acknowledged (a flush), the target stops; sends are held back after a
      * window, and go once it continues. */
-    static flushed_t f;
-    memset(&f, 0, sizeof(f));
-    assert_int_equal(mc_peer_flush(e, id, on_flushed, &f), 0);
-    int64_t dl = th_now_ms() + 10000;
-    while (!atomic_load(&f.done) && th_now_ms() < dl)
-        th_sleep_ms(1);
-    assert_int_equal(atomic_load(&f.status), 0);
+    assert_int_equal(flush_wait(e, id), 0);
     th_stop(t->pid);
     uint32_t first = next;
     unsigned more = fill_up(e, id, &next, 300);
