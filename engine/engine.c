@@ -154,13 +154,11 @@ static void drain_fd(int fd)
 }
 
 /* One pass over ready events, starting at now (one clock read per pass, another when timers
- * are due).
- * Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps them, and the
- * event fd says there is work). */
+ * are due). Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps
+ * them, and the event fd says there is work). */
 static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, int n,
                          bool callbacks)
 {
-
     in_pass = true;
     pass_engine = e;
     if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)

@@ -169,8 +169,10 @@ static void faster_carrier(mc_engine_t *e, mc_peer_t *p)
     for (unsigned i = 0;
          p->msg_tp == e->ctrl && mc_list_empty(&p->msg_unacked) && i < mc__n_transports; i++)
         if (i != e->ctrl && p->tp[i] && MC_TP_HAS(mc__transports[i], msg_open) &&
-            mc__transports[i]->msg_open(e, p))
+            mc__transports[i]->msg_open(e, p)) {
             p->msg_tp = (uint8_t)i;
+            mc__peer_activate(e, p); /* its fill takes what is queued */
+        }
 }
 
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
