@@ -254,7 +254,8 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
     }
     rc = progress_pass(e, now, evs, n < 0 ? 0 : n, callbacks);
     /* A host that sleeps on the event fd may do so after any pass. */
-    if (atomic_load_explicit(&e->event_fd_taken, memory_order_relaxed) && !idle_arm(e))
+    if (atomic_load_explicit(&e->event_fd_taken, memory_order_relaxed) &&
+        !atomic_load_explicit(&e->arm_explicit, memory_order_relaxed) && !idle_arm(e))
         mc__doorbell(e);
     pthread_mutex_unlock(&e->lock);
     return rc;
@@ -299,6 +300,16 @@ int mc_engine_event_fd(const mc_engine_t *e)
     /* From now on every pass arms the wake-ups of work that epoll does not see by itself. */
     atomic_store(&((mc_engine_t *)e)->event_fd_taken, true);
     return e->epfd;
+}
+
+int mc_engine_arm(mc_engine_t *e)
+{
+    if (!e)
+        return mc__set_error(-EINVAL, "mc_engine_arm: NULL engine");
+    if (e->has_thread)
+        return 0;
+    atomic_store(&e->arm_explicit, true);
+    return mc__progress_may_sleep(e) ? 0 : -EAGAIN;
 }
 
 /* The internal progress thread: sleeps in epoll_wait, then handles the events it got under the

@@ -116,6 +116,7 @@ struct mc_engine {
     size_t n_notify;
     atomic_bool rx_notify_full; /* a notification was refused (queue full): wake on a pop */
     atomic_bool event_fd_taken; /* caller mode: the host may sleep on the event fd */
+    atomic_bool arm_explicit;   /* ... and says when with mc_engine_arm */
 
     /* metadata */
     mc_meta_t *meta;

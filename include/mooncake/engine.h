@@ -98,6 +98,14 @@ MC_API int mc_engine_progress(mc_engine_t *engine);
  * call progress. Owned by the engine. */
 MC_API int mc_engine_event_fd(const mc_engine_t *engine);
 
+/* For a host that spins on mc_engine_progress and sleeps on the event fd only now and then
+ * (UCX's worker arm, a poll loop with a busy phase): call this just before sleeping. 0: the
+ * host may sleep, the fd becomes readable when there is work; -EAGAIN: there is work already,
+ * call progress instead. Once a host has called it, passes no longer arm wake-ups by themselves
+ * (which costs the peers a wake-up per message), so the host must call it before every sleep.
+ * Always 0 with a progress thread. */
+MC_API int mc_engine_arm(mc_engine_t *engine);
+
 /* ---- memory ------------------------------------------------------------------------------- */
 
 /* Register [addr, addr+len) so that peers may read and write it. location is "cpu:N", "cuda:N"

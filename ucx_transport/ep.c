@@ -1,0 +1,658 @@
+/* Endpoints: an open segment of the peer's engine and the peer interface's id. Active messages
+ * are engine messages; put and get are READ/WRITE tasks (short and bcopy ones through the
+ * interface's bounce slots); flush is mc_peer_flush; fence holds new operations until the
+ * endpoint's earlier ones are remotely complete. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "uct_mc.h"
+#include <uct/base/uct_iov.inl>
+
+/* ---- the pending queue: a list threaded through the requests' priv space ---- */
+
+typedef struct pending_priv {
+    uct_pending_req_t *next;
+    uct_mc_ep_t *ep;
+} pending_priv_t;
+
+_Static_assert(sizeof(pending_priv_t) <= UCT_PENDING_REQ_PRIV_LEN, "pending priv space");
+
+static pending_priv_t *priv(uct_pending_req_t *req)
+{
+    return (pending_priv_t *)req->priv;
+}
+
+uct_pending_req_t *uct_mc_pending_pop(uct_mc_iface_t *iface)
+{
+    uct_pending_req_t *req = iface->pending_head;
+
+    if (req) {
+        iface->pending_head = priv(req)->next;
+        if (!iface->pending_head)
+            iface->pending_tail = &iface->pending_head;
+    }
+    return req;
+}
+
+void uct_mc_pending_push_front(uct_mc_iface_t *iface, uct_pending_req_t *req)
+{
+    priv(req)->next = iface->pending_head;
+    if (!iface->pending_head)
+        iface->pending_tail = &priv(req)->next;
+    iface->pending_head = req;
+}
+
+ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned flags)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_iface_t *iface = ep->iface;
+
+    (void)flags;
+    if (!iface->blocked && !(ep->fence && (ep->refs || ep->dirty)))
+        return UCS_ERR_BUSY; /* resources are there: send now */
+    priv(req)->next = NULL;
+    priv(req)->ep = ep;
+    *iface->pending_tail = req;
+    iface->pending_tail = &priv(req)->next;
+    return UCS_OK;
+}
+
+void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_iface_t *iface = ep->iface;
+    uct_pending_req_t **pp = &iface->pending_head, *last = NULL;
+
+    while (*pp) {
+        uct_pending_req_t *req = *pp;
+        if (priv(req)->ep == ep) {
+            *pp = priv(req)->next;
+            if (cb)
+                cb(req, arg);
+        } else {
+            last = req;
+            pp = &priv(req)->next;
+        }
+    }
+    iface->pending_tail = last ? &priv(last)->next : &iface->pending_head;
+}
+
+/* ---- lifetime ---- */
+
+ucs_status_t uct_mc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(params->iface, uct_mc_iface_t);
+    const uint8_t *a = (const uint8_t *)params->iface_addr;
+    uct_mc_ep_t *ep;
+    int rc;
+
+    if (!(params->field_mask & UCT_EP_PARAM_FIELD_IFACE_ADDR) || !a) {
+        ucs_error("mooncake: an endpoint needs the peer interface's address");
+        return UCS_ERR_INVALID_PARAM;
+    }
+    ep = calloc(1, sizeof(*ep));
+    if (!ep)
+        return UCS_ERR_NO_MEMORY;
+    rc = UCS_CLASS_INIT(uct_base_ep_t, &ep->super, &iface->super);
+    if (rc != UCS_OK) {
+        free(ep);
+        return (ucs_status_t)rc;
+    }
+    rc = mc_segment_open_address(iface->md->engine, a + UCT_MC_ADDR_HDR, a[2], &ep->seg);
+    if (rc) {
+        ucs_error("mooncake: connecting to a peer interface: %s", mc_last_error());
+        free(ep);
+        return uct_mc_status(rc);
+    }
+    ep->iface = iface;
+    ep->peer_iface = (uint16_t)(a[0] | a[1] << 8);
+    ep->next = iface->eps;
+    iface->eps = ep;
+    *ep_p = &ep->super.super;
+    return UCS_OK;
+}
+
+static void ep_free(uct_mc_ep_t *ep)
+{
+    uct_mc_iface_defer_close(ep->iface, ep->seg);
+    free(ep);
+}
+
+/* Operations still in flight complete as canceled now; the endpoint's memory goes when the
+ * engine has let go of them. */
+void uct_mc_ep_destroy(uct_ep_h tl_ep)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_iface_t *iface = ep->iface;
+
+    for (uct_mc_ep_t **pp = &iface->eps; *pp; pp = &(*pp)->next)
+        if (*pp == ep) {
+            *pp = ep->next;
+            break;
+        }
+    uct_mc_ep_pending_purge(tl_ep, NULL, NULL);
+    for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next) {
+        uct_completion_t *comp = op->comp;
+        op->comp = NULL;
+        op->unpack_cb = NULL;
+        if (comp)
+            uct_invoke_completion(comp, UCS_ERR_CANCELED);
+    }
+    for (uct_mc_flush_t *f = ep->flushes; f; f = f->ep_next) {
+        uct_completion_t *comp = f->comp;
+        f->comp = NULL;
+        if (comp)
+            uct_invoke_completion(comp, UCS_ERR_CANCELED);
+    }
+    ep->destroyed = true;
+    if (!ep->refs)
+        ep_free(ep);
+}
+
+void uct_mc_ep_orphan_all(uct_mc_iface_t *iface)
+{
+    while (iface->eps)
+        uct_mc_ep_destroy(&iface->eps->super.super);
+}
+
+static void ep_unref(uct_mc_ep_t *ep)
+{
+    if (--ep->refs == 0 && ep->destroyed)
+        ep_free(ep);
+}
+
+/* ---- failures ---- */
+
+static void ep_fail(uct_mc_ep_t *ep, ucs_status_t status)
+{
+    if (ep->failed || ep->destroyed)
+        return;
+    ep->failed = true;
+    ep->fail_status = status;
+    uct_iface_handle_ep_err(&ep->iface->super.super, &ep->super.super, status);
+}
+
+void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_status_t status)
+{
+    /* the handler may destroy endpoints: one at a time, from the start of the list again */
+    for (bool again = true; again;) {
+        again = false;
+        for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
+            if (ep->seg == seg && !ep->failed) {
+                ep_fail(ep, status);
+                again = true;
+                break;
+            }
+    }
+}
+
+ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    int state = mc_segment_state(ep->iface->md->engine, ep->seg);
+
+    (void)flags;
+    (void)comp;
+    if (state == MC_SEGMENT_DEAD)
+        uct_mc_ep_peer_failed(ep->iface, ep->seg, UCS_ERR_CONNECTION_RESET);
+    return UCS_OK;
+}
+
+/* ---- what every operation checks first ---- */
+
+static ucs_status_t ep_ready(uct_mc_ep_t *ep)
+{
+    if (ep->failed)
+        return ep->fail_status;
+    if (ep->fence) {
+        if (ep->refs || ep->dirty) {
+            ep->iface->blocked = true;
+            return UCS_ERR_NO_RESOURCE;
+        }
+        ep->fence = false;
+    }
+    return UCS_OK;
+}
+
+/* ---- active messages ---- */
+
+static ucs_status_t am_send(uct_mc_ep_t *ep, uint8_t id, size_t len)
+{
+    uct_mc_iface_t *iface = ep->iface;
+    uint8_t *h = (uint8_t *)iface->tx;
+    int rc;
+
+    h[0] = (uint8_t)ep->peer_iface;
+    h[1] = (uint8_t)(ep->peer_iface >> 8);
+    h[2] = id;
+    rc = mc_msg_send(iface->md->engine, ep->seg, MC_UCT_MSG_ID, h, UCT_MC_AM_HDR + len);
+    if (rc == -EAGAIN) {
+        iface->blocked = true;
+        return UCS_ERR_NO_RESOURCE;
+    }
+    if (rc) {
+        ucs_debug("mooncake: active message %u: %s", id, mc_last_error());
+        return uct_mc_status(rc);
+    }
+    ep->dirty = true;
+    return UCS_OK;
+}
+
+static ucs_status_t am_check(uct_mc_ep_t *ep, uint8_t id, size_t len)
+{
+    ucs_status_t st = ep_ready(ep);
+
+    if (st != UCS_OK)
+        return st;
+    if (id >= UCT_AM_ID_MAX || len > ep->iface->am_max) {
+        ucs_error("mooncake: active message %u of %zu bytes (at most %zu)", id, len,
+                  ep->iface->am_max);
+        return UCS_ERR_INVALID_PARAM;
+    }
+    return UCS_OK;
+}
+
+ucs_status_t uct_mc_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header, const void *payload,
+                                unsigned length)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    char *d = ep->iface->tx + UCT_MC_AM_HDR;
+
+    ucs_status_t st = am_check(ep, id, sizeof(header) + length);
+
+    if (st != UCS_OK)
+        return st;
+    memcpy(d, &header, sizeof(header));
+    memcpy(d + sizeof(header), payload, length);
+    return am_send(ep, id, sizeof(header) + length);
+}
+
+ssize_t uct_mc_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id, uct_pack_callback_t pack_cb, void *arg,
+                           unsigned flags)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    size_t len;
+    ucs_status_t st;
+
+    (void)flags;
+    st = am_check(ep, id, 0);
+    if (st != UCS_OK)
+        return st;
+    len = pack_cb(ep->iface->tx + UCT_MC_AM_HDR, arg);
+    if (len > ep->iface->am_max) {
+        ucs_error("mooncake: am_bcopy packed %zu bytes (at most %zu)", len, ep->iface->am_max);
+        return UCS_ERR_INVALID_PARAM;
+    }
+    st = am_send(ep, id, len);
+    return st == UCS_OK ? (ssize_t)len : st;
+}
+
+/* The data is copied into the message: complete at once. */
+ucs_status_t uct_mc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header,
+                                unsigned header_length, const uct_iov_t *iov, size_t iovcnt,
+                                unsigned flags, uct_completion_t *comp)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    char *d = ep->iface->tx + UCT_MC_AM_HDR;
+    size_t len = header_length;
+
+    ucs_status_t st = am_check(ep, id, header_length + uct_iov_total_length(iov, iovcnt));
+
+    (void)flags;
+    (void)comp;
+    if (st != UCS_OK)
+        return st;
+    memcpy(d, header, header_length);
+    for (size_t i = 0; i < iovcnt; i++)
+        for (unsigned c = 0; c < iov[i].count; c++) {
+            memcpy(d + len, (const char *)iov[i].buffer + c * iov[i].stride, iov[i].length);
+            len += iov[i].length;
+        }
+    return am_send(ep, id, len);
+}
+
+/* ---- put and get ---- */
+
+/* Make the buffer the key describes usable in the endpoint's segment. */
+static ucs_status_t add_rkey(uct_mc_ep_t *ep, uct_rkey_t tl_rkey)
+{
+    uct_mc_rkey_t *rkey = (uct_mc_rkey_t *)tl_rkey;
+    mc_engine_t *engine = ep->iface->md->engine;
+    int rc;
+
+    if (rkey->added_engine == engine && rkey->added_seg == ep->seg)
+        return UCS_OK;
+    rc = mc_segment_add_buffer(engine, ep->seg, rkey->key, sizeof(rkey->key));
+    if (rc) {
+        ucs_error("mooncake: a remote key this peer cannot use: %s", mc_last_error());
+        return UCS_ERR_INVALID_PARAM;
+    }
+    rkey->added_engine = engine;
+    rkey->added_seg = ep->seg;
+    return UCS_OK;
+}
+
+static uct_mc_op_t *op_new(uct_mc_ep_t *ep, uct_mc_op_kind_t kind, uct_completion_t *comp)
+{
+    uct_mc_op_t *op = calloc(1, sizeof(*op));
+
+    if (!op)
+        return NULL;
+    op->kind = kind;
+    op->ep = ep;
+    op->comp = comp;
+    op->slot = -1;
+    return op;
+}
+
+/* Submit the op's requests; on success the endpoint holds it until it is delivered. */
+static ucs_status_t op_start(uct_mc_ep_t *ep, uct_mc_op_t *op, mc_request_t *reqs, unsigned n)
+{
+    uct_mc_iface_t *iface = ep->iface;
+    ucs_status_t st = uct_mc_iface_submit(iface, op, reqs, n);
+
+    if (st != UCS_OK)
+        return st;
+    op->ntasks = n;
+    op->ep_prev = NULL;
+    op->ep_next = ep->ops;
+    if (ep->ops)
+        ep->ops->ep_prev = op;
+    ep->ops = op;
+    ep->refs++;
+    return UCS_OK;
+}
+
+static ucs_status_t rma_begin(uct_mc_ep_t *ep, uct_rkey_t rkey, unsigned tasks)
+{
+    ucs_status_t st = ep_ready(ep);
+
+    if (st == UCS_OK)
+        st = uct_mc_iface_reserve(ep->iface, tasks);
+    if (st == UCS_OK)
+        st = add_rkey(ep, rkey);
+    return st;
+}
+
+/* A put or get through a bounce slot; data == NULL: pack_cb fills it. */
+static ssize_t bounce_op(uct_mc_ep_t *ep, mc_opcode_t opcode, const void *data, size_t length,
+                         uct_pack_callback_t pack_cb, void *pack_arg, uint64_t remote_addr,
+                         uct_rkey_t rkey, uct_mc_op_t *op)
+{
+    uct_mc_iface_t *iface = ep->iface;
+    ucs_status_t st = rma_begin(ep, rkey, 1);
+    char *buf;
+    int slot;
+
+    if (st != UCS_OK)
+        goto err;
+    slot = uct_mc_iface_slot_get(iface);
+    if (slot < 0) {
+        st = UCS_ERR_NO_RESOURCE;
+        goto err;
+    }
+    buf = iface->bounce + (size_t)slot * iface->config.seg_size;
+    if (opcode == MC_WRITE)
+        length = data ? (memcpy(buf, data, length), length) : pack_cb(buf, pack_arg);
+    if (length > iface->config.seg_size) {
+        ucs_error("mooncake: %zu bytes through a bounce slot of %zu", length,
+                  iface->config.seg_size);
+        st = UCS_ERR_INVALID_PARAM;
+        goto err_slot;
+    }
+    op->slot = slot;
+    op->length = length;
+    mc_request_t req = {.opcode = opcode,
+                        .local = buf,
+                        .target = ep->seg,
+                        .target_offset = remote_addr,
+                        .length = length};
+    st = op_start(ep, op, &req, 1);
+    if (st != UCS_OK)
+        goto err_slot;
+    return (ssize_t)length;
+
+err_slot:
+    uct_mc_iface_slot_put(iface, slot);
+err:
+    free(op);
+    return st;
+}
+
+ucs_status_t uct_mc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned length,
+                                 uint64_t remote_addr, uct_rkey_t rkey)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_op_t *op = op_new(ep, OP_PUT_BOUNCE, NULL);
+    ssize_t n;
+
+    if (!op)
+        return UCS_ERR_NO_MEMORY;
+    if (!length) {
+        free(op);
+        return UCS_OK;
+    }
+    n = bounce_op(ep, MC_WRITE, buffer, length, NULL, NULL, remote_addr, rkey, op);
+    return n < 0 ? (ucs_status_t)n : UCS_OK;
+}
+
+ssize_t uct_mc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *arg,
+                            uint64_t remote_addr, uct_rkey_t rkey)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_op_t *op = op_new(ep, OP_PUT_BOUNCE, NULL);
+
+    if (!op)
+        return UCS_ERR_NO_MEMORY;
+    return bounce_op(ep, MC_WRITE, NULL, 0, pack_cb, arg, remote_addr, rkey, op);
+}
+
+ucs_status_t uct_mc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, void *arg,
+                                 size_t length, uint64_t remote_addr, uct_rkey_t rkey,
+                                 uct_completion_t *comp)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_op_t *op = op_new(ep, OP_GET_BCOPY, comp);
+    ssize_t n;
+
+    if (!op)
+        return UCS_ERR_NO_MEMORY;
+    op->unpack_cb = unpack_cb;
+    op->unpack_arg = arg;
+    n = bounce_op(ep, MC_READ, NULL, length, NULL, NULL, remote_addr, rkey, op);
+    return n < 0 ? (ucs_status_t)n : UCS_INPROGRESS;
+}
+
+static ucs_status_t zcopy(uct_ep_h tl_ep, mc_opcode_t opcode, const uct_iov_t *iov, size_t iovcnt,
+                          uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    mc_request_t reqs[UCT_MC_MAX_IOV * 4];
+    unsigned n = 0;
+    uct_mc_op_t *op;
+    ucs_status_t st;
+
+    for (size_t i = 0; i < iovcnt; i++)
+        for (unsigned c = 0; c < iov[i].count && iov[i].length; c++) {
+            if (n == sizeof(reqs) / sizeof(reqs[0])) {
+                ucs_error("mooncake: more than %zu iov pieces", sizeof(reqs) / sizeof(reqs[0]));
+                return UCS_ERR_INVALID_PARAM;
+            }
+            reqs[n++] = (mc_request_t){.opcode = opcode,
+                                       .local = (char *)iov[i].buffer + c * iov[i].stride,
+                                       .target = ep->seg,
+                                       .target_offset = remote_addr,
+                                       .length = iov[i].length};
+            remote_addr += iov[i].length;
+        }
+    if (!n)
+        return UCS_OK;
+    st = rma_begin(ep, rkey, n);
+    if (st != UCS_OK)
+        return st;
+    op = op_new(ep, OP_ZCOPY, comp);
+    if (!op)
+        return UCS_ERR_NO_MEMORY;
+    st = op_start(ep, op, reqs, n);
+    if (st != UCS_OK) {
+        free(op);
+        return st;
+    }
+    return UCS_INPROGRESS;
+}
+
+ucs_status_t uct_mc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt,
+                                 uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
+{
+    return zcopy(tl_ep, MC_WRITE, iov, iovcnt, remote_addr, rkey, comp);
+}
+
+ucs_status_t uct_mc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt,
+                                 uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
+{
+    return zcopy(tl_ep, MC_READ, iov, iovcnt, remote_addr, rkey, comp);
+}
+
+/* From the interface's progress: the engine let go of every task of op. */
+void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op)
+{
+    uct_mc_ep_t *ep = op->ep;
+    ucs_status_t st = uct_mc_status(op->error);
+
+    iface->tasks_inflight -= op->ntasks;
+    if (op->error)
+        ucs_debug("mooncake: %s to segment %u failed: %s", op->kind == OP_GET_BCOPY ? "get" : "put",
+                  ep->seg, op->reason);
+    if (op->unpack_cb && st == UCS_OK)
+        op->unpack_cb(op->unpack_arg, iface->bounce + (size_t)op->slot * iface->config.seg_size,
+                      op->length);
+    if (op->slot >= 0)
+        uct_mc_iface_slot_put(iface, op->slot);
+    if (op->ep_prev)
+        op->ep_prev->ep_next = op->ep_next;
+    else
+        ep->ops = op->ep_next;
+    if (op->ep_next)
+        op->ep_next->ep_prev = op->ep_prev;
+    if (op->comp)
+        uct_invoke_completion(op->comp, st);
+    else if (st != UCS_OK) /* as an RDMA queue pair does: a failed write fails the endpoint */
+        ep_fail(ep, st);
+    free(op);
+    ep_unref(ep);
+}
+
+/* ---- flush and fence ---- */
+
+static void flush_cb(void *arg, int status)
+{
+    uct_mc_flush_t *f = arg;
+    uct_mc_md_t *md = f->md;
+
+    bool closed;
+
+    f->status = status;
+    pthread_mutex_lock(&md->lock);
+    closed = !f->iface;
+    if (!closed)
+        uct_mc_iface_queue(f->iface, &f->ev);
+    pthread_mutex_unlock(&md->lock);
+    if (closed)
+        free(f);
+}
+
+ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+    uct_mc_iface_t *iface = ep->iface;
+    uct_mc_flush_t *f;
+    int rc;
+
+    (void)flags;
+    if (ep->failed)
+        return ep->fail_status;
+    if (!ep->dirty && !ep->refs)
+        return UCS_OK;
+    if (!comp && ep->flushes && ep->flushes->gen == ep->gen)
+        return UCS_INPROGRESS; /* one is on its way for what was sent so far */
+    f = calloc(1, sizeof(*f));
+    if (!f)
+        return UCS_ERR_NO_MEMORY;
+    f->ev.kind = EV_FLUSH;
+    f->md = iface->md;
+    f->iface = iface;
+    f->ep = ep;
+    f->comp = comp;
+    f->gen = ++ep->gen;
+    rc = mc_peer_flush(iface->md->engine, ep->seg, flush_cb, f);
+    if (rc) {
+        free(f);
+        return uct_mc_status(rc);
+    }
+    f->ep_next = ep->flushes;
+    ep->flushes = f;
+    f->if_next = iface->flushes;
+    iface->flushes = f;
+    ep->refs++;
+    return UCS_INPROGRESS;
+}
+
+void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f)
+{
+    uct_mc_ep_t *ep = f->ep;
+
+    for (uct_mc_flush_t **pp = &ep->flushes; *pp; pp = &(*pp)->ep_next)
+        if (*pp == f) {
+            *pp = f->ep_next;
+            break;
+        }
+    for (uct_mc_flush_t **pp = &iface->flushes; *pp; pp = &(*pp)->if_next)
+        if (*pp == f) {
+            *pp = f->if_next;
+            break;
+        }
+    /* everything sent before this flush is in: clean unless more was sent since */
+    if (!f->status && f->gen == ep->gen)
+        ep->dirty = false;
+    if (f->comp)
+        uct_invoke_completion(f->comp, uct_mc_status(f->status));
+    free(f);
+    ep_unref(ep);
+}
+
+/* Later operations wait until the earlier ones are remotely complete: messages are known to be
+ * only through a flush, which starts here. */
+ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+
+    (void)flags;
+    if (ep->dirty)
+        uct_mc_ep_flush(tl_ep, 0, NULL);
+    if (ep->refs || ep->dirty)
+        ep->fence = true;
+    return UCS_OK;
+}
+
+/* The interface closes: flushes still in the engine free themselves when they end. */
+void uct_mc_iface_detach_flushes(uct_mc_iface_t *iface)
+{
+    size_t n = 0, i = 0;
+    uct_mc_ep_t **eps;
+
+    for (uct_mc_flush_t *f = iface->flushes; f; f = f->if_next)
+        n++;
+    eps = calloc(n ? n : 1, sizeof(*eps));
+    pthread_mutex_lock(&iface->md->lock);
+    for (uct_mc_flush_t *f = iface->flushes; f; f = f->if_next) {
+        if (eps)
+            eps[i++] = f->ep;
+        f->iface = NULL; /* from here on, flush_cb may free it */
+    }
+    pthread_mutex_unlock(&iface->md->lock);
+    iface->flushes = NULL;
+    for (size_t k = 0; k < i; k++)
+        ep_unref(eps[k]);
+    free(eps);
+}

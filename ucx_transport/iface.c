@@ -1,0 +1,714 @@
+/* The interface: its address in the shared engine, the events engine callbacks queue for it,
+ * progress that delivers them, the wake-up fd, RMA tasks in pooled batches, bounce slots and
+ * the pending queue. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <ucs/time/time.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "uct_mc.h"
+
+#define BATCH_TASKS 512
+
+ucs_config_field_t uct_mc_iface_config_table[] = {
+    {"", "", NULL, ucs_offsetof(uct_mc_iface_config_t, super),
+     UCS_CONFIG_TYPE_TABLE(uct_iface_config_table)},
+    {"SEG_SIZE", "32k", "largest active message, and the size of one bounce slot",
+     ucs_offsetof(uct_mc_iface_config_t, seg_size), UCS_CONFIG_TYPE_MEMUNITS},
+    {"BOUNCE_SLOTS", "64", "put_short/put_bcopy/get_bcopy operations in flight per interface",
+     ucs_offsetof(uct_mc_iface_config_t, bounce_slots), UCS_CONFIG_TYPE_UINT},
+    {"MAX_TASKS", "4096", "RMA tasks in flight per interface",
+     ucs_offsetof(uct_mc_iface_config_t, max_tasks), UCS_CONFIG_TYPE_UINT},
+    {"BW", "10000MBs", "bandwidth UCP is told, for its choice of lanes",
+     ucs_offsetof(uct_mc_iface_config_t, bandwidth), UCS_CONFIG_TYPE_BW},
+    {"AM_BW", "1500MBs",
+     "bandwidth of active messages UCP is told (the engine's message path, measured): with BW, "
+     "where UCP moves from eager messages to rendezvous over RMA",
+     ucs_offsetof(uct_mc_iface_config_t, am_bandwidth), UCS_CONFIG_TYPE_BW},
+    {"LATENCY", "5us", "latency UCP is told, for its choice of lanes",
+     ucs_offsetof(uct_mc_iface_config_t, latency), UCS_CONFIG_TYPE_TIME},
+    {NULL, NULL, NULL, 0, {NULL, NULL, NULL, NULL, NULL, NULL}}};
+
+/* ---- events from engine callbacks ---- */
+
+void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
+{
+    bool wake;
+
+    ev->next = NULL;
+    pthread_mutex_lock(&iface->lock);
+    *iface->evq_tail = ev;
+    iface->evq_tail = &ev->next;
+    wake = iface->armed;
+    iface->armed = false;
+    pthread_mutex_unlock(&iface->lock);
+    if (wake) {
+        uint64_t one = 1;
+        if (write(iface->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            ucs_warn("mooncake: waking the interface: %m");
+    }
+}
+
+/* Active messages above AM_SMALL bytes go through buffers of am_max bytes kept for reuse (up to
+ * AM_CACHED): allocating and freeing large blocks at this rate costs page faults. */
+#define AM_SMALL  256
+#define AM_CACHED 256
+
+static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len)
+{
+    uct_mc_am_t *am = NULL;
+
+    if (len <= AM_SMALL)
+        return malloc(sizeof(*am) + AM_SMALL);
+    pthread_mutex_lock(&iface->lock);
+    if (iface->am_free) {
+        am = iface->am_free;
+        iface->am_free = (uct_mc_am_t *)am->ev.next;
+        iface->n_am_free--;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    return am ? am : malloc(sizeof(*am) + iface->am_max);
+}
+
+static void am_put(uct_mc_iface_t *iface, uct_mc_am_t *am)
+{
+    bool kept = false;
+
+    if (am->len > AM_SMALL) {
+        pthread_mutex_lock(&iface->lock);
+        kept = iface->n_am_free < AM_CACHED;
+        if (kept) {
+            am->ev.next = &iface->am_free->ev;
+            iface->am_free = am;
+            iface->n_am_free++;
+        }
+        pthread_mutex_unlock(&iface->lock);
+    }
+    if (!kept)
+        free(am);
+}
+
+/* An active message: [u16 interface id][u8 AM id][AM data]. */
+void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    uct_mc_md_t *md = arg;
+    const uint8_t *p = data;
+    uct_mc_iface_t *iface;
+    uct_mc_am_t *am;
+    unsigned iid;
+
+    (void)id;
+    if (len < UCT_MC_AM_HDR || p[2] >= UCT_AM_ID_MAX) {
+        ucs_error("mooncake: a malformed active message (%zu bytes) from %s", len, sender);
+        return;
+    }
+    iid = (unsigned)p[0] | (unsigned)p[1] << 8;
+    pthread_mutex_lock(&md->lock);
+    iface = iid < UCT_MC_MAX_IFACES ? md->ifaces[iid] : NULL;
+    am = iface ? am_get(iface, len - UCT_MC_AM_HDR) : NULL;
+    if (am) {
+        am->ev.kind = EV_AM;
+        am->id = p[2];
+        am->len = (unsigned)(len - UCT_MC_AM_HDR);
+        memcpy(am->data, p + UCT_MC_AM_HDR, am->len);
+        uct_mc_iface_queue(iface, &am->ev);
+    }
+    pthread_mutex_unlock(&md->lock);
+    if (!iface)
+        ucs_debug("mooncake: active message %u from %s for interface %u, which is closed", p[2],
+                  sender, iid);
+    else if (!am)
+        ucs_error("mooncake: no memory for an active message of %zu bytes from %s", len, sender);
+}
+
+void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int error,
+                       const char *reason)
+{
+    uct_mc_md_t *md = arg;
+
+    if (event == MC_PEER_CONNECTED)
+        return;
+    ucs_debug("mooncake: peer segment %u %s: %s", id,
+              event == MC_PEER_DEAD ? "is dead" : "is unreachable", reason);
+    pthread_mutex_lock(&md->lock);
+    for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
+        uct_mc_iface_t *iface = md->ifaces[i];
+        uct_mc_peer_ev_t *ev;
+        if (!iface || !(ev = malloc(sizeof(*ev))))
+            continue;
+        ev->ev.kind = EV_PEER;
+        ev->seg = id;
+        ev->event = event;
+        ev->error = error;
+        uct_mc_iface_queue(iface, &ev->ev);
+    }
+    pthread_mutex_unlock(&md->lock);
+}
+
+/* ---- RMA tasks: batches from a pool, bounce slots ---- */
+
+ucs_status_t uct_mc_iface_reserve(uct_mc_iface_t *iface, unsigned tasks)
+{
+    if (iface->tasks_inflight + tasks > iface->config.max_tasks) {
+        iface->blocked = true;
+        return UCS_ERR_NO_RESOURCE;
+    }
+    if (iface->cur && iface->cur->used + tasks <= BATCH_TASKS)
+        return UCS_OK;
+    if (iface->cur) { /* full: it goes back to the pool once every task is let go of */
+        iface->cur->next = iface->full;
+        iface->full = iface->cur;
+        iface->cur = NULL;
+    }
+    if (iface->free_batches) {
+        iface->cur = iface->free_batches;
+        iface->free_batches = iface->cur->next;
+        return UCS_OK;
+    }
+    uct_mc_batch_t *b = calloc(1, sizeof(*b));
+    if (!b || mc_batch_create(iface->md->engine, BATCH_TASKS, &b->batch)) {
+        free(b);
+        iface->blocked = true;
+        return UCS_ERR_NO_RESOURCE;
+    }
+    iface->cur = b;
+    return UCS_OK;
+}
+
+static void task_done(void *arg, const mc_task_status_t *st)
+{
+    uct_mc_op_t *op = arg;
+    uct_mc_iface_t *iface = op->iface;
+    bool last;
+
+    pthread_mutex_lock(&iface->lock);
+    op->batch->done++;
+    if (st->state != MC_TASK_COMPLETED && !op->error) {
+        op->error = st->error ? st->error : -EIO;
+        snprintf(op->reason, sizeof(op->reason), "%s", st->reason ? st->reason : "failed");
+    }
+    last = --op->tasks_left == 0;
+    pthread_mutex_unlock(&iface->lock);
+    if (last)
+        uct_mc_iface_queue(iface, &op->ev);
+}
+
+/* Submit count requests for op (room reserved with uct_mc_iface_reserve). */
+ucs_status_t uct_mc_iface_submit(uct_mc_iface_t *iface, uct_mc_op_t *op, mc_request_t *reqs,
+                                 unsigned count)
+{
+    int rc;
+
+    op->ev.kind = EV_OP;
+    op->iface = iface;
+    op->batch = iface->cur;
+    op->tasks_left = count;
+    for (unsigned i = 0; i < count; i++) {
+        reqs[i].cb = task_done;
+        reqs[i].cb_arg = op;
+    }
+    rc = mc_batch_submit(iface->cur->batch, reqs, count, NULL);
+    if (rc) {
+        ucs_error("mooncake: submit: %s", mc_last_error());
+        return uct_mc_status(rc);
+    }
+    iface->cur->used += count;
+    iface->tasks_inflight += count;
+    return UCS_OK;
+}
+
+int uct_mc_iface_slot_get(uct_mc_iface_t *iface)
+{
+    if (!iface->n_free_slots) {
+        iface->blocked = true;
+        return -1;
+    }
+    return iface->free_slots[--iface->n_free_slots];
+}
+
+void uct_mc_iface_slot_put(uct_mc_iface_t *iface, int slot)
+{
+    iface->free_slots[iface->n_free_slots++] = slot;
+}
+
+/* Batches whose tasks the engine let go of go back to the pool. */
+static void recycle_batches(uct_mc_iface_t *iface)
+{
+    uct_mc_batch_t **pp = &iface->full;
+
+    while (*pp) {
+        uct_mc_batch_t *b = *pp;
+        size_t done;
+        pthread_mutex_lock(&iface->lock);
+        done = b->done;
+        pthread_mutex_unlock(&iface->lock);
+        if (done == b->used && mc_batch_reset(b->batch) == 0) {
+            b->used = b->done = 0;
+            *pp = b->next;
+            b->next = iface->free_batches;
+            iface->free_batches = b;
+        } else {
+            pp = &b->next;
+        }
+    }
+}
+
+/* Segments of freed endpoints, closed outside engine callbacks (where closing is refused). */
+void uct_mc_iface_defer_close(uct_mc_iface_t *iface, mc_segment_id_t seg)
+{
+    if (iface->n_segs_to_close == iface->cap_segs_to_close) {
+        size_t cap = iface->cap_segs_to_close ? 2 * iface->cap_segs_to_close : 16;
+        mc_segment_id_t *a = realloc(iface->segs_to_close, cap * sizeof(*a));
+        if (!a) {
+            ucs_error("mooncake: no memory to close segment %u later: it stays open", seg);
+            return;
+        }
+        iface->segs_to_close = a;
+        iface->cap_segs_to_close = cap;
+    }
+    iface->segs_to_close[iface->n_segs_to_close++] = seg;
+}
+
+void uct_mc_iface_close_segments(uct_mc_iface_t *iface)
+{
+    for (size_t i = 0; i < iface->n_segs_to_close; i++)
+        if (mc_segment_close(iface->md->engine, iface->segs_to_close[i]))
+            ucs_debug("mooncake: closing segment %u: %s", iface->segs_to_close[i], mc_last_error());
+    iface->n_segs_to_close = 0;
+}
+
+/* ---- progress ---- */
+
+static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
+{
+    switch (ev->kind) {
+    case EV_AM: {
+        uct_mc_am_t *am = (uct_mc_am_t *)ev;
+        if (!iface->closing)
+            uct_iface_invoke_am(&iface->super, am->id, am->data, am->len, 0);
+        am_put(iface, am);
+        break;
+    }
+    case EV_OP:
+        uct_mc_ep_op_done(iface, (uct_mc_op_t *)ev);
+        break;
+    case EV_FLUSH:
+        uct_mc_ep_flush_done(iface, (uct_mc_flush_t *)ev);
+        break;
+    case EV_PEER: {
+        uct_mc_peer_ev_t *p = (uct_mc_peer_ev_t *)ev;
+        uct_mc_ep_peer_failed(iface, p->seg,
+                              p->event == MC_PEER_DEAD ? UCS_ERR_CONNECTION_RESET
+                                                       : UCS_ERR_ENDPOINT_TIMEOUT);
+        free(p);
+        break;
+    }
+    }
+}
+
+static void dispatch_pending(uct_mc_iface_t *iface)
+{
+    while (iface->pending_head && !iface->blocked) {
+        uct_pending_req_t *req = uct_mc_pending_pop(iface);
+        if (req->func(req) != UCS_OK) { /* back to the front, until the next completion */
+            uct_mc_pending_push_front(iface, req);
+            iface->blocked = true;
+        }
+    }
+}
+
+static unsigned deliver_all(uct_mc_iface_t *iface)
+{
+    uct_mc_ev_t *ev;
+    unsigned n = 0;
+
+    pthread_mutex_lock(&iface->lock);
+    ev = iface->evq_head;
+    iface->evq_head = NULL;
+    iface->evq_tail = &iface->evq_head;
+    pthread_mutex_unlock(&iface->lock);
+    while (ev) {
+        uct_mc_ev_t *next = ev->next;
+        deliver(iface, ev);
+        ev = next;
+        n++;
+    }
+    return n;
+}
+
+static unsigned iface_progress(uct_iface_h tl_iface)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    unsigned n;
+
+    mc_engine_progress(iface->md->engine);
+    n = deliver_all(iface);
+    if (n)
+        recycle_batches(iface);
+    /* resources may have come back without an event (the engine's message window): try */
+    iface->blocked = false;
+    if (iface->pending_head)
+        dispatch_pending(iface);
+    if (iface->n_segs_to_close)
+        uct_mc_iface_close_segments(iface);
+    return n;
+}
+
+/* Taken only by a worker that sleeps: the engine's fd joins then, because an engine whose fd
+ * is taken arms wake-ups (a cost for its peers) until the first mc_engine_arm. */
+static ucs_status_t iface_event_fd_get(uct_iface_h tl_iface, int *fd_p)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    struct epoll_event eev = {.events = EPOLLIN};
+
+    if (!iface->engine_fd_added) {
+        if (epoll_ctl(iface->epfd, EPOLL_CTL_ADD, mc_engine_event_fd(iface->md->engine), &eev)) {
+            ucs_error("mooncake: watching the engine's event fd: %m");
+            return UCS_ERR_IO_ERROR;
+        }
+        iface->engine_fd_added = true;
+    }
+    *fd_p = iface->epfd;
+    return UCS_OK;
+}
+
+/* Ready to sleep unless the engine has work or something is queued. */
+static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    uint64_t x;
+    bool busy;
+
+    (void)events;
+    if (mc_engine_arm(iface->md->engine))
+        return UCS_ERR_BUSY;
+    pthread_mutex_lock(&iface->lock);
+    busy = iface->evq_head != NULL;
+    if (!busy) {
+        while (read(iface->efd, &x, sizeof(x)) > 0)
+            ;
+        iface->armed = true;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    return busy ? UCS_ERR_BUSY : UCS_OK;
+}
+
+/* ---- flush and fence ---- */
+
+static ucs_status_t iface_flush(uct_iface_h tl_iface, unsigned flags, uct_completion_t *comp)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    ucs_status_t st = UCS_OK;
+
+    if (comp)
+        return UCS_ERR_UNSUPPORTED;
+    for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
+        if (uct_mc_ep_flush(&ep->super.super, flags, NULL) == UCS_INPROGRESS)
+            st = UCS_INPROGRESS;
+    return st;
+}
+
+static ucs_status_t iface_fence(uct_iface_h tl_iface, unsigned flags)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+
+    for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
+        uct_mc_ep_fence(&ep->super.super, flags);
+    return UCS_OK;
+}
+
+/* ---- addresses ---- */
+
+static ucs_status_t iface_query(uct_iface_h tl_iface, uct_iface_attr_t *attr)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    size_t seg = iface->config.seg_size, am_max = iface->am_max;
+
+    uct_base_iface_query(&iface->super, attr);
+    attr->iface_addr_len = iface->addr_len;
+    attr->device_addr_len = 0;
+    attr->ep_addr_len = 0;
+    attr->cap.flags = UCT_IFACE_FLAG_CONNECT_TO_IFACE | UCT_IFACE_FLAG_AM_SHORT |
+                      UCT_IFACE_FLAG_AM_BCOPY | UCT_IFACE_FLAG_AM_ZCOPY | UCT_IFACE_FLAG_PUT_SHORT |
+                      UCT_IFACE_FLAG_PUT_BCOPY | UCT_IFACE_FLAG_PUT_ZCOPY |
+                      UCT_IFACE_FLAG_GET_BCOPY | UCT_IFACE_FLAG_GET_ZCOPY | UCT_IFACE_FLAG_PENDING |
+                      UCT_IFACE_FLAG_CB_SYNC | UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE |
+                      UCT_IFACE_FLAG_EP_CHECK;
+    attr->cap.event_flags =
+        UCT_IFACE_FLAG_EVENT_SEND_COMP | UCT_IFACE_FLAG_EVENT_RECV | UCT_IFACE_FLAG_EVENT_FD;
+    attr->cap.put.max_short = (unsigned)seg;
+    attr->cap.put.max_bcopy = seg;
+    attr->cap.put.min_zcopy = 1;
+    attr->cap.put.max_zcopy = SIZE_MAX >> 1;
+    attr->cap.put.opt_zcopy_align = 1;
+    attr->cap.put.align_mtu = 1;
+    attr->cap.put.max_iov = UCT_MC_MAX_IOV;
+    attr->cap.get.max_bcopy = seg;
+    attr->cap.get.min_zcopy = 1;
+    attr->cap.get.max_zcopy = SIZE_MAX >> 1;
+    attr->cap.get.opt_zcopy_align = 1;
+    attr->cap.get.align_mtu = 1;
+    attr->cap.get.max_iov = UCT_MC_MAX_IOV;
+    attr->cap.am.max_short = (unsigned)am_max;
+    attr->cap.am.max_bcopy = am_max;
+    attr->cap.am.min_zcopy = 0;
+    attr->cap.am.max_zcopy = am_max;
+    attr->cap.am.opt_zcopy_align = 1;
+    attr->cap.am.align_mtu = 1;
+    attr->cap.am.max_hdr = 128;
+    attr->cap.am.max_iov = UCT_MC_MAX_IOV;
+    attr->latency = ucs_linear_func_make(iface->config.latency, 0);
+    attr->bandwidth.dedicated = 0;
+    attr->bandwidth.shared = iface->config.bandwidth;
+    attr->overhead = 1e-6;
+    attr->priority = 0;
+    return UCS_OK;
+}
+
+/* As iface_query says, except that active messages move at AM_BW, not BW: each fragment costs
+ * the difference as overhead, which is what UCP weighs eager against rendezvous with. */
+ucs_status_t uct_mc_iface_estimate_perf(uct_iface_h tl_iface, uct_perf_attr_t *attr)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    ucs_status_t st = uct_base_iface_estimate_perf(tl_iface, attr);
+    bool am = (attr->field_mask & UCT_PERF_ATTR_FIELD_OPERATION) &&
+              (attr->operation == UCT_EP_OP_AM_SHORT || attr->operation == UCT_EP_OP_AM_BCOPY ||
+               attr->operation == UCT_EP_OP_AM_ZCOPY);
+
+    if (st != UCS_OK || !am)
+        return st;
+    if (attr->field_mask & UCT_PERF_ATTR_FIELD_BANDWIDTH)
+        attr->bandwidth.shared = iface->config.am_bandwidth;
+    if ((attr->field_mask & UCT_PERF_ATTR_FIELD_SEND_PRE_OVERHEAD) &&
+        iface->config.am_bandwidth < iface->config.bandwidth)
+        attr->send_pre_overhead += (double)iface->am_max / iface->config.am_bandwidth -
+                                   (double)iface->am_max / iface->config.bandwidth;
+    return UCS_OK;
+}
+
+static ucs_status_t iface_get_address(uct_iface_h tl_iface, uct_iface_addr_t *addr)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+
+    memcpy(addr, iface->addr, iface->addr_len);
+    return UCS_OK;
+}
+
+/* An address of an engine of our address version and control transport: the engine finds the way
+ * (or says the peer is unreachable). */
+static int iface_is_reachable(const uct_iface_h tl_iface, const uct_device_addr_t *dev_addr,
+                              const uct_iface_addr_t *iface_addr)
+{
+    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    const uint8_t *a = (const uint8_t *)iface_addr;
+
+    (void)dev_addr;
+    return a && a[2] == iface->addr[2] && a[3] == iface->addr[3] && a[4] == iface->addr[4];
+}
+
+/* ---- lifetime ---- */
+
+static uct_iface_ops_t iface_ops;
+
+static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
+                           const uct_iface_params_t *params, const uct_iface_config_t *tl_config)
+{
+    uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
+    const uct_mc_iface_config_t *cfg = ucs_derived_of(tl_config, uct_mc_iface_config_t);
+    struct epoll_event eev = {.events = EPOLLIN};
+    size_t len = MC_ADDRESS_MAX;
+    int rc, id;
+
+    UCS_CLASS_CALL_SUPER_INIT(uct_base_iface_t, &iface_ops, &uct_mc_iface_internal_ops, tl_md,
+                              worker, params,
+                              tl_config UCS_STATS_ARG(NULL) UCS_STATS_ARG(UCT_MC_NAME));
+    /* UCS classes are not zero-filled */
+    memset((char *)self + sizeof(self->super), 0, sizeof(*self) - sizeof(self->super));
+    self->efd = self->epfd = -1;
+    self->md = md;
+    self->config = *cfg;
+    if (self->config.seg_size < 256 || self->config.bounce_slots < 1 ||
+        self->config.max_tasks < BATCH_TASKS) {
+        ucs_error("mooncake: SEG_SIZE must be >= 256, BOUNCE_SLOTS >= 1, MAX_TASKS >= %d",
+                  BATCH_TASKS);
+        return UCS_ERR_INVALID_PARAM;
+    }
+    self->am_max = self->config.seg_size < MC_MSG_MAX - UCT_MC_AM_HDR ? self->config.seg_size
+                                                                      : MC_MSG_MAX - UCT_MC_AM_HDR;
+    pthread_mutex_init(&self->lock, NULL);
+    self->evq_tail = &self->evq_head;
+    self->pending_tail = &self->pending_head;
+    rc = mc_engine_address(md->engine, self->addr + UCT_MC_ADDR_HDR, &len);
+    if (rc) {
+        ucs_error("mooncake: the engine's address: %s", mc_last_error());
+        return UCS_ERR_IO_ERROR;
+    }
+    self->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    self->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (self->efd < 0 || self->epfd < 0 || epoll_ctl(self->epfd, EPOLL_CTL_ADD, self->efd, &eev)) {
+        ucs_error("mooncake: the interface's event fd: %m");
+        goto err_fds;
+    }
+    rc = mc_mem_alloc(md->engine, self->config.seg_size * self->config.bounce_slots, "*",
+                      (void **)&self->bounce);
+    self->free_slots = calloc(self->config.bounce_slots, sizeof(int));
+    self->tx = malloc(UCT_MC_AM_HDR + self->am_max);
+    if (rc || !self->free_slots || !self->tx) {
+        ucs_error("mooncake: bounce buffers: %s", rc ? mc_last_error() : "no memory");
+        goto err_bounce;
+    }
+    for (unsigned i = 0; i < self->config.bounce_slots; i++)
+        self->free_slots[i] = (int)(self->config.bounce_slots - 1 - i);
+    self->n_free_slots = self->config.bounce_slots;
+    id = uct_mc_md_add_iface(md, self);
+    if (id < 0) {
+        ucs_error("mooncake: more than %d interfaces on one memory domain", UCT_MC_MAX_IFACES);
+        goto err_bounce;
+    }
+    self->id = (uint16_t)id;
+    self->addr[0] = (uint8_t)id;
+    self->addr[1] = (uint8_t)(id >> 8);
+    self->addr[2] = (uint8_t)len;
+    self->addr_len = UCT_MC_ADDR_HDR + len;
+    return UCS_OK;
+
+err_bounce:
+    free(self->tx);
+    free(self->free_slots);
+    if (self->bounce)
+        mc_mem_free(md->engine, self->bounce);
+err_fds:
+    if (self->efd >= 0)
+        close(self->efd);
+    if (self->epfd >= 0)
+        close(self->epfd);
+    pthread_mutex_destroy(&self->lock);
+    return UCS_ERR_IO_ERROR;
+}
+
+/* Let the engine go of every task of ours: cancel them, then drive it until their callbacks
+ * ran (bounded: a transport lets go of a slice within its I/O timeout). */
+static void drain_batches(uct_mc_iface_t *iface)
+{
+    uct_mc_batch_t *lists[] = {iface->cur, iface->full, iface->free_batches};
+    ucs_time_t limit = ucs_get_time() + ucs_time_from_sec(30);
+    bool busy = true;
+
+    for (unsigned l = 0; l < 3; l++)
+        for (uct_mc_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
+            mc_batch_cancel(b->batch);
+    while (busy && ucs_get_time() < limit) {
+        busy = false;
+        mc_engine_progress(iface->md->engine);
+        pthread_mutex_lock(&iface->lock);
+        for (unsigned l = 0; l < 3; l++)
+            for (uct_mc_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
+                busy |= b->done < b->used;
+        pthread_mutex_unlock(&iface->lock);
+    }
+    if (busy)
+        ucs_error("mooncake: closing an interface whose transfers the engine still holds");
+    for (unsigned l = 0; l < 3; l++) {
+        for (uct_mc_batch_t *b = lists[l], *next; b; b = next) {
+            next = l ? b->next : NULL;
+            mc_batch_release(b->batch);
+            free(b);
+        }
+    }
+    iface->cur = iface->full = iface->free_batches = NULL;
+}
+
+static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
+{
+    uct_base_iface_progress_disable(&self->super.super, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+    uct_mc_md_remove_iface(self->md, self); /* no more messages or peer events */
+    self->closing = true;
+    uct_mc_ep_orphan_all(self);
+    drain_batches(self);
+    deliver_all(self);
+    uct_mc_iface_detach_flushes(self);
+    mc_mem_free(self->md->engine, self->bounce);
+    uct_mc_iface_close_segments(self);
+    free(self->segs_to_close);
+    while (self->am_free) {
+        uct_mc_am_t *am = self->am_free;
+        self->am_free = (uct_mc_am_t *)am->ev.next;
+        free(am);
+    }
+    free(self->tx);
+    free(self->free_slots);
+    close(self->efd);
+    close(self->epfd);
+    pthread_mutex_destroy(&self->lock);
+}
+
+UCS_CLASS_DEFINE(uct_mc_iface_t, uct_base_iface_t);
+static UCS_CLASS_DEFINE_NEW_FUNC(uct_mc_iface_t, uct_iface_t, uct_md_h, uct_worker_h,
+                                 const uct_iface_params_t *, const uct_iface_config_t *);
+static UCS_CLASS_DEFINE_DELETE_FUNC(uct_mc_iface_t, uct_iface_t);
+
+static ucs_status_t query_devices(uct_md_h md, uct_tl_device_resource_t **devices_p, unsigned *n_p)
+{
+    return uct_single_device_resource(md, UCT_MC_DEV_NAME, UCT_DEVICE_TYPE_NET,
+                                      UCS_SYS_DEVICE_ID_UNKNOWN, devices_p, n_p);
+}
+
+static void progress_enable(uct_iface_h tl_iface, unsigned flags)
+{
+    uct_base_iface_progress_enable_cb(ucs_derived_of(tl_iface, uct_base_iface_t),
+                                      (ucs_callback_t)iface_progress, flags);
+}
+
+static ucs_status_t no_device_address(uct_iface_h iface, uct_device_addr_t *addr)
+{
+    (void)iface;
+    (void)addr;
+    return UCS_OK;
+}
+
+static uct_iface_ops_t iface_ops = {
+    .ep_put_short = uct_mc_ep_put_short,
+    .ep_put_bcopy = uct_mc_ep_put_bcopy,
+    .ep_put_zcopy = uct_mc_ep_put_zcopy,
+    .ep_get_bcopy = uct_mc_ep_get_bcopy,
+    .ep_get_zcopy = uct_mc_ep_get_zcopy,
+    .ep_am_short = uct_mc_ep_am_short,
+    .ep_am_short_iov = uct_base_ep_am_short_iov,
+    .ep_am_bcopy = uct_mc_ep_am_bcopy,
+    .ep_am_zcopy = uct_mc_ep_am_zcopy,
+    .ep_pending_add = uct_mc_ep_pending_add,
+    .ep_pending_purge = uct_mc_ep_pending_purge,
+    .ep_flush = uct_mc_ep_flush,
+    .ep_fence = uct_mc_ep_fence,
+    .ep_check = uct_mc_ep_check,
+    .ep_create = uct_mc_ep_create,
+    .ep_destroy = uct_mc_ep_destroy,
+    .iface_flush = iface_flush,
+    .iface_fence = iface_fence,
+    .iface_progress_enable = progress_enable,
+    .iface_progress_disable = uct_base_iface_progress_disable,
+    .iface_progress = iface_progress,
+    .iface_event_fd_get = iface_event_fd_get,
+    .iface_event_arm = iface_event_arm,
+    .iface_close = UCS_CLASS_DELETE_FUNC_NAME(uct_mc_iface_t),
+    .iface_query = iface_query,
+    .iface_get_device_address = no_device_address,
+    .iface_get_address = iface_get_address,
+    .iface_is_reachable = iface_is_reachable,
+};
+
+uct_tl_t uct_mc_tl = {
+    .name = UCT_MC_NAME,
+    .query_devices = query_devices,
+    .iface_open = UCS_CLASS_NEW_FUNC_NAME(uct_mc_iface_t),
+    .config =
+        {
+            .name = UCT_MC_NAME " transport",
+            .prefix = "MOONCAKE_",
+            .table = uct_mc_iface_config_table,
+            .size = sizeof(uct_mc_iface_config_t),
+        },
+};

@@ -1,0 +1,291 @@
+/* The memory domain: one engine, its registrations as memory handles, its buffer keys as packed
+ * remote keys, and UCX_MOONCAKE_* settings mapped onto the engine's. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "uct_mc.h"
+
+ucs_config_field_t uct_mc_md_config_table[] = {
+    {"", "", NULL, ucs_offsetof(uct_mc_md_config_t, super),
+     UCS_CONFIG_TYPE_TABLE(uct_md_config_table)},
+    {"DEVICES", "", "NICs the engine uses, comma-separated (MC_DEVICES); empty: all",
+     ucs_offsetof(uct_mc_md_config_t, devices), UCS_CONFIG_TYPE_STRING},
+    {"SLICE_SIZE", "", "bytes per slice across rails (MC_SLICE_SIZE); empty: the engine's",
+     ucs_offsetof(uct_mc_md_config_t, slice_size), UCS_CONFIG_TYPE_STRING},
+    {"METADATA", "none",
+     "where the engine publishes its segment: none (UCX carries the addresses), file://DIR or "
+     "etcd://HOST:PORT (MC_METADATA)",
+     ucs_offsetof(uct_mc_md_config_t, metadata), UCS_CONFIG_TYPE_STRING},
+    {"AUTH_TOKEN", "", "shared secret both sides must have (MC_AUTH_TOKEN); empty: the engine's",
+     ucs_offsetof(uct_mc_md_config_t, auth_token), UCS_CONFIG_TYPE_STRING},
+    {"LISTEN", "", "address:port the engine listens on (MC_LISTEN); empty: the engine's",
+     ucs_offsetof(uct_mc_md_config_t, listen), UCS_CONFIG_TYPE_STRING},
+    {"PROTOCOL", "", "auto, or one engine transport for every peer (MC_PROTOCOL)",
+     ucs_offsetof(uct_mc_md_config_t, protocol), UCS_CONFIG_TYPE_STRING},
+    {"ENGINE", "", "any other engine settings, NAME=VALUE;NAME=VALUE (names as MC_* without MC_)",
+     ucs_offsetof(uct_mc_md_config_t, engine), UCS_CONFIG_TYPE_STRING},
+    {NULL, NULL, NULL, 0, {NULL, NULL, NULL, NULL, NULL, NULL}}};
+
+ucs_status_t uct_mc_status(int rc)
+{
+    switch (rc) {
+    case 0:
+        return UCS_OK;
+    case -EAGAIN:
+        return UCS_ERR_NO_RESOURCE;
+    case -ENOMEM:
+        return UCS_ERR_NO_MEMORY;
+    case -EINVAL:
+    case -MC_EPROTO:
+    case -MC_ECONFIG:
+        return UCS_ERR_INVALID_PARAM;
+    case -ENOENT:
+        return UCS_ERR_NO_ELEM;
+    case -MC_EACCESS:
+        return UCS_ERR_INVALID_ADDR;
+    case -MC_EPEERDEAD:
+        return UCS_ERR_CONNECTION_RESET;
+    case -MC_ETIMEOUT:
+        return UCS_ERR_ENDPOINT_TIMEOUT;
+    case -MC_ECANCELED:
+        return UCS_ERR_CANCELED;
+    case -MC_EAUTH:
+        return UCS_ERR_REJECTED;
+    case -MC_ENOSEGMENT:
+        return UCS_ERR_UNREACHABLE;
+    default:
+        return UCS_ERR_IO_ERROR;
+    }
+}
+
+/* ---- settings ---- */
+
+static int set_one(mc_config_t *c, const char *name, const char *value)
+{
+    int rc;
+
+    if (!value || !*value)
+        return 0;
+    rc = mc_config_set(c, name, value);
+    if (rc)
+        ucs_error("mooncake: UCX_MOONCAKE_%s=%s: %s", name, value, mc_last_error());
+    return rc;
+}
+
+/* "NAME=VALUE;NAME=VALUE" */
+static int set_list(mc_config_t *c, const char *list)
+{
+    char *copy = strdup(list), *save = NULL;
+    int rc = 0;
+
+    if (!copy)
+        return -ENOMEM;
+    for (char *kv = strtok_r(copy, ";", &save); kv && !rc; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            ucs_error("mooncake: UCX_MOONCAKE_ENGINE: '%s' is not NAME=VALUE", kv);
+            rc = -EINVAL;
+            break;
+        }
+        *eq = 0;
+        rc = mc_config_set(c, kv, eq + 1);
+        if (rc)
+            ucs_error("mooncake: UCX_MOONCAKE_ENGINE: %s", mc_last_error());
+    }
+    free(copy);
+    return rc;
+}
+
+static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
+{
+    mc_config_t *c;
+    int rc = mc_config_create(&c);
+
+    if (rc) {
+        ucs_error("mooncake: %s", mc_last_error());
+        return rc;
+    }
+    if ((rc = set_one(c, "DEVICES", cfg->devices)) ||
+        (rc = set_one(c, "SLICE_SIZE", cfg->slice_size)) ||
+        (rc = set_one(c, "METADATA", cfg->metadata)) ||
+        (rc = set_one(c, "AUTH_TOKEN", cfg->auth_token)) ||
+        (rc = set_one(c, "LISTEN", cfg->listen)) || (rc = set_one(c, "PROTOCOL", cfg->protocol)) ||
+        (rc = set_list(c, cfg->engine)) ||
+        /* UCT's rule: callbacks only from uct_iface_progress, so the caller drives I/O */
+        (rc = mc_config_set(c, "PROGRESS_THREAD", "0")) ||
+        (rc = mc_config_set(c, "PROGRESS_IMPLICIT", "0"))) {
+        mc_config_destroy(c);
+        return rc;
+    }
+    *c_p = c;
+    return 0;
+}
+
+/* ---- the memory domain ---- */
+
+void uct_mc_md_close(uct_md_h tl_md)
+{
+    uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
+
+    mc_engine_destroy(md->engine);
+    pthread_mutex_destroy(&md->lock);
+    free(md);
+}
+
+ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
+                            const uct_md_config_t *config, uct_md_h *md_p)
+{
+    const uct_mc_md_config_t *cfg = ucs_derived_of(config, uct_mc_md_config_t);
+    mc_config_t *c;
+    uct_mc_md_t *md;
+    int rc;
+
+    (void)md_name;
+    md = calloc(1, sizeof(*md));
+    if (!md)
+        return UCS_ERR_NO_MEMORY;
+    rc = engine_config(cfg, &c);
+    if (rc)
+        goto err_free;
+    rc = mc_engine_create(c, &md->engine);
+    mc_config_destroy(c);
+    if (rc) {
+        ucs_error("mooncake: the engine did not start: %s", mc_last_error());
+        goto err_free;
+    }
+    mc_msg_handler_set(md->engine, MC_UCT_MSG_ID, uct_mc_md_on_msg, md);
+    mc_peer_handler_set(md->engine, uct_mc_md_on_peer, md);
+    pthread_mutex_init(&md->lock, NULL);
+    md->super.ops = &uct_mc_md_ops;
+    md->super.component = component;
+    *md_p = &md->super;
+    return UCS_OK;
+
+err_free:
+    free(md);
+    return uct_mc_status(rc);
+}
+
+int uct_mc_md_add_iface(uct_mc_md_t *md, uct_mc_iface_t *iface)
+{
+    int id = -1;
+
+    pthread_mutex_lock(&md->lock);
+    for (int i = 0; i < UCT_MC_MAX_IFACES; i++)
+        if (!md->ifaces[i]) {
+            md->ifaces[i] = iface;
+            id = i;
+            break;
+        }
+    pthread_mutex_unlock(&md->lock);
+    return id;
+}
+
+void uct_mc_md_remove_iface(uct_mc_md_t *md, uct_mc_iface_t *iface)
+{
+    pthread_mutex_lock(&md->lock);
+    md->ifaces[iface->id] = NULL;
+    pthread_mutex_unlock(&md->lock);
+}
+
+ucs_status_t uct_mc_md_query(uct_md_h tl_md, uct_md_attr_t *attr)
+{
+    (void)tl_md;
+    memset(attr, 0, sizeof(*attr));
+    attr->cap.flags = UCT_MD_FLAG_REG | UCT_MD_FLAG_NEED_MEMH | UCT_MD_FLAG_NEED_RKEY;
+    attr->cap.reg_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+    attr->cap.access_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+    attr->cap.max_reg = ULONG_MAX;
+    attr->rkey_packed_size = MC_BUFFER_KEY_SIZE;
+    /* one engine registration: a few microseconds, and no pinning on tcp or shm */
+    attr->reg_cost = ucs_linear_func_make(2e-6, 0);
+    snprintf(attr->component_name, sizeof(attr->component_name), "%s", UCT_MC_NAME);
+    memset(&attr->local_cpus, 0xff, sizeof(attr->local_cpus));
+    return UCS_OK;
+}
+
+ucs_status_t uct_mc_mem_reg(uct_md_h tl_md, void *address, size_t length, unsigned flags,
+                            uct_mem_h *memh_p)
+{
+    uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
+    uct_mc_memh_t *memh = malloc(sizeof(*memh));
+    int rc;
+
+    if (!memh)
+        return UCS_ERR_NO_MEMORY;
+    memh->addr = address;
+    memh->len = length;
+    if (length) { /* a zero-length buffer needs no registration, and the engine refuses one */
+        rc = mc_mem_register(md->engine, address, length, "*");
+        if (rc) {
+            uct_md_log_mem_reg_error(flags, "mooncake: registering %p+%zu: %s", address, length,
+                                     mc_last_error());
+            free(memh);
+            return uct_mc_status(rc);
+        }
+    }
+    *memh_p = memh;
+    return UCS_OK;
+}
+
+ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *params)
+{
+    uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
+    uct_mc_memh_t *memh;
+    int rc = 0;
+
+    if (!(params->field_mask & UCT_MD_MEM_DEREG_FIELD_MEMH) || !params->memh)
+        return UCS_ERR_INVALID_PARAM;
+    memh = params->memh;
+    if (memh->len)
+        rc = mc_mem_unregister(md->engine, memh->addr);
+    if (rc)
+        ucs_error("mooncake: unregistering %p: %s", memh->addr, mc_last_error());
+    free(memh);
+    return uct_mc_status(rc);
+}
+
+ucs_status_t uct_mc_mkey_pack(uct_md_h tl_md, uct_mem_h tl_memh,
+                              const uct_md_mkey_pack_params_t *params, void *rkey_buffer)
+{
+    uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
+    uct_mc_memh_t *memh = tl_memh;
+    int rc;
+
+    (void)params;
+    if (!memh->len) { /* no buffer: a key that matches nothing */
+        memset(rkey_buffer, 0, MC_BUFFER_KEY_SIZE);
+        return UCS_OK;
+    }
+    rc = mc_buffer_key_pack(md->engine, memh->addr, rkey_buffer);
+    if (rc)
+        ucs_error("mooncake: packing the key of %p: %s", memh->addr, mc_last_error());
+    return uct_mc_status(rc);
+}
+
+/* ---- remote keys ---- */
+
+ucs_status_t uct_mc_rkey_unpack(uct_component_t *component, const void *rkey_buffer,
+                                uct_rkey_t *rkey_p, void **handle_p)
+{
+    uct_mc_rkey_t *rkey = calloc(1, sizeof(*rkey));
+
+    (void)component;
+    if (!rkey)
+        return UCS_ERR_NO_MEMORY;
+    memcpy(rkey->key, rkey_buffer, MC_BUFFER_KEY_SIZE);
+    rkey->added_seg = MC_SEGMENT_INVALID;
+    *rkey_p = (uct_rkey_t)rkey;
+    *handle_p = NULL;
+    return UCS_OK;
+}
+
+ucs_status_t uct_mc_rkey_release(uct_component_t *component, uct_rkey_t rkey, void *handle)
+{
+    (void)component;
+    (void)handle;
+    free((void *)rkey);
+    return UCS_OK;
+}

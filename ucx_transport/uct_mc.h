@@ -1,0 +1,257 @@
+/* The engine as a UCT transport: component "mooncake", transport "mooncake", one device
+ * "engine".
+ *
+ * One engine per memory domain (md_open creates it in caller-progress mode); every interface of
+ * the MD shares it and has an id in it. An interface address is the engine's compact address
+ * plus that id; an endpoint is an open segment of the peer's engine plus the peer interface's
+ * id. UCT active messages (ids 0..31) travel as engine messages of one id (MC_UCT_MSG_ID)
+ * whose first bytes name the destination interface and the AM id; RMA is READ/WRITE tasks,
+ * with remote keys made of the engine's buffer keys.
+ *
+ * Threads: engine callbacks may run on any thread that progresses the engine (several
+ * interfaces, one per UCP worker, share it). They only queue events onto the interface they
+ * are for; uct_iface_progress of that interface delivers them (AM handlers, completions, peer
+ * failures), so UCT callbacks run only from its own progress. */
+#ifndef UCT_MC_H
+#define UCT_MC_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include <mooncake/engine.h>
+
+#include "ucx_compat.h"
+
+#define UCT_MC_NAME       "mooncake"
+#define UCT_MC_DEV_NAME   "engine"
+#define MC_UCT_MSG_ID     250 /* the engine message id UCT active messages travel as */
+#define UCT_MC_AM_HDR     3   /* u16 destination interface id, u8 AM id */
+#define UCT_MC_ADDR_HDR   3   /* an interface address: u16 id, u8 length, the engine's address */
+#define UCT_MC_MAX_IFACES 1024
+#define UCT_MC_MAX_IOV    16
+
+typedef struct uct_mc_iface uct_mc_iface_t;
+typedef struct uct_mc_ep uct_mc_ep_t;
+
+/* MD settings (UCX_MOONCAKE_*): each non-empty text is an engine setting set over the MC_*
+ * environment; "engine" is a list of NAME=VALUE for any other engine setting. */
+typedef struct uct_mc_md_config {
+    uct_md_config_t super;
+    char *devices;
+    char *slice_size;
+    char *metadata;
+    char *auth_token;
+    char *listen;
+    char *protocol;
+    char *engine;
+} uct_mc_md_config_t;
+
+typedef struct uct_mc_md {
+    struct uct_md super;
+    mc_engine_t *engine;
+    pthread_mutex_t lock; /* ifaces */
+    uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
+} uct_mc_md_t;
+
+/* A memory handle: one engine registration. */
+typedef struct uct_mc_memh {
+    void *addr;
+    size_t len;
+} uct_mc_memh_t;
+
+/* An unpacked remote key: the buffer key, and the last segment it was added to. */
+typedef struct uct_mc_rkey {
+    uint8_t key[MC_BUFFER_KEY_SIZE];
+    mc_engine_t *added_engine;
+    mc_segment_id_t added_seg;
+} uct_mc_rkey_t;
+
+typedef struct uct_mc_iface_config {
+    uct_iface_config_t super;
+    size_t seg_size;       /* bounce slot and largest AM */
+    unsigned bounce_slots; /* put_short/bcopy and get_bcopy in flight */
+    unsigned max_tasks;    /* RMA tasks in flight */
+    double bandwidth;      /* what UCP is told, for its lane choice */
+    double am_bandwidth;
+    double latency;
+} uct_mc_iface_config_t;
+
+/* What an interface's progress delivers. */
+typedef enum { EV_AM, EV_OP, EV_FLUSH, EV_PEER } uct_mc_ev_kind_t;
+
+typedef struct uct_mc_ev {
+    struct uct_mc_ev *next;
+    uct_mc_ev_kind_t kind;
+} uct_mc_ev_t;
+
+typedef struct uct_mc_batch {
+    struct uct_mc_batch *next;
+    mc_batch_t *batch;
+    size_t used, done; /* tasks submitted; tasks let go of (under iface->lock) */
+} uct_mc_batch_t;
+
+/* An RMA operation: one engine task per iov piece, or one through a bounce slot. */
+typedef enum { OP_PUT_BOUNCE, OP_GET_BCOPY, OP_ZCOPY } uct_mc_op_kind_t;
+
+typedef struct uct_mc_op {
+    uct_mc_ev_t ev;
+    uct_mc_op_kind_t kind;
+    uct_mc_iface_t *iface;
+    uct_mc_ep_t *ep;
+    uct_mc_batch_t *batch;
+    struct uct_mc_op *ep_prev, *ep_next; /* in its endpoint's ops */
+    uct_completion_t *comp;              /* NULL once canceled */
+    unsigned ntasks, tasks_left;         /* tasks_left under iface->lock */
+    int error;                           /* the first failure of its tasks */
+    char reason[96];
+    int slot; /* bounce slot, or -1 */
+    size_t length;
+    uct_unpack_callback_t unpack_cb;
+    void *unpack_arg;
+} uct_mc_op_t;
+
+/* A flush waiting for the engine's mc_peer_flush. */
+typedef struct uct_mc_flush {
+    uct_mc_ev_t ev;
+    uct_mc_md_t *md;
+    uct_mc_iface_t *iface; /* NULL once the interface closed (under md->lock) */
+    uct_mc_ep_t *ep;
+    struct uct_mc_flush *ep_next, *if_next;
+    uct_completion_t *comp; /* NULL: one the endpoint issued itself, or canceled */
+    uint64_t gen;           /* the endpoint's send generation it covers */
+    int status;
+} uct_mc_flush_t;
+
+typedef struct uct_mc_am {
+    uct_mc_ev_t ev;
+    uint8_t id;
+    unsigned len;
+    char data[];
+} uct_mc_am_t;
+
+typedef struct uct_mc_peer_ev {
+    uct_mc_ev_t ev;
+    mc_segment_id_t seg;
+    mc_peer_event_t event;
+    int error;
+} uct_mc_peer_ev_t;
+
+struct uct_mc_iface {
+    uct_base_iface_t super;
+    uct_mc_md_t *md;
+    uint16_t id;
+    uint8_t addr[UCT_MC_ADDR_HDR + MC_ADDRESS_MAX]; /* id, length, the engine's address */
+    size_t addr_len;
+    uct_mc_iface_config_t config;
+    size_t am_max; /* largest AM payload */
+
+    /* Events from engine callbacks (any thread), for this interface's progress. */
+    pthread_mutex_t lock;
+    uct_mc_ev_t *evq_head, **evq_tail;
+    int efd, epfd; /* an eventfd raised when armed; epoll over it and the engine's fd */
+    bool armed;
+    uct_mc_am_t *am_free; /* large active message buffers for reuse */
+    unsigned n_am_free;
+    bool engine_fd_added; /* to epfd, once a worker asked for the fd */
+
+    /* The rest is the worker's own (UCT operations and progress). */
+    bool blocked; /* an operation found no resource since the last progress */
+    bool closing;
+    uct_mc_batch_t *cur, *full, *free_batches;
+    size_t tasks_inflight;
+    char *bounce;
+    int *free_slots;
+    unsigned n_free_slots;
+    char *tx; /* an active message being built */
+    mc_segment_id_t *segs_to_close;
+    size_t n_segs_to_close, cap_segs_to_close;
+    uct_mc_ep_t *eps;
+    uct_mc_flush_t *flushes;
+    uct_pending_req_t *pending_head, **pending_tail;
+};
+
+struct uct_mc_ep {
+    uct_base_ep_t super;
+    uct_mc_iface_t *iface;
+    uct_mc_ep_t *next; /* in iface->eps */
+    mc_segment_id_t seg;
+    uint16_t peer_iface;
+    unsigned refs;  /* its ops and flushes in flight */
+    bool dirty;     /* messages sent since the last completed flush that covered them */
+    uint64_t gen;   /* flushes issued */
+    bool fence;     /* new operations wait until the earlier ones are remotely complete */
+    bool failed;    /* its peer failed: reported once */
+    bool destroyed; /* freed when refs reaches 0 */
+    ucs_status_t fail_status;
+    uct_mc_op_t *ops;
+    uct_mc_flush_t *flushes;
+};
+
+/* md.c */
+ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
+                            const uct_md_config_t *config, uct_md_h *md_p);
+void uct_mc_md_close(uct_md_h tl_md);
+ucs_status_t uct_mc_md_query(uct_md_h tl_md, uct_md_attr_t *attr);
+ucs_status_t uct_mc_mem_reg(uct_md_h tl_md, void *address, size_t length, unsigned flags,
+                            uct_mem_h *memh_p);
+ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *params);
+ucs_status_t uct_mc_mkey_pack(uct_md_h tl_md, uct_mem_h tl_memh,
+                              const uct_md_mkey_pack_params_t *params, void *rkey_buffer);
+ucs_status_t uct_mc_rkey_unpack(uct_component_t *component, const void *rkey_buffer,
+                                uct_rkey_t *rkey_p, void **handle_p);
+ucs_status_t uct_mc_rkey_release(uct_component_t *component, uct_rkey_t rkey, void *handle);
+ucs_status_t uct_mc_status(int rc);
+int uct_mc_md_add_iface(uct_mc_md_t *md, uct_mc_iface_t *iface);
+void uct_mc_md_remove_iface(uct_mc_md_t *md, uct_mc_iface_t *iface);
+extern ucs_config_field_t uct_mc_md_config_table[];
+
+/* iface.c */
+extern uct_tl_t uct_mc_tl;
+ucs_status_t uct_mc_iface_estimate_perf(uct_iface_h tl_iface, uct_perf_attr_t *attr);
+void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev);
+void uct_mc_iface_defer_close(uct_mc_iface_t *iface, mc_segment_id_t seg);
+void uct_mc_iface_close_segments(uct_mc_iface_t *iface);
+void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
+void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int error,
+                       const char *reason);
+ucs_status_t uct_mc_iface_reserve(uct_mc_iface_t *iface, unsigned tasks);
+ucs_status_t uct_mc_iface_submit(uct_mc_iface_t *iface, uct_mc_op_t *op, mc_request_t *reqs,
+                                 unsigned count);
+int uct_mc_iface_slot_get(uct_mc_iface_t *iface);
+void uct_mc_iface_slot_put(uct_mc_iface_t *iface, int slot);
+
+/* ep.c */
+ucs_status_t uct_mc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p);
+void uct_mc_ep_destroy(uct_ep_h tl_ep);
+void uct_mc_ep_orphan_all(uct_mc_iface_t *iface);
+ucs_status_t uct_mc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned length,
+                                 uint64_t remote_addr, uct_rkey_t rkey);
+ssize_t uct_mc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *arg,
+                            uint64_t remote_addr, uct_rkey_t rkey);
+ucs_status_t uct_mc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt,
+                                 uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp);
+ucs_status_t uct_mc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, void *arg,
+                                 size_t length, uint64_t remote_addr, uct_rkey_t rkey,
+                                 uct_completion_t *comp);
+ucs_status_t uct_mc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt,
+                                 uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp);
+ucs_status_t uct_mc_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header, const void *payload,
+                                unsigned length);
+ssize_t uct_mc_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id, uct_pack_callback_t pack_cb, void *arg,
+                           unsigned flags);
+ucs_status_t uct_mc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header,
+                                unsigned header_length, const uct_iov_t *iov, size_t iovcnt,
+                                unsigned flags, uct_completion_t *comp);
+ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned flags);
+void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg);
+uct_pending_req_t *uct_mc_pending_pop(uct_mc_iface_t *iface);
+void uct_mc_pending_push_front(uct_mc_iface_t *iface, uct_pending_req_t *req);
+ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp);
+ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags);
+ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp);
+void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op);
+void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f);
+void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_status_t status);
+void uct_mc_iface_detach_flushes(uct_mc_iface_t *iface);
+
+#endif
