@@ -121,6 +121,9 @@ static const mc_setting_t core_settings[] = {
      "1: an internal thread drives I/O; 0: the caller"},
     {"PROGRESS_IMPLICIT", "1", 0, 0, mc__parse_bool,
      "caller progress: 1: API calls drive it too; 0: only mc_engine_progress (callbacks too)"},
+    {"PROGRESS_SERVE_US", "0", 0, 10000000, NULL,
+     "caller progress: a thread serves peers (no callbacks) once the host has not driven "
+     "progress for this long; 0: never"},
     {"SLICE_SIZE", "65536", 4096, MC_SLICE_MAX, NULL, "bytes per slice"},
     {"RETRY_CNT", "9", 0, 100, NULL, "resubmissions of a slice after a failure"},
     {"TRANSFER_TIMEOUT", "30", 1, 86400, NULL, "seconds a task may take before it ends TIMEOUT"},
@@ -352,6 +355,7 @@ void mc__engine_cfg_read(const mc_config_t *c, mc_engine_cfg_t *cfg)
         cfg->protocol = mc__transports[mc__transport_control()]->name;
     cfg->progress_thread = (int)mc__config_num(c, "PROGRESS_THREAD");
     cfg->progress_implicit = (int)mc__config_num(c, "PROGRESS_IMPLICIT");
+    cfg->progress_serve_us = mc__config_num(c, "PROGRESS_SERVE_US");
     cfg->slice_size = mc__config_num(c, "SLICE_SIZE");
     cfg->retry_cnt = (unsigned)mc__config_num(c, "RETRY_CNT");
     cfg->transfer_timeout_ms = (unsigned)mc__config_num(c, "TRANSFER_TIMEOUT") * 1000;

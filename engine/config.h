@@ -45,6 +45,7 @@ typedef struct mc_engine_cfg {
     const char *protocol;   /* "auto" or a transport's name */
     int progress_thread;
     int progress_implicit;
+    uint64_t progress_serve_us; /* caller mode: the serving thread steps in after this; 0 off */
     uint64_t slice_size;
     unsigned retry_cnt;
     unsigned transfer_timeout_ms;

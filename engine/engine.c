@@ -290,6 +290,10 @@ int mc_engine_progress(mc_engine_t *e)
         return mc__set_error(-EINVAL, "mc_engine_progress: NULL engine");
     if (e->has_thread)
         return 0;
+    if (e->has_serve_thread) {
+        atomic_store_explicit(&e->host_pass_ns, mc__now_ns(), memory_order_relaxed);
+        atomic_fetch_add_explicit(&e->host_passes, 1, memory_order_relaxed);
+    }
     return mc__progress_try(e);
 }
 
@@ -333,6 +337,42 @@ static void *progress_thread(void *arg)
         progress_pass(e, mc__now_ns(), evs, n < 0 ? 0 : n, true);
         may_sleep = n <= 0 && idle_arm(e);
         pthread_mutex_unlock(&e->lock);
+    }
+    return NULL;
+}
+
+/* Caller mode with PROGRESS_SERVE_US: peers reading or writing our memory need our progress
+ * (tcp serves from the target), and a host may not call in for a long time (it computes, or it
+ * is the passive side of a one-sided transfer). This thread waits for I/O and, once the host
+ * has not driven progress for serve_us, runs passes without callbacks: bytes move, completions
+ * wait for the host. While the host spins on progress, it looks once a millisecond. */
+static void *serve_thread(void *arg)
+{
+    mc_engine_t *e = arg;
+    const uint64_t serve_ns = e->cfg.progress_serve_us * 1000;
+    uint64_t calls_seen = 0;
+
+    mc__log_enter(e->cfg.log_level);
+    while (!atomic_load(&e->stop)) {
+        struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        uint64_t now = mc__now_ns(), wait;
+        uint64_t last = atomic_load_explicit(&e->host_pass_ns, memory_order_relaxed);
+        uint64_t calls = atomic_load_explicit(&e->host_passes, memory_order_relaxed);
+        bool spinning = calls - calls_seen > 1 && now - last < serve_ns;
+        bool ran = false;
+        calls_seen = calls;
+        if (now - last >= serve_ns && progress_try(e, false, &ran) > 0)
+            continue;       /* served something: look again at once */
+        if (spinning)       /* the host handles it: waking up at its every message costs a core a */
+            wait = 1000000; /* quarter of its time, so look again in a millisecond */
+        else if (now - last < serve_ns) /* it called in just now: give it serve_us */
+            wait = serve_ns - (now - last);
+        else /* what is ready is not ours to handle (callbacks) */
+            wait = serve_ns;
+        struct timespec ts = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};
+        nanosleep(&ts, NULL);
     }
     return NULL;
 }
@@ -462,6 +502,11 @@ static int engine_start(mc_engine_t *e)
         if (rc)
             return mc__set_error(-rc, "cannot start the progress thread: %s", strerror(rc));
         e->has_thread = true;
+    } else if (e->cfg.progress_serve_us) {
+        rc = pthread_create(&e->serve_tid, NULL, serve_thread, e);
+        if (rc)
+            return mc__set_error(-rc, "cannot start the serving thread: %s", strerror(rc));
+        e->has_serve_thread = true;
     }
     return 0;
 }
@@ -540,10 +585,10 @@ void mc_engine_destroy(mc_engine_t *e)
     if (!e)
         return;
     MC_LOG_SCOPE(e->cfg.log_level);
-    if (e->has_thread) {
+    if (e->has_thread || e->has_serve_thread) {
         atomic_store(&e->stop, true);
         mc__doorbell(e);
-        pthread_join(e->progress_tid, NULL);
+        pthread_join(e->has_thread ? e->progress_tid : e->serve_tid, NULL);
     }
     mc__publish_stop(e);
     mc__meta_cache_stop(e);

@@ -53,6 +53,10 @@ struct mc_engine {
 
     pthread_mutex_t lock; /* the progress context */
     pthread_t progress_tid;
+    pthread_t serve_tid;            /* caller mode with PROGRESS_SERVE_US */
+    bool has_serve_thread;
+    _Atomic uint64_t host_pass_ns; /* when the host last drove progress */
+    _Atomic uint64_t host_passes;  /* how often it did */
     bool has_thread;
     bool implicit_progress; /* no thread, and API calls may drive progress (PROGRESS_IMPLICIT) */
     atomic_bool stop;

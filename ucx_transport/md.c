@@ -1,9 +1,14 @@
 /* The memory domain: one engine, its registrations as memory handles, its buffer keys as packed
  * remote keys, and UCX_MOONCAKE_* settings mapped onto the engine's. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <sys/mman.h>
+#include <ucm/api/ucm.h>
+#include <ucs/sys/sys.h>
 
 #include "uct_mc.h"
 
@@ -26,6 +31,12 @@ ucs_config_field_t uct_mc_md_config_table[] = {
      ucs_offsetof(uct_mc_md_config_t, protocol), UCS_CONFIG_TYPE_STRING},
     {"ENGINE", "", "any other engine settings, NAME=VALUE;NAME=VALUE (names as MC_* without MC_)",
      ucs_offsetof(uct_mc_md_config_t, engine), UCS_CONFIG_TYPE_STRING},
+    {"RCACHE", "yes",
+     "keep registrations in UCX's registration cache (released when the memory is unmapped): "
+     "UCP registers every rendezvous buffer",
+     ucs_offsetof(uct_mc_md_config_t, rcache_enable), UCS_CONFIG_TYPE_BOOL},
+    {"", "", NULL, ucs_offsetof(uct_mc_md_config_t, rcache),
+     UCS_CONFIG_TYPE_TABLE(uct_md_config_rcache_table)},
     {NULL, NULL, NULL, 0, {NULL, NULL, NULL, NULL, NULL, NULL}}};
 
 ucs_status_t uct_mc_status(int rc)
@@ -107,12 +118,20 @@ static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
         ucs_error("mooncake: %s", mc_last_error());
         return rc;
     }
+    /* peers of a UCX application come and go: the engine's warnings about it are noise there,
+     * unless MC_LOG_LEVEL (or LOG_LEVEL in UCX_MOONCAKE_ENGINE) asks for them */
+    if (!getenv("MC_LOG_LEVEL") && (rc = mc_config_set(c, "LOG_LEVEL", "error"))) {
+        mc_config_destroy(c);
+        return rc;
+    }
     if ((rc = set_one(c, "DEVICES", cfg->devices)) ||
         (rc = set_one(c, "SLICE_SIZE", cfg->slice_size)) ||
         (rc = set_one(c, "METADATA", cfg->metadata)) ||
         (rc = set_one(c, "AUTH_TOKEN", cfg->auth_token)) ||
         (rc = set_one(c, "LISTEN", cfg->listen)) || (rc = set_one(c, "PROTOCOL", cfg->protocol)) ||
-        (rc = set_list(c, cfg->engine)) ||
+        /* a peer's get or put needs this side's engine, whether or not the application is
+         * in a UCX call: a thread serves it once progress was not driven for 100 us */
+        (rc = mc_config_set(c, "PROGRESS_SERVE_US", "100")) || (rc = set_list(c, cfg->engine)) ||
         /* UCT's rule: callbacks only from uct_iface_progress, so the caller drives I/O */
         (rc = mc_config_set(c, "PROGRESS_THREAD", "0")) ||
         (rc = mc_config_set(c, "PROGRESS_IMPLICIT", "0"))) {
@@ -123,13 +142,92 @@ static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
     return 0;
 }
 
+/* ---- registrations, and their cache ---- */
+
+/* One engine registration; zero-length buffers need none (the engine refuses them). */
+static int engine_reg(uct_mc_md_t *md, uct_mc_memh_t *memh, void *address, size_t length)
+{
+    memh->addr = address;
+    memh->len = length;
+    return length ? mc_mem_register(md->engine, address, length, "*") : 0;
+}
+
+static void engine_dereg(uct_mc_md_t *md, uct_mc_memh_t *memh)
+{
+    if (memh->len && md->engine && mc_mem_unregister(md->engine, memh->addr))
+        ucs_error("mooncake: unregistering %p: %s", memh->addr, mc_last_error());
+}
+
+static ucs_status_t rcache_mem_reg(void *context, ucs_rcache_t *rcache, void *arg,
+                                   ucs_rcache_region_t *region, uint16_t flags)
+{
+    uct_mc_memh_t *memh = ucs_container_of(region, uct_mc_memh_t, region);
+    void *start = (void *)region->super.start;
+    size_t len = region->super.end - region->super.start;
+    int rc = engine_reg(context, memh, start, len);
+
+    (void)rcache;
+    (void)arg;
+    if (rc && !(flags & UCS_RCACHE_MEM_REG_HIDE_ERRORS))
+        ucs_error("mooncake: registering %p+%zu: %s", start, len, mc_last_error());
+    return uct_mc_status(rc);
+}
+
+static void rcache_mem_dereg(void *context, ucs_rcache_t *rcache, ucs_rcache_region_t *region)
+{
+    (void)rcache;
+    engine_dereg(context, ucs_container_of(region, uct_mc_memh_t, region));
+}
+
+static void rcache_dump_region(void *context, ucs_rcache_t *rcache, ucs_rcache_region_t *region,
+                               char *buf, size_t max)
+{
+    uct_mc_memh_t *memh = ucs_container_of(region, uct_mc_memh_t, region);
+
+    (void)context;
+    (void)rcache;
+    snprintf(buf, max, "engine buffer %p+%zu", memh->addr, memh->len);
+}
+
+static const ucs_rcache_ops_t rcache_ops = {
+    .mem_reg = rcache_mem_reg,
+    .mem_dereg = rcache_mem_dereg,
+    .dump_region = rcache_dump_region,
+};
+
+static ucs_status_t rcache_create(uct_mc_md_t *md, const uct_md_rcache_config_t *cfg)
+{
+    ucs_rcache_params_t p;
+
+    memset(&p, 0, sizeof(p));
+    uct_md_set_rcache_params(&p, cfg);
+    p.region_struct_size = sizeof(uct_mc_memh_t);
+    p.max_alignment = ucs_get_page_size();
+    p.ucm_events = UCM_EVENT_VM_UNMAPPED;
+    p.context = md;
+    p.ops = &rcache_ops;
+    return ucs_rcache_create(&p, UCT_MC_NAME, NULL, &md->rcache);
+}
+
 /* ---- the memory domain ---- */
 
 void uct_mc_md_close(uct_md_h tl_md)
 {
     uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
 
-    mc_engine_destroy(md->engine);
+    unsigned long held = atomic_load(&md->memhs);
+
+    mc_engine_destroy(md->engine); /* unregisters whatever is left */
+    md->engine = NULL;
+    if (md->rcache && held) {
+        /* the cache asserts on regions in use: it stays (with the md it calls back), inert */
+        ucs_warn("mooncake: %lu memory registrations not released before the memory domain "
+                 "closed",
+                 held);
+        return;
+    }
+    if (md->rcache)
+        ucs_rcache_destroy(md->rcache);
     pthread_mutex_destroy(&md->lock);
     free(md);
 }
@@ -155,6 +253,8 @@ ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
         ucs_error("mooncake: the engine did not start: %s", mc_last_error());
         goto err_free;
     }
+    if (cfg->rcache_enable && rcache_create(md, &cfg->rcache) != UCS_OK)
+        ucs_diag("mooncake: no registration cache: every registration goes to the engine");
     mc_msg_handler_set(md->engine, MC_UCT_MSG_ID, uct_mc_md_on_msg, md);
     mc_peer_handler_set(md->engine, uct_mc_md_on_peer, md);
     pthread_mutex_init(&md->lock, NULL);
@@ -210,21 +310,28 @@ ucs_status_t uct_mc_mem_reg(uct_md_h tl_md, void *address, size_t length, unsign
                             uct_mem_h *memh_p)
 {
     uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
-    uct_mc_memh_t *memh = malloc(sizeof(*memh));
+    ucs_rcache_region_t *region;
+    uct_mc_memh_t *memh;
+    ucs_status_t st;
     int rc;
 
+    if (md->rcache && length) {
+        st = ucs_rcache_get(md->rcache, address, length, PROT_READ | PROT_WRITE, &flags, &region);
+        if (st == UCS_OK) {
+            atomic_fetch_add(&md->memhs, 1);
+            *memh_p = ucs_container_of(region, uct_mc_memh_t, region);
+        }
+        return st;
+    }
+    memh = calloc(1, sizeof(*memh));
     if (!memh)
         return UCS_ERR_NO_MEMORY;
-    memh->addr = address;
-    memh->len = length;
-    if (length) { /* a zero-length buffer needs no registration, and the engine refuses one */
-        rc = mc_mem_register(md->engine, address, length, "*");
-        if (rc) {
-            uct_md_log_mem_reg_error(flags, "mooncake: registering %p+%zu: %s", address, length,
-                                     mc_last_error());
-            free(memh);
-            return uct_mc_status(rc);
-        }
+    rc = engine_reg(md, memh, address, length);
+    if (rc) {
+        uct_md_log_mem_reg_error(flags, "mooncake: registering %p+%zu: %s", address, length,
+                                 mc_last_error());
+        free(memh);
+        return uct_mc_status(rc);
     }
     *memh_p = memh;
     return UCS_OK;
@@ -234,17 +341,18 @@ ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *p
 {
     uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
     uct_mc_memh_t *memh;
-    int rc = 0;
 
     if (!(params->field_mask & UCT_MD_MEM_DEREG_FIELD_MEMH) || !params->memh)
         return UCS_ERR_INVALID_PARAM;
     memh = params->memh;
-    if (memh->len)
-        rc = mc_mem_unregister(md->engine, memh->addr);
-    if (rc)
-        ucs_error("mooncake: unregistering %p: %s", memh->addr, mc_last_error());
+    if (md->rcache && memh->len) {
+        ucs_rcache_region_put(md->rcache, &memh->region);
+        atomic_fetch_sub(&md->memhs, 1);
+        return UCS_OK;
+    }
+    engine_dereg(md, memh);
     free(memh);
-    return uct_mc_status(rc);
+    return UCS_OK;
 }
 
 ucs_status_t uct_mc_mkey_pack(uct_md_h tl_md, uct_mem_h tl_memh,

@@ -44,17 +44,23 @@ typedef struct uct_mc_md_config {
     char *listen;
     char *protocol;
     char *engine;
+    int rcache_enable;
+    uct_md_rcache_config_t rcache;
 } uct_mc_md_config_t;
 
 typedef struct uct_mc_md {
     struct uct_md super;
     mc_engine_t *engine;
-    pthread_mutex_t lock; /* ifaces */
+    ucs_rcache_t *rcache;        /* NULL: every registration goes to the engine */
+    _Atomic unsigned long memhs; /* handles from the cache not yet released */
+    pthread_mutex_t lock;        /* ifaces */
     uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
 } uct_mc_md_t;
 
-/* A memory handle: one engine registration. */
+/* A memory handle: one engine registration (a region of the registration cache, which covers
+ * whole pages, or one of its own without the cache). */
 typedef struct uct_mc_memh {
+    ucs_rcache_region_t region; /* first: the cache allocates handles */
     void *addr;
     size_t len;
 } uct_mc_memh_t;

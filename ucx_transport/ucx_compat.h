@@ -7,6 +7,7 @@
 #include <uct/api/version.h>
 #include <uct/base/uct_iface.h>
 #include <uct/base/uct_md.h>
+#include <ucs/memory/rcache.h>
 #include <ucs/type/class.h>
 
 #if UCT_API != UCT_VERSION(1, 13)

@@ -469,6 +469,8 @@ void th_main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "--th-child"))
         child_main(atoi(argv[2]));
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("TH_FILTER")) /* run only the tests whose names match (cmocka's glob) */
+        cmocka_set_test_filter(getenv("TH_FILTER"));
 }
 
 /* ---- the parent --------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -532,6 +533,93 @@ static void test_caller_idle(void **state)
     th_buf_free(e, buf, 4 * len);
 }
 
+/* A caller-progress target whose host never calls in (the passive side of one-sided
+ * transfers): without PROGRESS_SERVE_US a peer's READ over tcp gets nothing; with it the
+ * serving thread moves the bytes, both ways, and the host's own callbacks still wait for it. */
+static void test_caller_serve(void **state)
+{
+    const size_t len = 4 * MIB;
+    th_cfg_t cfg;
+    mc_segment_id_t seg[2];
+    mc_task_status_t st;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    mc_engine_t *ini = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    mc_engine_t *quiet = g.e[1] = th_engine(&cfg); /* never served */
+    th_set(&cfg, "PROGRESS_SERVE_US", "100");
+    mc_engine_t *served = g.e[2] = th_engine(&cfg);
+    uint8_t *tq = th_buf(quiet, len), *ts = th_buf(served, len), *loc = th_buf(ini, 2 * len);
+    th_fill(tq, len, 31);
+    th_fill(ts, len, 32);
+    assert_int_equal(mc_segment_open_nb(ini, mc_engine_segment_name(quiet), &seg[0]), 0);
+    assert_int_equal(mc_segment_open_nb(ini, mc_engine_segment_name(served), &seg[1]), 0);
+
+    /* unserved: nothing moves in 2 s (the descriptor itself needs the target) */
+    st = xfer_opts(ini, MC_READ, loc, seg[0], (uint64_t)(uintptr_t)tq, len, 2000);
+    assert_int_not_equal(st.state, MC_TASK_COMPLETED);
+    /* served: a READ and a WRITE complete, bytes right */
+    st = xfer_opts(ini, MC_READ, loc, seg[1], (uint64_t)(uintptr_t)ts, len, 0);
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    assert_int_equal(th_check(loc, len, 32), -1);
+    th_fill(loc + len, len, 33);
+    st = xfer_opts(ini, MC_WRITE, loc + len, seg[1], (uint64_t)(uintptr_t)ts, len, 0);
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    assert_int_equal(th_check(ts, len, 33), -1);
+    th_buf_free(ini, loc, 2 * len);
+}
+
+static atomic_int arm_msgs;
+
+static void on_arm_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    (void)arg, (void)sender, (void)id, (void)data, (void)len;
+    atomic_fetch_add(&arm_msgs, 1);
+}
+
+/* mc_engine_arm: a caller-progress host that spins and sleeps on the event fd only after
+ * arming wakes up for a message (over tcp and over the same-host ring), and gets it from
+ * progress; arm says -EAGAIN while a message waits unhandled. */
+static void test_engine_arm(void **state)
+{
+    const char *protocols[] = {"tcp", "shm"};
+
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        th_cfg_t cfg;
+        mc_segment_id_t seg;
+        th_config(&cfg);
+        th_set(&cfg, "PROTOCOL", protocols[k]);
+        mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+        th_set(&cfg, "PROGRESS_THREAD", "0");
+        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+        mc_engine_t *host = g.e[1] = th_engine(&cfg);
+        int fd = mc_engine_event_fd(host);
+        assert_true(fd >= 0);
+        assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_arm_msg, NULL), 0);
+        assert_int_equal(mc_segment_open_nb(snd, mc_engine_segment_name(host), &seg), 0);
+        atomic_store(&arm_msgs, 0);
+        for (int round = 1; round <= 20; round++) {
+            int64_t dl = th_now_ms() + 10000;
+            while (mc_engine_arm(host) == -EAGAIN && th_now_ms() < dl)
+                mc_engine_progress(host);
+            assert_true(th_now_ms() < dl);
+            assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, "x", 1), 0);
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            assert_int_equal(poll(&pfd, 1, 5000), 1); /* woken, not by a timeout */
+            while (atomic_load(&arm_msgs) < round && th_now_ms() < dl)
+                mc_engine_progress(host);
+            assert_int_equal(atomic_load(&arm_msgs), round);
+        }
+        mc_engine_destroy(snd);
+        mc_engine_destroy(host);
+        g.e[0] = g.e[1] = NULL;
+    }
+}
+
 /* ---- registrations --------------------------------------------------------------------------- */
 
 /* The same pages registered twice by two layers, and a smaller range inside a larger one: a
@@ -979,6 +1067,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_restarted_peer, teardown),
         cmocka_unit_test_teardown(test_progress_explicit, teardown),
         cmocka_unit_test_teardown(test_caller_idle, teardown),
+        cmocka_unit_test_teardown(test_caller_serve, teardown),
+        cmocka_unit_test_teardown(test_engine_arm, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# UCX's own tools over the mooncake transport (libuct_mooncake.so, LD_PRELOADed as UCX 1.13
+# needs): ucx_info lists the transport, its device and its settings, and UCP puts it on the AM,
+# RMA and rendezvous lanes; ucx_perftest runs every UCT- and UCP-level test that matters
+# between two processes on loopback and between two network-namespace hosts; UCX's installed
+# examples (ucp_hello_world, uct_hello_world, built from /usr/share/doc/libucx-dev/examples)
+# pass their own checks, and the string ucp_hello_world received is the one sent.
+# Usage: test_ucx_tools.sh [loopback|netns|all] (default all).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../fixtures/netns.sh"
+
+B=${MC_BUILD_DIR:-build}
+MOD=$B/lib/libuct_mooncake.so
+WHAT=${1:-all}
+[[ -f $MOD ]] || { echo "SKIP: $MOD not built (UCX's internal headers missing)"; exit 77; }
+for t in ucx_info ucx_perftest; do
+    command -v $t >/dev/null || { echo "SKIP: $t not installed (ucx-utils)"; exit 77; }
+done
+LOG=$(mktemp -d)
+P=mcu$$
+cleanup() {
+    for pid in $(cat "$LOG/pids" 2>/dev/null); do kill "$pid" 2>/dev/null || true; done
+    [[ $WHAT == loopback ]] || netns_down $P 2>/dev/null || true
+    rm -rf "$LOG"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+ucx() { env LD_PRELOAD="$MOD" "$@"; }
+source "$here/../../bench/lib.sh" # free_port, listening
+# wait_listen PORT [HOST]: until a server listens on PORT (in namespace host HOST), up to 10 s
+wait_listen() {
+    for _ in $(seq 200); do
+        if [[ -z ${2:-} ]]; then
+            listening "$1" && return
+        else
+            netns_exec $P "$2" awk -v p="$(printf '%04X' "$1")" \
+                '$4 == "0A" && $2 ~ (":" p "$") { f = 1 } END { exit !f }' /proc/net/tcp && return
+        fi
+        sleep 0.05
+    done
+    fail "no server listening on port $1"
+}
+
+# ---- ucx_info ----
+info_checks() {
+    ucx ucx_info -d >"$LOG/d" 2>&1 || fail "ucx_info -d"
+    grep -q 'Transport: mooncake' "$LOG/d" || fail "ucx_info -d does not list transport mooncake"
+    grep -A3 'Transport: mooncake' "$LOG/d" | grep -q 'Device: engine' || fail "no device 'engine'"
+    grep -q 'Component: mooncake' "$LOG/d" || fail "ucx_info -d does not list component mooncake"
+    ucx ucx_info -c >"$LOG/c" 2>&1 || fail "ucx_info -c"
+    for s in METADATA=none SEG_SIZE DEVICES SLICE_SIZE AUTH_TOKEN ENGINE; do
+        grep -q "^UCX_MOONCAKE_$s" "$LOG/c" || fail "ucx_info -c lacks UCX_MOONCAKE_$s"
+    done
+    # only mooncake: it carries AM, RMA and rendezvous
+    ucx env UCX_TLS=mooncake ucx_info -e -u tamr >"$LOG/e" 2>&1 || fail "ucx_info -e"
+    grep -E 'lane\[[0-9]+\]:.*mooncake/engine.*rma_bw.* am( |$)' "$LOG/e" >/dev/null ||
+        { cat "$LOG/e"; fail "UCX_TLS=mooncake: no mooncake lane for AM and RMA"; }
+    grep -q 'tag_send: .*<rndv>' "$LOG/e" || fail "no rendezvous protocol"
+    # with self (loopback in one process): RMA and rendezvous still on mooncake
+    ucx env UCX_TLS=mooncake,self ucx_info -e -u tamr >"$LOG/e2" 2>&1 || fail "ucx_info -e (self)"
+    grep -E 'mooncake/engine.*rma_bw' "$LOG/e2" >/dev/null ||
+        { cat "$LOG/e2"; fail "UCX_TLS=mooncake,self: no mooncake RMA lane"; }
+    echo "ok ucx_info: transport, device, settings, lanes"
+    grep -E 'lane\[|tag_send:' "$LOG/e" | sed 's/^#/  /'
+}
+
+# ---- ucx_perftest ----
+# run_pair WHERE TEST...: server then client; WHERE is loopback or netns. Prints the Final line.
+run_pair() {
+    local where=$1 port srv cli_rc=0 server_host
+    shift
+    port=$(free_port)
+    if [[ $where == loopback ]]; then
+        ucx ucx_perftest -p "$port" "${SRV_ARGS[@]}" >"$LOG/srv" 2>&1 &
+        srv=$!
+        server_host=127.0.0.1
+    else
+        srv=$(netns_spawn $P 2 env LD_PRELOAD="$MOD" UCX_MOONCAKE_LISTEN="$A2:0" \
+              "${SRV_ENV[@]}" ucx_perftest -p "$port" "${SRV_ARGS[@]}")
+        server_host=$A2
+    fi
+    echo "$srv" >>"$LOG/pids"
+    if [[ $where == loopback ]]; then
+        wait_listen "$port"
+    else
+        wait_listen "$port" 2
+    fi
+    if [[ $where == loopback ]]; then
+        timeout 60 env LD_PRELOAD="$MOD" "${SRV_ENV[@]}" ucx_perftest -p "$port" "${SRV_ARGS[@]}" \
+            "$@" "$server_host" >"$LOG/cli" 2>&1 || cli_rc=$?
+    else
+        netns_exec $P 1 timeout 60 env LD_PRELOAD="$MOD" UCX_MOONCAKE_LISTEN="$A1:0" \
+            "${SRV_ENV[@]}" ucx_perftest -p "$port" "${SRV_ARGS[@]}" "$@" "$server_host" \
+            >"$LOG/cli" 2>&1 || cli_rc=$?
+    fi
+    for _ in $(seq 50); do kill -0 "$srv" 2>/dev/null || break; sleep 0.1; done
+    kill "$srv" 2>/dev/null && { cat "$LOG/cli"; fail "$where $*: the server did not finish"; }
+    if ((cli_rc != 0)) || ! grep -q '^Final:' "$LOG/cli" || grep -q ' ERROR ' "$LOG/cli"; then
+        cat "$LOG/cli"
+        fail "$where ucx_perftest $*: rc $cli_rc"
+    fi
+    printf 'ok %-8s %-34s %s\n' "$where" "$*" "$(grep '^Final:' "$LOG/cli" | awk '{print "p50 " $3 " us, " $6 " MB/s, " $8 " msg/s"}')"
+}
+
+perftests() {
+    local where=$1
+    SRV_ENV=()
+    SRV_ARGS=(-x mooncake -d engine)
+    run_pair $where -t put_bw -D zcopy -s 65536 -n 2000
+    run_pair $where -t put_bw -D zcopy -s 1048576 -n 200
+    run_pair $where -t put_bw -D bcopy -s 4096 -n 2000
+    run_pair $where -t put_bw -D short -s 64 -n 2000
+    run_pair $where -t get -D zcopy -s 65536 -n 2000
+    run_pair $where -t get -D bcopy -s 4096 -n 2000
+    run_pair $where -t am_bw -D short -s 64 -n 20000
+    run_pair $where -t am_bw -D bcopy -s 4096 -n 5000
+    run_pair $where -t am_bw -D zcopy -s 16384 -n 2000
+    run_pair $where -t am_lat -s 8 -n 5000
+    run_pair $where -t put_lat -s 8 -n 5000
+    SRV_ENV=(UCX_TLS=mooncake,self)
+    SRV_ARGS=()
+    run_pair $where -t tag_lat -s 8 -n 5000
+    run_pair $where -t tag_bw -s 8 -n 20000
+    run_pair $where -t tag_bw -s 1048576 -n 200
+    run_pair $where -t ucp_put_bw -s 1048576 -n 200
+    run_pair $where -t ucp_get -s 65536 -n 2000
+    run_pair $where -t stream_bw -s 65536 -n 500
+    run_pair $where -t ucp_am_bw -s 65536 -n 500
+}
+
+# ---- UCX's examples ----
+examples() {
+    local ucp_hw=$B/bin/ucp_hello_world uct_hw=$B/bin/uct_hello_world port srv
+    if [[ ! -x $ucp_hw || ! -x $uct_hw ]]; then
+        echo "note: UCX's examples were not built (no /usr/share/doc/libucx-dev/examples)"
+        return
+    fi
+    for size in 16 100000; do # eager, and rendezvous
+        port=$(free_port)
+        ucx env UCX_TLS=mooncake,self "$ucp_hw" -p "$port" -s $size >"$LOG/hs" 2>&1 &
+        srv=$!
+        echo $srv >>"$LOG/pids"
+        wait_listen "$port"
+        ucx env UCX_TLS=mooncake,self timeout 30 "$ucp_hw" -n 127.0.0.1 -p "$port" -s $size \
+            >"$LOG/hc" 2>&1 || { cat "$LOG/hc"; fail "ucp_hello_world -s $size"; }
+        wait $srv || { cat "$LOG/hs"; fail "ucp_hello_world server -s $size"; }
+        grep -q 'UCP TEST SUCCESS' "$LOG/hc" || { cat "$LOG/hc"; fail "ucp_hello_world -s $size"; }
+        # the example sends ABC..Z repeated, NUL-terminated: that string, whole, must arrive
+        want=$(python3 -c "import string; n=$size-1; print((string.ascii_uppercase*(n//26+1))[:n])")
+        grep -qxF "$want" "$LOG/hc" || fail "ucp_hello_world -s $size: the string received differs"
+        echo "ok ucp_hello_world, $size bytes"
+    done
+    for fn in -i -b -z; do # am_short, am_bcopy, am_zcopy
+        port=$(free_port)
+        ucx "$uct_hw" -d engine -t mooncake -p "$port" $fn >"$LOG/us" 2>&1 &
+        srv=$!
+        echo $srv >>"$LOG/pids"
+        wait_listen "$port"
+        ucx timeout 30 "$uct_hw" -d engine -t mooncake -n 127.0.0.1 -p "$port" $fn \
+            >"$LOG/uc" 2>&1 || { cat "$LOG/uc"; fail "uct_hello_world $fn"; }
+        wait $srv || { cat "$LOG/us"; fail "uct_hello_world server $fn"; }
+        grep -q 'UCT TEST SUCCESS' "$LOG/us" && grep -q 'sent ABCDEFGHIJKLMNO' "$LOG/us" ||
+            { cat "$LOG/us"; fail "uct_hello_world $fn: the server did not get the string"; }
+        echo "ok uct_hello_world $fn"
+    done
+}
+
+if [[ $WHAT != netns ]]; then
+    info_checks
+    perftests loopback
+    examples
+fi
+if [[ $WHAT != loopback ]]; then
+    netns_require
+    netns_up $P 2 1
+    A1=$(netns_addr $P 1 1)
+    A2=$(netns_addr $P 2 1)
+    perftests netns
+fi
+echo PASS
