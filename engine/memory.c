@@ -308,19 +308,21 @@ int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location
 }
 
 /* The index of the latest buffer starting at addr that is (allocated) or is not an
- * mc_mem_alloc allocation, or -1. Caller holds t->lock. */
-static ssize_t memtab_start(const mc_memtab_t *t, uint64_t addr, bool allocated)
+ * mc_mem_alloc allocation, of length len unless len is 0, or -1. Caller holds t->lock. */
+static ssize_t memtab_start(const mc_memtab_t *t, uint64_t addr, uint64_t len, bool allocated)
 {
     for (ssize_t i = memtab_floor(t, addr); i >= 0 && t->v[i]->addr == addr; i--)
-        if ((t->v[i]->memfd >= 0) == allocated)
+        if ((t->v[i]->memfd >= 0) == allocated && (!len || t->v[i]->len == len))
             return i;
     return -1;
 }
 
-/* Drop one registration of the buffer starting at addr that is (allocated) or is not an
- * mc_mem_alloc allocation: the latest one, when several start there. The buffer if that was
- * its last (out of the table), NULL if none; *again_p is set when registrations remain. */
-static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, bool allocated, bool *again_p)
+/* Drop one registration of the buffer starting at addr (of length len, unless 0) that is
+ * (allocated) or is not an mc_mem_alloc allocation: the latest one, when several start there.
+ * The buffer if that was its last (out of the table), NULL if none; *again_p is set when
+ * registrations remain. */
+static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, uint64_t len, bool allocated,
+                                  bool *again_p)
 {
     mc_memtab_t *t = &e->mem;
     mc_buffer_t *b = NULL;
@@ -328,7 +330,7 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, bool allocated,
 
     *again_p = false;
     pthread_rwlock_wrlock(&t->lock);
-    i = memtab_start(t, addr, allocated);
+    i = memtab_start(t, addr, len, allocated);
     if (i >= 0 && t->v[i]->regs > 1) {
         t->v[i]->regs--;
         *again_p = true;
@@ -398,7 +400,8 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
     return 0;
 }
 
-static int mem_unregister(mc_engine_t *e, void *addr, bool allocated, int *memfd_p, uint64_t *len_p)
+static int mem_unregister(mc_engine_t *e, void *addr, uint64_t len, bool allocated, int *memfd_p,
+                          uint64_t *len_p)
 {
     mc_buffer_t *b;
     bool again;
@@ -408,7 +411,7 @@ static int mem_unregister(mc_engine_t *e, void *addr, bool allocated, int *memfd
         return mc__set_error(-EINVAL, "mc_mem_unregister: NULL engine");
     if (mc__in_progress())
         return mc__set_error(-EDEADLK, "memory cannot be unregistered from a callback");
-    b = memtab_remove(e, (uint64_t)(uintptr_t)addr, allocated, &again);
+    b = memtab_remove(e, (uint64_t)(uintptr_t)addr, len, allocated, &again);
     if (again) {
         *memfd_p = -1; /* still registered by another caller */
         *len_p = 0;
@@ -428,20 +431,27 @@ static int mem_unregister(mc_engine_t *e, void *addr, bool allocated, int *memfd
     return 0;
 }
 
-int mc_mem_unregister(mc_engine_t *e, void *addr)
+int mc_mem_unregister_range(mc_engine_t *e, void *addr, size_t len)
 {
     int memfd;
-    uint64_t len;
-    int rc = mem_unregister(e, addr, false, &memfd, &len);
+    uint64_t freed;
+    int rc = mem_unregister(e, addr, len, false, &memfd, &freed);
 
     if (rc != -ENOENT)
         return rc;
     pthread_rwlock_rdlock(&e->mem.lock);
-    bool allocated = memtab_start(&e->mem, (uint64_t)(uintptr_t)addr, true) >= 0;
+    bool allocated = memtab_start(&e->mem, (uint64_t)(uintptr_t)addr, 0, true) >= 0;
     pthread_rwlock_unlock(&e->mem.lock);
     if (allocated)
         return mc__set_error(-EINVAL, "%p comes from mc_mem_alloc: free it with mc_mem_free", addr);
+    if (len)
+        return mc__set_error(-ENOENT, "mc_mem_unregister_range: no buffer %p+%zu", addr, len);
     return mc__set_error(-ENOENT, "mc_mem_unregister: no buffer starts at %p", addr);
+}
+
+int mc_mem_unregister(mc_engine_t *e, void *addr)
+{
+    return mc_mem_unregister_range(e, addr, 0);
 }
 
 int mc_mem_alloc(mc_engine_t *e, size_t len, const char *location, void **addr_p)
@@ -508,7 +518,7 @@ void mc_mem_free(mc_engine_t *e, void *addr)
 
     if (!addr)
         return;
-    int rc = mem_unregister(e, addr, true, &memfd, &len);
+    int rc = mem_unregister(e, addr, 0, true, &memfd, &len);
     if (rc == 0) {
         munmap(addr, len);
         close(memfd);

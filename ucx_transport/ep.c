@@ -615,8 +615,11 @@ void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f)
     /* everything sent before this flush is in: clean unless more was sent since */
     if (!f->status && f->gen == ep->gen)
         ep->dirty = false;
+    /* an operation that failed meanwhile failed the endpoint: the flush says so too */
     if (f->comp)
-        uct_invoke_completion(f->comp, uct_mc_status(f->status));
+        uct_invoke_completion(f->comp, f->status    ? uct_mc_status(f->status)
+                                       : ep->failed ? ep->fail_status
+                                                    : UCS_OK);
     free(f);
     ep_unref(ep);
 }

@@ -154,7 +154,8 @@ static int engine_reg(uct_mc_md_t *md, uct_mc_memh_t *memh, void *address, size_
 
 static void engine_dereg(uct_mc_md_t *md, uct_mc_memh_t *memh)
 {
-    if (memh->len && md->engine && mc_mem_unregister(md->engine, memh->addr))
+    /* the cache may hold a region that starts where this one does: drop this one */
+    if (memh->len && md->engine && mc_mem_unregister_range(md->engine, memh->addr, memh->len))
         ucs_error("mooncake: unregistering %p: %s", memh->addr, mc_last_error());
 }
 
@@ -166,6 +167,7 @@ static ucs_status_t rcache_mem_reg(void *context, ucs_rcache_t *rcache, void *ar
     size_t len = region->super.end - region->super.start;
     int rc = engine_reg(context, memh, start, len);
 
+    memh->cached = true;
     (void)rcache;
     (void)arg;
     if (rc && !(flags & UCS_RCACHE_MEM_REG_HIDE_ERRORS))
@@ -315,7 +317,10 @@ ucs_status_t uct_mc_mem_reg(uct_md_h tl_md, void *address, size_t length, unsign
     ucs_status_t st;
     int rc;
 
-    if (md->rcache && length) {
+    /* What the application maps itself (ucp_mem_map asks for every access, atomics too) must
+     * be unreachable once it unmaps it: only UCP's own registrations (rendezvous buffers, its
+     * pools) are cached, where a dereg just returns the region. */
+    if (md->rcache && length && !(flags & UCT_MD_MEM_ACCESS_REMOTE_ATOMIC)) {
         st = ucs_rcache_get(md->rcache, address, length, PROT_READ | PROT_WRITE, &flags, &region);
         if (st == UCS_OK) {
             atomic_fetch_add(&md->memhs, 1);
@@ -345,7 +350,7 @@ ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *p
     if (!(params->field_mask & UCT_MD_MEM_DEREG_FIELD_MEMH) || !params->memh)
         return UCS_ERR_INVALID_PARAM;
     memh = params->memh;
-    if (md->rcache && memh->len) {
+    if (memh->cached) {
         ucs_rcache_region_put(md->rcache, &memh->region);
         atomic_fetch_sub(&md->memhs, 1);
         return UCS_OK;

@@ -63,6 +63,7 @@ typedef struct uct_mc_memh {
     ucs_rcache_region_t region; /* first: the cache allocates handles */
     void *addr;
     size_t len;
+    bool cached; /* a region of the cache: released to it, not unregistered */
 } uct_mc_memh_t;
 
 /* An unpacked remote key: the buffer key, and the last segment it was added to. */

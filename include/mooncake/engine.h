@@ -129,6 +129,11 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
  * did not drain (the buffer stays unusable for new requests, and must not be freed). */
 MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
 
+/* mc_mem_unregister of the registration of exactly [addr, addr+len) (the latest such one),
+ * for hosts that register several ranges starting at one address (a registration cache that
+ * merges regions). -ENOENT if there is none. */
+MC_API int mc_mem_unregister_range(mc_engine_t *engine, void *addr, size_t len);
+
 /* Allocate len bytes of shared (memfd-backed) memory placed on location ("cpu:N" or "*" for the
  * caller's node), zero-filled, backed by pages at once, and registered with the engine. Free
  * with mc_mem_free(). */

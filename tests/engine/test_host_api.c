@@ -623,7 +623,8 @@ static void test_engine_arm(void **state)
 /* ---- registrations --------------------------------------------------------------------------- */
 
 /* The same pages registered twice by two layers, and a smaller range inside a larger one: a
- * peer (this engine itself, over tcp) reaches each range while any registration covers it. */
+ * peer (this engine itself, over tcp) reaches each range while any registration covers it; two
+ * ranges from one address are unregistered each by its length. */
 static void test_overlapping_registrations(void **state)
 {
     const size_t len = 4 * MIB;
@@ -664,6 +665,20 @@ static void test_overlapping_registrations(void **state)
     assert_int_equal(st.state, MC_TASK_FAILED);
     assert_int_equal(st.error, -MC_EACCESS);
     assert_int_equal(th_check(m + MIB, MIB, 89), -1); /* untouched */
+
+    /* Two ranges from one address (a registration cache that merged a region into a larger
+     * one): mc_mem_unregister_range drops the one named, whichever came last. */
+    assert_int_equal(mc_mem_register(e, m, MIB, "cpu:0"), 0);
+    assert_int_equal(mc_mem_register(e, m, 2 * MIB, "cpu:0"), 0);
+    assert_int_equal(mc_mem_unregister_range(e, m, 12345), -ENOENT);
+    assert_int_equal(mc_mem_unregister_range(e, m, MIB), 0); /* the first, not the latest */
+    th_fill(src, MIB, 90);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, self, (uint64_t)(uintptr_t)m + MIB, MIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(m + MIB, MIB, 90), -1);
+    assert_int_equal(mc_mem_unregister_range(e, m, 2 * MIB), 0);
+    st = xfer_opts(e, MC_WRITE, src, self, (uint64_t)(uintptr_t)m, 4096, 0);
+    assert_int_equal(st.error, -MC_EACCESS);
     th_close(e, self);
     th_buf_free(e, src, MIB);
     munmap(m, len);

@@ -136,20 +136,25 @@ examples() {
         echo "note: UCX's examples were not built (no /usr/share/doc/libucx-dev/examples)"
         return
     fi
-    for size in 16 100000; do # eager, and rendezvous
+    # eager and rendezvous; busy polling, and sleeping on the worker (arm + event fd): -w, -f
+    for mode_size in "-b 16" "-b 100000" "-w 16" "-w 100000" "-f 16" "-f 100000"; do
+        mode=${mode_size% *}
+        size=${mode_size#* }
         port=$(free_port)
-        ucx env UCX_TLS=mooncake,self "$ucp_hw" -p "$port" -s $size >"$LOG/hs" 2>&1 &
+        ucx env UCX_TLS=mooncake,self "$ucp_hw" $mode -p "$port" -s $size >"$LOG/hs" 2>&1 &
         srv=$!
         echo $srv >>"$LOG/pids"
         wait_listen "$port"
-        ucx env UCX_TLS=mooncake,self timeout 30 "$ucp_hw" -n 127.0.0.1 -p "$port" -s $size \
-            >"$LOG/hc" 2>&1 || { cat "$LOG/hc"; fail "ucp_hello_world -s $size"; }
-        wait $srv || { cat "$LOG/hs"; fail "ucp_hello_world server -s $size"; }
-        grep -q 'UCP TEST SUCCESS' "$LOG/hc" || { cat "$LOG/hc"; fail "ucp_hello_world -s $size"; }
+        ucx env UCX_TLS=mooncake,self timeout 30 "$ucp_hw" $mode -n 127.0.0.1 -p "$port" \
+            -s $size >"$LOG/hc" 2>&1 || { cat "$LOG/hc"; fail "ucp_hello_world $mode -s $size"; }
+        wait $srv || { cat "$LOG/hs"; fail "ucp_hello_world server $mode -s $size"; }
+        grep -q 'UCP TEST SUCCESS' "$LOG/hc" ||
+            { cat "$LOG/hc"; fail "ucp_hello_world $mode -s $size"; }
         # the example sends ABC..Z repeated, NUL-terminated: that string, whole, must arrive
         want=$(python3 -c "import string; n=$size-1; print((string.ascii_uppercase*(n//26+1))[:n])")
-        grep -qxF "$want" "$LOG/hc" || fail "ucp_hello_world -s $size: the string received differs"
-        echo "ok ucp_hello_world, $size bytes"
+        grep -qxF "$want" "$LOG/hc" ||
+            fail "ucp_hello_world $mode -s $size: the string received differs"
+        echo "ok ucp_hello_world $mode, $size bytes"
     done
     for fn in -i -b -z; do # am_short, am_bcopy, am_zcopy
         port=$(free_port)
