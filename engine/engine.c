@@ -293,6 +293,7 @@ int mc_engine_progress(mc_engine_t *e)
     if (e->has_serve_thread) {
         atomic_store_explicit(&e->host_pass_ns, mc__now_ns(), memory_order_relaxed);
         atomic_fetch_add_explicit(&e->host_passes, 1, memory_order_relaxed);
+        atomic_store_explicit(&e->host_armed, false, memory_order_relaxed);
     }
     return mc__progress_try(e);
 }
@@ -308,12 +309,22 @@ int mc_engine_event_fd(const mc_engine_t *e)
 
 int mc_engine_arm(mc_engine_t *e)
 {
+    bool ok;
+
     if (!e)
         return mc__set_error(-EINVAL, "mc_engine_arm: NULL engine");
     if (e->has_thread)
         return 0;
     atomic_store(&e->arm_explicit, true);
-    return mc__progress_may_sleep(e) ? 0 : -EAGAIN;
+    if (in_pass || pthread_mutex_trylock(&e->lock))
+        return -EAGAIN; /* another thread is in a pass: look again */
+    /* callbacks a serving pass held for the host are work too */
+    ok = !mc__callbacks_pending(e) && idle_arm(e);
+    /* until the host calls in again, what arrives is its to handle: the serving thread would
+     * take the wake-up from under it and hold the callbacks */
+    atomic_store(&e->host_armed, ok);
+    pthread_mutex_unlock(&e->lock);
+    return ok ? 0 : -EAGAIN;
 }
 
 /* The internal progress thread: sleeps in epoll_wait, then handles the events it got under the
@@ -361,12 +372,14 @@ static void *serve_thread(void *arg)
         uint64_t last = atomic_load_explicit(&e->host_pass_ns, memory_order_relaxed);
         uint64_t calls = atomic_load_explicit(&e->host_passes, memory_order_relaxed);
         bool spinning = calls - calls_seen > 1 && now - last < serve_ns;
-        bool ran = false;
+        bool armed = atomic_load(&e->host_armed), ran = false;
         calls_seen = calls;
-        if (now - last >= serve_ns && progress_try(e, false, &ran) > 0)
+        if (!armed && now - last >= serve_ns && progress_try(e, false, &ran) > 0)
             continue;       /* served something: look again at once */
         if (spinning)       /* the host handles it: waking up at its every message costs a core a */
             wait = 1000000; /* quarter of its time, so look again in a millisecond */
+        else if (armed)     /* it sleeps on the event fd, and wakes up for this */
+            wait = serve_ns;
         else if (now - last < serve_ns) /* it called in just now: give it serve_us */
             wait = serve_ns - (now - last);
         else /* what is ready is not ours to handle (callbacks) */

@@ -23,24 +23,20 @@ static pending_priv_t *priv(uct_pending_req_t *req)
     return (pending_priv_t *)req->priv;
 }
 
-uct_pending_req_t *uct_mc_pending_pop(uct_mc_iface_t *iface)
+/* Whether ep may not take new operations this round: its peer's message window was full,
+ * or a fence holds them, or requests of its wait in the pending queue (outside their dispatch:
+ * a new operation would overtake them). */
+static bool ep_held(uct_mc_ep_t *ep)
 {
-    uct_pending_req_t *req = iface->pending_head;
+    uct_mc_iface_t *iface = ep->iface;
 
-    if (req) {
-        iface->pending_head = priv(req)->next;
-        if (!iface->pending_head)
-            iface->pending_tail = &iface->pending_head;
-    }
-    return req;
+    return ep->blocked_round == iface->round || (ep->fence && (ep->refs || ep->dirty)) ||
+           (ep->n_pending && !iface->dispatching);
 }
 
-void uct_mc_pending_push_front(uct_mc_iface_t *iface, uct_pending_req_t *req)
+static void ep_block(uct_mc_ep_t *ep)
 {
-    priv(req)->next = iface->pending_head;
-    if (!iface->pending_head)
-        iface->pending_tail = &priv(req)->next;
-    iface->pending_head = req;
+    ep->blocked_round = ep->iface->round;
 }
 
 ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned flags)
@@ -49,12 +45,13 @@ ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsig
     uct_mc_iface_t *iface = ep->iface;
 
     (void)flags;
-    if (!iface->blocked && !(ep->fence && (ep->refs || ep->dirty)))
+    if (!iface->blocked && !ep_held(ep))
         return UCS_ERR_BUSY; /* resources are there: send now */
     priv(req)->next = NULL;
     priv(req)->ep = ep;
     *iface->pending_tail = req;
     iface->pending_tail = &priv(req)->next;
+    ep->n_pending++;
     return UCS_OK;
 }
 
@@ -68,6 +65,7 @@ void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, vo
         uct_pending_req_t *req = *pp;
         if (priv(req)->ep == ep) {
             *pp = priv(req)->next;
+            ep->n_pending--;
             if (cb)
                 cb(req, arg);
         } else {
@@ -76,6 +74,32 @@ void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, vo
         }
     }
     iface->pending_tail = last ? &priv(last)->next : &iface->pending_head;
+}
+
+/* From progress: each request in order, skipping endpoints that could not take one this round
+ * (their order holds), until an interface-wide resource runs out. UCS_OK: done, out of the
+ * queue; anything else (INPROGRESS: part of it went) keeps it for a later round. */
+void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
+{
+    uct_pending_req_t **pp = &iface->pending_head, *last = NULL;
+
+    iface->dispatching = true;
+    while (*pp && !iface->blocked) {
+        uct_pending_req_t *req = *pp;
+        uct_mc_ep_t *ep = priv(req)->ep;
+        if (ep->blocked_round != iface->round && !(ep->fence && (ep->refs || ep->dirty)) &&
+            req->func(req) == UCS_OK) {
+            *pp = priv(req)->next;
+            ep->n_pending--;
+            continue;
+        }
+        ep_block(ep); /* its later requests wait behind this one */
+        last = req;
+        pp = &priv(req)->next;
+    }
+    iface->dispatching = false;
+    if (!*pp) /* walked to the end: the tail is the last kept one */
+        iface->pending_tail = last ? &priv(last)->next : &iface->pending_head;
 }
 
 /* ---- lifetime ---- */
@@ -99,14 +123,17 @@ ucs_status_t uct_mc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
         free(ep);
         return (ucs_status_t)rc;
     }
-    rc = mc_segment_open_address(iface->md->engine, a + UCT_MC_ADDR_HDR, a[2], &ep->seg);
+    rc = a[6] <= MC_ADDRESS_MAX
+             ? mc_segment_open_address(iface->md->engine, a + UCT_MC_ADDR_HDR, a[6], &ep->seg)
+             : -MC_EPROTO;
     if (rc) {
-        ucs_error("mooncake: connecting to a peer interface: %s", mc_last_error());
+        ucs_error("mooncake: connecting to a peer interface: %s",
+                  rc == -MC_EPROTO ? "not an interface address" : mc_last_error());
         free(ep);
         return uct_mc_status(rc);
     }
     ep->iface = iface;
-    ep->peer_iface = (uint16_t)(a[0] | a[1] << 8);
+    memcpy(ep->peer_hdr, a, 6); /* its id and nonce start every active message to it */
     ep->next = iface->eps;
     iface->eps = ep;
     *ep_p = &ep->super.super;
@@ -117,6 +144,25 @@ static void ep_free(uct_mc_ep_t *ep)
 {
     uct_mc_iface_defer_close(ep->iface, ep->seg);
     free(ep);
+}
+
+/* Operations and flushes in flight complete as canceled now (the engine still finishes the
+ * tasks: a get's buffer may be written until then). */
+static void ep_cancel(uct_mc_ep_t *ep)
+{
+    for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next) {
+        uct_completion_t *comp = op->comp;
+        op->comp = NULL;
+        op->unpack_cb = NULL;
+        if (comp)
+            uct_invoke_completion(comp, UCS_ERR_CANCELED);
+    }
+    for (uct_mc_flush_t *f = ep->flushes; f; f = f->ep_next) {
+        uct_completion_t *comp = f->comp;
+        f->comp = NULL;
+        if (comp)
+            uct_invoke_completion(comp, UCS_ERR_CANCELED);
+    }
 }
 
 /* Operations still in flight complete as canceled now; the endpoint's memory goes when the
@@ -132,19 +178,7 @@ void uct_mc_ep_destroy(uct_ep_h tl_ep)
             break;
         }
     uct_mc_ep_pending_purge(tl_ep, NULL, NULL);
-    for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next) {
-        uct_completion_t *comp = op->comp;
-        op->comp = NULL;
-        op->unpack_cb = NULL;
-        if (comp)
-            uct_invoke_completion(comp, UCS_ERR_CANCELED);
-    }
-    for (uct_mc_flush_t *f = ep->flushes; f; f = f->ep_next) {
-        uct_completion_t *comp = f->comp;
-        f->comp = NULL;
-        if (comp)
-            uct_invoke_completion(comp, UCS_ERR_CANCELED);
-    }
+    ep_cancel(ep);
     ep->destroyed = true;
     if (!ep->refs)
         ep_free(ep);
@@ -187,30 +221,50 @@ void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_statu
     }
 }
 
+/* Reported from progress, as every failure is (the handler may destroy endpoints, and UCP
+ * walks its endpoints while it checks them). */
 ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
-    int state = mc_segment_state(ep->iface->md->engine, ep->seg);
+    uct_mc_peer_ev_t *ev;
 
     (void)flags;
     (void)comp;
-    if (state == MC_SEGMENT_DEAD)
-        uct_mc_ep_peer_failed(ep->iface, ep->seg, UCS_ERR_CONNECTION_RESET);
+    if (ep->failed || mc_segment_state(ep->iface->md->engine, ep->seg) != MC_SEGMENT_DEAD)
+        return UCS_OK;
+    ev = malloc(sizeof(*ev));
+    if (!ev)
+        return UCS_ERR_NO_MEMORY;
+    *ev = (uct_mc_peer_ev_t){.ev.kind = EV_PEER, .seg = ep->seg, .event = MC_PEER_DEAD};
+    uct_mc_iface_queue(ep->iface, &ev->ev);
     return UCS_OK;
 }
 
 /* ---- what every operation checks first ---- */
 
+static ucs_status_t flush_start(uct_mc_ep_t *ep, uct_completion_t *comp);
+
+/* Messages sent since the last flush that covers them are remotely complete only once such a
+ * flush ends: start one unless one is on its way. */
+static void cover_messages(uct_mc_ep_t *ep)
+{
+    if (ep->dirty && !(ep->flushes && ep->flushes->gen == ep->sent))
+        flush_start(ep, NULL);
+}
+
 static ucs_status_t ep_ready(uct_mc_ep_t *ep)
 {
     if (ep->failed)
         return ep->fail_status;
-    if (ep->fence) {
-        if (ep->refs || ep->dirty) {
-            ep->iface->blocked = true;
-            return UCS_ERR_NO_RESOURCE;
-        }
-        ep->fence = false;
+    if (ep->fence && (ep->refs || ep->dirty)) {
+        cover_messages(ep);
+        ep_block(ep);
+        return UCS_ERR_NO_RESOURCE;
+    }
+    ep->fence = false;
+    if (ep_held(ep)) {
+        ep_block(ep);
+        return UCS_ERR_NO_RESOURCE;
     }
     return UCS_OK;
 }
@@ -223,12 +277,11 @@ static ucs_status_t am_send(uct_mc_ep_t *ep, uint8_t id, size_t len)
     uint8_t *h = (uint8_t *)iface->tx;
     int rc;
 
-    h[0] = (uint8_t)ep->peer_iface;
-    h[1] = (uint8_t)(ep->peer_iface >> 8);
-    h[2] = id;
+    memcpy(h, ep->peer_hdr, 6);
+    h[6] = id;
     rc = mc_msg_send(iface->md->engine, ep->seg, MC_UCT_MSG_ID, h, UCT_MC_AM_HDR + len);
-    if (rc == -EAGAIN) {
-        iface->blocked = true;
+    if (rc == -EAGAIN) { /* this peer's window is full */
+        ep_block(ep);
         return UCS_ERR_NO_RESOURCE;
     }
     if (rc) {
@@ -236,6 +289,7 @@ static ucs_status_t am_send(uct_mc_ep_t *ep, uint8_t id, size_t len)
         return uct_mc_status(rc);
     }
     ep->dirty = true;
+    ep->sent++;
     return UCS_OK;
 }
 
@@ -347,13 +401,21 @@ static uct_mc_op_t *op_new(uct_mc_ep_t *ep, uct_mc_op_kind_t kind, uct_completio
 }
 
 /* Submit the op's requests; on success the endpoint holds it until it is delivered. */
-static ucs_status_t op_start(uct_mc_ep_t *ep, uct_mc_op_t *op, mc_request_t *reqs, unsigned n)
+static ucs_status_t op_start(uct_mc_ep_t *ep, uct_mc_op_t *op, mc_request_t *reqs, unsigned n,
+                             uint64_t raddr, uint64_t rlen)
 {
     uct_mc_iface_t *iface = ep->iface;
     ucs_status_t st = uct_mc_iface_submit(iface, op, reqs, n);
 
     if (st != UCS_OK)
         return st;
+    op->raddr = raddr;
+    op->rlen = rlen;
+    op->write = reqs[0].opcode == MC_WRITE;
+    if (!ep->ops || raddr < ep->span_lo)
+        ep->span_lo = raddr;
+    if (!ep->ops || raddr + rlen > ep->span_hi)
+        ep->span_hi = raddr + rlen;
     op->ntasks = n;
     op->ep_prev = NULL;
     op->ep_next = ep->ops;
@@ -362,6 +424,20 @@ static ucs_status_t op_start(uct_mc_ep_t *ep, uct_mc_op_t *op, mc_request_t *req
     ep->ops = op;
     ep->refs++;
     return UCS_OK;
+}
+
+/* Overlapping operations of one endpoint happen in the order issued, as on one RDMA queue
+ * pair (the engine stripes a task over connections and rails, and tasks overtake each other):
+ * one that overlaps a write in flight, or writes over a read in flight, waits for it. Cheap
+ * unless the range falls inside the span of what is in flight. */
+static bool rma_conflict(uct_mc_ep_t *ep, uint64_t raddr, uint64_t len, bool write)
+{
+    if (!ep->ops || raddr >= ep->span_hi || raddr + len <= ep->span_lo)
+        return false;
+    for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next)
+        if ((op->write || write) && raddr < op->raddr + op->rlen && op->raddr < raddr + len)
+            return true;
+    return false;
 }
 
 static ucs_status_t rma_begin(uct_mc_ep_t *ep, uct_rkey_t rkey, unsigned tasks)
@@ -393,14 +469,21 @@ static ssize_t bounce_op(uct_mc_ep_t *ep, mc_opcode_t opcode, const void *data, 
         goto err;
     }
     buf = iface->bounce + (size_t)slot * iface->config.seg_size;
-    if (opcode == MC_WRITE)
-        length = data ? (memcpy(buf, data, length), length) : pack_cb(buf, pack_arg);
+    if (opcode == MC_WRITE && !data) /* packed into the slot: checked after */
+        length = pack_cb(buf, pack_arg);
     if (length > iface->config.seg_size) {
         ucs_error("mooncake: %zu bytes through a bounce slot of %zu", length,
                   iface->config.seg_size);
         st = UCS_ERR_INVALID_PARAM;
         goto err_slot;
     }
+    if (rma_conflict(ep, remote_addr, length, opcode == MC_WRITE)) {
+        ep_block(ep);
+        st = UCS_ERR_NO_RESOURCE;
+        goto err_slot;
+    }
+    if (opcode == MC_WRITE && data)
+        memcpy(buf, data, length);
     op->slot = slot;
     op->length = length;
     mc_request_t req = {.opcode = opcode,
@@ -408,7 +491,7 @@ static ssize_t bounce_op(uct_mc_ep_t *ep, mc_opcode_t opcode, const void *data, 
                         .target = ep->seg,
                         .target_offset = remote_addr,
                         .length = length};
-    st = op_start(ep, op, &req, 1);
+    st = op_start(ep, op, &req, 1, remote_addr, length);
     if (st != UCS_OK)
         goto err_slot;
     return (ssize_t)length;
@@ -491,10 +574,15 @@ static ucs_status_t zcopy(uct_ep_h tl_ep, mc_opcode_t opcode, const uct_iov_t *i
     st = rma_begin(ep, rkey, n);
     if (st != UCS_OK)
         return st;
+    uint64_t first = reqs[0].target_offset, total = remote_addr - first;
+    if (rma_conflict(ep, first, total, opcode == MC_WRITE)) {
+        ep_block(ep);
+        return UCS_ERR_NO_RESOURCE;
+    }
     op = op_new(ep, OP_ZCOPY, comp);
     if (!op)
         return UCS_ERR_NO_MEMORY;
-    st = op_start(ep, op, reqs, n);
+    st = op_start(ep, op, reqs, n, first, total);
     if (st != UCS_OK) {
         free(op);
         return st;
@@ -562,21 +650,13 @@ static void flush_cb(void *arg, int status)
         free(f);
 }
 
-ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
+/* Ask the engine for a flush of everything issued so far to ep's peer. */
+static ucs_status_t flush_start(uct_mc_ep_t *ep, uct_completion_t *comp)
 {
-    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
     uct_mc_iface_t *iface = ep->iface;
-    uct_mc_flush_t *f;
+    uct_mc_flush_t *f = calloc(1, sizeof(*f));
     int rc;
 
-    (void)flags;
-    if (ep->failed)
-        return ep->fail_status;
-    if (!ep->dirty && !ep->refs)
-        return UCS_OK;
-    if (!comp && ep->flushes && ep->flushes->gen == ep->gen)
-        return UCS_INPROGRESS; /* one is on its way for what was sent so far */
-    f = calloc(1, sizeof(*f));
     if (!f)
         return UCS_ERR_NO_MEMORY;
     f->ev.kind = EV_FLUSH;
@@ -584,7 +664,7 @@ ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *c
     f->iface = iface;
     f->ep = ep;
     f->comp = comp;
-    f->gen = ++ep->gen;
+    f->gen = ep->sent;
     rc = mc_peer_flush(iface->md->engine, ep->seg, flush_cb, f);
     if (rc) {
         free(f);
@@ -596,6 +676,28 @@ ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *c
     iface->flushes = f;
     ep->refs++;
     return UCS_INPROGRESS;
+}
+
+/* CANCEL: what is in flight completes as canceled now (as at destroy), nothing is waited for. */
+ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
+{
+    uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
+
+    if (flags & UCT_FLUSH_FLAG_CANCEL) {
+        ep_cancel(ep);
+        return UCS_OK;
+    }
+    if (ep->failed)
+        return ep->fail_status;
+    if (ep->n_pending) { /* UCP queues the flush behind them */
+        ep_block(ep);
+        return UCS_ERR_NO_RESOURCE;
+    }
+    if (!ep->dirty && !ep->refs)
+        return UCS_OK;
+    if (!comp && ep->flushes && ep->flushes->gen == ep->sent)
+        return UCS_INPROGRESS; /* one is on its way for what was sent so far */
+    return flush_start(ep, comp);
 }
 
 void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f)
@@ -613,7 +715,7 @@ void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f)
             break;
         }
     /* everything sent before this flush is in: clean unless more was sent since */
-    if (!f->status && f->gen == ep->gen)
+    if (!f->status && f->gen == ep->sent)
         ep->dirty = false;
     /* an operation that failed meanwhile failed the endpoint: the flush says so too */
     if (f->comp)
@@ -631,8 +733,7 @@ ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags)
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
 
     (void)flags;
-    if (ep->dirty)
-        uct_mc_ep_flush(tl_ep, 0, NULL);
+    cover_messages(ep);
     if (ep->refs || ep->dirty)
         ep->fence = true;
     return UCS_OK;

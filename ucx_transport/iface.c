@@ -34,28 +34,34 @@ ucs_config_field_t uct_mc_iface_config_table[] = {
 
 /* ---- events from engine callbacks ---- */
 
-void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
+/* Caller holds iface->lock, so that a closing interface, which takes it last, sees the event
+ * queued and its eventfd written. */
+static void queue_locked(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
 {
-    bool wake;
-
     ev->next = NULL;
-    pthread_mutex_lock(&iface->lock);
     *iface->evq_tail = ev;
     iface->evq_tail = &ev->next;
-    wake = iface->armed;
-    iface->armed = false;
-    pthread_mutex_unlock(&iface->lock);
-    if (wake) {
+    if (iface->armed) {
         uint64_t one = 1;
+        iface->armed = false;
         if (write(iface->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
             ucs_warn("mooncake: waking the interface: %m");
     }
 }
 
-/* Active messages above AM_SMALL bytes go through buffers of am_max bytes kept for reuse (up to
- * AM_CACHED): allocating and freeing large blocks at this rate costs page faults. */
+void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
+{
+    pthread_mutex_lock(&iface->lock);
+    queue_locked(iface, ev);
+    pthread_mutex_unlock(&iface->lock);
+}
+
+/* Active messages above AM_SMALL bytes go through buffers of the largest engine message (not
+ * this side's am_max: a peer's may be larger), kept for reuse up to AM_CACHED: allocating and
+ * freeing large blocks at this rate costs page faults. */
 #define AM_SMALL  256
-#define AM_CACHED 256
+#define AM_CACHED 64
+#define AM_LARGE  (MC_MSG_MAX - UCT_MC_AM_HDR)
 
 static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len)
 {
@@ -70,7 +76,7 @@ static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len)
         iface->n_am_free--;
     }
     pthread_mutex_unlock(&iface->lock);
-    return am ? am : malloc(sizeof(*am) + iface->am_max);
+    return am ? am : malloc(sizeof(*am) + AM_LARGE);
 }
 
 static void am_put(uct_mc_iface_t *iface, uct_mc_am_t *am)
@@ -101,24 +107,26 @@ void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *dat
     unsigned iid;
 
     (void)id;
-    if (len < UCT_MC_AM_HDR || p[2] >= UCT_AM_ID_MAX) {
+    if (len < UCT_MC_AM_HDR || len - UCT_MC_AM_HDR > AM_LARGE || p[6] >= UCT_AM_ID_MAX) {
         ucs_error("mooncake: a malformed active message (%zu bytes) from %s", len, sender);
         return;
     }
     iid = (unsigned)p[0] | (unsigned)p[1] << 8;
     pthread_mutex_lock(&md->lock);
     iface = iid < UCT_MC_MAX_IFACES ? md->ifaces[iid] : NULL;
+    if (iface && memcmp(&iface->nonce, p + 2, 4)) /* for an earlier interface of that id */
+        iface = NULL;
     am = iface ? am_get(iface, len - UCT_MC_AM_HDR) : NULL;
     if (am) {
         am->ev.kind = EV_AM;
-        am->id = p[2];
+        am->id = p[6];
         am->len = (unsigned)(len - UCT_MC_AM_HDR);
         memcpy(am->data, p + UCT_MC_AM_HDR, am->len);
         uct_mc_iface_queue(iface, &am->ev);
     }
     pthread_mutex_unlock(&md->lock);
     if (!iface)
-        ucs_debug("mooncake: active message %u from %s for interface %u, which is closed", p[2],
+        ucs_debug("mooncake: active message %u from %s for interface %u, which is closed", p[6],
                   sender, iid);
     else if (!am)
         ucs_error("mooncake: no memory for an active message of %zu bytes from %s", len, sender);
@@ -137,8 +145,12 @@ void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int
     for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
         uct_mc_iface_t *iface = md->ifaces[i];
         uct_mc_peer_ev_t *ev;
-        if (!iface || !(ev = malloc(sizeof(*ev))))
+        if (!iface)
             continue;
+        if (!(ev = malloc(sizeof(*ev)))) {
+            ucs_error("mooncake: no memory to report peer segment %u's failure", id);
+            continue;
+        }
         ev->ev.kind = EV_PEER;
         ev->seg = id;
         ev->event = event;
@@ -182,18 +194,17 @@ static void task_done(void *arg, const mc_task_status_t *st)
 {
     uct_mc_op_t *op = arg;
     uct_mc_iface_t *iface = op->iface;
-    bool last;
 
+    /* one critical section: once a closing interface sees the batch done, the op is queued */
     pthread_mutex_lock(&iface->lock);
     op->batch->done++;
     if (st->state != MC_TASK_COMPLETED && !op->error) {
         op->error = st->error ? st->error : -EIO;
         snprintf(op->reason, sizeof(op->reason), "%s", st->reason ? st->reason : "failed");
     }
-    last = --op->tasks_left == 0;
+    if (--op->tasks_left == 0)
+        queue_locked(iface, &op->ev);
     pthread_mutex_unlock(&iface->lock);
-    if (last)
-        uct_mc_iface_queue(iface, &op->ev);
 }
 
 /* Submit count requests for op (room reserved with uct_mc_iface_reserve). */
@@ -309,17 +320,6 @@ static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
     }
 }
 
-static void dispatch_pending(uct_mc_iface_t *iface)
-{
-    while (iface->pending_head && !iface->blocked) {
-        uct_pending_req_t *req = uct_mc_pending_pop(iface);
-        if (req->func(req) != UCS_OK) { /* back to the front, until the next completion */
-            uct_mc_pending_push_front(iface, req);
-            iface->blocked = true;
-        }
-    }
-}
-
 static unsigned deliver_all(uct_mc_iface_t *iface)
 {
     uct_mc_ev_t *ev;
@@ -348,10 +348,11 @@ static unsigned iface_progress(uct_iface_h tl_iface)
     n = deliver_all(iface);
     if (n)
         recycle_batches(iface);
-    /* resources may have come back without an event (the engine's message window): try */
+    /* resources may have come back without an event (a peer's message window): try again */
+    iface->round++;
     iface->blocked = false;
     if (iface->pending_head)
-        dispatch_pending(iface);
+        uct_mc_pending_dispatch(iface);
     if (iface->n_segs_to_close)
         uct_mc_iface_close_segments(iface);
     return n;
@@ -506,7 +507,9 @@ static int iface_is_reachable(const uct_iface_h tl_iface, const uct_device_addr_
     const uint8_t *a = (const uint8_t *)iface_addr;
 
     (void)dev_addr;
-    return a && a[2] == iface->addr[2] && a[3] == iface->addr[3] && a[4] == iface->addr[4];
+    /* the engine address: version and control transport */
+    return a && a[UCT_MC_ADDR_HDR] == iface->addr[UCT_MC_ADDR_HDR] &&
+           a[UCT_MC_ADDR_HDR + 1] == iface->addr[UCT_MC_ADDR_HDR + 1];
 }
 
 /* ---- lifetime ---- */
@@ -569,9 +572,11 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
         goto err_bounce;
     }
     self->id = (uint16_t)id;
+    self->nonce = (uint32_t)ucs_generate_uuid((uintptr_t)self);
     self->addr[0] = (uint8_t)id;
     self->addr[1] = (uint8_t)(id >> 8);
-    self->addr[2] = (uint8_t)len;
+    memcpy(self->addr + 2, &self->nonce, 4);
+    self->addr[6] = (uint8_t)len;
     self->addr_len = UCT_MC_ADDR_HDR + len;
     return UCS_OK;
 
@@ -621,6 +626,23 @@ static void drain_batches(uct_mc_iface_t *iface)
     iface->cur = iface->full = iface->free_batches = NULL;
 }
 
+/* Flushes that ended between the last delivery and their detaching: their endpoints were let
+ * go of with the detaching, only the flushes remain. */
+static void drop_late_flushes(uct_mc_iface_t *iface)
+{
+    uct_mc_ev_t *ev, *next;
+
+    pthread_mutex_lock(&iface->lock);
+    ev = iface->evq_head;
+    iface->evq_head = NULL;
+    iface->evq_tail = &iface->evq_head;
+    pthread_mutex_unlock(&iface->lock);
+    for (; ev; ev = next) {
+        next = ev->next;
+        free(ev); /* only flushes can come now: nothing else refers to this interface */
+    }
+}
+
 static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
 {
     uct_base_iface_progress_disable(&self->super.super, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
@@ -630,6 +652,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
     drain_batches(self);
     deliver_all(self);
     uct_mc_iface_detach_flushes(self);
+    drop_late_flushes(self);
     mc_mem_free(self->md->engine, self->bounce);
     uct_mc_iface_close_segments(self);
     free(self->segs_to_close);

@@ -154,8 +154,16 @@ static int engine_reg(uct_mc_md_t *md, uct_mc_memh_t *memh, void *address, size_
 
 static void engine_dereg(uct_mc_md_t *md, uct_mc_memh_t *memh)
 {
+    int rc = 0;
+
+    if (!memh->len)
+        return;
     /* the cache may hold a region that starts where this one does: drop this one */
-    if (memh->len && md->engine && mc_mem_unregister_range(md->engine, memh->addr, memh->len))
+    pthread_rwlock_rdlock(&md->engine_lock);
+    if (md->engine)
+        rc = mc_mem_unregister_range(md->engine, memh->addr, memh->len);
+    pthread_rwlock_unlock(&md->engine_lock);
+    if (rc)
         ucs_error("mooncake: unregistering %p: %s", memh->addr, mc_last_error());
 }
 
@@ -216,20 +224,25 @@ static ucs_status_t rcache_create(uct_mc_md_t *md, const uct_md_rcache_config_t 
 void uct_mc_md_close(uct_md_h tl_md)
 {
     uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
-
     unsigned long held = atomic_load(&md->memhs);
 
+    if (md->rcache && !held) { /* first: its cleanups unregister from the engine */
+        ucs_rcache_destroy(md->rcache);
+        md->rcache = NULL;
+    }
+    /* the cache may still release a region (UCX's thread, on an unmap) while this goes */
+    pthread_rwlock_wrlock(&md->engine_lock);
     mc_engine_destroy(md->engine); /* unregisters whatever is left */
     md->engine = NULL;
-    if (md->rcache && held) {
+    pthread_rwlock_unlock(&md->engine_lock);
+    if (md->rcache) {
         /* the cache asserts on regions in use: it stays (with the md it calls back), inert */
         ucs_warn("mooncake: %lu memory registrations not released before the memory domain "
                  "closed",
                  held);
         return;
     }
-    if (md->rcache)
-        ucs_rcache_destroy(md->rcache);
+    pthread_rwlock_destroy(&md->engine_lock);
     pthread_mutex_destroy(&md->lock);
     free(md);
 }
@@ -246,6 +259,8 @@ ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
     md = calloc(1, sizeof(*md));
     if (!md)
         return UCS_ERR_NO_MEMORY;
+    pthread_mutex_init(&md->lock, NULL);
+    pthread_rwlock_init(&md->engine_lock, NULL);
     rc = engine_config(cfg, &c);
     if (rc)
         goto err_free;
@@ -259,13 +274,14 @@ ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
         ucs_diag("mooncake: no registration cache: every registration goes to the engine");
     mc_msg_handler_set(md->engine, MC_UCT_MSG_ID, uct_mc_md_on_msg, md);
     mc_peer_handler_set(md->engine, uct_mc_md_on_peer, md);
-    pthread_mutex_init(&md->lock, NULL);
     md->super.ops = &uct_mc_md_ops;
     md->super.component = component;
     *md_p = &md->super;
     return UCS_OK;
 
 err_free:
+    pthread_rwlock_destroy(&md->engine_lock);
+    pthread_mutex_destroy(&md->lock);
     free(md);
     return uct_mc_status(rc);
 }

@@ -25,8 +25,8 @@
 #define UCT_MC_NAME       "mooncake"
 #define UCT_MC_DEV_NAME   "engine"
 #define MC_UCT_MSG_ID     250 /* the engine message id UCT active messages travel as */
-#define UCT_MC_AM_HDR     3   /* u16 destination interface id, u8 AM id */
-#define UCT_MC_ADDR_HDR   3   /* an interface address: u16 id, u8 length, the engine's address */
+#define UCT_MC_AM_HDR     7   /* destination interface: u16 id, u32 nonce; u8 AM id */
+#define UCT_MC_ADDR_HDR   7   /* interface address: u16 id, u32 nonce, u8 length, engine address */
 #define UCT_MC_MAX_IFACES 1024
 #define UCT_MC_MAX_IOV    16
 
@@ -51,9 +51,10 @@ typedef struct uct_mc_md_config {
 typedef struct uct_mc_md {
     struct uct_md super;
     mc_engine_t *engine;
-    ucs_rcache_t *rcache;        /* NULL: every registration goes to the engine */
-    _Atomic unsigned long memhs; /* handles from the cache not yet released */
-    pthread_mutex_t lock;        /* ifaces */
+    pthread_rwlock_t engine_lock; /* the engine going, against the cache's late releases */
+    ucs_rcache_t *rcache;         /* NULL: every registration goes to the engine */
+    _Atomic unsigned long memhs;  /* handles from the cache not yet released */
+    pthread_mutex_t lock;         /* ifaces */
     uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
 } uct_mc_md_t;
 
@@ -111,6 +112,8 @@ typedef struct uct_mc_op {
     unsigned ntasks, tasks_left;         /* tasks_left under iface->lock */
     int error;                           /* the first failure of its tasks */
     char reason[96];
+    uint64_t raddr, rlen; /* the remote range */
+    bool write;
     int slot; /* bounce slot, or -1 */
     size_t length;
     uct_unpack_callback_t unpack_cb;
@@ -125,7 +128,7 @@ typedef struct uct_mc_flush {
     uct_mc_ep_t *ep;
     struct uct_mc_flush *ep_next, *if_next;
     uct_completion_t *comp; /* NULL: one the endpoint issued itself, or canceled */
-    uint64_t gen;           /* the endpoint's send generation it covers */
+    uint64_t gen;           /* the endpoint's messages it covers (its sent count then) */
     int status;
 } uct_mc_flush_t;
 
@@ -147,7 +150,8 @@ struct uct_mc_iface {
     uct_base_iface_t super;
     uct_mc_md_t *md;
     uint16_t id;
-    uint8_t addr[UCT_MC_ADDR_HDR + MC_ADDRESS_MAX]; /* id, length, the engine's address */
+    uint32_t nonce; /* tells this interface from an earlier one with its id */
+    uint8_t addr[UCT_MC_ADDR_HDR + MC_ADDRESS_MAX];
     size_t addr_len;
     uct_mc_iface_config_t config;
     size_t am_max; /* largest AM payload */
@@ -162,7 +166,9 @@ struct uct_mc_iface {
     bool engine_fd_added; /* to epfd, once a worker asked for the fd */
 
     /* The rest is the worker's own (UCT operations and progress). */
-    bool blocked; /* an operation found no resource since the last progress */
+    bool blocked;     /* an interface-wide resource ran out since the last progress */
+    bool dispatching; /* in uct_mc_pending_dispatch */
+    uint64_t round;   /* progress calls: an endpoint's block lasts one round */
     bool closing;
     uct_mc_batch_t *cur, *full, *free_batches;
     size_t tasks_inflight;
@@ -182,15 +188,18 @@ struct uct_mc_ep {
     uct_mc_iface_t *iface;
     uct_mc_ep_t *next; /* in iface->eps */
     mc_segment_id_t seg;
-    uint16_t peer_iface;
-    unsigned refs;  /* its ops and flushes in flight */
-    bool dirty;     /* messages sent since the last completed flush that covered them */
-    uint64_t gen;   /* flushes issued */
-    bool fence;     /* new operations wait until the earlier ones are remotely complete */
-    bool failed;    /* its peer failed: reported once */
-    bool destroyed; /* freed when refs reaches 0 */
+    uint8_t peer_hdr[6];    /* the peer interface's id and nonce, as its messages carry them */
+    unsigned refs;          /* its ops and flushes in flight */
+    unsigned n_pending;     /* its requests in the interface's pending queue */
+    uint64_t blocked_round; /* it could take no operation in this round of progress */
+    bool dirty;             /* messages sent since the last completed flush that covered them */
+    uint64_t sent;          /* messages sent */
+    bool fence;             /* new operations wait until the earlier ones are remotely complete */
+    bool failed;            /* its peer failed: reported once */
+    bool destroyed;         /* freed when refs reaches 0 */
     ucs_status_t fail_status;
     uct_mc_op_t *ops;
+    uint64_t span_lo, span_hi; /* covers the remote ranges of ops (while there are some) */
     uct_mc_flush_t *flushes;
 };
 
@@ -251,8 +260,8 @@ ucs_status_t uct_mc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header,
                                 unsigned flags, uct_completion_t *comp);
 ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned flags);
 void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg);
-uct_pending_req_t *uct_mc_pending_pop(uct_mc_iface_t *iface);
-void uct_mc_pending_push_front(uct_mc_iface_t *iface, uct_pending_req_t *req);
+void uct_mc_pending_dispatch(uct_mc_iface_t *iface);
+
 ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp);
 ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags);
 ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp);

@@ -103,7 +103,8 @@ MC_API int mc_engine_event_fd(const mc_engine_t *engine);
  * host may sleep, the fd becomes readable when there is work; -EAGAIN: there is work already,
  * call progress instead. Once a host has called it, passes no longer arm wake-ups by themselves
  * (which costs the peers a wake-up per message), so the host must call it before every sleep.
- * Always 0 with a progress thread. */
+ * While armed, MC_PROGRESS_SERVE_US's thread leaves the work to the host it wakes up. Always 0
+ * with a progress thread. */
 MC_API int mc_engine_arm(mc_engine_t *engine);
 
 /* ---- memory ------------------------------------------------------------------------------- */

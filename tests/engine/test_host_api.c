@@ -582,13 +582,14 @@ static void on_arm_msg(void *arg, const char *sender, uint8_t id, const void *da
 
 /* mc_engine_arm: a caller-progress host that spins and sleeps on the event fd only after
  * arming wakes up for a message (over tcp and over the same-host ring), and gets it from
- * progress; arm says -EAGAIN while a message waits unhandled. */
+ * progress; arm says -EAGAIN while a message waits unhandled. With a serving thread too
+ * (PROGRESS_SERVE_US), which must not take the host's wake-up and hold its message. */
 static void test_engine_arm(void **state)
 {
-    const char *protocols[] = {"tcp", "shm"};
+    const char *protocols[] = {"tcp", "shm", "tcp", "shm"};
 
     (void)state;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         th_cfg_t cfg;
         mc_segment_id_t seg;
         th_config(&cfg);
@@ -596,6 +597,7 @@ static void test_engine_arm(void **state)
         mc_engine_t *snd = g.e[0] = th_engine(&cfg);
         th_set(&cfg, "PROGRESS_THREAD", "0");
         th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+        th_set(&cfg, "PROGRESS_SERVE_US", k < 2 ? "0" : "100");
         mc_engine_t *host = g.e[1] = th_engine(&cfg);
         int fd = mc_engine_event_fd(host);
         assert_true(fd >= 0);
@@ -607,11 +609,18 @@ static void test_engine_arm(void **state)
             while (mc_engine_arm(host) == -EAGAIN && th_now_ms() < dl)
                 mc_engine_progress(host);
             assert_true(th_now_ms() < dl);
+            th_sleep_ms(2); /* the host is away long enough for a serving thread to step in */
             assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, "x", 1), 0);
-            struct pollfd pfd = {.fd = fd, .events = POLLIN};
-            assert_int_equal(poll(&pfd, 1, 5000), 1); /* woken, not by a timeout */
-            while (atomic_load(&arm_msgs) < round && th_now_ms() < dl)
+            /* as UCX waits: sleep when armed, else progress; a sleep must end with a wake-up */
+            bool armed = true;
+            while (atomic_load(&arm_msgs) < round && th_now_ms() < dl) {
+                if (armed) {
+                    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                    assert_int_equal(poll(&pfd, 1, 3000), 1); /* woken, not by a timeout */
+                }
                 mc_engine_progress(host);
+                armed = atomic_load(&arm_msgs) < round && mc_engine_arm(host) == 0;
+            }
             assert_int_equal(atomic_load(&arm_msgs), round);
         }
         mc_engine_destroy(snd);
