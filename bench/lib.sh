@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # Helpers the benchmark scripts share (source it).
 
-# A TCP port on 127.0.0.1 that was free just now.
+# A TCP port that was free just now, below the kernel's ephemeral range: outbound connections
+# take their local ports from that range, and one could take the port between now and the
+# server's bind.
 free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    python3 - <<'PY'
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+while True:
+    p = random.randrange(10000, lo)
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", p))
+        print(p)
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+PY
 }
 
 # True when something listens on TCP port $1 (state 0A in /proc/net/tcp).

@@ -52,12 +52,16 @@ wait_for() {
     done
 }
 
-# A TCP port for the pingpong handshake, free at the time of asking.
+# A TCP port for the pingpong handshake, free at the time of asking: below the kernel's
+# ephemeral range (32768 and up by default), which outbound connections take their ports from
+# (one did take a port picked here between asking and binding: "Couldn't listen"), and in no
+# socket at all.
 free_port() {
-    local p
+    local p lo
+    lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
     while :; do
-        p=$((20000 + RANDOM % 30000))
-        ss -Htln "sport = :$p" 2>/dev/null | grep -q . || {
+        p=$((10000 + RANDOM % (lo - 10000)))
+        ss -Hta "sport = :$p" 2>/dev/null | grep -q . || {
             echo "$p"
             return
         }
