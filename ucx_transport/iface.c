@@ -5,9 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <ucs/time/time.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+
+#include <ucs/time/time.h>
 
 #include "uct_mc.h"
 
@@ -97,7 +98,7 @@ static void am_put(uct_mc_iface_t *iface, uct_mc_am_t *am)
         free(am);
 }
 
-/* An active message: [u16 interface id][u8 AM id][AM data]. */
+/* An active message: [u16 interface id][u32 its nonce][u8 AM id][AM data]. */
 void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
 {
     uct_mc_md_t *md = arg;

@@ -1,10 +1,10 @@
 /* The engine as a UCT transport: component "mooncake", transport "mooncake", one device
  * "engine".
  *
- * One engine per memory domain (md_open creates it in caller-progress mode); every interface of
- * the MD shares it and has an id in it. An interface address is the engine's compact address
- * plus that id; an endpoint is an open segment of the peer's engine plus the peer interface's
- * id. UCT active messages (ids 0..31) travel as engine messages of one id (MC_UCT_MSG_ID)
+ * One engine per memory domain (md_open creates it in caller-progress mode, with a thread that
+ * serves peers' RMA while the application is away); every interface of the MD shares it and
+ * has an id and a nonce in it. An interface address is the engine's compact address plus those;
+ * an endpoint is an open segment of the peer's engine plus the peer interface's id and nonce. UCT active messages (ids 0..31) travel as engine messages of one id (MC_UCT_MSG_ID)
  * whose first bytes name the destination interface and the AM id; RMA is READ/WRITE tasks,
  * with remote keys made of the engine's buffer keys.
  *
