@@ -593,11 +593,11 @@ static void test_engine_arm(void **state)
         th_cfg_t cfg;
         mc_segment_id_t seg;
         th_config(&cfg);
-        th_set(&cfg, "PROTOCOL", protocols[k]);
+        th_set(&cfg, "PROTOCOL", "%s", protocols[k]);
         mc_engine_t *snd = g.e[0] = th_engine(&cfg);
         th_set(&cfg, "PROGRESS_THREAD", "0");
         th_set(&cfg, "PROGRESS_IMPLICIT", "0");
-        th_set(&cfg, "PROGRESS_SERVE_US", k < 2 ? "0" : "100");
+        th_set(&cfg, "PROGRESS_SERVE_US", "%d", k < 2 ? 0 : 100);
         mc_engine_t *host = g.e[1] = th_engine(&cfg);
         int fd = mc_engine_event_fd(host);
         assert_true(fd >= 0);
