@@ -375,14 +375,16 @@ static void *serve_thread(void *arg)
         bool armed = atomic_load(&e->host_armed), ran = false;
         calls_seen = calls;
         if (!armed && now - last >= serve_ns && progress_try(e, false, &ran) > 0)
-            continue;       /* served something: look again at once */
-        if (spinning)       /* the host handles it: waking up at its every message costs a core a */
-            wait = 1000000; /* quarter of its time, so look again in a millisecond */
-        else if (armed)     /* it sleeps on the event fd, and wakes up for this */
-            wait = serve_ns;
-        else if (now - last < serve_ns) /* it called in just now: give it serve_us */
+            continue; /* served something: look again at once */
+        /* The host spins and handles it (waking up at its every message costs a core a quarter
+         * of its time: look again in a millisecond); or it called in just now (give it the rest
+         * of serve_us); or it sleeps on the event fd and wakes up for this, or what is ready is
+         * not ours to handle (callbacks). */
+        if (spinning)
+            wait = 1000000;
+        else if (!armed && now - last < serve_ns)
             wait = serve_ns - (now - last);
-        else /* what is ready is not ours to handle (callbacks) */
+        else
             wait = serve_ns;
         struct timespec ts = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};
         nanosleep(&ts, NULL);

@@ -53,11 +53,11 @@ struct mc_engine {
 
     pthread_mutex_t lock; /* the progress context */
     pthread_t progress_tid;
-    pthread_t serve_tid;            /* caller mode with PROGRESS_SERVE_US */
+    pthread_t serve_tid; /* caller mode with PROGRESS_SERVE_US */
     bool has_serve_thread;
     _Atomic uint64_t host_pass_ns; /* when the host last drove progress */
     _Atomic uint64_t host_passes;  /* how often it did */
-    atomic_bool host_armed;         /* it sleeps on the event fd (mc_engine_arm said 0) */
+    atomic_bool host_armed;        /* it sleeps on the event fd (mc_engine_arm said 0) */
     bool has_thread;
     bool implicit_progress; /* no thread, and API calls may drive progress (PROGRESS_IMPLICIT) */
     atomic_bool stop;

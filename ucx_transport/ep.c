@@ -23,6 +23,12 @@ static pending_priv_t *priv(uct_pending_req_t *req)
     return (pending_priv_t *)req->priv;
 }
 
+/* Whether a fence holds ep's new operations: what came before is not remotely complete. */
+static bool fence_holds(const uct_mc_ep_t *ep)
+{
+    return ep->fence && (ep->refs || ep->dirty);
+}
+
 /* Whether ep may not take new operations this round: its peer's message window was full,
  * or a fence holds them, or requests of its wait in the pending queue (outside their dispatch:
  * a new operation would overtake them). */
@@ -30,7 +36,7 @@ static bool ep_held(uct_mc_ep_t *ep)
 {
     uct_mc_iface_t *iface = ep->iface;
 
-    return ep->blocked_round == iface->round || (ep->fence && (ep->refs || ep->dirty)) ||
+    return ep->blocked_round == iface->round || fence_holds(ep) ||
            (ep->n_pending && !iface->dispatching);
 }
 
@@ -87,8 +93,7 @@ void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
     while (*pp && !iface->blocked) {
         uct_pending_req_t *req = *pp;
         uct_mc_ep_t *ep = priv(req)->ep;
-        if (ep->blocked_round != iface->round && !(ep->fence && (ep->refs || ep->dirty)) &&
-            req->func(req) == UCS_OK) {
+        if (ep->blocked_round != iface->round && !fence_holds(ep) && req->func(req) == UCS_OK) {
             *pp = priv(req)->next;
             ep->n_pending--;
             continue;
@@ -256,7 +261,7 @@ static ucs_status_t ep_ready(uct_mc_ep_t *ep)
 {
     if (ep->failed)
         return ep->fail_status;
-    if (ep->fence && (ep->refs || ep->dirty)) {
+    if (fence_holds(ep)) {
         cover_messages(ep);
         ep_block(ep);
         return UCS_ERR_NO_RESOURCE;
@@ -387,13 +392,12 @@ static ucs_status_t add_rkey(uct_mc_ep_t *ep, uct_rkey_t tl_rkey)
     return UCS_OK;
 }
 
-static uct_mc_op_t *op_new(uct_mc_ep_t *ep, uct_mc_op_kind_t kind, uct_completion_t *comp)
+static uct_mc_op_t *op_new(uct_mc_ep_t *ep, uct_completion_t *comp)
 {
     uct_mc_op_t *op = calloc(1, sizeof(*op));
 
     if (!op)
         return NULL;
-    op->kind = kind;
     op->ep = ep;
     op->comp = comp;
     op->slot = -1;
@@ -507,7 +511,7 @@ ucs_status_t uct_mc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned le
                                  uint64_t remote_addr, uct_rkey_t rkey)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
-    uct_mc_op_t *op = op_new(ep, OP_PUT_BOUNCE, NULL);
+    uct_mc_op_t *op = op_new(ep, NULL);
     ssize_t n;
 
     if (!op)
@@ -524,7 +528,7 @@ ssize_t uct_mc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *a
                             uint64_t remote_addr, uct_rkey_t rkey)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
-    uct_mc_op_t *op = op_new(ep, OP_PUT_BOUNCE, NULL);
+    uct_mc_op_t *op = op_new(ep, NULL);
 
     if (!op)
         return UCS_ERR_NO_MEMORY;
@@ -536,7 +540,7 @@ ucs_status_t uct_mc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb
                                  uct_completion_t *comp)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
-    uct_mc_op_t *op = op_new(ep, OP_GET_BCOPY, comp);
+    uct_mc_op_t *op = op_new(ep, comp);
     ssize_t n;
 
     if (!op)
@@ -579,7 +583,7 @@ static ucs_status_t zcopy(uct_ep_h tl_ep, mc_opcode_t opcode, const uct_iov_t *i
         ep_block(ep);
         return UCS_ERR_NO_RESOURCE;
     }
-    op = op_new(ep, OP_ZCOPY, comp);
+    op = op_new(ep, comp);
     if (!op)
         return UCS_ERR_NO_MEMORY;
     st = op_start(ep, op, reqs, n, first, total);
@@ -610,8 +614,8 @@ void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op)
 
     iface->tasks_inflight -= op->ntasks;
     if (op->error)
-        ucs_debug("mooncake: %s to segment %u failed: %s", op->kind == OP_GET_BCOPY ? "get" : "put",
-                  ep->seg, op->reason);
+        ucs_debug("mooncake: %s to segment %u failed: %s", op->write ? "put" : "get", ep->seg,
+                  op->reason);
     if (op->unpack_cb && st == UCS_OK)
         op->unpack_cb(op->unpack_arg, iface->bounce + (size_t)op->slot * iface->config.seg_size,
                       op->length);

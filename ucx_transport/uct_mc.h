@@ -4,9 +4,10 @@
  * One engine per memory domain (md_open creates it in caller-progress mode, with a thread that
  * serves peers' RMA while the application is away); every interface of the MD shares it and
  * has an id and a nonce in it. An interface address is the engine's compact address plus those;
- * an endpoint is an open segment of the peer's engine plus the peer interface's id and nonce. UCT active messages (ids 0..31) travel as engine messages of one id (MC_UCT_MSG_ID)
- * whose first bytes name the destination interface and the AM id; RMA is READ/WRITE tasks,
- * with remote keys made of the engine's buffer keys.
+ * an endpoint is an open segment of the peer's engine plus the peer interface's id and nonce.
+ * UCT active messages (ids 0..31) travel as engine messages of one id (MC_UCT_MSG_ID) whose
+ * first bytes name the destination interface and the AM id; RMA is READ/WRITE tasks, with
+ * remote keys made of the engine's buffer keys.
  *
  * Threads: engine callbacks may run on any thread that progresses the engine (several
  * interfaces, one per UCP worker, share it). They only queue events onto the interface they
@@ -99,11 +100,8 @@ typedef struct uct_mc_batch {
 } uct_mc_batch_t;
 
 /* An RMA operation: one engine task per iov piece, or one through a bounce slot. */
-typedef enum { OP_PUT_BOUNCE, OP_GET_BCOPY, OP_ZCOPY } uct_mc_op_kind_t;
-
 typedef struct uct_mc_op {
     uct_mc_ev_t ev;
-    uct_mc_op_kind_t kind;
     uct_mc_iface_t *iface;
     uct_mc_ep_t *ep;
     uct_mc_batch_t *batch;
@@ -143,7 +141,6 @@ typedef struct uct_mc_peer_ev {
     uct_mc_ev_t ev;
     mc_segment_id_t seg;
     mc_peer_event_t event;
-    int error;
 } uct_mc_peer_ev_t;
 
 struct uct_mc_iface {
