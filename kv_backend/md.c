@@ -1,0 +1,367 @@
+/*
+ * Regions and agents: registration, public data, remote agents and their regions.
+ *
+ * A region's public data is the engine's buffer key plus the range: a peer adds the key to the
+ * segment of the agent it came from, so the range is usable at once, without a metadata service
+ * or a descriptor fetch. The owner still checks every access against its registrations.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv.h"
+
+/* [u32 magic][u8 version][u8 type][u16 0][u64 addr][u64 len][u64 dev_id][buffer key] */
+#define KV_PUBLIC_HDR 32
+#define KV_PUBLIC_LEN (KV_PUBLIC_HDR + MC_BUFFER_KEY_SIZE)
+
+_Static_assert(KV_PUBLIC_LEN <= MC_KV_PUBLIC_MAX, "public data outgrew MC_KV_PUBLIC_MAX");
+
+/* ---- local regions ------------------------------------------------------------------------ */
+
+static mc_kv_status_t region_location(mc_kv_backend_t *b, const mc_kv_region_t *r, char *loc,
+                                      size_t room)
+{
+    mc_kv_caps_t caps;
+
+    switch (r->type) {
+    case MC_KV_DRAM:
+        snprintf(loc, room, "*");
+        return MC_KV_SUCCESS;
+    case MC_KV_VRAM:
+        kv__caps(b, &caps);
+        if (!(caps.mem_types & (1u << MC_KV_VRAM)))
+            return kv__fail(b, MC_KV_ERR_NOT_SUPPORTED,
+                            "register_mem: VRAM needs a CUDA device, and this host has none");
+        snprintf(loc, room, "cuda:%llu", (unsigned long long)r->dev_id);
+        return MC_KV_SUCCESS;
+    default:
+        return kv__fail(b, MC_KV_ERR_NOT_SUPPORTED,
+                        "register_mem: memory type %d is not supported (DRAM and VRAM are)",
+                        (int)r->type);
+    }
+}
+
+mc_kv_status_t kv__register_mem(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_kv_md_t **md_p)
+{
+    char loc[MC_LOCATION_MAX];
+    mc_kv_md_t *md;
+    mc_kv_status_t st;
+    int rc;
+
+    if (!r || !md_p || !r->addr || !r->len)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "register_mem: NULL region or output, or an empty region");
+    if ((st = region_location(b, r, loc, sizeof(loc))))
+        return st;
+    if (!(md = calloc(1, sizeof(*md))))
+        return kv__fail(b, MC_KV_ERR_BACKEND, "register_mem: out of memory");
+    rc = mc_mem_register(b->engine, (void *)(uintptr_t)r->addr, r->len, loc);
+    if (rc < 0) {
+        free(md);
+        return kv__fail_engine(b, rc, "register_mem");
+    }
+    *md = (mc_kv_md_t){
+        .kind = KV_MD_LOCAL, .addr = r->addr, .len = r->len, .type = r->type, .dev_id = r->dev_id};
+    *md_p = md;
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__deregister_mem(mc_kv_backend_t *b, mc_kv_md_t *md)
+{
+    unsigned users;
+    int rc;
+
+    if (!md || md->kind != KV_MD_LOCAL)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "deregister_mem: not a local region handle");
+    if ((users = atomic_load(&md->users)))
+        return kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
+                        "deregister_mem: region 0x%llx+%llu is used by %u prepared transfers or "
+                        "loopback views; release or unload them first",
+                        (unsigned long long)md->addr, (unsigned long long)md->len, users);
+    rc = mc_mem_unregister_range(b->engine, (void *)(uintptr_t)md->addr, md->len);
+    if (rc < 0)
+        return kv__fail_engine(b, rc, "deregister_mem");
+    free(md);
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__public_data(mc_kv_backend_t *b, mc_kv_md_t *md, void *buf, size_t *len_p)
+{
+    unsigned char data[KV_PUBLIC_LEN] = {0};
+    uint32_t magic = KV_PUBLIC_MAGIC;
+    int rc;
+
+    if (!md || md->kind != KV_MD_LOCAL || !len_p)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "public_data: not a local region handle");
+    if (!buf || *len_p < KV_PUBLIC_LEN) {
+        *len_p = KV_PUBLIC_LEN;
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "public_data: %d bytes needed", KV_PUBLIC_LEN);
+    }
+    memcpy(data, &magic, 4);
+    data[4] = KV_WIRE_VERSION;
+    data[5] = (unsigned char)md->type;
+    memcpy(data + 8, &md->addr, 8);
+    memcpy(data + 16, &md->len, 8);
+    memcpy(data + 24, &md->dev_id, 8);
+    rc = mc_buffer_key_pack(b->engine, (void *)(uintptr_t)md->addr, data + KV_PUBLIC_HDR);
+    if (rc < 0)
+        return kv__fail_engine(b, rc, "public_data: the region's key");
+    memcpy(buf, data, KV_PUBLIC_LEN);
+    *len_p = KV_PUBLIC_LEN;
+    return MC_KV_SUCCESS;
+}
+
+/* ---- agents ------------------------------------------------------------------------------- */
+
+kv_agent_t *kv__agent_find(mc_kv_backend_t *b, const char *name)
+{
+    for (kv_agent_t *a = b->agents; a; a = a->next)
+        if (!strcmp(a->name, name))
+            return a;
+    return NULL;
+}
+
+void kv__agents_free(mc_kv_backend_t *b)
+{
+    while (b->agents) {
+        kv_agent_t *a = b->agents;
+
+        b->agents = a->next;
+        free(a);
+    }
+}
+
+/* Split connection info into the agent name and the engine address. */
+static mc_kv_status_t conn_info_parse(mc_kv_backend_t *b, const unsigned char *p, size_t len,
+                                      char *name, const unsigned char **addr_p, size_t *addr_len_p)
+{
+    uint32_t magic;
+    size_t name_len;
+
+    if (!p || len < 7 || (memcpy(&magic, p, 4), magic != KV_CONN_MAGIC))
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "connection info: %zu bytes that are not a Mooncake agent's", len);
+    if (p[4] != KV_WIRE_VERSION)
+        return kv__fail(b, MC_KV_ERR_MISMATCH,
+                        "connection info of version %u, this plugin reads %u", p[4],
+                        KV_WIRE_VERSION);
+    name_len = p[5];
+    if (6 + name_len + 1 > len || 6 + name_len + 1 + p[6 + name_len] != len)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "connection info: truncated (%zu bytes)", len);
+    memcpy(name, p + 6, name_len);
+    name[name_len] = 0;
+    *addr_len_p = p[6 + name_len];
+    *addr_p = p + 6 + name_len + 1;
+    return MC_KV_SUCCESS;
+}
+
+static mc_kv_status_t agent_add(mc_kv_backend_t *b, const char *name, const void *info, size_t len,
+                                const unsigned char *addr, size_t addr_len)
+{
+    kv_agent_t *a = calloc(1, sizeof(*a));
+    int rc;
+
+    if (!a)
+        return kv__fail(b, MC_KV_ERR_BACKEND, "load_remote_conn_info: out of memory");
+    snprintf(a->name, sizeof(a->name), "%s", name);
+    memcpy(a->info, info, len);
+    a->info_len = len;
+    if ((rc = mc_segment_open_address(b->engine, addr, addr_len, &a->seg)) < 0) {
+        free(a);
+        return kv__fail_engine(b, rc, "load_remote_conn_info: the agent's address");
+    }
+    a->next = b->agents;
+    b->agents = a;
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__load_remote_conn_info(mc_kv_backend_t *b, const char *agent, const void *info,
+                                         size_t len)
+{
+    char name[MC_KV_AGENT_MAX];
+    const unsigned char *addr = NULL;
+    size_t addr_len = 0;
+    mc_kv_status_t st;
+    kv_agent_t *a;
+
+    if (!agent || len > MC_KV_CONN_MAX)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "load_remote_conn_info: %s",
+                        agent ? "info longer than MC_KV_CONN_MAX" : "NULL agent");
+    if ((st = conn_info_parse(b, info, len, name, &addr, &addr_len)))
+        return st;
+    if (strcmp(name, agent))
+        return kv__fail(b, MC_KV_ERR_MISMATCH,
+                        "load_remote_conn_info: the info is agent '%s''s, not '%s''s", name, agent);
+    pthread_rwlock_wrlock(&b->agents_lock);
+    a = kv__agent_find(b, agent);
+    if (a && (a->info_len != len || memcmp(a->info, info, len)))
+        st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
+                      "load_remote_conn_info: agent '%s' is loaded with other connection info "
+                      "(a restarted process?): disconnect it first",
+                      agent);
+    else if (!a)
+        st = agent_add(b, agent, info, len, addr, addr_len);
+    pthread_rwlock_unlock(&b->agents_lock);
+    return st;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
+}
+
+mc_kv_status_t kv__connect(mc_kv_backend_t *b, const char *agent)
+{
+    mc_segment_id_t seg;
+    kv_agent_t *a;
+    int state = MC_SEGMENT_OPENING;
+
+    pthread_rwlock_rdlock(&b->agents_lock);
+    a = agent ? kv__agent_find(b, agent) : NULL;
+    seg = a ? a->seg : MC_SEGMENT_INVALID;
+    pthread_rwlock_unlock(&b->agents_lock);
+    if (!a)
+        return kv__fail(b, MC_KV_ERR_NOT_FOUND, "connect: agent '%s' is not loaded",
+                        agent ? agent : "(null)");
+    /* The engine's thread opens the segment; its connect timeout bounds the wait. */
+    for (unsigned ms = 0; ms <= b->connect_timeout_ms + 1000; ms++) {
+        if ((state = mc_segment_state(b->engine, seg)) != MC_SEGMENT_OPENING)
+            break;
+        sleep_ms(1);
+    }
+    if (state == MC_SEGMENT_READY)
+        return MC_KV_SUCCESS;
+    return kv__fail(b, MC_KV_ERR_REMOTE_DISCONNECT, "connect: agent '%s' %s", agent,
+                    state == MC_SEGMENT_OPENING ? "did not answer in time"
+                                                : "cannot be reached (its process is gone?)");
+}
+
+mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
+{
+    mc_kv_status_t st = MC_KV_SUCCESS;
+    kv_agent_t **pp, *a;
+    int rc;
+
+    pthread_rwlock_wrlock(&b->agents_lock);
+    for (pp = &b->agents; *pp && strcmp((*pp)->name, agent ? agent : ""); pp = &(*pp)->next)
+        ;
+    if (!(a = *pp))
+        st = kv__fail(b, MC_KV_ERR_NOT_FOUND, "disconnect: agent '%s' is not loaded",
+                      agent ? agent : "(null)");
+    else if (a->mds)
+        st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
+                      "disconnect: %u regions of agent '%s' are loaded; unload them first", a->mds,
+                      agent);
+    else if ((rc = mc_segment_close(b->engine, a->seg)) < 0)
+        st = kv__fail_engine(b, rc, "disconnect");
+    else {
+        *pp = a->next;
+        free(a);
+    }
+    pthread_rwlock_unlock(&b->agents_lock);
+    return st;
+}
+
+/* ---- remote regions ----------------------------------------------------------------------- */
+
+static mc_kv_status_t public_parse(mc_kv_backend_t *b, const unsigned char *p, size_t len,
+                                   mc_kv_md_t *md)
+{
+    uint32_t magic;
+
+    if (!p || len != KV_PUBLIC_LEN || (memcpy(&magic, p, 4), magic != KV_PUBLIC_MAGIC))
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "load_remote_md: %zu bytes that are not a Mooncake region's public data",
+                        len);
+    if (p[4] != KV_WIRE_VERSION)
+        return kv__fail(b, MC_KV_ERR_MISMATCH, "load_remote_md: public data of version %u", p[4]);
+    md->kind = KV_MD_REMOTE;
+    md->type = (mc_kv_mem_type_t)p[5];
+    memcpy(&md->addr, p + 8, 8);
+    memcpy(&md->len, p + 16, 8);
+    memcpy(&md->dev_id, p + 24, 8);
+    return MC_KV_SUCCESS;
+}
+
+static mc_kv_status_t remote_md_add(mc_kv_backend_t *b, kv_agent_t *a, const unsigned char *data,
+                                    mc_kv_md_t *tmpl, mc_kv_md_t **md_p)
+{
+    mc_kv_md_t *md;
+    int rc = mc_segment_add_buffer(b->engine, a->seg, data + KV_PUBLIC_HDR, MC_BUFFER_KEY_SIZE);
+
+    if (rc == -MC_ENOSEGMENT)
+        return kv__fail(b, MC_KV_ERR_MISMATCH,
+                        "load_remote_md: the public data is of another instance than agent '%s'",
+                        a->name);
+    if (rc < 0)
+        return kv__fail_engine(b, rc, "load_remote_md");
+    if (!(md = malloc(sizeof(*md))))
+        return kv__fail(b, MC_KV_ERR_BACKEND, "load_remote_md: out of memory");
+    *md = *tmpl;
+    md->agent = a;
+    a->mds++;
+    *md_p = md;
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__load_remote_md(mc_kv_backend_t *b, const char *agent, const void *data,
+                                  size_t len, mc_kv_md_t **md_p)
+{
+    mc_kv_md_t tmpl = {0};
+    mc_kv_status_t st;
+    kv_agent_t *a;
+
+    if (!md_p || !agent)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "load_remote_md: NULL agent or output");
+    if ((st = public_parse(b, data, len, &tmpl)))
+        return st;
+    pthread_rwlock_wrlock(&b->agents_lock);
+    if (!(a = kv__agent_find(b, agent)))
+        st = kv__fail(b, MC_KV_ERR_NOT_FOUND,
+                      "load_remote_md: agent '%s' is not loaded (load its connection info first)",
+                      agent);
+    else
+        st = remote_md_add(b, a, data, &tmpl, md_p);
+    pthread_rwlock_unlock(&b->agents_lock);
+    return st;
+}
+
+/* The loopback view: the instance is an agent of its own, reached through its own address. */
+mc_kv_status_t kv__load_local_md(mc_kv_backend_t *b, mc_kv_md_t *local, mc_kv_md_t **md_p)
+{
+    unsigned char info[MC_KV_CONN_MAX], data[KV_PUBLIC_LEN];
+    size_t info_len = sizeof(info), data_len = sizeof(data);
+    mc_kv_status_t st;
+
+    if (!local || local->kind != KV_MD_LOCAL || !md_p)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "load_local_md: not a local region handle");
+    if ((st = kv__conn_info(b, info, &info_len)) ||
+        (st = kv__load_remote_conn_info(b, b->agent, info, info_len)) ||
+        (st = kv__public_data(b, local, data, &data_len)) ||
+        (st = kv__load_remote_md(b, b->agent, data, data_len, md_p)))
+        return st;
+    (*md_p)->local = local;
+    atomic_fetch_add(&local->users, 1);
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__unload_md(mc_kv_backend_t *b, mc_kv_md_t *md)
+{
+    unsigned users;
+
+    if (!md || md->kind != KV_MD_REMOTE)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "unload_md: not a remote region handle");
+    if ((users = atomic_load(&md->users)))
+        return kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
+                        "unload_md: %u prepared transfers use it; release them first", users);
+    pthread_rwlock_wrlock(&b->agents_lock);
+    md->agent->mds--;
+    pthread_rwlock_unlock(&b->agents_lock);
+    if (md->local)
+        atomic_fetch_sub(&md->local->users, 1);
+    free(md);
+    return MC_KV_SUCCESS;
+}

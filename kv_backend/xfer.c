@@ -1,0 +1,286 @@
+/*
+ * Transfers: a prepared list of requests, posted as one engine batch per post.
+ *
+ * Preparing does all the per-descriptor work once (checks, merging, the request array), so that
+ * a post is one submit of an array the engine takes as it is, and posting the same handle again
+ * costs no more than that submit.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv.h"
+
+static bool desc_inside(const mc_kv_desc_t *d)
+{
+    const mc_kv_md_t *md = d->md;
+
+    return d->addr >= md->addr && d->len <= md->len && d->addr - md->addr <= md->len - d->len;
+}
+
+static mc_kv_status_t desc_check(mc_kv_backend_t *b, const mc_kv_desc_t *l, const mc_kv_desc_t *r,
+                                 size_t i, const kv_agent_t *a)
+{
+    if (l->len != r->len)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "prep_xfer: descriptor %zu: local length %llu, remote length %llu", i,
+                        (unsigned long long)l->len, (unsigned long long)r->len);
+    if (!l->md || l->md->kind != KV_MD_LOCAL || !desc_inside(l))
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "prep_xfer: local descriptor %zu (0x%llx+%llu) is not inside the "
+                        "registered region its handle names",
+                        i, (unsigned long long)l->addr, (unsigned long long)l->len);
+    if (!r->md || r->md->kind != KV_MD_REMOTE || r->md->agent != a)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "prep_xfer: remote descriptor %zu has no region of agent '%s'", i, a->name);
+    if (!desc_inside(r))
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "prep_xfer: remote descriptor %zu (0x%llx+%llu) is not inside its region "
+                        "0x%llx+%llu",
+                        i, (unsigned long long)r->addr, (unsigned long long)r->len,
+                        (unsigned long long)r->md->addr, (unsigned long long)r->md->len);
+    return MC_KV_SUCCESS;
+}
+
+/* Count the transfer as a user of md (once per run of descriptors in it). */
+static int md_hold(mc_kv_xfer_t *x, mc_kv_md_t *md, size_t *room)
+{
+    if (x->n_mds == *room) {
+        size_t n = *room ? *room * 2 : 4;
+        mc_kv_md_t **mds = realloc(x->mds, n * sizeof(*mds));
+
+        if (!mds)
+            return -ENOMEM;
+        x->mds = mds;
+        *room = n;
+    }
+    x->mds[x->n_mds++] = md;
+    atomic_fetch_add(&md->users, 1);
+    return 0;
+}
+
+static void xfer_free(mc_kv_xfer_t *x)
+{
+    for (size_t i = 0; i < x->n_mds; i++)
+        atomic_fetch_sub(&x->mds[i]->users, 1);
+    free(x->mds);
+    free(x->reqs);
+    free(x);
+}
+
+/* Build x->reqs: one request per run of descriptors contiguous on both sides in one pair of
+ * regions. */
+static mc_kv_status_t xfer_build(mc_kv_backend_t *b, mc_kv_xfer_t *x, const mc_kv_desc_t *local,
+                                 const mc_kv_desc_t *remote, size_t count)
+{
+    const mc_kv_md_t *prev_l = NULL, *prev_r = NULL;
+    mc_request_t *last = NULL;
+    size_t room = 0;
+    mc_kv_status_t st;
+
+    for (size_t i = 0; i < count; i++) {
+        const mc_kv_desc_t *l = &local[i], *r = &remote[i];
+
+        if ((st = desc_check(b, l, r, i, x->agent)))
+            return st;
+        if (!l->len)
+            continue;
+        if (last && l->md == prev_l && r->md == prev_r &&
+            (uint64_t)(uintptr_t)last->local + last->length == l->addr &&
+            last->target_offset + last->length == r->addr) {
+            last->length += l->len;
+            continue;
+        }
+        if ((l->md != prev_l && md_hold(x, l->md, &room)) ||
+            (r->md != prev_r && md_hold(x, r->md, &room)))
+            return kv__fail(b, MC_KV_ERR_BACKEND, "prep_xfer: out of memory");
+        prev_l = l->md;
+        prev_r = r->md;
+        last = &x->reqs[x->n_reqs++];
+        *last = (mc_request_t){
+            .opcode = x->op == MC_KV_READ ? MC_READ : MC_WRITE,
+            .local = (void *)(uintptr_t)l->addr,
+            .target = x->agent->seg,
+            .target_offset = r->addr,
+            .length = l->len,
+        };
+    }
+    return MC_KV_SUCCESS;
+}
+
+static void xfer_link(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    pthread_mutex_lock(&b->lock);
+    x->next = b->xfers;
+    if (x->next)
+        x->next->prev = x;
+    b->xfers = x;
+    pthread_mutex_unlock(&b->lock);
+}
+
+mc_kv_status_t kv__prep_xfer(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc_t *local,
+                             const mc_kv_desc_t *remote, size_t count, const char *agent,
+                             mc_kv_xfer_t **xfer_p)
+{
+    mc_kv_status_t st;
+    mc_kv_xfer_t *x;
+    kv_agent_t *a;
+
+    if ((op != MC_KV_READ && op != MC_KV_WRITE) || !xfer_p || !agent || !count || !local || !remote)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "prep_xfer: needs READ or WRITE, an agent, an output pointer and at "
+                        "least one descriptor pair");
+    pthread_rwlock_rdlock(&b->agents_lock);
+    a = kv__agent_find(b, agent);
+    pthread_rwlock_unlock(&b->agents_lock);
+    if (!a)
+        return kv__fail(b, MC_KV_ERR_NOT_FOUND, "prep_xfer: agent '%s' is not loaded", agent);
+    /* The agent stays: its regions named here are held, so it cannot be disconnected. */
+    if (!(x = calloc(1, sizeof(*x))) || !(x->reqs = malloc(count * sizeof(*x->reqs)))) {
+        free(x);
+        return kv__fail(b, MC_KV_ERR_BACKEND, "prep_xfer: out of memory for %zu descriptors",
+                        count);
+    }
+    x->op = op;
+    x->agent = a;
+    if ((st = xfer_build(b, x, local, remote, count))) {
+        xfer_free(x);
+        return st;
+    }
+    xfer_link(b, x);
+    *xfer_p = x;
+    return MC_KV_SUCCESS;
+}
+
+/* What ended a batch that did not complete: the first task that failed says. Kept in x, for
+ * every later check. */
+static mc_kv_status_t xfer_failure(mc_kv_backend_t *b, mc_kv_xfer_t *x, size_t tasks)
+{
+    mc_task_status_t ts = {.error = 0};
+    size_t i;
+
+    for (i = 0; i < tasks; i++)
+        if (mc_task_status(x->batch, i, &ts) == 0 && ts.state > MC_TASK_COMPLETED)
+            break;
+    x->state = KV_X_FAILED;
+    x->failure = kv__status_of(ts.error ? ts.error : -MC_ECANCELED);
+    if (i == tasks)
+        x->failure = MC_KV_ERR_UNKNOWN;
+    snprintf(x->why, sizeof(x->why), "transfer %s agent '%s' failed: %s (%s)",
+             x->op == MC_KV_READ ? "from" : "to", x->agent->name,
+             i == tasks  ? "no task says why"
+             : ts.reason ? ts.reason
+                         : "no reason",
+             mc_err_name(ts.error));
+    return kv__fail(b, x->failure, "%s", x->why);
+}
+
+/* A completed post is done once the engine has let go of its batch (reset succeeds): only then
+ * is its notification queued, so that a notification the host sends after seeing SUCCESS
+ * arrives after it. */
+static mc_kv_status_t xfer_poll(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    mc_batch_status_t s;
+
+    if (mc_batch_status(x->batch, &s) < 0)
+        return kv__fail_engine(b, -EINVAL, "check_xfer");
+    if (s.state == MC_TASK_PENDING)
+        return MC_KV_IN_PROG;
+    if (s.state != MC_TASK_COMPLETED)
+        return xfer_failure(b, x, s.tasks);
+    if (mc_batch_reset(x->batch) < 0)
+        return MC_KV_IN_PROG;
+    x->state = KV_X_DONE;
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__check_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    if (!x)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "check_xfer: NULL handle");
+    switch (x->state) {
+    case KV_X_PREPARED:
+        return kv__fail(b, MC_KV_ERR_NOT_POSTED, "check_xfer: the transfer was not posted");
+    case KV_X_DONE:
+        return MC_KV_SUCCESS;
+    case KV_X_FAILED:
+        return kv__fail(b, x->failure, "%s", x->why);
+    default:
+        return xfer_poll(b, x);
+    }
+}
+
+/* An empty batch for the post: the previous one, once the engine let go of it. */
+static mc_kv_status_t xfer_batch(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    int rc;
+
+    if (x->state == KV_X_POSTED && xfer_poll(b, x) == MC_KV_IN_PROG)
+        return kv__fail(b, MC_KV_ERR_REPOST_ACTIVE,
+                        "post_xfer: the previous post of this transfer is still in progress");
+    if (x->batch && mc_batch_reset(x->batch) < 0) {
+        mc_batch_release(x->batch); /* failed, and the engine still holds a task of it */
+        x->batch = NULL;
+    }
+    if (!x->batch && (rc = mc_batch_create(b->engine, x->n_reqs ? x->n_reqs : 1, &x->batch)) < 0)
+        return kv__fail_engine(b, rc, "post_xfer: batch");
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *notif, size_t len)
+{
+    mc_submit_opts_t opts = {.size = sizeof(opts)};
+    mc_notify_req_t nr = {.target = MC_SEGMENT_INVALID};
+    void *packed = NULL;
+    mc_kv_status_t st;
+    int rc;
+
+    if (!x)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "post_xfer: NULL handle");
+    if ((st = xfer_batch(b, x)))
+        return st;
+    if (!x->n_reqs) { /* only empty descriptors: nothing moves, the notification goes alone */
+        st = notif ? kv__gen_notif(b, x->agent->name, notif, len) : MC_KV_SUCCESS;
+        x->state = st ? KV_X_PREPARED : KV_X_DONE;
+        return st;
+    }
+    if (notif) {
+        if ((st = kv__notif_pack(b, notif, len, &packed, &nr.len)))
+            return st;
+        nr.target = x->agent->seg;
+        nr.msg = packed;
+        opts.notify = &nr;
+    }
+    rc = mc_batch_submit_ex(x->batch, x->reqs, x->n_reqs, &opts);
+    free(packed);
+    if (rc < 0) {
+        x->state = KV_X_PREPARED; /* nothing was submitted */
+        return kv__fail_engine(b, rc, "post_xfer");
+    }
+    x->state = KV_X_POSTED;
+    return xfer_poll(b, x);
+}
+
+mc_kv_status_t kv__release_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    if (!x)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "release_xfer: NULL handle");
+    pthread_mutex_lock(&b->lock);
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        b->xfers = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    pthread_mutex_unlock(&b->lock);
+    mc_batch_release(x->batch); /* cancels what has not finished; never blocks */
+    xfer_free(x);
+    return MC_KV_SUCCESS;
+}
+
+void kv__xfers_release_all(mc_kv_backend_t *b)
+{
+    while (b->xfers)
+        kv__release_xfer(b, b->xfers);
+}

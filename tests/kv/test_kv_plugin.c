@@ -1,0 +1,968 @@
+/*
+ * The KV backend plugin as a host uses it: loaded by path through the loader (this program
+ * links no Mooncake library), every operation, ABI negotiation, large and concurrent transfers,
+ * notifications, and a peer process killed mid-transfer.
+ *
+ * Peers in other processes are this program re-executed with "--kv-peer FD PROTOCOL": it
+ * creates an instance "peer", registers one region filled with a pattern, sends its connection
+ * info and public data over the socket, then answers commands (check a range, wait for a
+ * notification) until told to exit.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <dlfcn.h>
+
+#include <mooncake/kv_loader.h>
+
+static const mc_kv_plugin_t *P;
+static mc_kv_loaded_t *loaded;
+static char plugin_path[4096];
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
+}
+
+/* Byte off of pattern seed. */
+static uint8_t pat(uint64_t seed, uint64_t off)
+{
+    uint64_t x = (off >> 3) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
+
+    x ^= x >> 31;
+    return (uint8_t)(x >> (8 * (off & 7)));
+}
+
+static void fill(uint8_t *p, uint64_t len, uint64_t seed, uint64_t off)
+{
+    for (uint64_t i = 0; i < len; i++)
+        p[i] = pat(seed, off + i);
+}
+
+/* -1 if p holds the pattern, else the first bad offset. */
+static int64_t check(const uint8_t *p, uint64_t len, uint64_t seed, uint64_t off)
+{
+    for (uint64_t i = 0; i < len; i++)
+        if (p[i] != pat(seed, off + i))
+            return (int64_t)i;
+    return -1;
+}
+
+static mc_kv_backend_t *agent_create(const char *name, const char *protocol)
+{
+    mc_kv_option_t opts[] = {{"LISTEN", "127.0.0.1:0", NULL},
+                             {"PROTOCOL", protocol ? protocol : "auto", NULL},
+                             {"LOG_LEVEL", "error", NULL}};
+    mc_kv_init_t init = {.size = sizeof(init), .agent = name, .options = opts, .n_options = 3};
+    mc_kv_backend_t *b = NULL;
+    mc_kv_status_t st = P->create(&init, &b);
+
+    if (st)
+        fail_msg("create %s: %s: %s", name, mc_kv_status_name(st), P->last_error(NULL));
+    return b;
+}
+
+#define OK(b, call)                                                                                \
+    do {                                                                                           \
+        mc_kv_status_t st_ = (call);                                                               \
+        if (st_ != MC_KV_SUCCESS)                                                                  \
+            fail_msg("%s: %s: %s", #call, mc_kv_status_name(st_), P->last_error(b));               \
+    } while (0)
+
+/* Expect status want from call, and a message that contains word. */
+#define EXPECT(b, want, word, call)                                                                \
+    do {                                                                                           \
+        mc_kv_status_t st_ = (call);                                                               \
+        if (st_ != (want))                                                                         \
+            fail_msg("%s: %s, expected %s (%s)", #call, mc_kv_status_name(st_),                    \
+                     mc_kv_status_name(want), P->last_error(b));                                   \
+        if (!strstr(P->last_error(b), (word)))                                                     \
+            fail_msg("%s: message '%s' lacks '%s'", #call, P->last_error(b), (word));              \
+    } while (0)
+
+static mc_kv_md_t *reg(mc_kv_backend_t *b, void *p, size_t len)
+{
+    mc_kv_region_t r = {.addr = (uintptr_t)p, .len = len, .type = MC_KV_DRAM};
+    mc_kv_md_t *md = NULL;
+
+    OK(b, P->register_mem(b, &r, &md));
+    return md;
+}
+
+/* Make b know agent `name` of instance peer, and load peer's region pmd into b. */
+static void introduce(mc_kv_backend_t *b, mc_kv_backend_t *peer, const char *name)
+{
+    unsigned char info[MC_KV_CONN_MAX];
+    size_t len = sizeof(info);
+
+    OK(peer, P->conn_info(peer, info, &len));
+    OK(b, P->load_remote_conn_info(b, name, info, len));
+}
+
+static mc_kv_md_t *load_region(mc_kv_backend_t *b, const char *name, mc_kv_backend_t *peer,
+                               mc_kv_md_t *pmd)
+{
+    unsigned char data[MC_KV_PUBLIC_MAX];
+    size_t len = sizeof(data);
+    mc_kv_md_t *md = NULL;
+
+    OK(peer, P->public_data(peer, pmd, data, &len));
+    OK(b, P->load_remote_md(b, name, data, len, &md));
+    return md;
+}
+
+/* Post and wait (30 s at most) for a final status. */
+static mc_kv_status_t run(mc_kv_backend_t *b, mc_kv_xfer_t *x, const char *notif)
+{
+    mc_kv_status_t st = P->post_xfer(b, x, notif, notif ? strlen(notif) : 0);
+    int64_t end = now_ms() + 30000;
+
+    while (st == MC_KV_IN_PROG && now_ms() < end)
+        st = P->check_xfer(b, x);
+    return st;
+}
+
+/* Wait for one notification (timeout_ms); 1 if one came. */
+static int wait_notif(mc_kv_backend_t *b, mc_kv_notif_t *n, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    int rc;
+
+    while ((rc = P->get_notif(b, n)) == 0 && now_ms() < end)
+        sleep_ms(1);
+    assert_true(rc >= 0);
+    return rc;
+}
+
+/* count scattered descriptor pairs of blk bytes: block i of local at slot perm_l[i], of remote
+ * at slot perm_r[i] (two independent permutations, so that no two neighbours are contiguous
+ * on both sides). */
+static void scatter(mc_kv_desc_t *l, mc_kv_desc_t *r, size_t count, size_t blk, uint8_t *lbase,
+                    mc_kv_md_t *lmd, uint64_t rbase, mc_kv_md_t *rmd, unsigned seed)
+{
+    size_t *pl = malloc(count * sizeof(*pl)), *pr = malloc(count * sizeof(*pr));
+
+    for (size_t i = 0; i < count; i++)
+        pl[i] = pr[i] = i;
+    srand(seed);
+    for (size_t i = count - 1; i > 0; i--) {
+        size_t j = (size_t)rand() % (i + 1), k = (size_t)rand() % (i + 1), t;
+
+        t = pl[i], pl[i] = pl[j], pl[j] = t;
+        t = pr[i], pr[i] = pr[k], pr[k] = t;
+    }
+    for (size_t i = 0; i < count; i++) {
+        l[i] = (mc_kv_desc_t){(uintptr_t)(lbase + pl[i] * blk), blk, 0, lmd};
+        r[i] = (mc_kv_desc_t){rbase + pr[i] * blk, blk, 0, rmd};
+    }
+    free(pl);
+    free(pr);
+}
+
+/* ---- the peer process --------------------------------------------------------------------- */
+
+#define PEER_SIZE (256u << 20)
+#define PEER_SEED 77
+
+enum { PEER_CHECK = 1, PEER_NOTIF, PEER_EXIT };
+
+typedef struct peer_cmd {
+    uint32_t op;
+    uint64_t off, len, seed;
+    int32_t timeout_ms;
+} peer_cmd_t;
+
+typedef struct peer_reply {
+    int64_t rc;
+    char agent[MC_KV_AGENT_MAX];
+    char msg[256];
+} peer_reply_t;
+
+typedef struct peer {
+    pid_t pid;
+    int sock;
+    unsigned char info[MC_KV_CONN_MAX], pub[MC_KV_PUBLIC_MAX];
+    size_t info_len, pub_len;
+} peer_t;
+
+static int xfull(int fd, void *buf, size_t len, int writing)
+{
+    for (size_t done = 0; done < len;) {
+        ssize_t n = writing ? write(fd, (char *)buf + done, len - done)
+                            : read(fd, (char *)buf + done, len - done);
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static void peer_answer(mc_kv_backend_t *b, int fd, uint8_t *mem, const peer_cmd_t *c)
+{
+    peer_reply_t rep = {.rc = -1};
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+
+    if (c->op == PEER_CHECK) {
+        rep.rc = c->off + c->len <= PEER_SIZE ? check(mem + c->off, c->len, c->seed, c->off) : -2;
+    } else if (c->op == PEER_NOTIF) {
+        int64_t end = now_ms() + c->timeout_ms;
+        int rc;
+
+        while ((rc = P->get_notif(b, n)) == 0 && now_ms() < end)
+            sleep_ms(1);
+        if (rc == 1) {
+            rep.rc = (int64_t)n->len;
+            snprintf(rep.agent, sizeof(rep.agent), "%s", n->agent);
+            memcpy(rep.msg, n->msg, n->len < sizeof(rep.msg) - 1 ? n->len : sizeof(rep.msg) - 1);
+            /* The data a notification announces is in place when it is delivered. */
+            if (c->len && check(mem + c->off, c->len, c->seed, c->off) >= 0)
+                rep.rc = -3;
+        }
+    }
+    free(n);
+    xfull(fd, &rep, sizeof(rep), 1);
+}
+
+static int peer_main(int fd, const char *protocol)
+{
+    uint8_t *mem = aligned_alloc(4096, PEER_SIZE);
+    unsigned char info[MC_KV_CONN_MAX], pub[MC_KV_PUBLIC_MAX];
+    size_t info_len = sizeof(info), pub_len = sizeof(pub);
+    mc_kv_backend_t *b = agent_create("peer", protocol);
+    mc_kv_md_t *md;
+    peer_cmd_t c;
+
+    fill(mem, PEER_SIZE, PEER_SEED, 0);
+    md = reg(b, mem, PEER_SIZE);
+    if (P->conn_info(b, info, &info_len) || P->public_data(b, md, pub, &pub_len))
+        return 1;
+    if (xfull(fd, &info_len, sizeof(info_len), 1) || xfull(fd, info, info_len, 1) ||
+        xfull(fd, &pub_len, sizeof(pub_len), 1) || xfull(fd, pub, pub_len, 1))
+        return 1;
+    while (!xfull(fd, &c, sizeof(c), 0) && c.op != PEER_EXIT)
+        peer_answer(b, fd, mem, &c);
+    P->deregister_mem(b, md);
+    P->destroy(b);
+    return 0;
+}
+
+static void peer_spawn(peer_t *p, const char *protocol)
+{
+    int sv[2];
+    char fdstr[16];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (!p->pid) {
+        int fd = dup(sv[1]); /* without CLOEXEC */
+
+        snprintf(fdstr, sizeof(fdstr), "%d", fd);
+        execl("/proc/self/exe", "test_kv_plugin", "--kv-peer", fdstr, protocol, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    p->sock = sv[0];
+    assert_int_equal(xfull(p->sock, &p->info_len, sizeof(size_t), 0), 0);
+    assert_true(p->info_len <= sizeof(p->info));
+    assert_int_equal(xfull(p->sock, p->info, p->info_len, 0), 0);
+    assert_int_equal(xfull(p->sock, &p->pub_len, sizeof(size_t), 0), 0);
+    assert_true(p->pub_len <= sizeof(p->pub));
+    assert_int_equal(xfull(p->sock, p->pub, p->pub_len, 0), 0);
+}
+
+static peer_reply_t peer_cmd(peer_t *p, uint32_t op, uint64_t off, uint64_t len, uint64_t seed,
+                             int timeout_ms)
+{
+    peer_cmd_t c = {op, off, len, seed, timeout_ms};
+    peer_reply_t rep;
+
+    assert_int_equal(xfull(p->sock, &c, sizeof(c), 1), 0);
+    assert_int_equal(xfull(p->sock, &rep, sizeof(rep), 0), 0);
+    return rep;
+}
+
+static void peer_stop(peer_t *p)
+{
+    int status;
+
+    if (!p->pid)
+        return;
+    peer_cmd_t c = {.op = PEER_EXIT};
+    xfull(p->sock, &c, sizeof(c), 1);
+    for (int i = 0; i < 500 && waitpid(p->pid, &status, WNOHANG) == 0; i++)
+        sleep_ms(10);
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &status, 0);
+    close(p->sock);
+    p->pid = 0;
+}
+
+/* ---- ABI and loading ---------------------------------------------------------------------- */
+
+static void test_load_and_symbols(void **state)
+{
+    mc_kv_loaded_t *l = NULL;
+    char err[512];
+
+    (void)state;
+    assert_string_equal(P->name, "mooncake");
+    assert_int_equal(P->abi_major, MC_KV_ABI_MAJOR);
+    assert_true(P->size >= sizeof(mc_kv_plugin_t));
+    assert_true(P->mem_types & (1u << MC_KV_DRAM));
+    assert_true(P->n_options > 10);
+    for (size_t i = 0; i < P->n_options; i++)
+        assert_non_null(P->options[i].value);
+    /* By name from MC_PLUGIN_DIR. */
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", plugin_path);
+    *strrchr(dir, '/') = 0;
+    setenv("MC_PLUGIN_DIR", dir, 1);
+    assert_int_equal(mc_kv_load("mooncake_kv", MC_KV_ABI_CURRENT, &l, err, sizeof(err)), 0);
+    assert_ptr_equal(l->plugin, P); /* the same file: dlopen gives the same table */
+    mc_kv_unload(l);
+    assert_int_equal(mc_kv_load("no_such_plugin", MC_KV_ABI_CURRENT, &l, err, sizeof(err)),
+                     -ENOENT);
+    assert_non_null(strstr(err, "libno_such_plugin.so: not found in MC_PLUGIN_DIR"));
+    assert_int_equal(mc_kv_load("/nonexistent/libx.so", MC_KV_ABI_CURRENT, &l, err, sizeof(err)),
+                     -ENOENT);
+    assert_non_null(strstr(err, "/nonexistent/libx.so"));
+    unsetenv("MC_PLUGIN_DIR");
+}
+
+static void test_abi_negotiation(void **state)
+{
+    mc_kv_plugin_init_fn init;
+    char why[256];
+    mc_kv_loaded_t *l = NULL;
+    char err[512];
+
+    (void)state;
+    *(void **)&init = dlsym(loaded->dl, MC_KV_PLUGIN_INIT_SYMBOL);
+    assert_non_null(init);
+    /* A host of this major and an older or equal minor is served. */
+    assert_ptr_equal(init(MC_KV_ABI_VERSION(MC_KV_ABI_MAJOR, 0), why, sizeof(why)), P);
+    /* A newer minor is refused, with the reason. */
+    assert_null(init(MC_KV_ABI_VERSION(MC_KV_ABI_MAJOR, MC_KV_ABI_MINOR + 1), why, sizeof(why)));
+    assert_non_null(strstr(why, "the host is newer"));
+    assert_int_equal(mc_kv_load(plugin_path,
+                                MC_KV_ABI_VERSION(MC_KV_ABI_MAJOR, MC_KV_ABI_MINOR + 1), &l, err,
+                                sizeof(err)),
+                     -EPROTO);
+    assert_non_null(strstr(err, plugin_path));
+    assert_non_null(strstr(err, "refused this host"));
+    /* Another major, either way. */
+    assert_null(init(MC_KV_ABI_VERSION(MC_KV_ABI_MAJOR + 1, 0), why, sizeof(why)));
+    assert_non_null(strstr(why, "another major"));
+    assert_null(init(MC_KV_ABI_VERSION(MC_KV_ABI_MAJOR - 1, 9), why, sizeof(why)));
+}
+
+/* Plugins built for this test (kv_fixture_plugin.c): a newer minor with a bigger table (an
+ * older host loads it), another major (the host refuses it), no entry point at all. */
+static void test_host_checks(void **state)
+{
+    const char *dir = getenv("MC_KV_FIXTURES");
+    mc_kv_loaded_t *l = NULL;
+    char path[4096], err[512];
+
+    (void)state;
+    assert_non_null(dir);
+    snprintf(path, sizeof(path), "%s/libkv_fixture_newer.so", dir);
+    assert_int_equal(mc_kv_load(path, MC_KV_ABI_CURRENT, &l, err, sizeof(err)), 0);
+    assert_int_equal(l->plugin->abi_minor, MC_KV_ABI_MINOR + 3);
+    assert_true(l->plugin->size > sizeof(mc_kv_plugin_t));
+    mc_kv_unload(l);
+    snprintf(path, sizeof(path), "%s/libkv_fixture_major.so", dir);
+    assert_int_equal(mc_kv_load(path, MC_KV_ABI_CURRENT, &l, err, sizeof(err)), -EPROTO);
+    assert_non_null(strstr(err, "plugin ABI 2.0, this host speaks major 1"));
+    assert_non_null(strstr(err, "libkv_fixture_major.so"));
+    snprintf(path, sizeof(path), "%s/libkv_fixture_nosym.so", dir);
+    assert_int_equal(mc_kv_load(path, MC_KV_ABI_CURRENT, &l, err, sizeof(err)), -ENOEXEC);
+    assert_non_null(strstr(err, "not a KV plugin: no symbol mc_kv_plugin_init"));
+    /* A file that is no shared object. */
+    assert_int_equal(mc_kv_load("/proc/self/status", MC_KV_ABI_CURRENT, &l, err, sizeof(err)),
+                     -ENOEXEC);
+    assert_non_null(strstr(err, "cannot be loaded"));
+}
+
+static void test_bad_options(void **state)
+{
+    mc_kv_option_t bad_key[] = {{"NO_SUCH_SETTING", "1", NULL}};
+    mc_kv_option_t bad_val[] = {{"slice_size", "lots", NULL}};
+    mc_kv_init_t init = {.size = sizeof(init), .agent = "a", .options = bad_key, .n_options = 1};
+    mc_kv_backend_t *b = NULL;
+
+    (void)state;
+    assert_int_equal(P->create(&init, &b), MC_KV_ERR_INVALID_PARAM);
+    assert_non_null(strstr(P->last_error(NULL), "unknown option 'NO_SUCH_SETTING'"));
+    init.options = bad_val;
+    assert_int_equal(P->create(&init, &b), MC_KV_ERR_INVALID_PARAM);
+    assert_non_null(strstr(P->last_error(NULL), "slice_size=lots"));
+    init.agent = "";
+    init.n_options = 0;
+    assert_int_equal(P->create(&init, &b), MC_KV_ERR_INVALID_PARAM);
+    assert_non_null(strstr(P->last_error(NULL), "agent name"));
+    init = (mc_kv_init_t){.size = 8, .agent = "a"};
+    assert_int_equal(P->create(&init, &b), MC_KV_ERR_INVALID_PARAM);
+    assert_null(b);
+}
+
+/* ---- operations in one process ------------------------------------------------------------ */
+
+#define SZ (4u << 20)
+
+typedef struct pair {
+    mc_kv_backend_t *a, *b;
+    uint8_t *ma, *mb;
+    mc_kv_md_t *mda, *mdb, *rb; /* rb: b's region as a knows it */
+} pair_t;
+
+static void pair_up(pair_t *p, const char *protocol)
+{
+    p->a = agent_create("A", protocol);
+    p->b = agent_create("B", protocol);
+    p->ma = aligned_alloc(4096, SZ);
+    p->mb = aligned_alloc(4096, SZ);
+    fill(p->ma, SZ, 1, 0);
+    fill(p->mb, SZ, 2, 0);
+    p->mda = reg(p->a, p->ma, SZ);
+    p->mdb = reg(p->b, p->mb, SZ);
+    introduce(p->a, p->b, "B");
+    introduce(p->b, p->a, "A");
+    p->rb = load_region(p->a, "B", p->b, p->mdb);
+}
+
+static void pair_down(pair_t *p)
+{
+    OK(p->a, P->unload_md(p->a, p->rb));
+    OK(p->a, P->disconnect(p->a, "B"));
+    OK(p->b, P->disconnect(p->b, "A"));
+    OK(p->a, P->deregister_mem(p->a, p->mda));
+    OK(p->b, P->deregister_mem(p->b, p->mdb));
+    P->destroy(p->a);
+    P->destroy(p->b);
+    free(p->ma);
+    free(p->mb);
+}
+
+static void test_every_operation(void **state)
+{
+    unsigned char buf[MC_KV_PUBLIC_MAX];
+    size_t len = 4;
+    mc_kv_caps_t caps;
+    mc_kv_xfer_t *x = NULL;
+    mc_kv_md_t *md = NULL, *self = NULL;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    OK(p.a, P->caps(p.a, &caps));
+    assert_true(caps.supports_remote && caps.supports_local && caps.supports_notif);
+    assert_true(caps.mem_types & (1u << MC_KV_DRAM));
+    /* Sizes: too small a buffer says how much is needed. */
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "bytes needed", P->public_data(p.a, p.mda, buf, &len));
+    assert_true(len > 4 && len <= MC_KV_PUBLIC_MAX);
+    len = 4;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "bytes needed", P->conn_info(p.a, buf, &len));
+    assert_true(len > 4 && len <= MC_KV_CONN_MAX);
+    /* Registration: empty region, unsupported type. */
+    mc_kv_region_t r = {.addr = (uintptr_t)p.ma, .len = 0};
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "empty region", P->register_mem(p.a, &r, &md));
+    r = (mc_kv_region_t){.addr = (uintptr_t)p.ma, .len = 4096, .type = MC_KV_OBJ};
+    EXPECT(p.a, MC_KV_ERR_NOT_SUPPORTED, "memory type 3", P->register_mem(p.a, &r, &md));
+    /* Connection info: of another agent, loaded twice, other info for a loaded agent. */
+    len = sizeof(buf);
+    OK(p.b, P->conn_info(p.b, buf, &len));
+    EXPECT(p.a, MC_KV_ERR_MISMATCH, "not 'C''s", P->load_remote_conn_info(p.a, "C", buf, len));
+    OK(p.a, P->load_remote_conn_info(p.a, "B", buf, len));
+    size_t alen = sizeof(buf);
+    unsigned char ainfo[MC_KV_CONN_MAX];
+    OK(p.a, P->conn_info(p.a, ainfo, &alen));
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "not a Mooncake agent's",
+           P->load_remote_conn_info(p.a, "B", "garbage", 7));
+    OK(p.a, P->connect(p.a, "B"));
+    EXPECT(p.a, MC_KV_ERR_NOT_FOUND, "'Z' is not loaded", P->connect(p.a, "Z"));
+    /* Public data: unknown agent, garbage. */
+    len = sizeof(buf);
+    OK(p.b, P->public_data(p.b, p.mdb, buf, &len));
+    EXPECT(p.a, MC_KV_ERR_NOT_FOUND, "agent 'Z' is not loaded",
+           P->load_remote_md(p.a, "Z", buf, len, &md));
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "not a Mooncake region",
+           P->load_remote_md(p.a, "B", buf, len - 1, &md));
+    /* A's own region's public data loaded as if it were B's: another instance. */
+    len = sizeof(buf);
+    OK(p.a, P->public_data(p.a, p.mda, buf, &len));
+    EXPECT(p.a, MC_KV_ERR_MISMATCH, "another instance", P->load_remote_md(p.a, "B", buf, len, &md));
+    /* Transfers: lengths differ, outside the region, region of another agent, no agent. */
+    mc_kv_desc_t l = {(uintptr_t)p.ma, 4096, 0, p.mda}, rd = {(uintptr_t)p.mb, 8192, 0, p.rb};
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "local length 4096, remote length 8192",
+           P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "B", &x));
+    rd = (mc_kv_desc_t){(uintptr_t)p.mb + SZ - 100, 4096, 0, p.rb};
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "is not inside its region",
+           P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "B", &x));
+    l.addr = (uintptr_t)p.ma + SZ - 1;
+    rd.addr = (uintptr_t)p.mb;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "local descriptor 0",
+           P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "B", &x));
+    l.addr = (uintptr_t)p.ma;
+    EXPECT(p.a, MC_KV_ERR_NOT_FOUND, "'Q' is not loaded",
+           P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "Q", &x));
+    /* Prepared, not posted. */
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "B", &x));
+    EXPECT(p.a, MC_KV_ERR_NOT_POSTED, "not posted", P->check_xfer(p.a, x));
+    /* Busy handles refuse to go. */
+    EXPECT(p.a, MC_KV_ERR_NOT_ALLOWED, "release them first", P->unload_md(p.a, p.rb));
+    EXPECT(p.a, MC_KV_ERR_NOT_ALLOWED, "release or unload", P->deregister_mem(p.a, p.mda));
+    EXPECT(p.a, MC_KV_ERR_NOT_ALLOWED, "unload them first", P->disconnect(p.a, "B"));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(p.mb, 4096, 1, 0), -1);
+    OK(p.a, P->release_xfer(p.a, x));
+    /* Loopback: A to itself through load_local_md. */
+    OK(p.a, P->load_local_md(p.a, p.mda, &self));
+    l = (mc_kv_desc_t){(uintptr_t)p.ma + SZ / 2, SZ / 4, 0, p.mda};
+    rd = (mc_kv_desc_t){(uintptr_t)p.ma, SZ / 4, 0, self};
+    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, &l, &rd, 1, "A", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(p.ma + SZ / 2, SZ / 4, 1, 0), -1);
+    OK(p.a, P->release_xfer(p.a, x));
+    EXPECT(p.a, MC_KV_ERR_NOT_ALLOWED, "loopback", P->deregister_mem(p.a, p.mda));
+    OK(p.a, P->unload_md(p.a, self));
+    OK(p.a, P->disconnect(p.a, "A"));
+    pair_down(&p);
+}
+
+/* Scattered blocks both ways, merged runs too, with a notification that arrives after the
+ * data. */
+static void transfer_case(const char *protocol, size_t count, size_t blk)
+{
+    mc_kv_desc_t *l = malloc(count * sizeof(*l)), *r = malloc(count * sizeof(*r));
+    mc_kv_xfer_t *x;
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    pair_t p;
+
+    assert_true(count * blk <= SZ / 2);
+    pair_up(&p, protocol);
+    /* WRITE A's first half, scattered, into B's second half. */
+    scatter(l, r, count, blk, p.ma, p.mda, (uintptr_t)p.mb + SZ / 2, p.rb, 1);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, count, "B", &x));
+    assert_int_equal(run(p.a, x, "layer-0"), MC_KV_SUCCESS);
+    assert_int_equal(wait_notif(p.b, n, 10000), 1);
+    assert_string_equal(n->agent, "A");
+    assert_int_equal(n->len, 7);
+    assert_memory_equal(n->msg, "layer-0", 7);
+    for (size_t i = 0; i < count; i++) {
+        uint64_t lo = l[i].addr - (uintptr_t)p.ma;
+
+        if (check((uint8_t *)(uintptr_t)r[i].addr, blk, 1, lo) >= 0)
+            fail_msg("block %zu of %zu wrong after WRITE", i, count);
+    }
+    OK(p.a, P->release_xfer(p.a, x));
+    /* READ them back into A's second half, by the same permutation. */
+    for (size_t i = 0; i < count; i++)
+        l[i].addr += SZ / 2;
+    memset(p.ma + SZ / 2, 0, SZ / 2);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, count, "B", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    for (size_t i = 0; i < count; i++) {
+        uint64_t lo = l[i].addr - SZ / 2 - (uintptr_t)p.ma;
+
+        if (check((uint8_t *)(uintptr_t)l[i].addr, blk, 1, lo) >= 0)
+            fail_msg("block %zu of %zu wrong after READ", i, count);
+    }
+    OK(p.a, P->release_xfer(p.a, x));
+    assert_int_equal(P->get_notif(p.b, n), 0); /* exactly once */
+    pair_down(&p);
+    free(n);
+    free(l);
+    free(r);
+}
+
+static void test_transfer_shm(void **state)
+{
+    (void)state;
+    transfer_case("auto", 256, 4096);
+}
+
+static void test_transfer_tcp(void **state)
+{
+    (void)state;
+    transfer_case("tcp", 256, 4096);
+}
+
+/* 100 000 descriptors of 16 bytes, none contiguous on both sides with its neighbour. */
+static void test_100k_descriptors(void **state)
+{
+    (void)state;
+    transfer_case("auto", 100000, 16);
+    transfer_case("tcp", 100000, 16);
+}
+
+/* Contiguous descriptors become one request: a transfer of 4096 adjacent 16-byte pieces
+ * moves as fast as one piece (checked by its outcome: the bytes), and a run that crosses from
+ * one region into another is not merged across. */
+static void test_merging(void **state)
+{
+    enum { N = 4096, B = 16 };
+    mc_kv_desc_t *l = malloc(2 * N * sizeof(*l)), *r = malloc(2 * N * sizeof(*r));
+    mc_kv_region_t half = {.addr = 0, .len = N * B, .type = MC_KV_DRAM};
+    mc_kv_md_t *h1, *h2;
+    mc_kv_xfer_t *x;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    /* Two more regions of A's memory, adjacent: [ma+SZ/2, +N*B) and [ma+SZ/2+N*B, +N*B). */
+    half.addr = (uintptr_t)p.ma + SZ / 2;
+    OK(p.a, P->register_mem(p.a, &half, &h1));
+    half.addr += N * B;
+    OK(p.a, P->register_mem(p.a, &half, &h2));
+    for (size_t i = 0; i < 2 * N; i++) {
+        l[i] = (mc_kv_desc_t){(uintptr_t)p.ma + SZ / 2 + i * B, B, 0, i < N ? h1 : h2};
+        r[i] = (mc_kv_desc_t){(uintptr_t)p.mb + i * B, B, 0, p.rb};
+    }
+    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, 2 * N, "B", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(p.ma + SZ / 2, 2 * N * B, 2, 0), -1);
+    OK(p.a, P->release_xfer(p.a, x));
+    OK(p.a, P->deregister_mem(p.a, h1));
+    OK(p.a, P->deregister_mem(p.a, h2));
+    pair_down(&p);
+    free(l);
+    free(r);
+}
+
+/* Notifications: standalone and attached, from one sender, arrive in the order sent. */
+static void test_notif_order(void **state)
+{
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    mc_kv_desc_t l, r;
+    mc_kv_xfer_t *x;
+    char msg[32];
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, "tcp");
+    for (int i = 0; i < 200; i++) {
+        snprintf(msg, sizeof(msg), "n%d", i);
+        if (i % 2) {
+            OK(p.a, P->gen_notif(p.a, "B", msg, strlen(msg)));
+            continue;
+        }
+        l = (mc_kv_desc_t){(uintptr_t)p.ma + i * 1024, 1024, 0, p.mda};
+        r = (mc_kv_desc_t){(uintptr_t)p.mb + i * 1024, 1024, 0, p.rb};
+        OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &r, 1, "B", &x));
+        assert_int_equal(run(p.a, x, msg), MC_KV_SUCCESS);
+        OK(p.a, P->release_xfer(p.a, x));
+    }
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(wait_notif(p.b, n, 10000), 1);
+        snprintf(msg, sizeof(msg), "n%d", i);
+        if (n->len != strlen(msg) || memcmp(n->msg, msg, n->len))
+            fail_msg("notification %d is '%.*s'", i, (int)n->len, n->msg);
+        assert_string_equal(n->agent, "A");
+    }
+    /* Every transfer's data is there (each notification came after its data). */
+    for (int i = 0; i < 200; i += 2)
+        assert_int_equal(check(p.mb + i * 1024, 1024, 1, i * 1024), -1);
+    EXPECT(p.a, MC_KV_ERR_NOT_FOUND, "'nobody' is not loaded", P->gen_notif(p.a, "nobody", "x", 1));
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "at most",
+           P->gen_notif(p.a, "B", p.ma, MC_KV_NOTIF_MAX + 1));
+    pair_down(&p);
+    free(n);
+}
+
+/* Several threads prepare, post, check and release their own handles and send notifications
+ * at once, as NIXL's host does. */
+#define THREADS 4
+#define ROUNDS  50
+
+typedef struct worker {
+    pair_t *p;
+    int id;
+    int errors;
+} worker_t;
+
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    pair_t *p = w->p;
+    size_t slice = SZ / 2 / THREADS, blk = 512, count = slice / blk / 4;
+    mc_kv_desc_t *l = malloc(count * sizeof(*l)), *r = malloc(count * sizeof(*r));
+    uint8_t *mine = p->ma + w->id * slice;
+    uint64_t theirs = (uintptr_t)p->mb + SZ / 2 + w->id * slice;
+    char msg[32];
+
+    for (int round = 0; round < ROUNDS && !w->errors; round++) {
+        mc_kv_xfer_t *x = NULL;
+
+        scatter(l, r, count, blk, mine, p->mda, theirs, p->rb, (unsigned)(w->id * 1000 + round));
+        fill(mine, slice, 100 + round, w->id * slice);
+        snprintf(msg, sizeof(msg), "w%d", w->id);
+        if (P->prep_xfer(p->a, round % 2 ? MC_KV_READ : MC_KV_WRITE, l, r, count, "B", &x) ||
+            run(p->a, x, round % 2 ? NULL : msg) != MC_KV_SUCCESS ||
+            P->gen_notif(p->a, "B", msg, strlen(msg)) || P->release_xfer(p->a, x))
+            w->errors++;
+        /* WRITE: B's blocks hold our pattern; READ: ours hold B's (pattern 2). */
+        for (size_t i = 0; i < count && !w->errors && !(round % 2); i++)
+            if (check((uint8_t *)(uintptr_t)r[i].addr, blk, 100 + round,
+                      l[i].addr - (uintptr_t)p->ma) >= 0)
+                w->errors++;
+        for (size_t i = 0; i < count && !w->errors && round % 2; i++)
+            if (check((uint8_t *)(uintptr_t)l[i].addr, blk, 2, r[i].addr - (uintptr_t)p->mb) >= 0)
+                w->errors++;
+        if (round % 2 == 0) /* B's memory back to its pattern for the next READ */
+            fill(p->mb + SZ / 2 + w->id * slice, slice, 2, SZ / 2 + w->id * slice);
+    }
+    free(l);
+    free(r);
+    return NULL;
+}
+
+static void test_concurrent_handles(void **state)
+{
+    pthread_t th[THREADS];
+    worker_t w[THREADS];
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    int got[THREADS] = {0};
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (worker_t){&p, i, 0};
+        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].errors, 0);
+    }
+    /* Per thread: ROUNDS standalone notifications and ROUNDS/2 attached ones. */
+    for (int k = 0; k < THREADS * (ROUNDS + ROUNDS / 2); k++) {
+        assert_int_equal(wait_notif(p.b, n, 10000), 1);
+        assert_true(n->len == 2 && n->msg[0] == 'w' && n->msg[1] >= '0' &&
+                    n->msg[1] < '0' + THREADS);
+        got[n->msg[1] - '0']++;
+    }
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(got[i], ROUNDS + ROUNDS / 2);
+    assert_int_equal(P->get_notif(p.b, n), 0);
+    pair_down(&p);
+    free(n);
+}
+
+/* Re-posting: an active handle is refused, a finished one moves the data again; a released
+ * in-flight handle sends no notification, and the instance goes on working. */
+static void test_repost_and_release(void **state)
+{
+    mc_kv_desc_t l = {0}, r = {0};
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    mc_kv_xfer_t *x;
+    mc_kv_status_t st;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, "tcp"); /* tcp: a 2 MiB post is still in progress when post returns */
+    l = (mc_kv_desc_t){(uintptr_t)p.ma, SZ / 2, 0, p.mda};
+    r = (mc_kv_desc_t){(uintptr_t)p.mb, SZ / 2, 0, p.rb};
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &r, 1, "B", &x));
+    st = P->post_xfer(p.a, x, "first", 5);
+    if (st == MC_KV_IN_PROG)
+        EXPECT(p.a, MC_KV_ERR_REPOST_ACTIVE, "still in progress", P->post_xfer(p.a, x, NULL, 0));
+    else
+        assert_int_equal(st, MC_KV_SUCCESS);
+    while ((st = P->check_xfer(p.a, x)) == MC_KV_IN_PROG)
+        ;
+    assert_int_equal(st, MC_KV_SUCCESS);
+    assert_int_equal(check(p.mb, SZ / 2, 1, 0), -1);
+    assert_int_equal(wait_notif(p.b, n, 10000), 1);
+    assert_memory_equal(n->msg, "first", 5);
+    /* Again, with new data. */
+    fill(p.ma, SZ / 2, 9, 0);
+    assert_int_equal(run(p.a, x, "second"), MC_KV_SUCCESS);
+    assert_int_equal(check(p.mb, SZ / 2, 9, 0), -1);
+    assert_int_equal(wait_notif(p.b, n, 10000), 1);
+    assert_memory_equal(n->msg, "second", 6);
+    /* Released in flight: no notification, never blocks. */
+    for (int i = 0; i < 5; i++) {
+        int64_t t0 = now_ms();
+
+        st = P->post_xfer(p.a, x, "aborted", 7);
+        assert_true(st == MC_KV_IN_PROG || st == MC_KV_SUCCESS);
+        if (st == MC_KV_IN_PROG)
+            break;
+        assert_true(now_ms() - t0 < 1000);
+    }
+    OK(p.a, P->release_xfer(p.a, x));
+    sleep_ms(300);
+    while (P->get_notif(p.b, n) == 1) /* a post that completed before its release may notify */
+        assert_memory_equal(n->msg, "aborted", 7);
+    /* The instance still works. */
+    fill(p.ma, 4096, 11, 0);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &r, 1, "B", &x));
+    l.len = r.len = 4096;
+    OK(p.a, P->release_xfer(p.a, x));
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &r, 1, "B", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(p.mb, 4096, 11, 0), -1);
+    OK(p.a, P->release_xfer(p.a, x));
+    pair_down(&p);
+    free(n);
+}
+
+/* A peer in another process: data both ways; the notification reaches it although this side
+ * never checks the transfer again after posting. */
+static void test_peer_process(void **state)
+{
+    mc_kv_backend_t *a = agent_create("A", NULL);
+    uint8_t *mem = aligned_alloc(4096, SZ);
+    mc_kv_md_t *md = reg(a, mem, SZ), *rmd = NULL;
+    mc_kv_desc_t l = {(uintptr_t)mem, SZ, 0, md}, r;
+    mc_kv_xfer_t *x;
+    peer_reply_t rep;
+    peer_t peer;
+
+    (void)state;
+    peer_spawn(&peer, "auto");
+    OK(a, P->load_remote_conn_info(a, "peer", peer.info, peer.info_len));
+    OK(a, P->load_remote_md(a, "peer", peer.pub, peer.pub_len, &rmd));
+    OK(a, P->connect(a, "peer"));
+    memcpy(&r.addr, peer.pub + 8, 8); /* the region's address, from its public data */
+    r = (mc_kv_desc_t){r.addr + 4096, SZ, 0, rmd};
+    OK(a, P->prep_xfer(a, MC_KV_READ, &l, &r, 1, "peer", &x));
+    assert_int_equal(run(a, x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(mem, SZ, PEER_SEED, 4096), -1);
+    OK(a, P->release_xfer(a, x));
+    /* WRITE a new pattern at offset 8 MiB with a notification, then only wait. */
+    fill(mem, SZ, 5, 8u << 20);
+    r.addr += (8u << 20) - 4096;
+    OK(a, P->prep_xfer(a, MC_KV_WRITE, &l, &r, 1, "peer", &x));
+    mc_kv_status_t st = P->post_xfer(a, x, "done:0", 6);
+    assert_true(st == MC_KV_IN_PROG || st == MC_KV_SUCCESS);
+    rep = peer_cmd(&peer, PEER_NOTIF, 8u << 20, SZ, 5, 10000);
+    assert_int_equal(rep.rc, 6); /* arrived, and the data was there (else -3) */
+    assert_string_equal(rep.agent, "A");
+    assert_string_equal(rep.msg, "done:0");
+    assert_int_equal(run(a, x, NULL) == MC_KV_SUCCESS || P->check_xfer(a, x) == MC_KV_SUCCESS, 1);
+    OK(a, P->release_xfer(a, x));
+    peer_stop(&peer);
+    OK(a, P->unload_md(a, rmd));
+    OK(a, P->disconnect(a, "peer"));
+    OK(a, P->deregister_mem(a, md));
+    P->destroy(a);
+    free(mem);
+}
+
+/* The peer is killed while a large READ from it is in flight: check says REMOTE_DISCONNECT
+ * within seconds, with a message; new transfers to it fail the same way. */
+static void test_peer_death(void **state)
+{
+    mc_kv_backend_t *a = agent_create("A", "tcp");
+    size_t len = PEER_SIZE;
+    uint8_t *mem = aligned_alloc(4096, len);
+    mc_kv_md_t *md = reg(a, mem, len), *rmd = NULL;
+    mc_kv_desc_t l = {(uintptr_t)mem, len, 0, md}, r;
+    mc_kv_status_t st = MC_KV_IN_PROG;
+    mc_kv_xfer_t *x;
+    peer_t peer;
+    int64_t t0;
+
+    (void)state;
+    peer_spawn(&peer, "tcp");
+    OK(a, P->load_remote_conn_info(a, "peer", peer.info, peer.info_len));
+    OK(a, P->load_remote_md(a, "peer", peer.pub, peer.pub_len, &rmd));
+    memcpy(&r.addr, peer.pub + 8, 8);
+    r = (mc_kv_desc_t){r.addr, len, 0, rmd};
+    OK(a, P->prep_xfer(a, MC_KV_READ, &l, &r, 1, "peer", &x));
+    /* Repeat until a post is caught in flight (256 MiB over loopback tcp takes ~0.1 s). */
+    for (int i = 0; i < 20 && st != MC_KV_ERR_REMOTE_DISCONNECT; i++) {
+        st = P->post_xfer(a, x, NULL, 0);
+        assert_true(st == MC_KV_IN_PROG || st == MC_KV_SUCCESS);
+        if (st == MC_KV_SUCCESS)
+            continue;
+        kill(peer.pid, SIGKILL);
+        t0 = now_ms();
+        while ((st = P->check_xfer(a, x)) == MC_KV_IN_PROG && now_ms() - t0 < 20000)
+            sleep_ms(1);
+        if (st == MC_KV_SUCCESS) /* it finished just before the kill */
+            break;
+        assert_int_equal(st, MC_KV_ERR_REMOTE_DISCONNECT);
+        assert_true(now_ms() - t0 < 5000);
+        assert_non_null(strstr(P->last_error(a), "agent 'peer' failed"));
+    }
+    if (st != MC_KV_ERR_REMOTE_DISCONNECT) { /* killed after completing: a new post sees it */
+        kill(peer.pid, SIGKILL);
+        t0 = now_ms();
+        assert_int_equal(run(a, x, NULL), MC_KV_ERR_REMOTE_DISCONNECT);
+        assert_true(now_ms() - t0 < 5000);
+    }
+    assert_int_equal(run(a, x, NULL), MC_KV_ERR_REMOTE_DISCONNECT);
+    OK(a, P->release_xfer(a, x));
+    waitpid(peer.pid, NULL, 0);
+    peer.pid = 0;
+    close(peer.sock);
+    OK(a, P->unload_md(a, rmd));
+    OK(a, P->disconnect(a, "peer"));
+    OK(a, P->deregister_mem(a, md));
+    P->destroy(a);
+    free(mem);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = getenv("MC_BUILD_DIR");
+    char err[512];
+
+    snprintf(plugin_path, sizeof(plugin_path), "%s/lib/libmooncake_kv.so", dir ? dir : "build");
+    if (mc_kv_load(plugin_path, MC_KV_ABI_CURRENT, &loaded, err, sizeof(err))) {
+        fprintf(stderr, "test_kv_plugin: %s\n", err);
+        return 1;
+    }
+    P = loaded->plugin;
+    if (argc == 4 && !strcmp(argv[1], "--kv-peer"))
+        return peer_main(atoi(argv[2]), argv[3]);
+    signal(SIGPIPE, SIG_IGN);
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_and_symbols),
+        cmocka_unit_test(test_abi_negotiation),
+        cmocka_unit_test(test_host_checks),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_every_operation),
+        cmocka_unit_test(test_transfer_shm),
+        cmocka_unit_test(test_transfer_tcp),
+        cmocka_unit_test(test_100k_descriptors),
+        cmocka_unit_test(test_merging),
+        cmocka_unit_test(test_notif_order),
+        cmocka_unit_test(test_concurrent_handles),
+        cmocka_unit_test(test_repost_and_release),
+        cmocka_unit_test(test_peer_process),
+        cmocka_unit_test(test_peer_death),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+
+    mc_kv_unload(loaded);
+    return rc;
+}
