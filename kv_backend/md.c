@@ -239,6 +239,21 @@ mc_kv_status_t kv__connect(mc_kv_backend_t *b, const char *agent)
                                                 : "cannot be reached (its process is gone?)");
 }
 
+/* Close an agent's segment. The regions of every transfer to it are unloaded, so its tasks
+ * still in flight are those of released transfers: canceled, and let go of by the engine as
+ * soon as their bytes on the wire settle (a dead peer's at once). Wait for that, bounded. */
+static int segment_close(mc_kv_backend_t *b, mc_segment_id_t seg)
+{
+    int rc;
+
+    for (unsigned ms = 0; (rc = mc_segment_close(b->engine, seg)) == -EBUSY; ms++) {
+        if (ms >= b->connect_timeout_ms)
+            break;
+        sleep_ms(1);
+    }
+    return rc;
+}
+
 mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
 {
     mc_kv_status_t st = MC_KV_SUCCESS;
@@ -255,7 +270,7 @@ mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
         st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
                       "disconnect: %u regions of agent '%s' are loaded; unload them first", a->mds,
                       agent);
-    else if ((rc = mc_segment_close(b->engine, a->seg)) < 0)
+    else if ((rc = segment_close(b, a->seg)) < 0)
         st = kv__fail_engine(b, rc, "disconnect");
     else {
         *pp = a->next;

@@ -85,8 +85,9 @@ int mc_kv_load(const char *what, uint32_t host_abi, mc_kv_loaded_t **loaded_p, c
         goto err_free;
     }
     /* RTLD_LOCAL: the plugin's symbols stay its own; RTLD_NOW: a missing dependency is
-     * reported here, not at the first call. */
-    l->dl = dlopen(l->path, RTLD_NOW | RTLD_LOCAL);
+     * reported here, not at the first call; RTLD_NODELETE: a plugin runs threads, and an
+     * instance a host forgot to destroy must not find its code unmapped under it. */
+    l->dl = dlopen(l->path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!l->dl) {
         rc = say(err, err_len, -ENOEXEC, "%s: cannot be loaded: %s", l->path, dlerror());
         goto err_free;

@@ -30,7 +30,8 @@ typedef struct mc_kv_loaded {
 int mc_kv_load(const char *what, uint32_t host_abi, mc_kv_loaded_t **loaded_p, char *err,
                size_t err_len);
 
-/* dlclose the plugin. Every instance of it must have been destroyed. */
+/* Forget a loaded plugin. Its code stays mapped (RTLD_NODELETE, as NIXL loads its plugins), so
+ * loading it again is cheap; destroy every instance of it first all the same. */
 void mc_kv_unload(mc_kv_loaded_t *loaded);
 
 /* The name of a status value ("IN_PROG", "ERR_REMOTE_DISCONNECT"). Never NULL. */

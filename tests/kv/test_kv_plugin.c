@@ -266,6 +266,7 @@ static int peer_main(int fd, const char *protocol)
         peer_answer(b, fd, mem, &c);
     P->deregister_mem(b, md);
     P->destroy(b);
+    free(mem);
     return 0;
 }
 
