@@ -70,3 +70,11 @@ install(CODE "
 install(FILES ${PROJECT_BINARY_DIR}/mooncake.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
         COMPONENT dev)
+
+# The KV backend plugin (a module: no SONAME, no development link; hosts dlopen it by path, or
+# by name from the library directory, where the loader looks last) and the loader, a static
+# library hosts link.
+if(TARGET mooncake_kv)
+  install(TARGETS mooncake_kv LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
+  install(TARGETS mooncake_kv_loader ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+endif()

@@ -42,6 +42,33 @@ if grep -rlF -e "$MC_BUILD_DIR" -e "$MC_SOURCE_DIR" "$libdir/cmake" "$libdir/pkg
     fail "the files above name the build or source tree"
 fi
 
+step "KV plugin: loaded by name from the prefix by a host linking only the loader"
+[ -f "$libdir/libmooncake_kv.so" ] || fail "libmooncake_kv.so not installed"
+[ -f "$libdir/libmooncake_kv_loader.a" ] || fail "libmooncake_kv_loader.a not installed"
+cat >"$tmp/kvhost.c" <<'C'
+#include <stdio.h>
+#include <mooncake/kv_loader.h>
+int main(void)
+{
+    mc_kv_loaded_t *l;
+    char err[512];
+
+    if (mc_kv_load("mooncake_kv", MC_KV_ABI_CURRENT, &l, err, sizeof(err))) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    printf("%s %s ABI %u.%u\n", l->plugin->name, l->plugin->version, l->plugin->abi_major,
+           l->plugin->abi_minor);
+    mc_kv_unload(l);
+    return 0;
+}
+C
+cc -o "$tmp/kvhost" "$tmp/kvhost.c" -I"$prefix/include" "$libdir/libmooncake_kv_loader.a" -ldl ||
+    fail "a host does not build against kv_loader.h and libmooncake_kv_loader.a"
+out=$(env -u LD_LIBRARY_PATH MC_PLUGIN_DIR="$libdir" "$tmp/kvhost") || fail "kvhost: $out"
+echo "$out"
+[[ "$out" == "mooncake "*" ABI 1."* ]] || fail "kvhost printed '$out'"
+
 step "pkg-config"
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 # pkgconf ends its output with a space; strip it.
