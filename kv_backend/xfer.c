@@ -167,12 +167,12 @@ static mc_kv_status_t xfer_failure(mc_kv_backend_t *b, mc_kv_xfer_t *x, size_t t
     x->failure = kv__status_of(ts.error ? ts.error : -MC_ECANCELED);
     if (i == tasks)
         x->failure = MC_KV_ERR_UNKNOWN;
-    snprintf(x->why, sizeof(x->why), "transfer %s agent '%s' failed: %s (%s)",
+    /* The engine's reason names its error code already. */
+    snprintf(x->why, sizeof(x->why), "transfer %s agent '%s' failed: %s",
              x->op == MC_KV_READ ? "from" : "to", x->agent->name,
              i == tasks  ? "no task says why"
              : ts.reason ? ts.reason
-                         : "no reason",
-             mc_err_name(ts.error));
+                         : mc_err_name(ts.error));
     return kv__fail(b, x->failure, "%s", x->why);
 }
 
