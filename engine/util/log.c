@@ -29,13 +29,17 @@ void mc__log(int level, const char *fmt, ...)
     fprintf(stderr, "%s\n", line);
 }
 
+/* Formatted apart first: callers wrap the previous reason ("...: %s", mc_last_error()), and
+ * printing a buffer into itself garbles it. */
 int mc__set_error(int code, const char *fmt, ...)
 {
+    char msg[sizeof(last_error)];
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof(msg));
     return code;
 }
 
