@@ -419,6 +419,7 @@ static void engine_init_state(mc_engine_t *e)
     pthread_mutex_init(&e->handlers_lock, NULL);
     pthread_mutex_init(&e->notify_lock, NULL);
     pthread_mutex_init(&e->meta_lock, NULL);
+    pthread_mutex_init(&e->hosted_lock, NULL);
     pthread_cond_init(&e->meta_cond, NULL);
     mc_list_init(&e->subq);
     mc_list_init(&e->msgq_in);

@@ -130,7 +130,10 @@ struct mc_engine {
     pthread_mutex_t meta_lock; /* with meta_cond: wakes the publisher */
     pthread_cond_t meta_cond;
     bool meta_dirty, meta_stop;
-    int64_t lease;
+    _Atomic int64_t lease;
+    pthread_mutex_t hosted_lock;    /* hosted, hosted_lease */
+    struct mc_hosted_key *hosted;   /* keys hosts put on our lease (mc_engine_publish) */
+    int64_t hosted_lease;           /* the lease they were last put with */
     struct mc_seg_cache *seg_cache; /* created under meta_lock */
     unsigned seen_deletions;        /* progress-owned: mc__meta_cache_deletions last looked at */
 };

@@ -27,6 +27,29 @@ static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len
     return mc__meta_put(e->meta, key, (size_t)n, val, len, e->lease, NULL);
 }
 
+/* A key a host put on our lease (mc_engine_publish), kept to be put again with a new one. */
+typedef struct mc_hosted_key {
+    struct mc_hosted_key *next;
+    size_t len;
+    void *val;
+    char key[];
+} mc_hosted_key_t;
+
+/* Put the hosts' keys again when the lease they were put with is gone. */
+static int publish_hosted(mc_engine_t *e)
+{
+    int64_t lease = atomic_load(&e->lease);
+    int rc = 0;
+
+    pthread_mutex_lock(&e->hosted_lock);
+    for (mc_hosted_key_t *h = e->hosted; h && !rc && e->hosted_lease != lease; h = h->next)
+        rc = mc__meta_put(e->meta, h->key, strlen(h->key), h->val, h->len, lease, NULL);
+    if (!rc)
+        e->hosted_lease = lease;
+    pthread_mutex_unlock(&e->hosted_lock);
+    return rc;
+}
+
 /* Called without meta_lock. */
 static int publish_once(mc_engine_t *e)
 {
@@ -36,9 +59,12 @@ static int publish_once(mc_engine_t *e)
     int rc;
 
     if (!e->lease) {
-        rc = mc__meta_lease_grant(e->meta, e->cfg.metadata_ttl_s, &e->lease);
+        int64_t lease;
+
+        rc = mc__meta_lease_grant(e->meta, e->cfg.metadata_ttl_s, &lease);
         if (rc)
             return rc;
+        e->lease = lease;
     }
     rc = mc__desc_encode_local(e, &json, &len);
     if (rc)
@@ -57,7 +83,7 @@ static int publish_once(mc_engine_t *e)
         return mc__set_error(-ENOMEM, "cannot encode the endpoint of segment %s", e->name);
     rc = put_key(e, "rpc_meta", json, strlen(json));
     free(json);
-    return rc;
+    return rc ? rc : publish_hosted(e);
 }
 
 /* Keep the lease alive every ttl/3; republish when the descriptor changed or the lease was
@@ -154,4 +180,92 @@ void mc__publish_stop(mc_engine_t *e)
     if (e->meta && e->lease && mc__meta_lease_revoke(e->meta, e->lease))
         mc_warn("revoking the lease of segment %s: %s", e->name, mc_last_error());
     e->lease = 0;
+    while (e->hosted) {
+        mc_hosted_key_t *h = e->hosted;
+
+        e->hosted = h->next;
+        free(h->val);
+        free(h);
+    }
+}
+
+static mc_hosted_key_t **hosted_find(mc_engine_t *e, const char *key)
+{
+    mc_hosted_key_t **pp = &e->hosted;
+
+    while (*pp && strcmp((*pp)->key, key))
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static int publish_check(mc_engine_t *e, const char *what, const char *key)
+{
+    if (!e || !key || !*key)
+        return mc__set_error(-EINVAL, "%s: NULL engine or empty key", what);
+    if (!e->meta)
+        return mc__set_error(-ENOTSUP, "%s %s: the engine has no metadata service (METADATA=none)",
+                             what, key);
+    if (mc__in_progress())
+        return mc__set_error(-EDEADLK, "%s waits for the metadata service: not from a callback",
+                             what);
+    return 0;
+}
+
+/* The key is put under hosted_lock, so that a republish under a new lease cannot slip in
+ * between and be overwritten with the old one. */
+int mc_engine_publish(mc_engine_t *e, const char *key, const void *val, size_t len)
+{
+    mc_hosted_key_t **pp, *h;
+    void *copy;
+    int rc = publish_check(e, "mc_engine_publish", key);
+
+    if (rc)
+        return rc;
+    if (!(copy = malloc(len ? len : 1)))
+        return mc__set_error(-ENOMEM, "mc_engine_publish %s: out of memory", key);
+    memcpy(copy, val, len);
+    pthread_mutex_lock(&e->hosted_lock);
+    pp = hosted_find(e, key);
+    if (!(h = *pp) && (h = calloc(1, sizeof(*h) + strlen(key) + 1))) {
+        strcpy(h->key, key);
+        *pp = h;
+    }
+    if (h) {
+        free(h->val);
+        h->val = copy;
+        h->len = len;
+        rc = mc__meta_put(e->meta, key, strlen(key), val, len, atomic_load(&e->lease), NULL);
+    } else {
+        free(copy);
+        rc = mc__set_error(-ENOMEM, "mc_engine_publish %s: out of memory", key);
+    }
+    if (rc)
+        e->hosted_lease = -1; /* the publisher puts every hosted key again */
+    pthread_mutex_unlock(&e->hosted_lock);
+    if (rc)
+        mc__publish_kick(e);
+    return rc == -ENOENT ? 0 : rc; /* our lease is gone: the new one will carry the key */
+}
+
+int mc_engine_unpublish(mc_engine_t *e, const char *key)
+{
+    mc_hosted_key_t **pp, *h;
+    int rc = publish_check(e, "mc_engine_unpublish", key);
+
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&e->hosted_lock);
+    pp = hosted_find(e, key);
+    if ((h = *pp)) {
+        *pp = h->next;
+        free(h->val);
+        free(h);
+        rc = mc__meta_del(e->meta, key, strlen(key));
+        rc = rc == -ENOENT ? 0 : rc; /* gone with a lost lease: it will not come back */
+    } else {
+        rc =
+            mc__set_error(-ENOENT, "mc_engine_unpublish: %s was not published by this engine", key);
+    }
+    pthread_mutex_unlock(&e->hosted_lock);
+    return rc;
 }

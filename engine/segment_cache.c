@@ -117,7 +117,8 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
     size_t n;
     int64_t rev = 0;
 
-    if (mc__meta_list(e->meta, c->prefix, c->prefix_len, &kvs, &n))
+    /* The listing's revision: a watch from the next one neither misses nor replays a change. */
+    if (mc_meta_list(e->meta, c->prefix, c->prefix_len, &kvs, &n, &rev))
         return -1;
     pthread_mutex_lock(&c->lock);
     c->gen++;
@@ -126,8 +127,6 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
         const char *name = key_name(c, &kvs[i]);
         if (name)
             cache_put(c, name, kvs[i].value, kvs[i].value_len);
-        if (kvs[i].mod_revision > rev)
-            rev = kvs[i].mod_revision;
     }
     mc__meta_kvs_free(kvs, n);
     drop_unlisted(c);

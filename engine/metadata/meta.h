@@ -2,7 +2,7 @@
  * Metadata interface (internal to the engine and the P2P store).
  *
  * A small key-value store with revisions, leases and watches. Backends: "file://DIR" (embedded,
- * single machine, the default) and later "etcd://host:port[,host:port]". Keys are byte strings
+ * single machine, the default) and "etcd://host:port[,host:port]". Keys are byte strings
  * (binary allowed, given with an explicit length); values are byte strings (JSON by convention).
  *
  * Revisions: every successful put/delete raises the store's revision by one; a key's mod_revision
@@ -19,24 +19,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct mc_meta mc_meta_t;
-typedef struct mc_meta_watch mc_meta_watch_t;
-
-typedef struct mc_meta_kv {
-    char *key; /* malloc'ed, NUL-terminated for convenience; key_len is authoritative */
-    size_t key_len;
-    char *value; /* malloc'ed, NUL-terminated for convenience */
-    size_t value_len;
-    int64_t mod_revision;
-    int64_t lease; /* 0 = none */
-} mc_meta_kv_t;
-
-typedef enum mc_meta_event_type { MC_META_PUT = 0, MC_META_DELETE = 1 } mc_meta_event_type_t;
-
-typedef struct mc_meta_event {
-    mc_meta_event_type_t type;
-    mc_meta_kv_t kv; /* for DELETE: key set, value empty, mod_revision = revision of deletion */
-} mc_meta_event_t;
+/* The public types (mc_meta_t, mc_meta_watch_t, mc_meta_kv_t, mc_meta_event_t) and the public
+ * functions (mc_meta_*, wrappers over these) are in <mooncake/meta.h>. */
+#include <mooncake/meta.h>
 
 /* How to reach the service (etcd only): credentials, TLS files and the bound of every call but
  * watches. Empty strings and 0 mean "none" and the default (3000 ms). */
@@ -47,7 +32,9 @@ typedef struct mc_meta_opts {
     unsigned timeout_ms;
 } mc_meta_opts_t;
 
-/* Backend operations. Starts with size and version; new entries go at the end only. */
+/* Backend operations. Starts with size and version; new entries go at the end only, and callers
+ * probe them with MC_META_HAS. Version 2: list reports the store revision, del takes the
+ * mod_revision to compare, delete_prefix added. */
 typedef struct mc_meta_ops {
     size_t size;
     unsigned version;
@@ -57,9 +44,11 @@ typedef struct mc_meta_ops {
     int (*get)(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);
     int (*put)(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
                int64_t lease, int64_t *revision_p);
-    int (*del)(mc_meta_t *meta, const void *key, size_t key_len);
+    /* mod_revision 0: unconditionally; otherwise only if the key's is that one. */
+    int (*del)(mc_meta_t *meta, const void *key, size_t key_len, int64_t mod_revision);
+    /* *revision_p (may be NULL): the store revision the listing reflects. */
     int (*list)(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
-                size_t *count_p);
+                size_t *count_p, int64_t *revision_p);
     int (*cas)(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected_mod_revision,
                const void *val, size_t val_len, int64_t lease, int64_t *revision_p);
     int (*lease_grant)(mc_meta_t *meta, unsigned ttl_s, int64_t *lease_p);
@@ -69,7 +58,13 @@ typedef struct mc_meta_ops {
                         int64_t start_revision, mc_meta_watch_t **watch_p);
     int (*watch_next)(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p);
     void (*watch_destroy)(mc_meta_watch_t *watch);
+    /* Delete every key under a non-empty prefix; *deleted_p gets how many. */
+    int (*delete_prefix)(mc_meta_t *meta, const void *prefix, size_t prefix_len, size_t *deleted_p);
 } mc_meta_ops_t;
+
+/* Whether a backend's table has the entry field (set and inside the size it declares). */
+#define MC_META_HAS(ops, field)                                                                    \
+    ((ops)->size >= offsetof(mc_meta_ops_t, field) + sizeof((ops)->field) && (ops)->field)
 
 /* Every backend object starts with this. */
 struct mc_meta {
@@ -95,11 +90,11 @@ int mc__meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t 
 int mc__meta_put(mc_meta_t *meta, const void *key, size_t key_len, const void *val, size_t val_len,
                  int64_t lease, int64_t *revision_p);
 
-/* Delete a key. -ENOENT if absent. */
+/* Delete a key, whatever its mod_revision. -ENOENT if absent. (mc_meta_delete compares it.) */
 int mc__meta_del(mc_meta_t *meta, const void *key, size_t key_len);
 
 /* All keys starting with prefix (empty prefix = every key), sorted by key bytes. Free with
- * mc__meta_kvs_free(). */
+ * mc__meta_kvs_free(). (mc_meta_list also reports the store revision of the listing.) */
 int mc__meta_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
                   size_t *count_p);
 

@@ -148,7 +148,7 @@ static int etcd_put(mc_meta_t *meta, const void *key, size_t key_len, const void
     return 0;
 }
 
-static int etcd_del(mc_meta_t *meta, const void *key, size_t key_len)
+static int etcd_del_any(mc_meta_t *meta, const void *key, size_t key_len)
 {
     json_t *req = req_kv(key, key_len, NULL, 0, 0), *resp = NULL;
     int rc;
@@ -163,8 +163,9 @@ static int etcd_del(mc_meta_t *meta, const void *key, size_t key_len)
     return rc;
 }
 
+/* The range answer's header names the revision the listing is of. */
 static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
-                     size_t *count_p)
+                     size_t *count_p, int64_t *revision_p)
 {
     json_t *req = NULL, *resp = NULL;
     char *k, *e;
@@ -179,6 +180,7 @@ static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
     if (rc)
         return rc;
     json_t *arr = json_object_get(resp, "kvs");
+    int64_t rev = mc__etcd_int(json_object_get(resp, "header"), "revision");
     size_t n = json_array_size(arr), i;
     mc_meta_kv_t *kvs = calloc(n ? n : 1, sizeof(*kvs));
     if (!kvs)
@@ -192,6 +194,86 @@ static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
     }
     *kvs_p = kvs;
     *count_p = n;
+    if (revision_p)
+        *revision_p = rev;
+    return 0;
+}
+
+/* A kv/txn that compares the key's mod_revision with expected and runs success (consumed)
+ * if it is equal, or reads the key if not; *resp_p gets etcd's answer. */
+static int etcd_txn_mod(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected,
+                        const char *success_op, json_t *success, json_t **resp_p)
+{
+    json_t *cmp = req_kv(key, key_len, NULL, 0, 0), *get = req_kv(key, key_len, NULL, 0, 0);
+    json_t *req = NULL;
+    char rb[24];
+
+    if (success && cmp && get) {
+        json_object_set_new(cmp, "target", json_string("MOD"));
+        json_object_set_new(cmp, "result", json_string("EQUAL"));
+        json_object_set_new(cmp, "mod_revision", json_string(fmt_i64(rb, expected)));
+        req = json_pack("{s:[o], s:[{s:o}], s:[{s:o}]}", "compare", cmp, "success", success_op,
+                        success, "failure", "request_range", get);
+        success = cmp = get = NULL; /* "o" stole them, even on failure */
+    }
+    json_decref(success);
+    json_decref(cmp);
+    json_decref(get);
+    return call(meta, "kv/txn", req, resp_p);
+}
+
+/* The mod_revision of the key the failure branch of etcd_txn_mod read; 0 if it is absent. */
+static int64_t txn_failed_mod(json_t *resp)
+{
+    json_t *r =
+        json_object_get(json_array_get(json_object_get(resp, "responses"), 0), "response_range");
+
+    return mc__etcd_int(json_array_get(json_object_get(r, "kvs"), 0), "mod_revision");
+}
+
+/* Delete if the key's mod_revision is that one: -ENOENT if it is absent, -MC_ECONFLICT if it
+ * was rewritten since. */
+static int etcd_del(mc_meta_t *meta, const void *key, size_t key_len, int64_t mod_revision)
+{
+    json_t *resp = NULL;
+    int64_t cur;
+    int rc;
+
+    if (mod_revision == 0)
+        return etcd_del_any(meta, key, key_len);
+    rc = etcd_txn_mod(meta, key, key_len, mod_revision, "request_delete_range",
+                      req_kv(key, key_len, NULL, 0, 0), &resp);
+    if (rc)
+        return rc;
+    cur = json_is_true(json_object_get(resp, "succeeded")) ? mod_revision : txn_failed_mod(resp);
+    json_decref(resp);
+    if (cur == 0)
+        return mc__set_error(-ENOENT, "metadata key %.*s not found in etcd", (int)key_len,
+                             (const char *)key);
+    if (cur != mod_revision)
+        return mc__set_error(-MC_ECONFLICT,
+                             "delete of %.*s: mod_revision is %" PRId64 ", expected %" PRId64,
+                             (int)key_len, (const char *)key, cur, mod_revision);
+    return 0;
+}
+
+static int etcd_delete_prefix(mc_meta_t *meta, const void *prefix, size_t prefix_len,
+                              size_t *deleted_p)
+{
+    json_t *req, *resp = NULL;
+    char *k, *e;
+    int rc = mc__etcd_prefix_range(prefix, prefix_len, &k, &e);
+
+    if (rc)
+        return rc;
+    req = json_pack("{s:s, s:s}", "key", k, "range_end", e);
+    free(k);
+    free(e);
+    rc = call(meta, "kv/deleterange", req, &resp);
+    if (rc)
+        return rc;
+    *deleted_p = (size_t)mc__etcd_int(resp, "deleted");
+    json_decref(resp);
     return 0;
 }
 
@@ -200,36 +282,20 @@ static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
 static int etcd_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t expected,
                     const void *val, size_t val_len, int64_t lease, int64_t *revision_p)
 {
-    json_t *put = req_kv(key, key_len, val ? val : "", val_len, lease);
-    json_t *cmp = req_kv(key, key_len, NULL, 0, 0), *get = req_kv(key, key_len, NULL, 0, 0);
-    json_t *req = NULL, *resp = NULL;
-    char rb[24];
+    json_t *resp = NULL;
     int rc;
 
-    if (put && cmp && get) {
-        json_object_set_new(cmp, "target", json_string("MOD"));
-        json_object_set_new(cmp, "result", json_string("EQUAL"));
-        json_object_set_new(cmp, "mod_revision", json_string(fmt_i64(rb, expected)));
-        req = json_pack("{s:[o], s:[{s:o}], s:[{s:o}]}", "compare", cmp, "success", "request_put",
-                        put, "failure", "request_range", get);
-        put = cmp = get = NULL; /* "o" stole them, even on failure */
-    }
-    json_decref(put);
-    json_decref(cmp);
-    json_decref(get);
-    rc = call(meta, "kv/txn", req, &resp);
+    rc = etcd_txn_mod(meta, key, key_len, expected, "request_put",
+                      req_kv(key, key_len, val ? val : "", val_len, lease), &resp);
     if (rc)
         return rc;
     if (json_is_true(json_object_get(resp, "succeeded"))) {
         if (revision_p)
             *revision_p = mc__etcd_int(json_object_get(resp, "header"), "revision");
     } else {
-        json_t *r = json_object_get(json_array_get(json_object_get(resp, "responses"), 0),
-                                    "response_range");
-        json_t *kv = json_array_get(json_object_get(r, "kvs"), 0);
-        rc = mc__set_error(
-            -MC_ECONFLICT, "CAS on %.*s: mod_revision is %" PRId64 ", expected %" PRId64,
-            (int)key_len, (const char *)key, mc__etcd_int(kv, "mod_revision"), expected);
+        rc = mc__set_error(-MC_ECONFLICT,
+                           "CAS on %.*s: mod_revision is %" PRId64 ", expected %" PRId64,
+                           (int)key_len, (const char *)key, txn_failed_mod(resp), expected);
     }
     json_decref(resp);
     return rc;
@@ -311,7 +377,7 @@ static int etcd_open(const char *rest_of_url, const mc_meta_opts_t *opts, mc_met
 
 const mc_meta_ops_t mc__meta_etcd_ops = {
     .size = sizeof(mc_meta_ops_t),
-    .version = 1,
+    .version = 2,
     .scheme = "etcd",
     .open = etcd_open,
     .close = etcd_close,
@@ -326,4 +392,5 @@ const mc_meta_ops_t mc__meta_etcd_ops = {
     .watch_create = mc__etcd_watch_create,
     .watch_next = mc__etcd_watch_next,
     .watch_destroy = mc__etcd_watch_destroy,
+    .delete_prefix = etcd_delete_prefix,
 };

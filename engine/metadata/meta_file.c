@@ -1,4 +1,5 @@
 /* The file:// metadata backend: operations, open and close. See meta_file_int.h for the layout. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -131,26 +132,84 @@ static int file_cas(mc_meta_t *meta, const void *key, size_t key_len, int64_t ex
     return file_update(meta, key, key_len, expected, val, val_len, lease, revision_p);
 }
 
-static int file_del(mc_meta_t *meta, const void *key, size_t key_len)
+/* Caller holds the exclusive lock. mod_revision 0: whatever the key's is. Errors name the key
+ * as given (name is its file). */
+static int file_del_locked(mc_meta_file_t *f, const void *key, size_t key_len, const char *name,
+                           int64_t mod_revision)
+{
+    int64_t cur;
+    int rc = file_current_rev(f, name, &cur);
+
+    if (rc)
+        return rc;
+    if (cur == 0)
+        return mc__set_error(-ENOENT, "metadata key %.*s not found", (int)key_len,
+                             (const char *)key);
+    if (mod_revision && cur != mod_revision)
+        return mc__set_error(-MC_ECONFLICT,
+                             "delete of %.*s: mod_revision is %" PRId64 ", expected %" PRId64,
+                             (int)key_len, (const char *)key, cur, mod_revision);
+    return mc__meta_file_key_remove(f, name);
+}
+
+static int file_del(mc_meta_t *meta, const void *key, size_t key_len, int64_t mod_revision)
 {
     mc_meta_file_t *f = MC_META_FILE(meta);
     char name[NAME_MAX + 1];
-    int64_t cur;
     int lock_fd = -1, rc = mc__meta_file_key_encode(key, key_len, name);
 
     if (rc || (rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd)) != 0)
         return rc;
-    rc = file_current_rev(f, name, &cur);
-    if (rc == 0 && cur == 0)
-        rc = mc__set_error(-ENOENT, "metadata key %s not found", name);
-    if (rc == 0)
-        rc = mc__meta_file_key_remove(f, name);
+    rc = file_del_locked(f, key, key_len, name, mod_revision);
     mc__meta_file_unlock(lock_fd);
     return rc;
 }
 
+/* Remove every key under the prefix at one revision, as etcd's deleterange does; keys whose
+ * lease is dead go too (reaped) but are not counted: they were absent already. */
+static int file_delete_prefix_locked(mc_meta_file_t *f, const void *prefix, size_t prefix_len,
+                                     size_t *deleted_p)
+{
+    DIR *d = mc__meta_file_opendir(f, "keys");
+    struct dirent *de;
+    int64_t cur, rev = 0;
+    int rc = d ? 0 : -MC_EMETA;
+
+    while (rc == 0 && (de = readdir(d))) {
+        if (!mc__meta_file_name_match(de->d_name, prefix, prefix_len))
+            continue;
+        rc = file_current_rev(f, de->d_name, &cur);
+        if (rc == 0 && rev == 0)
+            rc = mc__meta_file_rev_bump(f, &rev);
+        if (rc == 0)
+            rc = mc__meta_file_key_unlink(f, de->d_name, rev);
+        if (rc == 0 && cur)
+            (*deleted_p)++;
+    }
+    if (d)
+        closedir(d);
+    return rc;
+}
+
+static int file_delete_prefix(mc_meta_t *meta, const void *prefix, size_t prefix_len,
+                              size_t *deleted_p)
+{
+    mc_meta_file_t *f = MC_META_FILE(meta);
+    size_t deleted = 0;
+    int lock_fd = -1, rc = mc__meta_file_lock(f, LOCK_EX, &lock_fd);
+
+    if (rc)
+        return rc;
+    rc = file_delete_prefix_locked(f, prefix, prefix_len, &deleted);
+    mc__meta_file_unlock(lock_fd);
+    if (rc == 0)
+        *deleted_p = deleted;
+    return rc;
+}
+
+/* The scan reads the revision under the lock it scans with: the listing is that revision. */
 static int file_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
-                     size_t *count_p)
+                     size_t *count_p, int64_t *revision_p)
 {
     mc_meta_file_scan_t s = {.prefix = prefix, .prefix_len = prefix_len};
     int rc = mc__meta_file_scan(MC_META_FILE(meta), &s);
@@ -159,6 +218,8 @@ static int file_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
         return rc;
     *kvs_p = s.kvs;
     *count_p = s.count;
+    if (revision_p)
+        *revision_p = s.rev;
     return 0;
 }
 
@@ -338,7 +399,7 @@ static int file_open(const char *path, const mc_meta_opts_t *opts, mc_meta_t **m
 
 const mc_meta_ops_t mc__meta_file_ops = {
     .size = sizeof(mc_meta_ops_t),
-    .version = 1,
+    .version = 2,
     .scheme = "file",
     .open = file_open,
     .close = file_close,
@@ -353,4 +414,5 @@ const mc_meta_ops_t mc__meta_file_ops = {
     .watch_create = mc__meta_file_watch_create,
     .watch_next = mc__meta_file_watch_next,
     .watch_destroy = mc__meta_file_watch_destroy,
+    .delete_prefix = file_delete_prefix,
 };

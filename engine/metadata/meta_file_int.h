@@ -16,6 +16,12 @@
  *   leases/<id>  "<expiry_ms> <ttl_ms>\n", expiry in CLOCK_REALTIME milliseconds.
  *   tmp/         files being written; each is renamed into place, so readers never see a torn
  *                file and get() needs no lock.
+ *   dellog       the deletions, oldest first: a header "MCDL1 <floor>\n", then "<revision>
+ *                <name>\n" for each key removed (appended under the exclusive lock before the
+ *                unlink). A watch from a past revision learns from it which keys were deleted
+ *                since, and at which revision: a key file, once gone, tells nothing. It keeps
+ *                the newer half once it passes MC_META_FILE_DELLOG_MAX bytes; <floor> is the
+ *                newest revision whose deletions it dropped.
  *
  * A key whose lease has expired (or whose lease file is gone) reads as absent. Whoever notices
  * one reaps all of them under the exclusive lock, each deletion raising the revision, so the
@@ -35,6 +41,8 @@
 
 #define MC_META_FILE_VALUE_MAX  (256u << 20)
 #define MC_META_FILE_LEASE_MEMO 16
+#define MC_META_FILE_DELLOG     "dellog"
+#define MC_META_FILE_DELLOG_MAX (256u << 10)
 
 typedef struct mc_meta_file {
     mc_meta_t base;
@@ -72,11 +80,24 @@ typedef struct mc_meta_file_scan {
     mc_meta_file_lease_memo_t memo;
 } mc_meta_file_scan_t;
 
+/* Deletions from the log: keys under prefix deleted at revisions since..until, oldest first. */
+typedef struct mc_meta_file_dellog {
+    const void *prefix;
+    size_t prefix_len;
+    int64_t since, until;
+    mc_meta_kv_t *entries; /* key and mod_revision (of the deletion) set, value NULL */
+    size_t count, cap;
+    int64_t floor; /* deletions up to this revision were dropped from the log */
+} mc_meta_file_dellog_t;
+
 /* Store primitives (meta_file_store.c). Functions named _locked, and those that change the
- * store (rev_bump, record_write, lease_write, key_remove, sweep_*), need the exclusive lock. */
+ * store (rev_bump, record_write, lease_write, key_unlink, key_remove, sweep_*), need the exclusive
+ * lock. */
 int mc__meta_file_err(mc_meta_file_t *f, const char *what, const char *name);
 int64_t mc__meta_file_now_ms(void);
 int mc__meta_file_key_encode(const void *key, size_t len, char name[NAME_MAX + 1]);
+/* Whether the file name in keys/ is of a key that starts with prefix. */
+bool mc__meta_file_name_match(const char *name, const void *prefix, size_t prefix_len);
 int mc__meta_file_lock(mc_meta_file_t *f, int op, int *fd_p);
 void mc__meta_file_unlock(int lock_fd);
 int mc__meta_file_rev_bump(mc_meta_file_t *f, int64_t *rev_p);
@@ -89,6 +110,9 @@ int mc__meta_file_record_write(mc_meta_file_t *f, const char *name, int64_t rev,
 int mc__meta_file_lease_read(mc_meta_file_t *f, int64_t id, int64_t *expiry_p, int64_t *ttl_p);
 int mc__meta_file_lease_write(mc_meta_file_t *f, int64_t id, int64_t ttl_ms);
 bool mc__meta_file_lease_alive(mc_meta_file_t *f, int64_t id);
+/* Remove keys/name as a deletion at revision rev (already taken with rev_bump), logged. */
+int mc__meta_file_key_unlink(mc_meta_file_t *f, const char *name, int64_t rev);
+/* rev_bump + key_unlink. */
 int mc__meta_file_key_remove(mc_meta_file_t *f, const char *name);
 DIR *mc__meta_file_opendir(mc_meta_file_t *f, const char *sub);
 int mc__meta_file_sweep_keys(mc_meta_file_t *f, int64_t lease);
@@ -99,6 +123,10 @@ int mc__meta_file_kv_cmp(const void *a, const void *b);
 /* List the live keys under s->prefix into s->kvs (sorted; the caller frees them with
  * mc__meta_kvs_free), reaping expired leases first if it meets any. Takes the shared lock. */
 int mc__meta_file_scan(mc_meta_file_t *f, mc_meta_file_scan_t *s);
+/* Read the log into r->entries (the caller frees them with mc__meta_kvs_free). Needs no lock:
+ * the log is only appended to and replaced by rename, and a deletion up to the revision of a
+ * scan was logged before that scan took its lock. */
+int mc__meta_file_dellog_read(mc_meta_file_t *f, mc_meta_file_dellog_t *r);
 
 /* Watches (meta_file_watch.c). */
 int mc__meta_file_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,

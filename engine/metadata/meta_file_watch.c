@@ -1,7 +1,9 @@
 /* Watches of the file:// store: diff successive scans of the prefix. A watch keeps the last
  * scan (keys and mod_revisions, no values); a key new or changed since is a PUT, a key gone is a
- * DELETE. inotify on keys/ wakes the watcher early; a tick notices lease expiry, which changes
- * no file until someone reaps it. */
+ * DELETE at the revision the deletion log gives it. A watch from a past revision also reports,
+ * from the log, the keys deleted since then that are still absent. Changes of one key between
+ * two scans come as one event (its state now). inotify on keys/ wakes the watcher early; a tick
+ * notices lease expiry, which changes no file until someone reaps it. */
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -25,6 +27,7 @@ typedef struct file_watch {
     char *prefix;
     size_t prefix_len;
     int64_t start_rev;
+    int64_t rev;        /* the store revision of the last scan */
     bool primed;        /* the first scan has been taken */
     bool leased;        /* the snapshot holds leased keys, which may expire without an event */
     int ino_fd;         /* -1: no inotify, poll only */
@@ -78,8 +81,6 @@ static int file_event_rev_cmp(const void *a, const void *b)
  * into the events; the keys are copied, since the entries become the next snapshot. */
 static int file_watch_queue_puts(file_watch_t *w, mc_meta_file_scan_t *s)
 {
-    size_t first = w->ev_count;
-
     for (size_t i = 0; i < s->count; i++) {
         mc_meta_kv_t kv = s->kvs[i];
         if (!kv.value)
@@ -93,29 +94,123 @@ static int file_watch_queue_puts(file_watch_t *w, mc_meta_file_scan_t *s)
         }
         s->kvs[i].value = NULL;
     }
-    if (w->ev_count - first > 1)
-        qsort(w->events + first, w->ev_count - first, sizeof(*w->events), file_event_rev_cmp);
     return 0;
 }
 
-/* DELETE events for snapshot keys missing from the scan. The deletion happened at or before
- * the scan's revision (taken under the same lock), which is what they report. */
-static int file_watch_queue_dels(file_watch_t *w, mc_meta_file_scan_t *s)
+static int file_watch_push_del(file_watch_t *w, const mc_meta_kv_t *key, int64_t rev)
 {
-    for (size_t i = 0; i < w->nsnap; i++) {
-        mc_meta_kv_t *old = &w->snap[i];
-        mc_meta_kv_t kv = {.key_len = old->key_len, .mod_revision = s->rev};
-        if (s->count && bsearch(old, s->kvs, s->count, sizeof(*old), mc__meta_file_kv_cmp))
-            continue;
-        kv.key = malloc(old->key_len + 1);
-        kv.value = calloc(1, 1);
-        if (kv.key)
-            memcpy(kv.key, old->key, old->key_len + 1);
-        if (!kv.key || !kv.value || file_watch_push(w, MC_META_DELETE, &kv) != 0) {
-            mc__meta_kv_free(&kv);
-            return mc__set_error(-ENOMEM, "no memory for a watch event");
-        }
+    mc_meta_kv_t kv = {.key_len = key->key_len, .mod_revision = rev};
+
+    kv.key = malloc(key->key_len + 1);
+    kv.value = calloc(1, 1);
+    if (kv.key)
+        memcpy(kv.key, key->key, key->key_len + 1);
+    if (!kv.key || !kv.value || file_watch_push(w, MC_META_DELETE, &kv) != 0) {
+        mc__meta_kv_free(&kv);
+        return mc__set_error(-ENOMEM, "no memory for a watch event");
     }
+    return 0;
+}
+
+static const mc_meta_kv_t *file_kvs_find(const mc_meta_kv_t *kvs, size_t n, const mc_meta_kv_t *kv)
+{
+    return n ? bsearch(kv, kvs, n, sizeof(*kv), mc__meta_file_kv_cmp) : NULL;
+}
+
+/* By key, then by revision. */
+static int file_del_cmp(const void *a, const void *b)
+{
+    const mc_meta_kv_t *x = a, *y = b;
+    int c = mc__meta_file_kv_cmp(a, b);
+
+    return c ? c : (x->mod_revision > y->mod_revision) - (x->mod_revision < y->mod_revision);
+}
+
+/* The deletions under the prefix at revisions since..until, the last one of each key only,
+ * sorted by key. */
+static int file_watch_read_dels(file_watch_t *w, int64_t since, int64_t until,
+                                mc_meta_file_dellog_t *r)
+{
+    size_t n = 0;
+    int rc;
+
+    r->prefix = w->prefix;
+    r->prefix_len = w->prefix_len;
+    r->since = since;
+    r->until = until;
+    rc = mc__meta_file_dellog_read(MC_META_FILE(w->base.meta), r);
+    if (rc)
+        return rc; /* the caller frees r->entries, whatever happened */
+    if (r->count > 1)
+        qsort(r->entries, r->count, sizeof(*r->entries), file_del_cmp);
+    for (size_t i = 0; i < r->count; i++) {
+        if (i + 1 < r->count && mc__meta_file_kv_cmp(&r->entries[i], &r->entries[i + 1]) == 0)
+            mc__meta_kv_free(&r->entries[i]);
+        else
+            r->entries[n++] = r->entries[i];
+    }
+    r->count = n;
+    return 0;
+}
+
+/* First scan of a watch from a past revision: the keys deleted since that are absent now. */
+static int file_watch_dels_since(file_watch_t *w, mc_meta_file_scan_t *s)
+{
+    mc_meta_file_dellog_t r = {.entries = NULL};
+    int rc = file_watch_read_dels(w, w->start_rev, s->rev, &r);
+
+    if (rc == 0 && r.floor >= w->start_rev)
+        mc_warn("metadata watch of %.*s from revision %lld: deletions up to revision %lld are "
+                "no longer in the deletion log of %s and are not reported",
+                (int)w->prefix_len, w->prefix, (long long)w->start_rev, (long long)r.floor,
+                MC_META_FILE(w->base.meta)->dir);
+    for (size_t i = 0; rc == 0 && i < r.count; i++)
+        if (!file_kvs_find(s->kvs, s->count, &r.entries[i]))
+            rc = file_watch_push_del(w, &r.entries[i], r.entries[i].mod_revision);
+    mc__meta_kvs_free(r.entries, r.count);
+    return rc;
+}
+
+/* Later scans: snapshot keys missing from this scan, deleted after the last one. The log says
+ * when; a deletion it no longer holds is reported at the scan's revision. */
+static int file_watch_dels_gone(file_watch_t *w, mc_meta_file_scan_t *s)
+{
+    mc_meta_file_dellog_t r = {.entries = NULL};
+    bool read = false;
+    int rc = 0;
+
+    for (size_t i = 0; rc == 0 && i < w->nsnap; i++) {
+        const mc_meta_kv_t *old = &w->snap[i], *del;
+        if (file_kvs_find(s->kvs, s->count, old))
+            continue;
+        if (!read && (rc = file_watch_read_dels(w, w->rev + 1, s->rev, &r)) != 0)
+            break;
+        read = true;
+        del = file_kvs_find(r.entries, r.count, old);
+        rc = file_watch_push_del(w, old, del ? del->mod_revision : s->rev);
+    }
+    mc__meta_kvs_free(r.entries, r.count);
+    return rc;
+}
+
+/* Queue the events of a scan, in revision order (keys differ: one event per key per scan). */
+static int file_watch_queue(file_watch_t *w, mc_meta_file_scan_t *s)
+{
+    size_t first = w->ev_count;
+    int rc = file_watch_queue_puts(w, s);
+
+    if (rc == 0 && w->primed)
+        rc = file_watch_dels_gone(w, s);
+    else if (rc == 0 && w->start_rev > 0)
+        rc = file_watch_dels_since(w, s);
+    if (rc) {
+        for (size_t i = first; i < w->ev_count; i++)
+            mc__meta_kv_free(&w->events[i].kv);
+        w->ev_count = first;
+        return rc;
+    }
+    if (w->ev_count - first > 1)
+        qsort(w->events + first, w->ev_count - first, sizeof(*w->events), file_event_rev_cmp);
     return 0;
 }
 
@@ -127,11 +222,8 @@ static int file_watch_poll(file_watch_t *w)
     s.want = file_watch_want;
     s.arg = w;
     rc = mc__meta_file_scan(MC_META_FILE(w->base.meta), &s);
-    if (rc)
-        return rc;
-    rc = file_watch_queue_puts(w, &s);
     if (rc == 0)
-        rc = file_watch_queue_dels(w, &s);
+        rc = file_watch_queue(w, &s);
     if (rc) {
         mc__meta_kvs_free(s.kvs, s.count);
         return rc;
@@ -139,6 +231,7 @@ static int file_watch_poll(file_watch_t *w)
     mc__meta_kvs_free(w->snap, w->nsnap);
     w->snap = s.kvs;
     w->nsnap = s.count;
+    w->rev = s.rev;
     w->primed = true;
     w->leased = false;
     for (size_t i = 0; i < s.count; i++) {

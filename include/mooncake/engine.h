@@ -427,6 +427,22 @@ typedef struct mc_notify {
 /* Pop one received notification. Returns 1 if *out was filled, 0 if none is queued. */
 MC_API int mc_notify_pop(mc_engine_t *engine, mc_notify_t *out);
 
+/* ---- keys on the engine's lease ------------------------------------------------------------ */
+
+/* Put key = val (len bytes, copied) in the engine's metadata store (MC_METADATA) under the lease
+ * the engine publishes its segment with, for hosts whose entries must live exactly as long as
+ * their process: the key vanishes when the process dies (its lease expires) and is put again
+ * when the lease is lost and granted anew (a store that restarted empty, an outage longer than
+ * the lease). Publishing a key again replaces its value. Keys are full keys (see mc_meta_key in
+ * meta.h). Blocks for one round trip to the store, so not from a callback (-EDEADLK). -ENOTSUP
+ * with METADATA=none; the store's error if the put fails (the key is kept and put again with
+ * the next lease all the same; unpublish it to give up). */
+MC_API int mc_engine_publish(mc_engine_t *engine, const char *key, const void *val, size_t len);
+
+/* Delete a key this engine published and stop putting it again. -ENOENT if it did not publish
+ * it; -EDEADLK from a callback. */
+MC_API int mc_engine_unpublish(mc_engine_t *engine, const char *key);
+
 /* ---- statistics --------------------------------------------------------------------------- */
 
 typedef struct mc_counters {

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <mooncake/error.h>
 
 #include "metadata/meta.h"
+#include "metadata/meta_file_int.h"
 
 typedef struct fixture {
     char dir[64];
@@ -636,6 +638,79 @@ static void test_meta_key(void **state)
     assert_int_equal(mc__meta_key(buf, 14, NULL, "rpc", "n"), -ENAMETOOLONG);
 }
 
+/* The deletion log stays bounded: past MC_META_FILE_DELLOG_MAX it keeps its newer half. A watch
+ * from a revision it still covers gets each deletion at its own revision; one from before its
+ * floor still gets every live key and the deletions the log kept. */
+static void test_dellog_bounded(void **state)
+{
+    fixture_t *fx = *state;
+    mc_meta_t *meta = fx->meta;
+    char key[224], path[256];
+    struct stat st;
+    mc_meta_watch_t *w;
+    mc_meta_event_t ev;
+    int64_t rev = 0, r_recent = 0;
+    int i, n = (int)(MC_META_FILE_DELLOG_MAX / 200) + 200; /* lines of ~210 bytes */
+
+    memset(key, 'k', sizeof(key));
+    for (i = 0; i < n; i++) {
+        int len = snprintf(key, sizeof(key), "g/%06d-", i);
+        key[len] = 'k'; /* the rest of the 200-byte key stays 'k' */
+        assert_int_equal(mc__meta_put(meta, key, 200, "v", 1, 0, NULL), 0);
+        assert_int_equal(mc_meta_delete(meta, key, 200, 0), 0);
+    }
+    snprintf(path, sizeof(path), "%s/a/b/store/dellog", fx->dir);
+    assert_int_equal(stat(path, &st), 0);
+    assert_true((size_t)st.st_size <= MC_META_FILE_DELLOG_MAX);
+    assert_true((size_t)st.st_size >= MC_META_FILE_DELLOG_MAX / 3);
+    rev = put_str(meta, "g/live", "L", 0); /* 2n + 1 */
+    assert_int_equal(rev, 2 * n + 1);
+    /* The last deletion is at 2n; a watch from 2n - 1 sees it there, and the live key's put. */
+    r_recent = 2 * n - 1;
+    assert_int_equal(mc_meta_watch_create(meta, "g/", 2, r_recent, &w), 0);
+    assert_int_equal(mc_meta_watch_next(w, 1000, &ev), 0);
+    assert_int_equal(ev.type, MC_META_DELETE);
+    assert_int_equal(ev.kv.mod_revision, 2 * n);
+    snprintf(key, sizeof(key), "g/%06d-", n - 1);
+    assert_memory_equal(ev.kv.key, key, strlen(key));
+    assert_int_equal(ev.kv.key_len, 200);
+    mc_meta_kv_free(&ev.kv);
+    next_event(w, 1000, MC_META_PUT, "g/live", "L", rev);
+    assert_int_equal(mc_meta_watch_next(w, 0, &ev), -ETIMEDOUT);
+    mc_meta_watch_destroy(w);
+    /* From revision 1: the oldest deletions are gone from the log (a warning says so). */
+    assert_int_equal(mc_meta_watch_create(meta, "g/", 2, 1, &w), 0);
+    for (i = 0; mc_meta_watch_next(w, 0, &ev) == 0; i++) {
+        assert_true(ev.type == MC_META_PUT || ev.kv.mod_revision > 2);
+        mc_meta_kv_free(&ev.kv);
+    }
+    assert_true(i > 1 && i < n);
+    mc_meta_watch_destroy(w);
+}
+
+/* delete_prefix removes a key whose lease is dead too, without counting it: it was absent. */
+static void test_delete_prefix_dead_lease(void **state)
+{
+    mc_meta_t *meta = ((fixture_t *)*state)->meta;
+    mc_meta_file_t *f = MC_META_FILE(meta);
+    char lease_name[32];
+    int64_t lease;
+    size_t deleted = 99;
+
+    assert_int_equal(mc__meta_lease_grant(meta, 60, &lease), 0);
+    put_str(meta, "q/dead", "d", lease); /* 1 */
+    put_str(meta, "q/live", "l", 0);     /* 2 */
+    put_str(meta, "qx", "outside", 0);   /* 3 */
+    /* The lease's file is gone, as after a crash of its owner before any reaping. */
+    snprintf(lease_name, sizeof(lease_name), "%lld", (long long)lease);
+    assert_int_equal(unlinkat(f->leases_fd, lease_name, 0), 0);
+    assert_int_equal(mc_meta_delete_prefix(meta, "q/", 2, &deleted), 0);
+    assert_int_equal(deleted, 1);
+    assert_absent(meta, "q/live");
+    assert_value(meta, "qx", 2, "outside", 3);
+    assert_int_equal(put_str(meta, "q/new", "n", 0), 5); /* the deletion took one revision: 4 */
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -661,6 +736,8 @@ int main(void)
         T(test_key_too_long),
         T(test_open_errors),
         T(test_reopen_shares_store),
+        T(test_dellog_bounded),
+        T(test_delete_prefix_dead_lease),
         cmocka_unit_test(test_meta_key),
     };
 
