@@ -127,6 +127,14 @@ int mc__meta_file_scan(mc_meta_file_t *f, mc_meta_file_scan_t *s);
  * the log is only appended to and replaced by rename, and a deletion up to the revision of a
  * scan was logged before that scan took its lock. */
 int mc__meta_file_dellog_read(mc_meta_file_t *f, mc_meta_file_dellog_t *r);
+/* Log the deletion of name at rev (meta_file_dellog.c); caller holds the exclusive lock. */
+int mc__meta_file_dellog_append(mc_meta_file_t *f, int64_t rev, const char *name);
+/* Helpers of meta_file_store.c the log shares: a key file name back to the key, a whole write,
+ * a file replaced atomically (head, then body, through a temporary and rename). */
+int mc__meta_file_key_decode(const char *name, char **key_p, size_t *len_p);
+int mc__meta_file_write_full(int fd, const void *buf, size_t len);
+int mc__meta_file_write_atomic(mc_meta_file_t *f, int dst_fd, const char *name, const char *head,
+                               const void *body, size_t body_len);
 
 /* Watches (meta_file_watch.c). */
 int mc__meta_file_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,

@@ -70,7 +70,7 @@ static int file_hex(char c)
 }
 
 /* Decode a file name into a malloc'ed NUL-terminated key; -EINVAL for foreign names. */
-static int file_key_decode(const char *name, char **key_p, size_t *len_p)
+int mc__meta_file_key_decode(const char *name, char **key_p, size_t *len_p)
 {
     size_t n = 0, len = strlen(name);
     char *key = malloc(len + 1);
@@ -101,7 +101,7 @@ bool mc__meta_file_name_match(const char *name, const void *prefix, size_t prefi
     size_t len;
     bool match;
 
-    if (name[0] == '.' || file_key_decode(name, &key, &len) != 0)
+    if (name[0] == '.' || mc__meta_file_key_decode(name, &key, &len) != 0)
         return false;
     match = len >= prefix_len && memcmp(key, prefix, prefix_len) == 0;
     free(key);
@@ -110,7 +110,7 @@ bool mc__meta_file_name_match(const char *name, const void *prefix, size_t prefi
 
 /* ---- small files, atomic writes, the lock and the revision ---- */
 
-static int file_write_full(int fd, const void *buf, size_t len)
+int mc__meta_file_write_full(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
 
@@ -127,8 +127,8 @@ static int file_write_full(int fd, const void *buf, size_t len)
 }
 
 /* Write head + body to tmp/ and rename it to dst_fd/name, so readers see old or new, whole. */
-static int file_write_atomic(mc_meta_file_t *f, int dst_fd, const char *name, const char *head,
-                             const void *body, size_t body_len)
+int mc__meta_file_write_atomic(mc_meta_file_t *f, int dst_fd, const char *name, const char *head,
+                               const void *body, size_t body_len)
 {
     char tmp[64];
     int fd;
@@ -137,7 +137,8 @@ static int file_write_atomic(mc_meta_file_t *f, int dst_fd, const char *name, co
     fd = openat(f->tmp_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return mc__meta_file_err(f, "create", tmp);
-    if (file_write_full(fd, head, strlen(head)) < 0 || file_write_full(fd, body, body_len) < 0)
+    if (mc__meta_file_write_full(fd, head, strlen(head)) < 0 ||
+        mc__meta_file_write_full(fd, body, body_len) < 0)
         goto err_unlink_tmp;
     if (close(fd) < 0) {
         fd = -1;
@@ -221,7 +222,7 @@ int mc__meta_file_rev_bump(mc_meta_file_t *f, int64_t *rev_p)
     if (rc)
         return rc;
     snprintf(buf, sizeof(buf), "%" PRId64 "\n", ++rev);
-    rc = file_write_atomic(f, f->dir_fd, "rev", buf, NULL, 0);
+    rc = mc__meta_file_write_atomic(f, f->dir_fd, "rev", buf, NULL, 0);
     if (rc)
         return rc;
     *rev_p = rev;
@@ -310,7 +311,7 @@ int mc__meta_file_record_write(mc_meta_file_t *f, const char *name, int64_t rev,
     char head[FILE_HDR_MAX];
 
     snprintf(head, sizeof(head), "MCKV1 %" PRId64 " %" PRId64 " %zu\n", rev, lease, val_len);
-    return file_write_atomic(f, f->keys_fd, name, head, val, val_len);
+    return mc__meta_file_write_atomic(f, f->keys_fd, name, head, val, val_len);
 }
 
 /* ---- leases ---- */
@@ -339,7 +340,7 @@ int mc__meta_file_lease_write(mc_meta_file_t *f, int64_t id, int64_t ttl_ms)
     snprintf(name, sizeof(name), "%" PRId64, id);
     snprintf(buf, sizeof(buf), "%" PRId64 " %" PRId64 "\n", mc__meta_file_now_ms() + ttl_ms,
              ttl_ms);
-    return file_write_atomic(f, f->leases_fd, name, buf, NULL, 0);
+    return mc__meta_file_write_atomic(f, f->leases_fd, name, buf, NULL, 0);
 }
 
 /* A lease is alive while its file exists and has not expired; read errors count as alive so
@@ -371,187 +372,13 @@ static bool file_lease_alive_memo(mc_meta_file_t *f, mc_meta_file_lease_memo_t *
     return alive;
 }
 
-/* ---- the deletion log ---- */
-
-/* Read a whole file into a malloc'ed NUL-terminated buffer. -ENOENT if it does not exist. */
-static int file_read_all(mc_meta_file_t *f, int dir_fd, const char *name, char **buf_p,
-                         size_t *len_p)
-{
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    char *buf;
-    ssize_t n;
-
-    if (fd < 0)
-        return errno == ENOENT ? -ENOENT : mc__meta_file_err(f, "open", name);
-    if (fstat(fd, &st) < 0) {
-        close(fd);
-        return mc__meta_file_err(f, "stat", name);
-    }
-    buf = malloc((size_t)st.st_size + 1);
-    n = buf ? pread(fd, buf, (size_t)st.st_size, 0) : 0;
-    close(fd);
-    if (!buf)
-        return mc__set_error(-ENOMEM, "no memory to read %s/%s", f->dir, name);
-    if (n < 0) {
-        free(buf);
-        return mc__meta_file_err(f, "read", name);
-    }
-    buf[n] = '\0';
-    *buf_p = buf;
-    *len_p = (size_t)n;
-    return 0;
-}
-
-/* Parse "<rev> <name>\n" at p; returns the next line, or NULL if p holds no whole valid line
- * (a torn append is skipped by the caller going on at the next '\n'). */
-static const char *file_dellog_line(const char *p, int64_t *rev_p, char name[NAME_MAX + 1])
-{
-    char *end;
-    const char *nl = strchr(p, '\n'), *sp;
-    long long rev = strtoll(p, &end, 10);
-
-    if (!nl || end == p || *end != ' ' || rev <= 0)
-        return NULL;
-    sp = end + 1;
-    if (nl == sp || (size_t)(nl - sp) > NAME_MAX || memchr(sp, ' ', (size_t)(nl - sp)))
-        return NULL;
-    memcpy(name, sp, (size_t)(nl - sp));
-    name[nl - sp] = '\0';
-    *rev_p = rev;
-    return nl + 1;
-}
-
-/* The first entry: after the header line "MCDL1 <floor>" (the newest revision dropped). */
-static const char *file_dellog_entries(const char *buf, int64_t *floor_p)
-{
-    long long dropped = 0;
-    const char *nl = strchr(buf, '\n');
-
-    if (strncmp(buf, "MCDL1 ", 6) != 0 || !nl)
-        return buf;
-    if (sscanf(buf, "MCDL1 %lld", &dropped) == 1)
-        *floor_p = dropped;
-    return nl + 1;
-}
-
-/* Keep the newer half of the log, cut between two revisions (a delete_prefix shares one), and
- * name the newest revision dropped in the header. */
-static int file_dellog_compact(mc_meta_file_t *f)
-{
-    char *buf, head[48], name[NAME_MAX + 1];
-    const char *p, *next, *cut = NULL;
-    int64_t rev, prev = 0, dropped = 0;
-    size_t len;
-    int rc = file_read_all(f, f->dir_fd, MC_META_FILE_DELLOG, &buf, &len);
-
-    if (rc)
-        return rc;
-    for (p = file_dellog_entries(buf, &dropped); *p; p = next) {
-        next = file_dellog_line(p, &rev, name);
-        if (!next) {
-            next = strchr(p, '\n');
-            next = next ? next + 1 : p + strlen(p);
-            continue;
-        }
-        if ((size_t)(p - buf) >= len / 2 && rev != prev) {
-            cut = p;
-            break;
-        }
-        prev = dropped = rev;
-    }
-    if (!cut)
-        cut = buf + len;
-    snprintf(head, sizeof(head), "MCDL1 %" PRId64 "\n", dropped);
-    rc = file_write_atomic(f, f->dir_fd, MC_META_FILE_DELLOG, head, cut, len - (size_t)(cut - buf));
-    free(buf);
-    return rc;
-}
-
-/* Caller holds the exclusive lock. A new log starts with its header. */
-static int file_dellog_append(mc_meta_file_t *f, int64_t rev, const char *name)
-{
-    char line[NAME_MAX + 64];
-    struct stat st;
-    int n, fd = openat(f->dir_fd, MC_META_FILE_DELLOG, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
-                       0600);
-
-    if (fd < 0)
-        return mc__meta_file_err(f, "open", MC_META_FILE_DELLOG);
-    if (fstat(fd, &st) < 0) {
-        close(fd);
-        return mc__meta_file_err(f, "stat", MC_META_FILE_DELLOG);
-    }
-    n = snprintf(line, sizeof(line), "%s%" PRId64 " %s\n", st.st_size ? "" : "MCDL1 0\n", rev,
-                 name);
-    if (file_write_full(fd, line, (size_t)n) < 0) {
-        close(fd);
-        return mc__meta_file_err(f, "append to", MC_META_FILE_DELLOG);
-    }
-    close(fd);
-    /* The deletion is logged; a log that could not be cut is only longer, until the next try. */
-    if ((size_t)st.st_size + (size_t)n > MC_META_FILE_DELLOG_MAX && file_dellog_compact(f) != 0)
-        mc_warn("metadata store %s: cannot shorten %s: %s", f->dir, MC_META_FILE_DELLOG,
-                mc_last_error());
-    return 0;
-}
-
-/* Append the entry to r if its key is under the prefix and its revision in range. */
-static int file_dellog_take(mc_meta_file_dellog_t *r, const char *name, int64_t rev)
-{
-    mc_meta_kv_t kv = {.mod_revision = rev};
-
-    if (rev < r->since || rev > r->until || file_key_decode(name, &kv.key, &kv.key_len) != 0)
-        return 0;
-    if (kv.key_len < r->prefix_len || memcmp(kv.key, r->prefix, r->prefix_len) != 0) {
-        free(kv.key);
-        return 0;
-    }
-    if (r->count == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 16;
-        mc_meta_kv_t *e = realloc(r->entries, cap * sizeof(*e));
-        if (!e) {
-            free(kv.key);
-            return mc__set_error(-ENOMEM, "no memory for %zu deletions", cap);
-        }
-        r->entries = e;
-        r->cap = cap;
-    }
-    r->entries[r->count++] = kv;
-    return 0;
-}
-
-int mc__meta_file_dellog_read(mc_meta_file_t *f, mc_meta_file_dellog_t *r)
-{
-    char *buf, name[NAME_MAX + 1];
-    const char *p, *next;
-    int64_t rev;
-    size_t len;
-    int rc = file_read_all(f, f->dir_fd, MC_META_FILE_DELLOG, &buf, &len);
-
-    r->floor = 0;
-    if (rc)
-        return rc == -ENOENT ? 0 : rc; /* nothing was ever deleted */
-    for (p = file_dellog_entries(buf, &r->floor); rc == 0 && *p; p = next) {
-        next = file_dellog_line(p, &rev, name);
-        if (next) {
-            rc = file_dellog_take(r, name, rev);
-            continue;
-        }
-        next = strchr(p, '\n');
-        next = next ? next + 1 : p + strlen(p);
-    }
-    free(buf);
-    return rc;
-}
-
 /* ---- reaping (caller holds the exclusive lock) ---- */
 
 /* The deletion is logged first: a key the log names but that is still there (unlink failed)
  * is live to every reader, while a deletion missing from the log would be lost to watches. */
 int mc__meta_file_key_unlink(mc_meta_file_t *f, const char *name, int64_t rev)
 {
-    int rc = file_dellog_append(f, rev, name);
+    int rc = mc__meta_file_dellog_append(f, rev, name);
 
     if (rc)
         return rc;
@@ -683,7 +510,7 @@ static int file_scan_entry(mc_meta_file_t *f, mc_meta_file_scan_t *s, const char
         return rc;
     kv = &s->kvs[s->count];
     memset(kv, 0, sizeof(*kv));
-    if (file_key_decode(name, &kv->key, &kv->key_len) != 0)
+    if (mc__meta_file_key_decode(name, &kv->key, &kv->key_len) != 0)
         return 0; /* not ours */
     if (kv->key_len < s->prefix_len ||
         (s->prefix_len && memcmp(kv->key, s->prefix, s->prefix_len) != 0)) {
