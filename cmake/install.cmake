@@ -78,3 +78,12 @@ if(TARGET mooncake_kv)
   install(TARGETS mooncake_kv LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
   install(TARGETS mooncake_kv_loader ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
 endif()
+
+# The P2P store library (runtime; its header is in the dev component with the others) and its
+# tool, which finds the libraries next to it as the other tools do.
+if(TARGET mooncake_p2p)
+  install(TARGETS mooncake_p2p LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime
+          NAMELINK_COMPONENT dev)
+  set_target_properties(mooncake-p2p PROPERTIES INSTALL_RPATH "$ORIGIN/${MC_BIN_TO_LIB}")
+  install(TARGETS mooncake-p2p RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+endif()

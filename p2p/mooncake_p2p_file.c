@@ -1,0 +1,101 @@
+/* mooncake-p2p: the files it serves from and fetches into, mapped so that the engine moves
+ * their bytes without a copy. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mooncake_p2p_tool.h"
+
+static int fail(const char *what, const char *path)
+{
+    fprintf(stderr, "mooncake-p2p: %s %s: %s\n", what, path, strerror(errno));
+    return EXIT_LOCAL;
+}
+
+/* Private and writable, not read-only: the engine registers the memory for remote access,
+ * which on rdma asks the NIC for write access and fails on a read-only mapping. Private keeps
+ * the file itself untouched whatever a peer writes, and costs nothing more than the page
+ * cache while nobody writes (no copy of the file, as reading it into mc_mem_alloc memory
+ * would make). */
+int tool_map_in(const char *path, tool_map_t *m)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    memset(m, 0, sizeof(*m));
+    if (fd < 0 || fstat(fd, &st)) {
+        int rc = fail("cannot open", path);
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+        fprintf(stderr, "mooncake-p2p: %s: %s\n", path,
+                S_ISREG(st.st_mode) ? "empty file (an object has at least one byte)"
+                                    : "not a regular file");
+        close(fd);
+        return EXIT_USAGE;
+    }
+    m->len = (size_t)st.st_size;
+    m->addr = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m->addr == MAP_FAILED) {
+        m->addr = NULL;
+        return fail("cannot map", path);
+    }
+    return 0;
+}
+
+/* Shared, so that what the engine writes lands in the file; the space is reserved first, so
+ * that a full disk is an error here and not a SIGBUS in the middle of a transfer. */
+int tool_map_out(const char *path, size_t len, tool_map_t *m)
+{
+    int fd, err;
+
+    memset(m, 0, sizeof(*m));
+    if ((size_t)snprintf(m->part, sizeof(m->part), "%s.p2p-part", path) >= sizeof(m->part)) {
+        fprintf(stderr, "mooncake-p2p: %s: path too long\n", path);
+        return EXIT_USAGE;
+    }
+    fd = open(m->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fail("cannot create", m->part);
+    if ((err = posix_fallocate(fd, 0, (off_t)len)) != 0) {
+        errno = err;
+        close(fd);
+        unlink(m->part);
+        return fail("cannot reserve space for", m->part);
+    }
+    m->len = len;
+    m->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m->addr == MAP_FAILED) {
+        m->addr = NULL;
+        unlink(m->part);
+        return fail("cannot map", m->part);
+    }
+    return 0;
+}
+
+int tool_map_commit(const char *path, tool_map_t *m)
+{
+    if (msync(m->addr, m->len, MS_SYNC))
+        return fail("cannot write", m->part);
+    if (rename(m->part, path))
+        return fail("cannot rename to", path);
+    m->part[0] = '\0';
+    return 0;
+}
+
+void tool_map_close(tool_map_t *m)
+{
+    if (m->addr)
+        munmap(m->addr, m->len);
+    if (m->part[0])
+        unlink(m->part);
+    memset(m, 0, sizeof(*m));
+}

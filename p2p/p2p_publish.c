@@ -1,0 +1,308 @@
+/* Publishing and withdrawing: register, unregister, remove, serve, delete_replica. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "p2p_codec.h"
+#include "p2p_int.h"
+#include "p2p_shard.h"
+
+int mc__p2p_entry_publish(mc_p2p_t *p2p, p2p_held_t *h, const p2p_entry_t *e)
+{
+    char *json;
+    size_t len;
+    int rc = mc__p2p_entry_encode(e, &json, &len);
+
+    if (rc)
+        return rc;
+    rc = mc_engine_publish(p2p->engine, h->replica_key, json, len);
+    free(json);
+    if (rc == 0 || mc__p2p_meta_down(rc)) {
+        h->published = true;
+        return rc ? 1 : 0;
+    }
+    return mc__p2p_error(rc, "%s: publishing the replica entry: %s", h->name, mc_last_error());
+}
+
+/* This node's entry for a copy of every shard of d in h's buffers. */
+static int publish_complete(mc_p2p_t *p2p, p2p_held_t *h, const p2p_desc_t *d)
+{
+    p2p_rbuf_t *rb = calloc(h->n, sizeof(*rb));
+    int rc = mc__p2p_replica_key(p2p, h->name, h->replica_key);
+
+    if (rc >= 0 && !rb)
+        rc = mc__p2p_error(-ENOMEM, "out of memory");
+    if (rc >= 0) {
+        for (size_t i = 0; i < h->n; i++)
+            rb[i] = (p2p_rbuf_t){(uint64_t)(uintptr_t)h->bufs[i].addr, h->bufs[i].len};
+        p2p_entry_t e = {.id = d->id,
+                         .origin = h->origin,
+                         .complete = true, /* no bitmap then */
+                         .shards = d->shards,
+                         .bufs = rb,
+                         .n_bufs = h->n};
+        rc = mc__p2p_entry_publish(p2p, h, &e);
+    }
+    free(rb);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- register ---- */
+
+static int register_args(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, size_t n,
+                         const mc_p2p_register_opts_t *opts, mc_p2p_register_opts_t *o,
+                         p2p_desc_t *d)
+{
+    int rc = p2p ? mc__p2p_name_check(name) : mc__p2p_error(-EINVAL, "NULL node");
+
+    if (!rc)
+        rc = mc__p2p_bufs_check(name, bufs, n, &d->size);
+    if (rc)
+        return rc;
+    /* Callers built against an older header pass a shorter struct: the rest is defaults. */
+    memset(o, 0, sizeof(*o));
+    if (opts)
+        memcpy(o, opts, opts->size && opts->size < sizeof(*o) ? opts->size : sizeof(*o));
+    d->shard_size = o->shard_size ? o->shard_size : P2P_DEFAULT_SHARD;
+    if (d->shard_size < P2P_MIN_SHARD)
+        return mc__p2p_error(-EINVAL, "%s: shard size %llu is below %u", name,
+                             (unsigned long long)d->shard_size, P2P_MIN_SHARD);
+    if ((d->size - 1) / d->shard_size + 1 > MC_P2P_SHARDS_MAX)
+        return mc__p2p_error(-EINVAL, "%s: %llu bytes in shards of %llu are more than %d shards",
+                             name, (unsigned long long)d->size, (unsigned long long)d->shard_size,
+                             MC_P2P_SHARDS_MAX);
+    d->shards = (uint32_t)((d->size - 1) / d->shard_size + 1);
+    d->id = mc__p2p_random();
+    snprintf(d->origin, sizeof(d->origin), "%s", p2p->segment);
+    return 0;
+}
+
+/* After a lost answer, a retried CAS finds our own description: that is a success. */
+static int existing_is_ours(mc_p2p_t *p2p, const char *key, uint64_t id, int64_t *rev_p,
+                            char *origin, size_t size)
+{
+    mc_meta_kv_t kv;
+    p2p_desc_t d;
+    int ours = 0;
+
+    if (mc_meta_get(p2p->meta, key, strlen(key), &kv))
+        return 0;
+    if (mc__p2p_desc_decode(kv.value, kv.value_len, &d) == 0) {
+        ours = d.id == id;
+        snprintf(origin, size, "%s", d.origin);
+        mc__p2p_desc_free(&d);
+    }
+    *rev_p = kv.mod_revision;
+    mc_meta_kv_free(&kv);
+    return ours;
+}
+
+static int write_desc(mc_p2p_t *p2p, const char *name, const p2p_desc_t *d, int force,
+                      int64_t *rev_p)
+{
+    char key[P2P_KEY_MAX], *json, origin[MC_NAME_MAX] = "?";
+    uint64_t end = mc__p2p_now_ms() + p2p->connect_timeout_ms;
+    size_t len;
+    int rc = mc__p2p_key(p2p, name, "object", key);
+
+    if (rc < 0 || (rc = mc__p2p_desc_encode(d, &json, &len)) != 0)
+        return rc;
+    for (;;) { /* no lease: the description outlives its origin */
+        rc = force ? mc_meta_put(p2p->meta, key, strlen(key), json, len, 0, rev_p)
+                   : mc_meta_cas(p2p->meta, key, strlen(key), 0, json, len, 0, rev_p);
+        if (!mc__p2p_meta_down(rc) || mc__p2p_now_ms() >= end)
+            break;
+        mc__p2p_sleep_ms(100);
+    }
+    free(json);
+    if (rc == -MC_ECONFLICT && existing_is_ours(p2p, key, d->id, rev_p, origin, sizeof(origin)))
+        return 0;
+    if (rc == -MC_ECONFLICT)
+        return mc__p2p_error(-EEXIST, "%s is published already (origin %s); force replaces it",
+                             name, origin);
+    if (rc)
+        return mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc,
+                             "%s: writing the description: %s", name, mc_last_error());
+    return 0;
+}
+
+/* A forced replacement: holders of the old object stop being listed (their entries name the
+ * old id, which fetchers ignore anyway). */
+static void drop_entries(mc_p2p_t *p2p, const char *name)
+{
+    char key[P2P_KEY_MAX];
+
+    if (mc__p2p_key(p2p, name, "replica/", key) >= 0 &&
+        mc_meta_delete_prefix(p2p->meta, key, strlen(key), NULL))
+        mc__p2p_warn(p2p, "%s: deleting the replica entries: %s", name, mc_last_error());
+}
+
+static void delete_desc(mc_p2p_t *p2p, const char *name, int64_t rev)
+{
+    char key[P2P_KEY_MAX];
+    int rc = mc__p2p_key(p2p, name, "object", key);
+
+    if (rc >= 0)
+        rc = mc_meta_delete(p2p->meta, key, strlen(key), rev);
+    if (rc < 0 && rc != -ENOENT && rc != -MC_ECONFLICT)
+        mc__p2p_warn(p2p, "%s: deleting the description: %s", name, mc_last_error());
+}
+
+int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, size_t n,
+                    const mc_p2p_register_opts_t *opts)
+{
+    mc_p2p_register_opts_t o;
+    p2p_desc_t d = {0};
+    p2p_held_t *h;
+    int rc = register_args(p2p, name, bufs, n, opts, &o, &d);
+
+    if (rc || (rc = mc__p2p_claim(p2p, name, &h)) != 0)
+        return rc;
+    h->origin = true;
+    rc = mc__p2p_checksum_all(&d, bufs, n);
+    if (!rc)
+        rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
+    if (!rc)
+        rc = write_desc(p2p, name, &d, o.force, &h->object_rev);
+    if (rc)
+        goto err_release;
+    if (o.force)
+        drop_entries(p2p, name);
+    rc = publish_complete(p2p, h, &d);
+    if (rc)
+        goto err_delete_desc;
+    mc__p2p_desc_free(&d);
+    mc__p2p_settle(p2p, h);
+    return 0;
+
+err_delete_desc:
+    delete_desc(p2p, name, h->object_rev);
+err_release:
+    mc__p2p_release(p2p, h);
+    mc__p2p_forget(p2p, h);
+    mc__p2p_desc_free(&d);
+    return rc;
+}
+
+/* ---- withdrawing ---- */
+
+int mc_p2p_unregister(mc_p2p_t *p2p, const char *name, int keep_replicas)
+{
+    char key[P2P_KEY_MAX];
+    p2p_held_t *h;
+    int rc = p2p ? mc__p2p_name_check(name) : mc__p2p_error(-EINVAL, "NULL node");
+
+    if (rc || (rc = mc__p2p_take(p2p, name, true, &h)) != 0)
+        return rc;
+    rc = mc__p2p_key(p2p, name, "object", key);
+    if (rc >= 0)
+        rc = mc_meta_delete(p2p->meta, key, strlen(key), h->object_rev);
+    /* Gone already (removed) or replaced by someone else's (force): ours is withdrawn. */
+    if (rc == -ENOENT || rc == -MC_ECONFLICT)
+        rc = 1;
+    if (rc == 0 && !keep_replicas)
+        drop_entries(p2p, name);
+    if (rc < 0)
+        rc = mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc,
+                           "%s: deleting the description (remove it later): %s", name,
+                           mc_last_error());
+    mc__p2p_release(p2p, h);
+    mc__p2p_forget(p2p, h);
+    return rc < 0 ? rc : 0;
+}
+
+int mc_p2p_remove(mc_p2p_t *p2p, const char *name, int keep_replicas)
+{
+    char key[P2P_KEY_MAX];
+    mc_meta_kv_t kv;
+    int rc = p2p ? mc__p2p_name_check(name) : mc__p2p_error(-EINVAL, "NULL node");
+
+    if (rc || (rc = mc__p2p_key(p2p, name, "object", key)) < 0)
+        return rc;
+    rc = mc__p2p_meta_get(p2p, key, &kv);
+    if (rc == -ENOENT)
+        return mc__p2p_error(-ENOENT, "%s: no such object", name);
+    if (rc)
+        return rc;
+    rc = mc_meta_delete(p2p->meta, key, strlen(key), kv.mod_revision);
+    mc_meta_kv_free(&kv);
+    if (rc == -ENOENT || rc == -MC_ECONFLICT)
+        return mc__p2p_error(rc == -ENOENT ? -ENOENT : -EBUSY, "%s: removed or replaced meanwhile",
+                             name);
+    if (rc)
+        return mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc, "%s: deleting: %s", name,
+                             mc_last_error());
+    if (!keep_replicas)
+        drop_entries(p2p, name);
+    return 0;
+}
+
+int mc_p2p_delete_replica(mc_p2p_t *p2p, const char *name)
+{
+    p2p_held_t *h;
+    int rc = p2p ? mc__p2p_name_check(name) : mc__p2p_error(-EINVAL, "NULL node");
+
+    if (rc || (rc = mc__p2p_take(p2p, name, false, &h)) != 0)
+        return rc;
+    mc__p2p_release(p2p, h);
+    mc__p2p_forget(p2p, h);
+    return 0;
+}
+
+/* ---- serve ---- */
+
+/* The description of name, decoded: -ENOENT, -MC_EMETA, -EPROTO. */
+int mc__p2p_desc_get(mc_p2p_t *p2p, const char *name, p2p_desc_t *d)
+{
+    char key[P2P_KEY_MAX];
+    mc_meta_kv_t kv;
+    int rc = mc__p2p_key(p2p, name, "object", key);
+
+    if (rc < 0)
+        return rc;
+    rc = mc__p2p_meta_get(p2p, key, &kv);
+    if (rc == -ENOENT)
+        return mc__p2p_error(-ENOENT, "%s: no such object", name);
+    if (rc)
+        return rc;
+    rc = mc__p2p_desc_decode(kv.value, kv.value_len, d);
+    mc_meta_kv_free(&kv);
+    if (rc)
+        return mc__p2p_error(rc, "%s: %s", name, mc_p2p_last_error());
+    return 0;
+}
+
+int mc_p2p_serve(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, size_t n)
+{
+    uint64_t total = 0;
+    p2p_desc_t d = {0};
+    p2p_held_t *h;
+    uint32_t bad;
+    int rc = p2p ? mc__p2p_name_check(name) : mc__p2p_error(-EINVAL, "NULL node");
+
+    if (!rc)
+        rc = mc__p2p_bufs_check(name, bufs, n, &total);
+    if (rc || (rc = mc__p2p_desc_get(p2p, name, &d)) != 0)
+        return rc;
+    if (total != d.size)
+        rc = mc__p2p_error(-EINVAL, "%s: the buffers hold %llu bytes, the object %llu", name,
+                           (unsigned long long)total, (unsigned long long)d.size);
+    else if ((bad = mc__p2p_verify_all(&d, bufs, n)) < d.shards)
+        rc = mc__p2p_error(-EILSEQ, "%s: shard %u (bytes %llu..%llu) does not match its checksum",
+                           name, bad, (unsigned long long)p2p_shard_off(&d, bad),
+                           (unsigned long long)(p2p_shard_off(&d, bad) + p2p_shard_len(&d, bad)));
+    if (!rc && (rc = mc__p2p_claim(p2p, name, &h)) == 0) {
+        rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
+        if (!rc)
+            rc = publish_complete(p2p, h, &d);
+        if (rc) {
+            mc__p2p_release(p2p, h);
+            mc__p2p_forget(p2p, h);
+        } else {
+            mc__p2p_settle(p2p, h);
+        }
+    }
+    mc__p2p_desc_free(&d);
+    return rc;
+}

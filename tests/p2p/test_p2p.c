@@ -1,0 +1,455 @@
+/*
+ * The P2P store between real processes on one machine (file:// store, every engine on
+ * 127.0.0.1:0): bytes identical after publish and fetch, replicas serving the next fetchers,
+ * holders dying or lying mid-fetch, and the errors callers see.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <mooncake/error.h>
+
+#include "p2p_test.h"
+
+#define MiB (1ull << 20)
+#define KiB (1ull << 10)
+
+#define CMD_MS   20000
+#define FETCH_MS 60000
+
+/* A command that must succeed; the node's reply in the failure message otherwise. */
+#define OK(n, ...)                                                                                 \
+    do {                                                                                           \
+        int ok_rc_ = p2p_node_cmd((n), CMD_MS, __VA_ARGS__);                                       \
+        if (ok_rc_)                                                                                \
+            fail_msg("command failed (%d): %s", ok_rc_, (n)->reply);                               \
+    } while (0)
+
+/* A command that must fail with code. */
+#define FAILS(code, n, ...)                                                                        \
+    do {                                                                                           \
+        int f_rc_ = p2p_node_cmd((n), CMD_MS, __VA_ARGS__);                                        \
+        if (f_rc_ != (code))                                                                       \
+            fail_msg("expected %d, got %d: %s", (code), f_rc_, (n)->reply);                        \
+    } while (0)
+
+/* Stop a node that must exit cleanly. */
+#define STOP(n) assert_int_equal(p2p_node_stop(n), 0)
+
+static void start(p2p_proc_t *n)
+{
+    assert_int_equal(p2p_node_start(n), 0);
+}
+
+static p2p_result_t wait_fetch(p2p_proc_t *n)
+{
+    p2p_result_t r;
+    int rc = p2p_node_wait(n, FETCH_MS, &r);
+
+    if (rc)
+        fail_msg("wait: %d: %s", rc, n->reply);
+    return r;
+}
+
+/* Fetch name into n's memory (nbufs buffers) with options, wait, check every byte. */
+static p2p_result_t fetch_check(p2p_proc_t *n, const char *name, uint64_t size, unsigned nbufs,
+                                uint64_t seed, const char *opts)
+{
+    p2p_result_t r;
+
+    OK(n, "fetch %s %" PRIu64 " %u %s", name, size, nbufs, opts);
+    r = wait_fetch(n);
+    if (r.rc)
+        fail_msg("fetch %s failed: %d", name, r.rc);
+    OK(n, "check %" PRIu64, seed);
+    return r;
+}
+
+/* ---- bytes ---- */
+
+/* Sizes that are no multiple of the shard size, one shard, a one-byte object, 1000+ shards,
+ * buffers cut differently on both sides, both orders; with the engine's choice of transport
+ * (on one host: shared memory) and over tcp. */
+static void same_bytes(const char *protocol)
+{
+    static const struct {
+        uint64_t size, shard;
+        unsigned origin_bufs, fetch_bufs;
+        const char *opts;
+    } cases[] = {
+        {5000, 4 * KiB, 1, 1, ""},
+        {1, 4 * KiB, 1, 1, ""},
+        {100000, 1 * MiB, 2, 1, ""},
+        {3 * MiB + 123, 64 * KiB, 3, 2, "random=1"},
+        {4 * MiB + 77, 4 * KiB, 2, 3, "inflight=16"},
+        {2 * MiB, 64 * KiB, 4, 4, "inflight=1"},
+    };
+    p2p_proc_t o, f;
+
+    setenv("MC_PROTOCOL", protocol, 1);
+    start(&o);
+    start(&f);
+    unsetenv("MC_PROTOCOL");
+    for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t seed = 100 + i;
+        char name[32];
+        snprintf(name, sizeof(name), "same/%s/%u", protocol, i);
+        OK(&o, "publish %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %u", name, cases[i].size, seed,
+           cases[i].shard, cases[i].origin_bufs);
+        p2p_result_t r =
+            fetch_check(&f, name, cases[i].size, cases[i].fetch_bufs, seed, cases[i].opts);
+        assert_int_equal(r.shards, (cases[i].size - 1) / cases[i].shard + 1);
+        assert_int_equal(r.from_origin, cases[i].size);
+        OK(&f, "delete %s", name);
+        OK(&o, "unregister %s 0", name);
+    }
+    STOP(&f);
+    STOP(&o);
+}
+
+static void test_identical(void **state)
+{
+    (void)state;
+    same_bytes("auto");
+}
+
+static void test_identical_tcp(void **state)
+{
+    (void)state;
+    same_bytes("tcp");
+}
+
+/* ---- replicas ---- */
+
+/* Fetchers of the second generation take what the first one holds, not the origin's. */
+static void test_second_generation(void **state)
+{
+    const uint64_t size = 8 * MiB;
+    p2p_proc_t o, a, b, c;
+
+    (void)state;
+    start(&o);
+    start(&a);
+    start(&b);
+    start(&c);
+    OK(&o, "publish gen %" PRIu64 " 7 %llu 1", size, 64 * KiB);
+    fetch_check(&a, "gen", size, 1, 7, "");
+    OK(&b, "fetch gen %" PRIu64 " 2", size);
+    OK(&c, "fetch gen %" PRIu64 " 1", size);
+    p2p_result_t rb = wait_fetch(&b), rc = wait_fetch(&c);
+    assert_int_equal(rb.rc, 0);
+    assert_int_equal(rc.rc, 0);
+    OK(&b, "check 7");
+    OK(&c, "check 7");
+    print_message("b: origin %" PRIu64 " replicas %" PRIu64 "; c: origin %" PRIu64
+                  " replicas %" PRIu64 "\n",
+                  rb.from_origin, rb.from_replicas, rc.from_origin, rc.from_replicas);
+    assert_true(rb.from_replicas > 0 && rc.from_replicas > 0);
+    assert_true(rb.from_origin < rb.from_replicas && rc.from_origin < rc.from_replicas);
+    assert_int_equal(rb.from_origin + rb.from_replicas, size);
+    OK(&o, "stat gen");
+    assert_string_equal(o.reply, "ok 8388608 128 4 4");
+    STOP(&c);
+    STOP(&b);
+    STOP(&a);
+    STOP(&o);
+}
+
+/* Fetchers that start together feed each other: each shard is served as soon as it is
+ * verified, not when the whole object is. */
+static void test_feed_each_other(void **state)
+{
+    const uint64_t size = 8 * MiB;
+    p2p_proc_t o, n[3];
+    uint64_t replicas = 0;
+
+    (void)state;
+    start(&o);
+    OK(&o, "publish together %" PRIu64 " 11 %llu 1", size, 64 * KiB);
+    for (int i = 0; i < 3; i++)
+        start(&n[i]);
+    for (int i = 0; i < 3; i++) /* 4 MiB/s each: about two seconds side by side */
+        OK(&n[i], "fetch together %" PRIu64 " 1 rate=%llu", size, 4 * MiB);
+    for (int i = 0; i < 3; i++) {
+        p2p_result_t r = wait_fetch(&n[i]);
+        assert_int_equal(r.rc, 0);
+        OK(&n[i], "check 11");
+        replicas += r.from_replicas;
+        print_message("fetcher %d: origin %" PRIu64 " replicas %" PRIu64 "\n", i, r.from_origin,
+                      r.from_replicas);
+    }
+    assert_true(replicas > 0);
+    for (int i = 0; i < 3; i++)
+        STOP(&n[i]);
+    STOP(&o);
+}
+
+/* With --no-p2p's option only the origin serves, replicas or not. */
+static void test_origin_only(void **state)
+{
+    const uint64_t size = 2 * MiB;
+    p2p_proc_t o, a, b;
+
+    (void)state;
+    start(&o);
+    start(&a);
+    start(&b);
+    OK(&o, "publish solo %" PRIu64 " 3 %llu 1", size, 64 * KiB);
+    fetch_check(&a, "solo", size, 1, 3, "");
+    p2p_result_t r = fetch_check(&b, "solo", size, 1, 3, "origin_only=1 no_serve=1");
+    assert_int_equal(r.from_replicas, 0);
+    assert_int_equal(r.from_origin, size);
+    OK(&o, "stat solo");
+    assert_string_equal(o.reply, "ok 2097152 32 2 2"); /* b serves nobody */
+    STOP(&b);
+    STOP(&a);
+    STOP(&o);
+}
+
+/* ---- faults ---- */
+
+/* The origin dies once a complete replica exists: the others complete from replicas. */
+static void test_origin_killed(void **state)
+{
+    const uint64_t size = 4 * MiB;
+    p2p_proc_t o, a, b, c;
+
+    (void)state;
+    start(&o);
+    start(&a);
+    start(&b);
+    start(&c);
+    OK(&o, "publish orphan %" PRIu64 " 5 %llu 1", size, 64 * KiB);
+    fetch_check(&a, "orphan", size, 1, 5, "");
+    p2p_node_kill(&o);
+    OK(&b, "fetch orphan %" PRIu64 " 1", size);
+    OK(&c, "fetch orphan %" PRIu64 " 3 random=1", size);
+    p2p_result_t rb = wait_fetch(&b), rc = wait_fetch(&c);
+    assert_int_equal(rb.rc, 0);
+    assert_int_equal(rc.rc, 0);
+    OK(&b, "check 5");
+    OK(&c, "check 5");
+    assert_int_equal(rb.from_replicas, size);
+    assert_int_equal(rc.from_replicas, size);
+    STOP(&c);
+    STOP(&b);
+    STOP(&a);
+}
+
+/* The replica a fetch reads from dies mid-fetch: the fetch completes elsewhere. */
+static void test_replica_killed(void **state)
+{
+    const uint64_t size = 16 * MiB;
+    p2p_proc_t o, a, b;
+    uint64_t from_a = 0;
+
+    (void)state;
+    start(&o);
+    start(&a);
+    start(&b);
+    OK(&o, "publish victim %" PRIu64 " 9 %llu 1", size, 64 * KiB);
+    fetch_check(&a, "victim", size, 1, 9, "");
+    OK(&b, "fetch victim %" PRIu64 " 1 rate=%llu inflight=4", size, 6 * MiB); /* ~2.7 s */
+    for (int i = 0; i < 100 && from_a < 2 * MiB; i++) {
+        p2p_sleep_ms(50);
+        OK(&b, "progress");
+        assert_int_equal(sscanf(b.reply, "ok %*u %*u %" SCNu64, &from_a), 1);
+    }
+    assert_true(from_a >= 2 * MiB);
+    p2p_node_kill(&a);
+    p2p_result_t r = wait_fetch(&b);
+    print_message("origin %" PRIu64 " replicas %" PRIu64 " retries %u\n", r.from_origin,
+                  r.from_replicas, r.retries);
+    assert_int_equal(r.rc, 0);
+    OK(&b, "check 9");
+    assert_true(r.from_replicas >= 2 * MiB && r.from_replicas < size);
+    assert_true(r.from_origin > 0);
+    STOP(&b);
+    STOP(&o);
+}
+
+/* The replica a fetch reads from stops answering (SIGSTOP) mid-fetch: its shards time out and
+ * are fetched again elsewhere; the fetch completes without waiting for it. Over tcp: on one
+ * host the engine reads a peer's memory itself (CMA), which a stopped process cannot stall. */
+static void test_replica_stalled(void **state)
+{
+    const uint64_t size = 16 * MiB;
+    p2p_proc_t o, a, b;
+    uint64_t from_a = 0;
+
+    (void)state;
+    setenv("MC_PROTOCOL", "tcp", 1);
+    start(&o);
+    start(&a);
+    start(&b);
+    unsetenv("MC_PROTOCOL");
+    OK(&o, "publish stuck %" PRIu64 " 17 %llu 1", size, 64 * KiB);
+    fetch_check(&a, "stuck", size, 1, 17, "");
+    OK(&b, "fetch stuck %" PRIu64 " 1 rate=%llu timeout=1000", size, 8 * MiB); /* ~2 s */
+    for (int i = 0; i < 100 && from_a < 1 * MiB; i++) {
+        p2p_sleep_ms(20);
+        OK(&b, "progress");
+        assert_int_equal(sscanf(b.reply, "ok %*u %*u %" SCNu64, &from_a), 1);
+    }
+    kill(a.pid, SIGSTOP);
+    uint64_t t0 = p2p_now_ms();
+    p2p_result_t r = wait_fetch(&b);
+    print_message("%.1f s after the stop: origin %" PRIu64 " replicas %" PRIu64 " retries %u\n",
+                  (double)(p2p_now_ms() - t0) / 1000, r.from_origin, r.from_replicas, r.retries);
+    kill(a.pid, SIGCONT);
+    assert_int_equal(r.rc, 0);
+    OK(&b, "check 17");
+    assert_true(r.from_origin > 0);
+    assert_true(r.retries > 0);
+    assert_true(p2p_now_ms() - t0 < 20000);
+    STOP(&b);
+    STOP(&a);
+    STOP(&o);
+}
+
+/* A replica whose memory changed under it serves a corrupt shard: the fetch detects it, avoids
+ * that holder and gets the shard elsewhere. */
+static void test_corrupt_replica(void **state)
+{
+    const uint64_t size = 4 * MiB;
+    p2p_proc_t o, a, b;
+
+    (void)state;
+    start(&o);
+    start(&a);
+    start(&b);
+    OK(&o, "publish liar %" PRIu64 " 13 %llu 1", size, 64 * KiB);
+    fetch_check(&a, "liar", size, 2, 13, "");
+    OK(&a, "flip %llu", 15 * 64 * KiB + 1000); /* shard 15 */
+    p2p_result_t r = fetch_check(&b, "liar", size, 1, 13, "");
+    print_message("corrupt %u retries %u origin %" PRIu64 " replicas %" PRIu64 "\n", r.corrupt,
+                  r.retries, r.from_origin, r.from_replicas);
+    assert_true(r.corrupt >= 1);
+    assert_true(r.retries >= 1);
+    assert_true(r.from_origin >= 64 * KiB);
+    STOP(&b);
+    STOP(&a);
+    STOP(&o);
+}
+
+/* Nobody alive holds the object: the fetch gives up after the shard timeout, and says why. */
+static void test_no_live_holder(void **state)
+{
+    p2p_proc_t o, f;
+
+    (void)state;
+    start(&o);
+    start(&f);
+    OK(&o, "publish lonely %llu 1 %llu 1", 1 * MiB, 64 * KiB);
+    p2p_node_kill(&o);
+    uint64_t t0 = p2p_now_ms();
+    OK(&f, "fetch lonely %llu 1 timeout=1000", 1 * MiB);
+    p2p_result_t r = wait_fetch(&f);
+    assert_int_equal(r.rc, -MC_EPEERDEAD);
+    assert_true(p2p_now_ms() - t0 < 15000);
+    OK(&f, "stat lonely"); /* the description outlives its origin */
+    STOP(&f);
+}
+
+/* ---- errors ---- */
+
+static void test_names(void **state)
+{
+    static const char *const bad[] = {"bad//name", "/abs",      "trail/", "a/../b",
+                                      ".",         "x/./y",     "sp ace", "a/replica/b",
+                                      "replica",   "semi;colon"};
+    char longname[200];
+    p2p_proc_t o;
+
+    (void)state;
+    start(&o);
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        FAILS(-EINVAL, &o, "publish %s 100 1 4096 1", bad[i]);
+    memset(longname, 'n', 129);
+    longname[129] = '\0';
+    FAILS(-EINVAL, &o, "publish %s 100 1 4096 1", longname);
+    longname[128] = '\0';
+    OK(&o, "publish %s 100 1 4096 1", longname);
+    OK(&o, "unregister %s 0", longname);
+    OK(&o, "publish Ok.name-1/x_y/replicas 100 1 4096 1");
+    OK(&o, "unregister Ok.name-1/x_y/replicas 0");
+    FAILS(-EINVAL, &o, "publish small 100 1 1000 1"); /* shard below 4096 */
+    STOP(&o);
+}
+
+static void test_errors(void **state)
+{
+    p2p_proc_t o, p, f;
+
+    (void)state;
+    start(&o);
+    start(&p);
+    start(&f);
+    OK(&o, "publish taken 65536 21 4096 1");
+    FAILS(-EEXIST, &p, "publish taken 65536 22 4096 1");
+    FAILS(-EEXIST, &o, "publish taken 65536 21 4096 1"); /* held here already */
+    OK(&f, "fetch missing 65536 1");
+    p2p_result_t r = wait_fetch(&f);
+    assert_int_equal(r.rc, -ENOENT);
+    FAILS(-ENOENT, &f, "stat missing");
+    OK(&f, "fetch taken 65535 1");
+    r = wait_fetch(&f);
+    assert_int_equal(r.rc, -EINVAL); /* not the object's size */
+    FAILS(-ENOENT, &f, "delete taken");
+    FAILS(-ENOENT, &f, "unregister taken 0");
+    FAILS(-EILSEQ, &f, "serve taken 65536 99 1"); /* other bytes */
+    OK(&f, "serve taken 65536 21 2");
+    OK(&o, "stat taken");
+    assert_string_equal(o.reply, "ok 65536 16 2 2");
+    FAILS(-ENOENT, &f, "unregister taken 0"); /* f serves it, it did not publish it */
+    OK(&f, "delete taken");
+    /* force: p replaces o's object; entries of the old one no longer count */
+    OK(&p, "publish taken 131072 22 4096 1 force");
+    OK(&p, "stat taken");
+    assert_string_equal(p.reply, "ok 131072 32 1 1");
+    OK(&f, "fetch taken 131072 1");
+    r = wait_fetch(&f);
+    assert_int_equal(r.rc, 0);
+    OK(&f, "check 22");
+    OK(&o, "unregister taken 0"); /* withdraws its own, leaves p's description alone */
+    OK(&f, "stat taken");
+    OK(&f, "remove taken 0");
+    FAILS(-ENOENT, &f, "stat taken");
+    FAILS(-ENOENT, &f, "remove taken 0");
+    STOP(&f);
+    STOP(&p);
+    STOP(&o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_identical, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_identical_tcp, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_second_generation, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_feed_each_other, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_origin_only, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_origin_killed, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_replica_killed, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_replica_stalled, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_corrupt_replica, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_no_live_holder, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_names, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_errors, p2p_node_cleanup),
+    };
+
+    setenv("MC_METADATA_TTL", "3", 0);
+    p2p_test_dir();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,345 @@
+/*
+ * The P2P library's pure logic, white-box (linked with its static internal copy): names and
+ * keys, the two JSON documents, shard pieces and checksums across buffers, and which shard
+ * starts next from which holder.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "p2p_codec.h"
+#include "p2p_fetch.h"
+#include "p2p_int.h"
+#include "p2p_shard.h"
+
+static void test_names(void **state)
+{
+    static const char *const good[] = {
+        "a", "ckpt/llama-70b/v1.2", "A_b-c.d", "x/replicas", "..a", "a..", "replica_1"};
+    static const char *const bad[] = {
+        "",       "/a",      "a/",        "a//b",        ".",   "..",  "a/./b",
+        "a/../b", "replica", "a/replica", "a/replica/b", "a b", "a:b", "\xc3\xa9"};
+    char longest[MC_P2P_NAME_MAX + 1];
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        assert_int_equal(mc__p2p_name_check(good[i]), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(mc__p2p_name_check(bad[i]), -EINVAL);
+    assert_int_equal(mc__p2p_name_check(NULL), -EINVAL);
+    memset(longest, 'x', MC_P2P_NAME_MAX);
+    longest[MC_P2P_NAME_MAX - 1] = '\0';
+    assert_int_equal(mc__p2p_name_check(longest), 0);
+    longest[MC_P2P_NAME_MAX - 1] = 'x';
+    longest[MC_P2P_NAME_MAX] = '\0';
+    assert_int_equal(mc__p2p_name_check(longest), -EINVAL);
+    assert_non_null(strstr(mc_p2p_last_error(), "1 to 128 characters"));
+}
+
+static void test_keys(void **state)
+{
+    mc_p2p_t p2p = {.segment = "10.0.0.1:4000"};
+    char key[P2P_KEY_MAX];
+
+    (void)state;
+    assert_true(mc__p2p_key(&p2p, "m/v1", "object", key) > 0);
+    assert_string_equal(key, "mooncake/p2p/m/v1/object");
+    assert_true(mc__p2p_replica_key(&p2p, "m/v1", key) > 0);
+    assert_string_equal(key, "mooncake/p2p/m/v1/replica/10.0.0.1:4000");
+    strcpy(p2p.cluster, "prod");
+    assert_true(mc__p2p_key(&p2p, "m", "replica/", key) > 0);
+    assert_string_equal(key, "mooncake/prod/p2p/m/replica/");
+}
+
+static void test_desc_codec(void **state)
+{
+    uint64_t sums[3] = {0, UINT64_MAX, 0x0123456789abcdefull};
+    p2p_desc_t d = {.id = 0xfeedull,
+                    .size = 2 * 4096 + 1,
+                    .shard_size = 4096,
+                    .shards = 3,
+                    .sums = sums,
+                    .origin = "127.0.0.1:1"},
+               back;
+    char *json;
+    size_t len;
+
+    (void)state;
+    assert_int_equal(mc__p2p_desc_encode(&d, &json, &len), 0);
+    assert_non_null(strstr(json, "\"hash\":\"xxh3-64\""));
+    assert_non_null(strstr(json, "\"ffffffffffffffff\""));
+    assert_int_equal(mc__p2p_desc_decode(json, len, &back), 0);
+    assert_int_equal(back.id, d.id);
+    assert_int_equal(back.size, d.size);
+    assert_int_equal(back.shards, 3);
+    assert_memory_equal(back.sums, sums, sizeof(sums));
+    assert_string_equal(back.origin, d.origin);
+    mc__p2p_desc_free(&back);
+    free(json);
+    static const char *const bad[] = {
+        "[]",
+        "{\"v\":2}",
+        "not json",
+        "{\"v\":1,\"id\":\"0000000000000001\",\"size\":10,\"shard_size\":4,\"shards\":2,"
+        "\"hash\":\"xxh3-64\",\"checksums\":[\"0000000000000000\",\"0000000000000000\"],"
+        "\"origin\":\"o\"}", /* 10 bytes in shards of 4 are 3 */
+        "{\"v\":1,\"id\":\"0000000000000001\",\"size\":4,\"shard_size\":4,\"shards\":1,"
+        "\"hash\":\"crc32c\",\"checksums\":[\"0000000000000000\"],\"origin\":\"o\"}",
+        "{\"v\":1,\"id\":\"0000000000000001\",\"size\":4,\"shard_size\":4,\"shards\":1,"
+        "\"hash\":\"xxh3-64\",\"checksums\":[\"00000000000000zz\"],\"origin\":\"o\"}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(mc__p2p_desc_decode(bad[i], strlen(bad[i]), &back), -EPROTO);
+}
+
+/* Bitmaps of 1, 7, 8, 9 and 1025 shards, every other bit set; complete entries. */
+static void test_entry_codec(void **state)
+{
+    static const uint32_t counts[] = {1, 7, 8, 9, 1025};
+    p2p_rbuf_t bufs[2] = {{0x7f0000001000ull, 1000}, {0x7f0000100000ull, 24}};
+
+    (void)state;
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+        for (int complete = 0; complete < 2; complete++) {
+            uint32_t k = counts[c];
+            uint8_t have[129] = {0};
+            for (uint32_t i = 0; i < k; i++)
+                if (complete || i % 2 == 0)
+                    p2p_bit_set(have, i);
+            p2p_entry_t e = {.id = 42,
+                             .complete = complete,
+                             .shards = k,
+                             .have = have,
+                             .bufs = bufs,
+                             .n_bufs = 2},
+                        back;
+            char *json;
+            size_t len;
+            assert_int_equal(mc__p2p_entry_encode(&e, &json, &len), 0);
+            assert_int_equal(complete, strstr(json, "\"have\"") == NULL);
+            assert_int_equal(mc__p2p_entry_decode(json, len, 1024, &back), 0);
+            assert_int_equal(back.complete, complete);
+            assert_int_equal(back.n_bufs, 2);
+            assert_int_equal(back.bufs[1].addr, bufs[1].addr);
+            assert_memory_equal(back.have, have, (k + 7) / 8);
+            mc__p2p_entry_free(&back);
+            /* buffers that do not hold the object */
+            assert_int_equal(mc__p2p_entry_decode(json, len, 1025, &back), -EPROTO);
+            free(json);
+        }
+    const char *cut = "{\"v\":1,\"id\":\"000000000000002a\",\"origin\":false,\"complete\":false,"
+                      "\"shards\":9,\"bufs\":[[4096,10]],\"have\":\"AQ==\"}"; /* 1 byte, not 2 */
+    p2p_entry_t back;
+    assert_int_equal(mc__p2p_entry_decode(cut, strlen(cut), 10, &back), -EPROTO);
+}
+
+/* Object bytes [off, off+len) across buffers cut differently on both sides. */
+static void test_pieces_and_hash(void **state)
+{
+    static uint8_t mem[350], remote_mem[350];
+    mc_p2p_buf_t lb[3] = {{mem, 100}, {mem + 100, 50}, {mem + 150, 200}};
+    p2p_rbuf_t rb[2] = {{(uint64_t)(uintptr_t)remote_mem, 60},
+                        {(uint64_t)(uintptr_t)remote_mem + 60, 290}};
+    mc_request_t reqs[8];
+
+    (void)state;
+    for (int i = 0; i < 350; i++)
+        mem[i] = (uint8_t)(i * 7 + 3);
+    size_t n = mc__p2p_pieces(lb, 3, rb, 2, 5, 40, 200, reqs, 8);
+    assert_int_equal(n, 4); /* 40..60 | 60..100 | 100..150 | 150..240 */
+    uint64_t at = 40;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(reqs[i].opcode, MC_READ);
+        assert_int_equal(reqs[i].target, 5);
+        assert_ptr_equal(reqs[i].local, mem + at);
+        assert_int_equal(reqs[i].target_offset, (uint64_t)(uintptr_t)remote_mem + at);
+        at += reqs[i].length;
+    }
+    assert_int_equal(at, 240);
+    assert_int_equal(mc__p2p_pieces(lb, 3, rb, 2, 5, 40, 200, NULL, 0), 4);
+    assert_int_equal(mc__p2p_hash(lb, 3, 40, 200), XXH3_64bits(mem + 40, 200));
+    assert_int_equal(mc__p2p_hash(lb, 3, 100, 50), XXH3_64bits(mem + 100, 50));
+
+    p2p_desc_t d = {.size = 350, .shard_size = 128, .shards = 3};
+    assert_int_equal(mc__p2p_checksum_all(&d, lb, 3), 0);
+    assert_int_equal(d.sums[2], XXH3_64bits(mem + 256, 94));
+    assert_int_equal(mc__p2p_verify_all(&d, lb, 3), 3);
+    mem[300] ^= 1;
+    assert_int_equal(mc__p2p_verify_all(&d, lb, 3), 2);
+    mc__p2p_desc_free(&d);
+}
+
+/* ---- choosing ---- */
+
+static mc_p2p_t chooser_node = {.segment = "me:1"};
+
+/* A fetch of 4 shards whose holders are listed from entries (have: one bit per shard). */
+static p2p_fetch_t *chooser(const char *const *segs, const unsigned *haves, size_t n)
+{
+    p2p_fetch_t *f = calloc(1, sizeof(*f));
+    mc_meta_kv_t kvs[8];
+    p2p_rbuf_t rb = {4096, 4 * 4096};
+
+    f->p2p = &chooser_node;
+    f->d = (p2p_desc_t){.id = 7,
+                        .size = 4 * 4096,
+                        .shard_size = 4096,
+                        .shards = 4,
+                        .sums = NULL,
+                        .origin = "origin:1"};
+    f->state = calloc(4, 1);
+    f->avail = calloc(4, sizeof(*f->avail));
+    f->perm = malloc(4 * sizeof(*f->perm));
+    f->last_holder = malloc(4 * sizeof(*f->last_holder));
+    f->rng = 12345;
+    f->avail_gen = UINT64_MAX;
+    for (uint32_t i = 0; i < 4; i++) {
+        f->perm[i] = i;
+        f->last_holder[i] = SIZE_MAX;
+    }
+    strcpy(f->replica_prefix, "mooncake/p2p/x/replica/");
+    for (size_t i = 0; i < n; i++) {
+        uint8_t have = (uint8_t)haves[i];
+        p2p_entry_t e = {.id = 7,
+                         .complete = haves[i] == 15,
+                         .shards = 4,
+                         .have = &have,
+                         .bufs = &rb,
+                         .n_bufs = 1};
+        kvs[i].key = malloc(64);
+        snprintf(kvs[i].key, 64, "mooncake/p2p/x/replica/%s", segs[i]);
+        assert_int_equal(mc__p2p_entry_encode(&e, &kvs[i].value, &kvs[i].value_len), 0);
+    }
+    mc__p2p_holders_listed(f, kvs, n);
+    for (size_t i = 0; i < n; i++) {
+        free(kvs[i].key);
+        free(kvs[i].value);
+    }
+    return f;
+}
+
+static void chooser_free(p2p_fetch_t *f)
+{
+    mc__p2p_holders_free(f);
+    free(f->state);
+    free(f->avail);
+    free(f->perm);
+    free(f->last_holder);
+    free(f);
+}
+
+static const char *holder_of(p2p_fetch_t *f, uint32_t *shard_p)
+{
+    size_t h;
+
+    if (!mc__p2p_pick(f, shard_p, &h))
+        return NULL;
+    return f->holders[h].segment;
+}
+
+static void test_choose(void **state)
+{
+    const char *const segs[] = {"origin:1", "r1:1", "r2:1", "r3:1", "me:1"};
+    const unsigned haves[] = {15, 3, 6, 8, 15}; /* r1: 0,1  r2: 1,2  r3: 3 */
+    p2p_fetch_t *f = chooser(segs, haves, 5);
+    uint32_t shard;
+
+    (void)state;
+    assert_int_equal(f->n_holders, 4); /* our own entry is not a holder */
+    f->holders[2].bad = true;          /* r2 sent a corrupt shard */
+    f->holders[3].dead = true;         /* r3 died */
+    f->holders_gen++;
+    /* shard 2 and 3: the origin only (rarest); the first in the permutation */
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    assert_int_equal(shard, 2);
+    f->state[2] = f->state[3] = SHARD_DONE;
+    /* shards 0, 1: origin and r1; r1, a replica, before the origin however loaded */
+    f->holders[1].inflight = 5;
+    assert_string_equal(holder_of(f, &shard), "r1:1");
+    /* r1 failed shard 0 last: the origin gets it */
+    f->last_holder[0] = 1;
+    f->state[1] = SHARD_DONE;
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    assert_int_equal(shard, 0);
+    /* the origin only: same */
+    f->last_holder[0] = SIZE_MAX;
+    f->o.origin_only = 1;
+    f->holders_gen++;
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    chooser_free(f);
+}
+
+/* Least loaded among the replicas, holders that keep failing last, nothing from the bad. */
+static void test_least_loaded(void **state)
+{
+    const char *const segs[] = {"origin:1", "r1:1", "r2:1"};
+    const unsigned haves[] = {15, 15, 15};
+    p2p_fetch_t *f = chooser(segs, haves, 3);
+    uint32_t shard;
+
+    (void)state;
+    f->holders[1].inflight = 2;
+    f->holders[2].inflight = 1;
+    assert_string_equal(holder_of(f, &shard), "r2:1");
+    f->holders[2].fails = P2P_HOLDER_FAILS;
+    assert_string_equal(holder_of(f, &shard), "r1:1");
+    f->holders[1].fails = P2P_HOLDER_FAILS;
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    f->holders[0].bad = true;
+    f->holders_gen++;
+    assert_string_equal(holder_of(f, &shard), "r2:1"); /* fewer in flight than r1 */
+    f->holders[1].bad = f->holders[2].bad = true;
+    f->holders_gen++;
+    assert_null(holder_of(f, &shard));
+    assert_int_equal(mc__p2p_stall_reason(f, &shard), -EILSEQ);
+    f->holders[0].present = f->holders[1].present = f->holders[2].present = false;
+    assert_int_equal(mc__p2p_stall_reason(f, &shard), -MC_EPEERDEAD);
+    chooser_free(f);
+}
+
+/* Entries of another publication of the name, or unreadable ones, are no holders. */
+static void test_foreign_entries(void **state)
+{
+    const char *const segs[] = {"origin:1"};
+    const unsigned haves[] = {15};
+    p2p_fetch_t *f = chooser(segs, haves, 1);
+    mc_meta_event_t ev = {.type = MC_META_PUT};
+    char key[] = "mooncake/p2p/x/replica/old:1";
+    char val[] = "{\"v\":1,\"id\":\"0000000000000008\",\"origin\":false,\"complete\":true,"
+                 "\"shards\":4,\"bufs\":[[4096,16384]]}";
+
+    (void)state;
+    ev.kv.key = key;
+    ev.kv.value = val;
+    ev.kv.value_len = strlen(val);
+    mc__p2p_holders_event(f, &ev);
+    assert_int_equal(f->n_holders, 1);
+    val[28] = '7'; /* this publication's id */
+    mc__p2p_holders_event(f, &ev);
+    assert_int_equal(f->n_holders, 2);
+    ev.type = MC_META_DELETE;
+    mc__p2p_holders_event(f, &ev);
+    assert_false(f->holders[1].present);
+    chooser_free(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),           cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_desc_codec),      cmocka_unit_test(test_entry_codec),
+        cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_choose),
+        cmocka_unit_test(test_least_loaded),    cmocka_unit_test(test_foreign_entries),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
