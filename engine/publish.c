@@ -135,15 +135,7 @@ int mc__publish_start(mc_engine_t *e)
 
     if (!strcmp(e->cfg.metadata, "none"))
         return 0;
-    mc_meta_opts_t opts = {
-        .user = mc__config_str(e->conf, "ETCD_USER"),
-        .password = mc__config_str(e->conf, "ETCD_PASSWORD"),
-        .cacert = mc__config_str(e->conf, "ETCD_CACERT"),
-        .cert = mc__config_str(e->conf, "ETCD_CERT"),
-        .key = mc__config_str(e->conf, "ETCD_KEY"),
-        .timeout_ms = (unsigned)mc__config_num(e->conf, "ETCD_TIMEOUT_MS"),
-    };
-    rc = mc__meta_open(e->cfg.metadata, &opts, &e->meta);
+    rc = mc__meta_open_config(e->conf, &e->meta);
     if (rc)
         return mc__set_error(rc, "metadata %s: %s", e->cfg.metadata, mc_last_error());
     rc = publish_once(e);

@@ -121,7 +121,7 @@ static int p2p_start(mc_p2p_t *p2p, const mc_config_t *config)
 
     if (rc)
         return rc;
-    rc = mc_meta_open(url, &p2p->meta);
+    rc = mc_meta_open_config(config, &p2p->meta); /* the engine's credentials too */
     if (rc)
         return mc__p2p_error(rc, "metadata %s: %s", url, mc_last_error());
     rc = mc_engine_create(config, &p2p->engine);

@@ -7,6 +7,7 @@
 
 #include <mooncake/error.h>
 
+#include "config.h"
 #include "metadata/meta.h"
 #include "util/log.h"
 
@@ -187,6 +188,35 @@ int mc_meta_open(const char *url, mc_meta_t **meta_p)
     if (!meta_p)
         return meta_null("mc_meta_open", "meta_p");
     return mc__meta_open(url, NULL /* options from MC_ETCD_* */, meta_p);
+}
+
+/* The store a configuration names, with its ETCD_* settings (the engine opens its own so). */
+int mc__meta_open_config(const mc_config_t *c, mc_meta_t **meta_p)
+{
+    mc_meta_opts_t opts = {
+        .user = mc__config_str(c, "ETCD_USER"),
+        .password = mc__config_str(c, "ETCD_PASSWORD"),
+        .cacert = mc__config_str(c, "ETCD_CACERT"),
+        .cert = mc__config_str(c, "ETCD_CERT"),
+        .key = mc__config_str(c, "ETCD_KEY"),
+        .timeout_ms = (unsigned)mc__config_num(c, "ETCD_TIMEOUT_MS"),
+    };
+
+    return mc__meta_open(mc__config_str(c, "METADATA"), &opts, meta_p);
+}
+
+int mc_meta_open_config(const mc_config_t *config, mc_meta_t **meta_p)
+{
+    mc_config_t *own = NULL;
+    int rc;
+
+    if (!meta_p)
+        return meta_null("mc_meta_open_config", "meta_p");
+    if (!config && (rc = mc_config_create(&own)) < 0)
+        return rc;
+    rc = mc__meta_open_config(config ? config : own, meta_p);
+    mc_config_destroy(own);
+    return rc;
 }
 
 void mc_meta_close(mc_meta_t *meta)

@@ -82,6 +82,8 @@ struct mc_meta_watch {
  * mc_last_error()), -MC_ECONFIG for bad options (naming the setting), backend errors otherwise. */
 int mc__meta_open(const char *url, const mc_meta_opts_t *opts, mc_meta_t **meta_p);
 void mc__meta_close(mc_meta_t *meta);
+/* The store config's METADATA names, with its ETCD_* settings. */
+int mc__meta_open_config(const mc_config_t *config, mc_meta_t **meta_p);
 
 /* Get one key. -ENOENT if absent (or its lease expired). Free with mc__meta_kv_free(). */
 int mc__meta_get(mc_meta_t *meta, const void *key, size_t key_len, mc_meta_kv_t *kv_p);

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <mooncake/engine.h>
 #include <mooncake/error.h>
 
 #ifdef __cplusplus
@@ -52,6 +53,11 @@ typedef struct mc_meta_event {
 /* Open a store by URL. -EINVAL for an unknown scheme or a malformed URL, -MC_ECONFIG for a bad
  * MC_ETCD_* setting, -MC_EMETA when the service cannot be reached. Close with mc_meta_close. */
 MC_API int mc_meta_open(const char *url, mc_meta_t **meta_p);
+
+/* Open the store a configuration names (its METADATA, with its ETCD_* credentials, TLS files
+ * and bound: what an engine created from it uses); NULL: the defaults and the environment.
+ * -EINVAL when METADATA is "none". */
+MC_API int mc_meta_open_config(const mc_config_t *config, mc_meta_t **meta_p);
 MC_API void mc_meta_close(mc_meta_t *meta);
 
 /* Get one key: -ENOENT if absent (or its lease expired). Free with mc_meta_kv_free. */
