@@ -163,11 +163,11 @@ static int etcd_del_any(mc_meta_t *meta, const void *key, size_t key_len)
     return rc;
 }
 
-/* The range answer's header names the revision the listing is of. */
-static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
-                     size_t *count_p, int64_t *revision_p)
+/* A range request (kv/range, kv/deleterange) over every key under prefix. */
+static int prefix_call(mc_meta_t *meta, const char *path, const void *prefix, size_t prefix_len,
+                       json_t **resp_p)
 {
-    json_t *req = NULL, *resp = NULL;
+    json_t *req;
     char *k, *e;
     int rc = mc__etcd_prefix_range(prefix, prefix_len, &k, &e);
 
@@ -176,7 +176,16 @@ static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_
     req = json_pack("{s:s, s:s}", "key", k, "range_end", e);
     free(k);
     free(e);
-    rc = call(meta, "kv/range", req, &resp);
+    return call(meta, path, req, resp_p);
+}
+
+/* The range answer's header names the revision the listing is of. */
+static int etcd_list(mc_meta_t *meta, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
+                     size_t *count_p, int64_t *revision_p)
+{
+    json_t *resp = NULL;
+    int rc = prefix_call(meta, "kv/range", prefix, prefix_len, &resp);
+
     if (rc)
         return rc;
     json_t *arr = json_object_get(resp, "kvs");
@@ -260,16 +269,9 @@ static int etcd_del(mc_meta_t *meta, const void *key, size_t key_len, int64_t mo
 static int etcd_delete_prefix(mc_meta_t *meta, const void *prefix, size_t prefix_len,
                               size_t *deleted_p)
 {
-    json_t *req, *resp = NULL;
-    char *k, *e;
-    int rc = mc__etcd_prefix_range(prefix, prefix_len, &k, &e);
+    json_t *resp = NULL;
+    int rc = prefix_call(meta, "kv/deleterange", prefix, prefix_len, &resp);
 
-    if (rc)
-        return rc;
-    req = json_pack("{s:s, s:s}", "key", k, "range_end", e);
-    free(k);
-    free(e);
-    rc = call(meta, "kv/deleterange", req, &resp);
     if (rc)
         return rc;
     *deleted_p = (size_t)mc__etcd_int(resp, "deleted");
