@@ -204,7 +204,7 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
             rc = mc__set_error(-MC_ENOSEGMENT, "request %zu: segment id %u is not open", i,
                                r->target);
         else if (r->length && /* zero length: a no-op, nothing to check */
-                 !(t->lbuf = mc__mem_get_locked(e, (uint64_t)(uintptr_t)r->local, r->length)))
+                 !(t->lbuf = mc__mem_get_any_locked(e, (uint64_t)(uintptr_t)r->local, r->length)))
             rc = mc__set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
                                r->local, (unsigned long long)r->length);
         else
@@ -214,6 +214,15 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
     pthread_rwlock_unlock(&e->peers_lock);
     *rc_p = rc;
     return rc ? i - 1 : count;
+}
+
+/* Why transport slot may not carry t: an end of it is an opaque buffer (a file) another
+ * transport owns. NULL if it may. */
+static const char *not_owner(const mc_task_t *t, const mc_desc_buffer_t *rb, unsigned slot)
+{
+    if ((t->lbuf->owner && t->lbuf->owner != slot + 1) || (rb->owner && rb->owner != slot + 1))
+        return "an end is not memory, and only the transport that owns it moves it";
+    return NULL;
 }
 
 /* Give t to the first transport from position k of its peer's order that accepts it. Caller
@@ -228,7 +237,9 @@ static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb,
     why[0] = 0;
     for (; k < p->n_order; k++) {
         const mc_transport_ops_t *ops = mc__transports[p->order[k]];
-        const char *no = MC_TP_HAS(ops, accept) ? ops->accept(e, t, rb) : NULL;
+        const char *no = not_owner(t, rb, p->order[k]);
+        if (!no)
+            no = MC_TP_HAS(ops, accept) ? ops->accept(e, t, rb) : NULL;
         if (!no) {
             t->tp = p->order[k];
             return;

@@ -2,12 +2,15 @@
  * Registered memory (internal): the table every request is checked against.
  *
  * Buffers are sorted by address and may overlap: two layers of a host may register the same
- * pages (a registration cache over a pool). Registering exactly the same range again counts
- * one more registration of the buffer; unregister drops one, and the last removes it. Readers
- * (submit, the target side of every transport) take mem.lock for reading; registration
- * changes take it for writing. A buffer in use by a request in flight holds a reference;
- * unregister removes it from the table at once (new requests are refused), then waits for the
- * references to drain.
+ * pages (a registration cache over a pool). Buffers that are not memory of this process (files)
+ * are opaque: they belong to one transport (owner), which alone registers, publishes and moves
+ * them; their addresses are names from MC_OPAQUE_BASE up, never pointers, and they live in a
+ * table of their own, so that whoever walks the memory (shm's mirror of it) never meets one.
+ * Registering exactly the same range again counts one more registration of the buffer; unregister
+ * drops one, and the last removes it. Readers (submit, the target side of every transport) take
+ * mem.lock for reading; registration changes take it for writing. A buffer in use by a request in
+ * flight holds a reference; unregister removes it from the table at once (new requests are
+ * refused), then waits for the references to drain.
  */
 #ifndef MC_BUFFER_H
 #define MC_BUFFER_H
@@ -28,6 +31,10 @@ struct mc_buffer {
     atomic_uint refs;    /* requests in flight that touch this buffer */
     atomic_bool dead;    /* unregistered: waiting for refs to drain */
     void *tp[MC_TP_MAX]; /* each transport's registration (memory regions, handles), or NULL */
+    uint8_t owner;       /* 0: memory of this process; else 1 + the slot of the transport that
+                            owns this opaque buffer (see above) */
+    bool internal;       /* the engine's own (bounce buffers): published, but not listed to
+                            hosts by mc_segment_buffers */
 };
 
 typedef struct mc_memtab {
@@ -35,6 +42,9 @@ typedef struct mc_memtab {
     mc_buffer_t **v; /* sorted by addr (equal ones in registration order); may overlap */
     size_t n, cap;
     uint64_t max_len; /* the longest buffer ever registered: how far back a lookup looks */
+    mc_buffer_t **ov; /* opaque buffers, sorted by addr; they never overlap */
+    size_t on, ocap;
+    uint64_t opaque_next;       /* where the next opaque buffer starts */
     pthread_mutex_t drain_lock; /* with drain_cond: unregister waits (mc__mem_wait) */
     pthread_cond_t drain_cond;
 } mc_memtab_t;
@@ -47,6 +57,32 @@ void mc__memtab_fini(mc_engine_t *e);
 mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len);
 mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
 void mc__mem_put(mc_engine_t *e, mc_buffer_t *b);
+
+/* The opaque buffer of transport slot holding [addr, addr+len), referenced; NULL if none. */
+mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uint64_t len);
+/* The local end of a request: memory, else an opaque buffer of any owner. Caller holds
+ * e->mem.lock. */
+mc_buffer_t *mc__mem_get_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
+
+/* Register len bytes that are not memory (a file) as an opaque buffer of transport slot, at a
+ * fresh address of the opaque range, with location (its kind, e.g. "file"). priv becomes
+ * b->tp[slot], the transport's state for it, from this call on: its mem_deregister releases it
+ * when the buffer goes, and also when this call fails. Only that transport's memory ops see the
+ * buffer. *addr_p gets its address. Registering thread; mc_mem_unregister removes it as any
+ * buffer. */
+int mc__mem_register_opaque(mc_engine_t *e, unsigned slot, uint64_t len, const char *location,
+                            void *priv, uint64_t *addr_p);
+/* mc_mem_register for the engine's own memory (a transport's bounce buffers): internal. It is
+ * not engine memory for same-host peers (no mapping: they reach it with CMA, which needs no
+ * exchange with us, so also from inside progress). */
+int mc__mem_register_internal(mc_engine_t *e, void *addr, size_t len);
+
+/* Whether transport slot deals with b at all: everyone with memory, only its owner with an
+ * opaque buffer. */
+static inline bool mc__buffer_visible(const mc_buffer_t *b, unsigned slot)
+{
+    return !b->owner || b->owner == slot + 1;
+}
 
 /* Wait in an unregistering thread until done(e, arg) or the deadline; false on timeout. Drives
  * progress itself in caller-progress mode; otherwise sleeps until mc__mem_wake(). */

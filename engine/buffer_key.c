@@ -31,7 +31,7 @@ static int pack_parts(mc_engine_t *e, const mc_buffer_t *b, uint8_t *key, size_t
 
     for (unsigned i = 0; i < mc__n_transports; i++) {
         const mc_transport_ops_t *ops = mc__transports[i];
-        if (!e->tp[i] || !MC_TP_HAS(ops, key_pack))
+        if (!e->tp[i] || !mc__buffer_visible(b, i) || !MC_TP_HAS(ops, key_pack))
             continue;
         size_t room = MC_BUFFER_KEY_SIZE - used;
         if (room < 3)
@@ -63,7 +63,7 @@ int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
     if (!e || !out)
         return mc__set_error(-EINVAL, "mc_buffer_key_pack: NULL argument");
     pthread_rwlock_rdlock(&e->mem.lock);
-    b = mc__mem_get_locked(e, (uint64_t)(uintptr_t)addr, 1);
+    b = mc__mem_get_any_locked(e, (uint64_t)(uintptr_t)addr, 1);
     if (!b) {
         pthread_rwlock_unlock(&e->mem.lock);
         return mc__set_error(-ENOENT, "mc_buffer_key_pack: %p is in no registered buffer", addr);

@@ -68,18 +68,21 @@ static int parse_metadata(const char *v, uint64_t *num_p)
     return mc__set_error(-MC_ECONFIG, "expected file://DIR, etcd://HOST:PORT or none");
 }
 
-/* auto, or the name of a transport: that one for every peer it reaches (the control
- * transport too, for what it carries). */
+/* auto, or the name of a transport that reaches peers: that one for every peer it reaches (the
+ * control transport too, for what it carries; local ones, which own buffers that are not
+ * memory, run whatever this says). */
 static int parse_protocol(const char *v, uint64_t *num_p)
 {
     char names[128] = "";
+    int slot = mc__transport_find(v);
 
     *num_p = 0;
-    if (!strcmp(v, "auto") || mc__transport_find(v) >= 0)
+    if (!strcmp(v, "auto") || (slot >= 0 && !(mc__transports[slot]->flags & MC_TP_LOCAL)))
         return 0;
     for (unsigned i = 0; i < mc__n_transports; i++)
-        snprintf(names + strlen(names), sizeof(names) - strlen(names), ", %s",
-                 mc__transports[i]->name);
+        if (!(mc__transports[i]->flags & MC_TP_LOCAL))
+            snprintf(names + strlen(names), sizeof(names) - strlen(names), ", %s",
+                     mc__transports[i]->name);
     return mc__set_error(-MC_ECONFIG, "expected auto%s", names);
 }
 

@@ -86,11 +86,20 @@ static int decode_buffer(json_t *jb, mc_desc_t *d, mc_desc_buffer_t *b)
     if (b->addr + b->len < b->addr)
         return mc__set_error(-MC_EPROTO, "descriptor: buffer wraps around");
     rc = copy_str(jb, "location", b->location, sizeof(b->location));
+    b->internal = json_is_true(json_object_get(jb, "internal"));
     for (unsigned i = 0; !rc && i < mc__n_transports; i++) {
         const mc_desc_codec_t *c = mc__transports[i]->codec;
         if (c && c->decode_buffer)
             rc = c->decode_buffer(jb, d->tp[i], d, i, b);
     }
+    /* Opaque addresses name buffers some transport owns. One that no transport of ours claims
+     * (a kind of buffer this engine does not know) stays listed, and nothing here moves it; one
+     * claimed outside the range would be taken for memory. */
+    if (!rc && b->addr >= MC_OPAQUE_BASE && !b->owner)
+        b->owner = MC_OWNER_NONE;
+    if (!rc && b->addr < MC_OPAQUE_BASE && b->owner)
+        rc = mc__set_error(-MC_EPROTO, "descriptor: buffer at 0x%llx is not memory",
+                           (unsigned long long)b->addr);
     return rc;
 }
 
@@ -132,7 +141,7 @@ static int decode_buffers(json_t *root, mc_desc_t *d)
         int rc = decode_buffer(jb, d, &d->buffers[i]);
         if (rc)
             return rc;
-        if (d->buffers[i].len > d->max_len)
+        if (!d->buffers[i].owner && d->buffers[i].len > d->max_len)
             d->max_len = d->buffers[i].len;
     }
     qsort(d->buffers, d->n_buffers, sizeof(*d->buffers), buffer_cmp);
@@ -192,12 +201,16 @@ static size_t desc_floor(const mc_desc_t *d, uint64_t addr)
 const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
 {
     /* Buffers may overlap (the same pages registered twice): look back over those that start
-     * close enough below addr to hold it, nearest first. */
+     * close enough below addr to hold it, nearest first. Opaque ones never overlap: the nearest
+     * is the only one. */
     for (size_t i = desc_floor(d, addr); i-- > 0;) {
         const mc_desc_buffer_t *b = &d->buffers[i];
+        bool holds = addr - b->addr <= b->len && len <= b->len - (addr - b->addr);
+        if (addr >= MC_OPAQUE_BASE)
+            return b->owner && holds ? b : NULL;
         if (addr - b->addr >= d->max_len)
             break;
-        if (addr - b->addr <= b->len && len <= b->len - (addr - b->addr))
+        if (holds)
             return b;
     }
     return NULL;
@@ -218,7 +231,7 @@ int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *l
     v[at].len = len;
     snprintf(v[at].location, sizeof(v[at].location), "%s", location);
     d->n_buffers++;
-    if (len > d->max_len)
+    if (addr < MC_OPAQUE_BASE && len > d->max_len)
         d->max_len = len;
     *b_p = &v[at];
     return 0;

@@ -17,12 +17,17 @@
 #include "fwd.h"
 
 #define MC_DESC_VERSION 2
+#define MC_OWNER_NONE   UINT8_MAX
 #define MC_HOST_ID_MAX  96
 
 struct mc_desc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
     uint32_t part[MC_TP_MAX]; /* offset + 1 of transport i's bytes for it in mc_desc_t.parts */
+    uint8_t owner;            /* 0: memory; else 1 + the slot of the transport whose codec said
+                                 it owns this opaque buffer (a file): only it may move it;
+                                 MC_OWNER_NONE: opaque, and no transport here knows its kind */
+    bool internal;            /* the peer's own (bounce buffers): not listed to hosts */
 };
 
 struct mc_desc {
@@ -32,7 +37,8 @@ struct mc_desc {
     int pid;
     size_t n_buffers;
     mc_desc_buffer_t *buffers; /* sorted by addr; they may overlap */
-    uint64_t max_len;          /* of the longest buffer: how far back a lookup looks */
+    uint64_t max_len;          /* of the longest memory buffer: how far back a lookup looks
+                                  (opaque ones never overlap: one look is enough) */
     void *tp[MC_TP_MAX];       /* each transport's decoded part (its codec's), or NULL */
     uint8_t *parts;            /* per-buffer bytes of the transports, 8-byte aligned pieces */
     size_t parts_len, parts_cap;

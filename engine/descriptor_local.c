@@ -1,5 +1,6 @@
 /* Our own segment descriptor (the format is described in descriptor.c) and host identity. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,14 +16,14 @@ int mc__host_id(char *buf, size_t size)
 {
     char boot[64] = "";
     struct stat st;
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, boot, sizeof(boot) - 1) : -1;
 
-    if (!f || !fgets(boot, sizeof(boot), f)) {
-        if (f)
-            fclose(f);
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
         return mc__set_error(-EIO, "cannot read /proc/sys/kernel/random/boot_id");
-    }
-    fclose(f);
+    boot[n] = 0;
     boot[strcspn(boot, "\n")] = 0;
     if (stat("/proc/self/ns/net", &st) < 0)
         return mc__set_error(-errno, "cannot stat /proc/self/ns/net");
@@ -35,9 +36,14 @@ static json_t *buffer_json(mc_engine_t *e, const mc_buffer_t *b)
     json_t *jb = json_pack("{s:I,s:I,s:s}", "addr", (json_int_t)b->addr, "length",
                            (json_int_t)b->len, "location", b->location);
 
+    if (jb && b->internal && json_object_set_new(jb, "internal", json_true())) {
+        json_decref(jb);
+        return NULL;
+    }
     for (unsigned i = 0; jb && i < mc__n_transports; i++) {
         const mc_transport_ops_t *ops = mc__transports[i];
-        if (e->tp[i] && MC_TP_HAS(ops, encode_buffer) && ops->encode_buffer(e, b, jb)) {
+        if (e->tp[i] && mc__buffer_visible(b, i) && MC_TP_HAS(ops, encode_buffer) &&
+            ops->encode_buffer(e, b, jb)) {
             json_decref(jb);
             return NULL;
         }
@@ -45,17 +51,27 @@ static json_t *buffer_json(mc_engine_t *e, const mc_buffer_t *b)
     return jb;
 }
 
+/* Append the n buffers of v to arr; false when out of memory. */
+static bool buffers_append(mc_engine_t *e, json_t *arr, mc_buffer_t *const *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_t *jb = buffer_json(e, v[i]);
+        if (!jb || json_array_append_new(arr, jb))
+            return false;
+    }
+    return true;
+}
+
+/* Memory, then the opaque buffers (files), whose addresses come after all memory. */
 static json_t *buffers_json(mc_engine_t *e)
 {
     json_t *arr = json_array();
 
     pthread_rwlock_rdlock(&e->mem.lock);
-    for (size_t i = 0; arr && i < e->mem.n; i++) {
-        json_t *jb = buffer_json(e, e->mem.v[i]);
-        if (!jb || json_array_append_new(arr, jb)) {
-            json_decref(arr);
-            arr = NULL;
-        }
+    if (arr && (!buffers_append(e, arr, e->mem.v, e->mem.n) ||
+                !buffers_append(e, arr, e->mem.ov, e->mem.on))) {
+        json_decref(arr);
+        arr = NULL;
     }
     pthread_rwlock_unlock(&e->mem.lock);
     return arr;

@@ -468,7 +468,7 @@ static bool transport_wanted(const mc_engine_t *e, unsigned i)
     const mc_transport_ops_t *ops = mc__transports[i];
 
     return !strcmp(e->cfg.protocol, "auto") || !strcmp(e->cfg.protocol, ops->name) ||
-           (ops->flags & MC_TP_CONTROL);
+           (ops->flags & (MC_TP_CONTROL | MC_TP_LOCAL));
 }
 
 static int transports_init(mc_engine_t *e)

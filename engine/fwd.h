@@ -6,6 +6,12 @@
 
 #define MC_TP_MAX    8  /* transports one engine may have (transport/table.c) */
 #define MC_MAX_RAILS 16 /* rails per peer and transport */
+/* Buffers that are not memory of this process (files) get their addresses from here up to
+ * MC_OPAQUE_END: no user-space pointer reaches it (at most 2^57 with 5-level paging), so a
+ * segment's addresses never mix the two kinds, and every address stays a positive JSON
+ * integer (descriptors). */
+#define MC_OPAQUE_BASE 0x4000000000000000ull
+#define MC_OPAQUE_END  0x7fffffffffffffffull
 
 typedef struct mc_buffer mc_buffer_t;
 typedef struct mc_desc mc_desc_t;

@@ -22,7 +22,14 @@ int mc__memtab_init(mc_memtab_t *t)
     pthread_rwlock_init(&t->lock, NULL);
     pthread_mutex_init(&t->drain_lock, NULL);
     pthread_cond_init(&t->drain_cond, NULL);
+    t->opaque_next = MC_OPAQUE_BASE;
     return 0;
+}
+
+/* Whether transport i is in use and deals with b (an opaque buffer: its owner only). */
+static bool tp_sees(mc_engine_t *e, unsigned i, const mc_buffer_t *b)
+{
+    return e->tp[i] && mc__buffer_visible(b, i);
 }
 
 /* Every transport's registration of b, in table order; undone in reverse on failure. */
@@ -30,10 +37,10 @@ static int tp_register(mc_engine_t *e, mc_buffer_t *b)
 {
     for (unsigned i = 0; i < mc__n_transports; i++) {
         const mc_transport_ops_t *ops = mc__transports[i];
-        int rc = e->tp[i] && MC_TP_HAS(ops, mem_register) ? ops->mem_register(e, b) : 0;
+        int rc = tp_sees(e, i, b) && MC_TP_HAS(ops, mem_register) ? ops->mem_register(e, b) : 0;
         if (rc) {
             while (i-- > 0)
-                if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_deregister))
+                if (tp_sees(e, i, b) && MC_TP_HAS(mc__transports[i], mem_deregister))
                     mc__transports[i]->mem_deregister(e, b);
             return rc;
         }
@@ -44,7 +51,7 @@ static int tp_register(mc_engine_t *e, mc_buffer_t *b)
 static void tp_deregister(mc_engine_t *e, mc_buffer_t *b)
 {
     for (unsigned i = mc__n_transports; i-- > 0;)
-        if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_deregister))
+        if (tp_sees(e, i, b) && MC_TP_HAS(mc__transports[i], mem_deregister))
             mc__transports[i]->mem_deregister(e, b);
 }
 
@@ -60,6 +67,11 @@ void mc__memtab_fini(mc_engine_t *e)
 {
     mc_memtab_t *t = &e->mem;
 
+    for (size_t i = 0; i < t->on; i++) { /* files first: nothing moves into memory any more */
+        tp_deregister(e, t->ov[i]);
+        free(t->ov[i]);
+    }
+    free(t->ov);
     for (size_t i = 0; i < t->n; i++) {
         tp_deregister(e, t->v[i]);
         if (t->v[i]->memfd >= 0) {
@@ -74,14 +86,14 @@ void mc__memtab_fini(mc_engine_t *e)
     pthread_cond_destroy(&t->drain_cond);
 }
 
-/* Index of the last buffer with addr <= a, or -1. Caller holds t->lock. */
-static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
+/* Index of the last of the n buffers of v with addr <= a, or -1. */
+static ssize_t vec_floor(mc_buffer_t *const *v, size_t n, uint64_t a)
 {
-    ssize_t lo = 0, hi = (ssize_t)t->n - 1, ans = -1;
+    ssize_t lo = 0, hi = (ssize_t)n - 1, ans = -1;
 
     while (lo <= hi) {
         ssize_t mid = (lo + hi) / 2;
-        if (t->v[mid]->addr <= a) {
+        if (v[mid]->addr <= a) {
             ans = mid;
             lo = mid + 1;
         } else {
@@ -89,6 +101,12 @@ static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
         }
     }
     return ans;
+}
+
+/* Index of the last memory buffer with addr <= a, or -1. Caller holds t->lock. */
+static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
+{
+    return vec_floor(t->v, t->n, a);
 }
 
 mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
@@ -112,6 +130,37 @@ mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
     mc_buffer_t *b = mc__mem_get_locked(e, addr, len);
     pthread_rwlock_unlock(&e->mem.lock);
     return b;
+}
+
+/* The opaque buffer holding [addr, addr+len), referenced, or NULL. Caller holds t->lock.
+ * Opaque buffers never overlap: the one starting at or below addr is the only candidate. */
+static mc_buffer_t *opaque_get_locked(mc_memtab_t *t, uint64_t addr, uint64_t len)
+{
+    ssize_t i = vec_floor(t->ov, t->on, addr);
+    mc_buffer_t *b = i >= 0 ? t->ov[i] : NULL;
+
+    if (!b || len > b->len || addr - b->addr > b->len - len)
+        return NULL;
+    atomic_fetch_add(&b->refs, 1);
+    return b;
+}
+
+mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uint64_t len)
+{
+    pthread_rwlock_rdlock(&e->mem.lock);
+    mc_buffer_t *b = opaque_get_locked(&e->mem, addr, len);
+    pthread_rwlock_unlock(&e->mem.lock);
+    if (b && b->owner != slot + 1) {
+        mc__mem_put(e, b);
+        b = NULL;
+    }
+    return b;
+}
+
+mc_buffer_t *mc__mem_get_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
+{
+    return addr >= MC_OPAQUE_BASE ? opaque_get_locked(&e->mem, addr, len)
+                                  : mc__mem_get_locked(e, addr, len);
 }
 
 void mc__mem_wake(mc_engine_t *e)
@@ -223,24 +272,35 @@ static mc_buffer_t *memtab_same(const mc_memtab_t *t, uint64_t addr, uint64_t le
     return NULL;
 }
 
-static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
+/* Insert b into the n buffers of *v_p (room for *cap_p), after every one starting at or below. */
+static int vec_insert(mc_buffer_t ***v_p, size_t *n_p, size_t *cap_p, mc_buffer_t *b)
 {
-    ssize_t i = memtab_floor(t, b->addr); /* b goes after every buffer starting at or below */
+    ssize_t i = vec_floor(*v_p, *n_p, b->addr);
 
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 16;
-        mc_buffer_t **v = realloc(t->v, cap * sizeof(*v));
+    if (*n_p == *cap_p) {
+        size_t cap = *cap_p ? 2 * *cap_p : 16;
+        mc_buffer_t **v = realloc(*v_p, cap * sizeof(*v));
         if (!v)
             return mc__set_error(-ENOMEM, "out of memory growing the registration table");
-        t->v = v;
-        t->cap = cap;
+        *v_p = v;
+        *cap_p = cap;
     }
-    memmove(&t->v[i + 2], &t->v[i + 1], (t->n - (size_t)(i + 1)) * sizeof(*t->v));
-    t->v[i + 1] = b;
-    t->n++;
-    if (b->len > t->max_len)
-        t->max_len = b->len;
+    memmove(&(*v_p)[i + 2], &(*v_p)[i + 1], (*n_p - (size_t)(i + 1)) * sizeof(**v_p));
+    (*v_p)[i + 1] = b;
+    (*n_p)++;
     return 0;
+}
+
+static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
+{
+    int rc;
+
+    if (b->owner)
+        return vec_insert(&t->ov, &t->on, &t->ocap, b);
+    rc = vec_insert(&t->v, &t->n, &t->cap, b);
+    if (!rc && b->len > t->max_len)
+        t->max_len = b->len;
+    return rc;
 }
 
 /* The same range registered again (a second layer of the host): one more registration of the
@@ -257,7 +317,28 @@ static int mem_register_again(mc_engine_t *e, uint64_t addr, size_t len, const c
     return b != NULL;
 }
 
-static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *location, int memfd)
+/* Make b visible: every transport that deals with it registers it, then it joins the table. */
+static int mem_insert(mc_engine_t *e, mc_buffer_t *b)
+{
+    int rc = tp_register(e, b);
+
+    if (rc)
+        return rc;
+    pthread_rwlock_wrlock(&e->mem.lock);
+    rc = memtab_insert(&e->mem, b);
+    if (!rc)
+        tp_changed(e);
+    pthread_rwlock_unlock(&e->mem.lock);
+    if (rc) {
+        tp_deregister(e, b);
+        return rc;
+    }
+    mc__publish_kick(e);
+    return 0;
+}
+
+static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *location, int memfd,
+                        bool internal)
 {
     mc_buffer_t *b;
     int rc;
@@ -266,8 +347,9 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
         return mc__set_error(-EINVAL, "mc_mem_register: NULL argument");
     if (len == 0)
         return mc__set_error(-EINVAL, "mc_mem_register: zero length at %p", addr);
-    if ((uint64_t)(uintptr_t)addr + len < (uint64_t)(uintptr_t)addr)
-        return mc__set_error(-EINVAL, "mc_mem_register: %p+%zu wraps around", addr, len);
+    if ((uint64_t)(uintptr_t)addr + len < (uint64_t)(uintptr_t)addr ||
+        (uint64_t)(uintptr_t)addr + len > MC_OPAQUE_BASE)
+        return mc__set_error(-EINVAL, "mc_mem_register: %p+%zu is no user-space memory", addr, len);
     b = calloc(1, sizeof(*b));
     if (!b)
         return mc__set_error(-ENOMEM, "out of memory");
@@ -275,6 +357,7 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     b->len = len;
     b->memfd = memfd;
     b->regs = 1;
+    b->internal = internal;
     rc = location_resolve(addr, location, b->location);
     if (!rc && memfd < 0 && mem_register_again(e, b->addr, len, b->location)) {
         free(b);
@@ -282,37 +365,90 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     }
     b->vram = !strncmp(b->location, "cuda:", 5);
     if (!rc)
-        rc = tp_register(e, b);
+        rc = mem_insert(e, b);
     if (rc)
-        goto err_free;
+        free(b);
+    return rc;
+}
+
+int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location)
+{
+    return mem_register(e, addr, len, location, -1, false);
+}
+
+int mc__mem_register_internal(mc_engine_t *e, void *addr, size_t len)
+{
+    return mem_register(e, addr, len, "*", -1, true);
+}
+
+/* A fresh range of the opaque address space for len bytes: 1 MiB-aligned (so that the low bits
+ * of an address are those of the offset in the buffer), never given twice. Caller holds
+ * t->lock for writing. */
+static int opaque_range(mc_memtab_t *t, uint64_t len, uint64_t *addr_p)
+{
+    const uint64_t align = 1ull << 20;
+
+    if (len > MC_OPAQUE_END - t->opaque_next - align)
+        return mc__set_error(-ENOSPC, "no opaque address range left for %llu bytes",
+                             (unsigned long long)len);
+    *addr_p = t->opaque_next;
+    t->opaque_next += (len + align - 1) & ~(align - 1);
+    return 0;
+}
+
+int mc__mem_register_opaque(mc_engine_t *e, unsigned slot, uint64_t len, const char *location,
+                            void *priv, uint64_t *addr_p)
+{
+    const mc_transport_ops_t *ops = mc__transports[slot];
+    mc_buffer_t tmp = {.owner = (uint8_t)(slot + 1)}, *b = calloc(1, sizeof(*b));
+    int rc;
+
+    if (!b) { /* the owner's state for it is released all the same */
+        tmp.tp[slot] = priv;
+        b = &tmp;
+        rc = mc__set_error(-ENOMEM, "out of memory");
+        goto err_dereg;
+    }
+    b->len = len;
+    b->memfd = -1;
+    b->regs = 1;
+    b->owner = (uint8_t)(slot + 1);
+    b->tp[slot] = priv;
+    snprintf(b->location, sizeof(b->location), "%s", location);
+    rc = MC_TP_HAS(ops, mem_register) ? ops->mem_register(e, b) : 0;
+    if (rc)
+        goto err_dereg;
     pthread_rwlock_wrlock(&e->mem.lock);
-    rc = memtab_insert(&e->mem, b);
+    rc = opaque_range(&e->mem, len, &b->addr);
+    if (!rc)
+        rc = memtab_insert(&e->mem, b);
     if (!rc)
         tp_changed(e);
     pthread_rwlock_unlock(&e->mem.lock);
     if (rc)
         goto err_dereg;
     mc__publish_kick(e);
+    *addr_p = b->addr;
     return 0;
 
 err_dereg:
-    tp_deregister(e, b);
-err_free:
-    free(b);
+    if (MC_TP_HAS(ops, mem_deregister))
+        ops->mem_deregister(e, b);
+    if (b != &tmp)
+        free(b);
     return rc;
 }
 
-int mc_mem_register(mc_engine_t *e, void *addr, size_t len, const char *location)
-{
-    return mem_register(e, addr, len, location, -1);
-}
-
-/* The index of the latest buffer starting at addr that is (allocated) or is not an
- * mc_mem_alloc allocation, of length len unless len is 0, or -1. Caller holds t->lock. */
+/* The index in v (the memory or the opaque table, by addr) of the latest buffer starting at
+ * addr that is (allocated) or is not an mc_mem_alloc allocation, of length len unless len is 0,
+ * or -1. Caller holds t->lock. */
 static ssize_t memtab_start(const mc_memtab_t *t, uint64_t addr, uint64_t len, bool allocated)
 {
-    for (ssize_t i = memtab_floor(t, addr); i >= 0 && t->v[i]->addr == addr; i--)
-        if ((t->v[i]->memfd >= 0) == allocated && (!len || t->v[i]->len == len))
+    bool opaque = addr >= MC_OPAQUE_BASE;
+    mc_buffer_t *const *v = opaque ? t->ov : t->v;
+
+    for (ssize_t i = vec_floor(v, opaque ? t->on : t->n, addr); i >= 0 && v[i]->addr == addr; i--)
+        if ((v[i]->memfd >= 0) == allocated && (!len || v[i]->len == len))
             return i;
     return -1;
 }
@@ -325,19 +461,22 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, uint64_t len, b
                                   bool *again_p)
 {
     mc_memtab_t *t = &e->mem;
+    bool opaque = addr >= MC_OPAQUE_BASE;
     mc_buffer_t *b = NULL;
     ssize_t i;
 
     *again_p = false;
     pthread_rwlock_wrlock(&t->lock);
+    mc_buffer_t **v = opaque ? t->ov : t->v;
+    size_t *n = opaque ? &t->on : &t->n;
     i = memtab_start(t, addr, len, allocated);
-    if (i >= 0 && t->v[i]->regs > 1) {
-        t->v[i]->regs--;
+    if (i >= 0 && v[i]->regs > 1) {
+        v[i]->regs--;
         *again_p = true;
     } else if (i >= 0) {
-        b = t->v[i];
-        memmove(&t->v[i], &t->v[i + 1], (t->n - (size_t)i - 1) * sizeof(*t->v));
-        t->n--;
+        b = v[i];
+        memmove(&v[i], &v[i + 1], (*n - (size_t)i - 1) * sizeof(*v));
+        (*n)--;
         atomic_store(&b->dead, true);
         tp_changed(e);
     }
@@ -395,7 +534,7 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
         return mc__set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
                              (unsigned long long)b->addr, atomic_load(&b->refs));
     for (unsigned i = 0; i < mc__n_transports; i++)
-        if (e->tp[i] && MC_TP_HAS(mc__transports[i], mem_release))
+        if (tp_sees(e, i, b) && MC_TP_HAS(mc__transports[i], mem_release))
             mc__transports[i]->mem_release(e, b);
     return 0;
 }
@@ -498,7 +637,7 @@ int mc_mem_alloc(mc_engine_t *e, size_t len, const char *location, void **addr_p
             ((volatile char *)p)[off] = 0;
     }
     snprintf(where, sizeof(where), node >= 0 ? "cpu:%d" : "*", node);
-    rc = mem_register(e, p, len, where, fd);
+    rc = mem_register(e, p, len, where, fd, false);
     if (rc)
         goto err_unmap;
     *addr_p = p;

@@ -98,6 +98,8 @@ static void slice_release(mc_engine_t *e, mc_slice_t *s)
 
 mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
+    const mc_transport_ops_t *ops = mc__transports[tp];
+    uint64_t max = MC_TP_HAS(ops, slice_max) ? ops->slice_max(e, p) : e->cfg.slice_size;
     mc_list_t *n;
     mc_slice_t *s;
     mc_task_t *t;
@@ -121,9 +123,7 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
         s->opcode = (uint8_t)t->req.opcode;
         s->task = t;
         s->offset = t->carved;
-        s->len =
-            (uint32_t)(t->req.length - t->carved < e->cfg.slice_size ? t->req.length - t->carved
-                                                                     : e->cfg.slice_size);
+        s->len = (uint32_t)(t->req.length - t->carved < max ? t->req.length - t->carved : max);
         if (!t->carved) /* its clock starts with its first bytes */
             t->deadline_ns = mc__now_ns() + (uint64_t)t->timeout_ms * MC_MS;
         t->carved += s->len;

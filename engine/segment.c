@@ -283,12 +283,19 @@ int mc_segment_buffers(mc_engine_t *e, mc_segment_id_t id, mc_buffer_info_t *out
     if (!p) {
         rc = mc__set_error(-ENOENT, "no open segment with id %u", id);
     } else {
-        for (size_t i = 0; i < p->desc.n_buffers && i < max; i++) {
-            out[i].addr = p->desc.buffers[i].addr;
-            out[i].length = p->desc.buffers[i].len;
-            memcpy(out[i].location, p->desc.buffers[i].location, MC_LOCATION_MAX);
+        size_t n = 0; /* the peer's own buffers (bounce buffers of its transports) left out */
+        for (size_t i = 0; i < p->desc.n_buffers; i++) {
+            const mc_desc_buffer_t *b = &p->desc.buffers[i];
+            if (b->internal)
+                continue;
+            if (n < max) {
+                out[n].addr = b->addr;
+                out[n].length = b->len;
+                memcpy(out[n].location, b->location, MC_LOCATION_MAX);
+            }
+            n++;
         }
-        *count_p = p->desc.n_buffers;
+        *count_p = n;
     }
     pthread_rwlock_unlock(&e->peers_lock);
     return rc;

@@ -59,6 +59,28 @@ int mc__ctrl_deliver(mc_engine_t *e, mc_link_t *l, unsigned slot, const void *re
     return ops->ctrl_recv(e, l, req, len, ans, ans_len);
 }
 
+void mc__ctrl_defer(mc_link_t *l, unsigned slot, mc_ctrl_later_t *w)
+{
+    w->link = l;
+    w->id = l->req_id;
+    mc__link_bind(l, &w->bound, slot);
+}
+
+void mc__ctrl_answer(mc_engine_t *e, mc_ctrl_later_t *w, int status, const void *ans, size_t len)
+{
+    const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];
+    mc_link_t *l = w->link;
+
+    if (!l)
+        return; /* the link went: the asker heard of it */
+    mc__link_unbind(&w->bound);
+    w->link = NULL;
+    if (!MC_TP_HAS(ctrl, ctrl_answer))
+        mc_warn("%s cannot answer control requests later", ctrl->name);
+    else if (ctrl->ctrl_answer(e, l, w->id, status, ans, len))
+        mc_debug("answer to control request %u not sent: %s", w->id, mc_last_error());
+}
+
 void mc__ctrl_answered(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status, const void *ans,
                        size_t len)
 {

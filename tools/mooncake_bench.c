@@ -5,14 +5,21 @@
  *   mooncake-bench --mode local --operation write --block_size 1048576 --json
  *   mooncake-bench --mode target                     # prints "segment: <name>"
  *   mooncake-bench --mode initiator --segment_id 127.0.0.1:4000
+ *   mooncake-bench --mode self --target_memory file:/mnt/nvme/x --operation read
  *
  * The target exposes one buffer of --buffer_size bytes; the initiator moves --block_size
  * requests, --batch_size per batch, from --threads threads, for --duration seconds; with
  * --reuse each thread resets and resubmits one batch instead of creating one per round.
- * --operation msg measures messages instead (bench_msg.c). With --json the last stdout line
- * is the initiator's summary object.
+ * --memory is the buffer of the side that runs it (the target's, or the initiator's local one):
+ * engine memory, malloc'ed memory, or file:PATH, a file or block device registered as a buffer
+ * (created or extended to --buffer_size). In local mode the spawned target gets
+ * --target_memory; in self mode one engine is both sides, its target buffer --target_memory:
+ * file:PATH there measures the engine's own file <-> memory path. --operation msg measures
+ * messages instead (bench_msg.c). With --json the last stdout line is the initiator's summary
+ * object.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -36,6 +43,7 @@ opts_t o = {
     .operation = "write",
     .protocol = "auto",
     .memory = "engine",
+    .target_memory = NULL,
     .pattern = "seq",
     .block_size = 65536,
     .batch_size = 128,
@@ -64,10 +72,11 @@ double now_s(void)
 static void usage(int code)
 {
     fprintf(code ? stderr : stdout,
-            "usage: mooncake-bench [--mode target|initiator|local] [--segment_id NAME]\n"
+            "usage: mooncake-bench [--mode target|initiator|local|self] [--segment_id NAME]\n"
             "  [--operation read|write|msg] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
             "  [--batch_size N] [--threads N] [--duration S] [--buffer_size B]\n"
-            "  [--memory engine|malloc] [--pattern seq|random] [--metadata URL]\n"
+            "  [--memory engine|malloc|file:PATH] [--target_memory engine|malloc|file:PATH]\n"
+            "  [--pattern seq|random] [--metadata URL]\n"
             "  [--progress thread|caller] [--interval S] [--reuse] [--verify] [--json]\n");
     exit(code);
 }
@@ -104,27 +113,23 @@ bad:
     exit(2);
 }
 
+static bool memory_ok(const char *m)
+{
+    return !strcmp(m, "engine") || !strcmp(m, "malloc") || (!strncmp(m, "file:", 5) && m[5]);
+}
+
 static void parse_args(int argc, char **argv)
 {
-    static const struct option lo[] = {{"mode", 1, 0, 'm'},
-                                       {"segment_id", 1, 0, 's'},
-                                       {"operation", 1, 0, 'o'},
-                                       {"protocol", 1, 0, 'p'},
-                                       {"block_size", 1, 0, 'b'},
-                                       {"batch_size", 1, 0, 'n'},
-                                       {"threads", 1, 0, 't'},
-                                       {"duration", 1, 0, 'd'},
-                                       {"buffer_size", 1, 0, 'w'},
-                                       {"memory", 1, 0, 'M'},
-                                       {"pattern", 1, 0, 'P'},
-                                       {"metadata", 1, 0, 'D'},
-                                       {"progress", 1, 0, 'g'},
-                                       {"interval", 1, 0, 'i'},
-                                       {"verify", 0, 0, 'v'},
-                                       {"json", 0, 0, 'j'},
-                                       {"reuse", 0, 0, 'r'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"mode", 1, 0, 'm'},          {"segment_id", 1, 0, 's'},
+                                       {"operation", 1, 0, 'o'},     {"protocol", 1, 0, 'p'},
+                                       {"block_size", 1, 0, 'b'},    {"batch_size", 1, 0, 'n'},
+                                       {"threads", 1, 0, 't'},       {"duration", 1, 0, 'd'},
+                                       {"buffer_size", 1, 0, 'w'},   {"memory", 1, 0, 'M'},
+                                       {"target_memory", 1, 0, 'T'}, {"pattern", 1, 0, 'P'},
+                                       {"metadata", 1, 0, 'D'},      {"progress", 1, 0, 'g'},
+                                       {"interval", 1, 0, 'i'},      {"verify", 0, 0, 'v'},
+                                       {"json", 0, 0, 'j'},          {"reuse", 0, 0, 'r'},
+                                       {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -159,6 +164,9 @@ static void parse_args(int argc, char **argv)
         case 'M':
             o.memory = optarg;
             break;
+        case 'T':
+            o.target_memory = optarg;
+            break;
         case 'P':
             o.pattern = optarg;
             break;
@@ -189,6 +197,12 @@ static void parse_args(int argc, char **argv)
     }
     if (strcmp(o.operation, "read") && strcmp(o.operation, "write") && strcmp(o.operation, "msg"))
         usage(2);
+    if (!memory_ok(o.memory) || (o.target_memory && !memory_ok(o.target_memory))) {
+        fprintf(stderr, "mooncake-bench: memory is engine, malloc or file:PATH\n");
+        exit(2);
+    }
+    if (!o.target_memory) /* a file is one side's: the other gets engine memory */
+        o.target_memory = strncmp(o.memory, "file:", 5) ? o.memory : "engine";
     if (strcmp(o.protocol, "tcp") && strcmp(o.protocol, "shm") && strcmp(o.protocol, "rdma") &&
         strcmp(o.protocol, "auto")) {
         fprintf(stderr, "mooncake-bench: unknown protocol %s (tcp, shm, rdma, auto)\n", o.protocol);
@@ -227,16 +241,40 @@ mc_engine_t *make_engine(int progress_thread)
     return e;
 }
 
-static void *alloc_buffer(mc_engine_t *e, uint64_t len)
+/* One side's buffer. A file's address in the segment is no pointer: its bytes are filled and
+ * checked through the file itself (fd). */
+typedef struct bench_buf {
+    uint8_t *p; /* what requests use */
+    const char *memory;
+    int fd; /* file:PATH, else -1 */
+} bench_buf_t;
+
+static bench_buf_t buf_alloc(mc_engine_t *e, const char *memory, uint64_t len)
 {
+    bench_buf_t b = {.memory = memory, .fd = -1};
     void *p;
     int rc;
 
-    if (!strcmp(o.memory, "engine")) {
+    if (!strncmp(memory, "file:", 5)) {
+        mc_file_opts_t fo = {.size = sizeof(fo), .length = len, .flags = MC_FILE_CREATE};
+        uint64_t addr;
+        rc = mc_file_register(e, memory + 5, &fo, &addr);
+        if (rc)
+            die("mc_file_register", rc);
+        b.fd = open(memory + 5, O_RDWR | O_CLOEXEC);
+        if (b.fd < 0) {
+            perror(memory + 5);
+            exit(1);
+        }
+        b.p = (uint8_t *)(uintptr_t)addr;
+        return b;
+    }
+    if (!strcmp(memory, "engine")) {
         rc = mc_mem_alloc(e, len, "*", &p);
         if (rc)
             die("mc_mem_alloc", rc);
-        return p;
+        b.p = p;
+        return b;
     }
     p = aligned_alloc(4096, len);
     if (!p) {
@@ -247,7 +285,45 @@ static void *alloc_buffer(mc_engine_t *e, uint64_t len)
     rc = mc_mem_register(e, p, len, "*");
     if (rc)
         die("mc_mem_register", rc);
-    return p;
+    b.p = p;
+    return b;
+}
+
+static void buf_free(mc_engine_t *e, bench_buf_t *b)
+{
+    if (!b->p)
+        return;
+    if (b->fd >= 0) {
+        mc_file_unregister(e, (uint64_t)(uintptr_t)b->p);
+        close(b->fd);
+    } else if (!strcmp(b->memory, "engine")) {
+        mc_mem_free(e, b->p);
+    } else {
+        mc_mem_unregister(e, b->p);
+        free(b->p);
+    }
+    b->p = NULL;
+}
+
+/* Copy [off, off+len) of b out to dst, or in from src. */
+static void buf_io(bench_buf_t *b, uint64_t off, void *mem, uint64_t len, bool in)
+{
+    if (b->fd < 0) {
+        if (in)
+            memcpy(b->p + off, mem, len);
+        else
+            memcpy(mem, b->p + off, len);
+        return;
+    }
+    for (uint64_t done = 0; done < len;) {
+        ssize_t n = in ? pwrite(b->fd, (uint8_t *)mem + done, len - done, (off_t)(off + done))
+                       : pread(b->fd, (uint8_t *)mem + done, len - done, (off_t)(off + done));
+        if (n <= 0) {
+            perror("mooncake-bench: file buffer");
+            exit(1);
+        }
+        done += (uint64_t)n;
+    }
 }
 
 static void on_signal(int sig)
@@ -262,7 +338,10 @@ static int run_target(void)
 {
     mc_engine_t *e = make_engine(o.progress_thread < 0 ? 1 : o.progress_thread);
     bool msg = !strcmp(o.operation, "msg");
-    void *buf = msg ? NULL : alloc_buffer(e, o.buffer_size);
+    bench_buf_t buf = {0};
+
+    if (!msg)
+        buf = buf_alloc(e, o.memory, o.buffer_size);
 
     if (msg)
         msg_target_setup(e);
@@ -280,12 +359,7 @@ static int run_target(void)
         if ((o.progress_thread != 0 || i % 4096 == 0) && getppid() == 1)
             break;
     }
-    if (buf && !strcmp(o.memory, "engine")) {
-        mc_mem_free(e, buf);
-    } else if (buf) {
-        mc_mem_unregister(e, buf);
-        free(buf);
-    }
+    buf_free(e, &buf);
     mc_engine_destroy(e);
     return 0;
 }
@@ -418,21 +492,24 @@ static void transfer_all(mc_engine_t *e, mc_segment_id_t seg, mc_opcode_t op, ui
         mc_engine_progress(e);
 }
 
-static uint64_t verify(worker_t *ws, uint8_t *local, uint8_t *expect, uint64_t *checked_p)
+static uint64_t verify(worker_t *ws, bench_buf_t *local, uint8_t *expect, uint64_t *checked_p)
 {
     uint64_t bad = 0, checked = 0;
+    uint8_t *got = malloc(o.block_size);
 
     for (uint64_t t = 0; t < o.threads; t++) {
         worker_t *w = &ws[t];
         for (uint64_t blk = 0; blk < w->nblocks; blk++) {
             if (!w->touched[blk])
                 continue;
-            uint64_t off = (uint64_t)(w->local - local) + blk * o.block_size;
+            uint64_t off = (uint64_t)(w->local - local->p) + blk * o.block_size;
             checked++;
-            if (memcmp(local + off, expect + off, o.block_size))
+            buf_io(local, off, got, o.block_size, false);
+            if (memcmp(got, expect + off, o.block_size))
                 bad++;
         }
     }
+    free(got);
     *checked_p = checked;
     return bad;
 }
@@ -440,7 +517,7 @@ static uint64_t verify(worker_t *ws, uint8_t *local, uint8_t *expect, uint64_t *
 static pid_t spawn_target(const char *self, char *name, size_t size)
 {
     int fds[2];
-    char bs[32], ws[32];
+    char bs[32], ws[4096 + 8];
     pid_t pid;
 
     if (pipe(fds) < 0)
@@ -450,7 +527,7 @@ static pid_t spawn_target(const char *self, char *name, size_t size)
     if (pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
-        snprintf(ws, sizeof(ws), "%s", o.memory);
+        snprintf(ws, sizeof(ws), "%s", o.target_memory);
         if (!strcmp(o.operation, "msg")) /* it answers us: it hears us leave, as it should */
             setenv("MC_LOG_LEVEL", "error", 0);
         execl(self, self, "--mode", "target", "--buffer_size", bs, "--memory", ws, "--protocol",
@@ -503,7 +580,8 @@ static json_t *report_rails(mc_engine_t *e, mc_segment_id_t seg)
     return arr;
 }
 
-/* The transport that carried the data: shm or rdma if it moved any byte. */
+/* The transport that carried the data: shm or rdma if it moved any byte; file when nothing
+ * crossed to a peer (self mode, a file of ours). */
 static const char *protocol_used(mc_engine_t *e)
 {
     mc_counters_t c;
@@ -512,6 +590,9 @@ static const char *protocol_used(mc_engine_t *e)
         return "shm";
     if (mc_stats_transport(e, "rdma", &c) == 0 && c.bytes_read + c.bytes_written > 0)
         return "rdma";
+    if (mc_stats_transport(e, "tcp", &c) == 0 && c.bytes_read + c.bytes_written == 0 &&
+        mc_stats_transport(e, "file", &c) == 0 && c.bytes_read + c.bytes_written > 0)
+        return "file";
     return "tcp";
 }
 
@@ -542,6 +623,8 @@ static void report(mc_engine_t *e, mc_segment_id_t seg, double secs, uint64_t by
             "bytes", (json_int_t)bytes, "requests", (json_int_t)requests, "seconds", secs, "gbps",
             gbps, "ns_per_request", ns_per_req, "verify", verified, "same_host",
             mc_segment_is_local_host(e, seg) == 1, "rails", rails);
+        if (line && strcmp(o.mode, "initiator")) /* what the target side was, where we know */
+            json_object_set_new(line, "target_memory", json_string(o.target_memory));
         print_json_line(line);
         json_decref(line);
     } else {
@@ -562,16 +645,57 @@ static void print_rail_bytes(mc_engine_t *e, mc_segment_id_t seg, double t)
     fprintf(stderr, "\n");
 }
 
+/* The remote buffer: the target's (one of --buffer_size bytes or more), or ours in self mode.
+ * The target prints its name once its buffer is registered, but its descriptor may reach the
+ * metadata store a moment later (registrations are published in bursts): open it again for a
+ * while until it lists the buffer. */
+static uint64_t pick_remote(mc_engine_t *e, mc_segment_id_t *seg, const char *target,
+                            const bench_buf_t *self)
+{
+    mc_buffer_info_t bi[64];
+    size_t nb;
+    uint64_t remote = 0;
+    int rc;
+
+    if (self->p)
+        return (uint64_t)(uintptr_t)self->p;
+    for (int tries = 0; !remote && tries < 100; tries++) {
+        if (tries) {
+            mc_segment_close(e, *seg);
+            usleep(20 * 1000);
+            rc = mc_segment_open(e, target, seg);
+            if (rc)
+                die("mc_segment_open", rc);
+        }
+        rc = mc_segment_buffers(e, *seg, bi, 64, &nb);
+        if (rc)
+            die("mc_segment_buffers", rc);
+        for (size_t i = 0; i < nb && i < 64; i++)
+            if (bi[i].length >= o.buffer_size)
+                remote = bi[i].addr;
+    }
+    if (!remote) {
+        fprintf(stderr, "mooncake-bench: %s has no buffer of %" PRIu64 " bytes\n", target,
+                o.buffer_size);
+        exit(1);
+    }
+    return remote;
+}
+
+/* target NULL: self mode, our own segment with a buffer of --target_memory. */
 static int run_initiator(const char *target)
 {
     mc_engine_t *e = make_engine(o.progress_thread < 0 ? 1 : o.progress_thread);
     mc_segment_id_t seg;
-    mc_buffer_info_t bi[64];
-    size_t nb;
+    bench_buf_t self = {.fd = -1};
     uint64_t remote = 0, bytes = 0, requests = 0;
-    int rc = mc_segment_open(e, target, &seg);
-    int failed = 0;
+    int rc, failed = 0;
 
+    if (!target) {
+        self = buf_alloc(e, o.target_memory, o.buffer_size);
+        target = mc_engine_segment_name(e);
+    }
+    rc = mc_segment_open(e, target, &seg);
     if (rc)
         die("mc_segment_open", rc);
     if (!strcmp(o.operation, "msg")) {
@@ -580,25 +704,25 @@ static int run_initiator(const char *target)
         mc_engine_destroy(e);
         return rc;
     }
-    rc = mc_segment_buffers(e, seg, bi, 64, &nb);
-    if (rc)
-        die("mc_segment_buffers", rc);
-    for (size_t i = 0; i < nb && i < 64; i++)
-        if (bi[i].length >= o.buffer_size)
-            remote = bi[i].addr;
-    if (!remote) {
-        fprintf(stderr, "mooncake-bench: %s has no buffer of %" PRIu64 " bytes\n", target,
-                o.buffer_size);
-        return 1;
-    }
-    uint8_t *local = alloc_buffer(e, o.buffer_size);
+    remote = pick_remote(e, &seg, target, &self);
+    bench_buf_t lb = buf_alloc(e, o.memory, o.buffer_size);
+    uint8_t *local = lb.p;
     uint8_t *expect = o.verify ? malloc(o.buffer_size) : NULL;
-    pattern_fill(local, o.buffer_size, (uint64_t)getpid());
-    if (o.verify) {
+    if (lb.fd < 0) /* a file's contents matter only to --verify */
+        pattern_fill(local, o.buffer_size, (uint64_t)getpid());
+    if (expect && lb.fd < 0) {
         memcpy(expect, local, o.buffer_size);
+    } else if (expect) {
+        pattern_fill(expect, o.buffer_size, (uint64_t)getpid());
+        buf_io(&lb, 0, expect, o.buffer_size, true);
+    }
+    if (o.verify) {
         transfer_all(e, seg, MC_WRITE, local, remote); /* remote := pattern */
-        if (!strcmp(o.operation, "read"))
-            memset(local, 0, o.buffer_size);
+        if (!strcmp(o.operation, "read")) {
+            uint8_t *zero = calloc(1, o.buffer_size);
+            buf_io(&lb, 0, zero, o.buffer_size, true);
+            free(zero);
+        }
     }
 
     worker_t *ws = calloc(o.threads, sizeof(*ws));
@@ -633,7 +757,7 @@ static int run_initiator(const char *target)
         uint64_t checked, bad;
         if (!strcmp(o.operation, "write")) /* read the remote back over our own buffer */
             transfer_all(e, seg, MC_READ, local, remote);
-        bad = verify(ws, local, expect, &checked);
+        bad = verify(ws, &lb, expect, &checked);
         verified = bad ? "FAILED" : "ok";
         fprintf(stderr,
                 "mooncake-bench: verify: %" PRIu64 " blocks checked, %" PRIu64 " mismatched\n",
@@ -658,12 +782,8 @@ static int run_initiator(const char *target)
     free(ws);
     free(expect);
     mc_segment_close(e, seg);
-    if (!strcmp(o.memory, "engine")) {
-        mc_mem_free(e, local);
-    } else {
-        mc_mem_unregister(e, local);
-        free(local);
-    }
+    buf_free(e, &lb);
+    buf_free(e, &self);
     mc_engine_destroy(e);
     return failed ? 1 : 0;
 }
@@ -681,6 +801,8 @@ int main(int argc, char **argv)
             usage(2);
         return run_initiator(o.segment_id);
     }
+    if (!strcmp(o.mode, "self"))
+        return run_initiator(NULL);
     if (strcmp(o.mode, "local"))
         usage(2);
     pid_t pid = spawn_target("/proc/self/exe", name, sizeof(name));

@@ -9,7 +9,8 @@
 #include <mooncake/engine.h>
 
 typedef struct opts {
-    const char *mode, *segment_id, *operation, *protocol, *memory, *pattern, *metadata;
+    const char *mode, *segment_id, *operation, *protocol, *memory, *target_memory, *pattern,
+        *metadata;
     uint64_t block_size, batch_size, threads, buffer_size;
     double duration, interval;
     int verify, json, progress_thread, reuse;

@@ -3,13 +3,18 @@
  *
  *   mooncake-info [--json] [--topology FILE.xml]
  *   mooncake-info --config
+ *   mooncake-info --segment NAME     # its buffers, file buffers with where they lie
+ *   mooncake-info --file PATH        # how a file or block device would be served here
  *
  * Prints NUMA nodes, network and RDMA devices, GPUs, the NIC priority matrix (honouring
- * MC_DEVICES and MC_NIC_PRIORITY_MATRIX), the transports of this build, the ports of the RDMA
- * devices (state, link layer, MTU, LID, GIDs) and the version; with --config, every MC_*
- * setting with its value here (defaults and environment), its default and what it does. The
- * first thing to run when something is wrong. Exit status: 0, 1 on a bad configuration, 2 on
- * bad usage.
+ * MC_DEVICES and MC_NIC_PRIORITY_MATRIX), the transports of this build (file: whether io_uring
+ * works here, honouring MC_FILE_IO), the ports of the RDMA devices (state, link layer, MTU, LID,
+ * GIDs) and the version; with --config, every MC_* setting with its value here (defaults and
+ * environment), its default and what it does; with --segment, the buffers a segment publishes
+ * (opened through MC_METADATA, or by handshake at ip:port), its file buffers with their path,
+ * offset, O_DIRECT alignment and the owner's I/O (io_uring or threads); with --file, the same
+ * for a file registered here for a moment, read-only. The first thing to run when something is
+ * wrong. Exit status: 0, 1 on a bad configuration or a failed look-up, 2 on bad usage.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +29,7 @@
 #include "mooncake/error.h"
 #include "sys/verbs.h"
 #include "topology/topology.h"
+#include "transport/file/file_int.h"
 
 #ifndef MC_VERSION_STRING
 #define MC_VERSION_STRING "unknown"
@@ -235,6 +241,31 @@ static void print_ports(json_t *ports)
         print_port(json_array_get(ports, i));
 }
 
+/* Whether file I/O would go through io_uring here (MC_FILE_IO honoured), and why not. */
+static const char *file_io_mode(char *why, size_t size)
+{
+    const char *mode = getenv("MC_FILE_IO");
+
+    if (mode && !strcmp(mode, "thread")) {
+        snprintf(why, size, "MC_FILE_IO=thread");
+        return "thread";
+    }
+    return mc__file_io_probe(why, size) ? "io_uring" : "thread";
+}
+
+static const char *file_note(void)
+{
+    static char note[400];
+    char why[256] = "";
+    const char *io = file_io_mode(why, sizeof(why));
+
+    if (!strcmp(io, "io_uring"))
+        snprintf(note, sizeof(note), "I/O through io_uring");
+    else
+        snprintf(note, sizeof(note), "I/O through pread/pwrite threads (io_uring: %s)", why);
+    return note;
+}
+
 static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
 {
     printf("mooncake-info %s (CUDA %s)\n", MC_VERSION_STRING,
@@ -258,6 +289,7 @@ static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
     printf("\nTransports\n  tcp: yes (and the control link)\n  shm: yes (peers on this host)\n"
            "  rdma: %s%s%s%s\n",
            r->n > 0 ? "" : "no (", r->note, r->n > 0 ? ": " : ")", r->names);
+    printf("  file: yes, %s\n", file_note());
     print_ports(r->ports);
 }
 
@@ -277,9 +309,12 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
                      r->n < 0 ? 0 : r->n, "names", r->names, "note", r->note, "ports", r->ports);
     json_object_set_new(root, "version", json_string(MC_VERSION_STRING));
     json_object_set_new(root, "cuda_built", json_boolean(MC_HAVE_CUDA));
+    char why[256] = "";
+    const char *io = file_io_mode(why, sizeof(why));
     json_object_set_new(root, "transports",
-                        json_pack("{s:{s:b}, s:{s:b}, s:o}", "tcp", "available", 1, "shm",
-                                  "available", 1, "rdma", rdma ? rdma : json_null()));
+                        json_pack("{s:{s:b}, s:{s:b}, s:o, s:{s:b, s:s, s:s}}", "tcp", "available",
+                                  1, "shm", "available", 1, "rdma", rdma ? rdma : json_null(),
+                                  "file", "available", 1, "io", io, "note", why));
     text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!text)
@@ -311,14 +346,116 @@ static int print_config(void)
     return 0;
 }
 
+/* ---- segments and files ---- */
+
+static const char *flag_names(unsigned flags, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%s%s%s", flags & MC_FILE_READONLY ? "readonly " : "",
+             flags & MC_FILE_DURABLE ? "durable " : "", flags & MC_FILE_CREATE ? "create " : "",
+             flags & MC_FILE_BUFFERED ? "buffered " : "");
+    if (*buf)
+        buf[strlen(buf) - 1] = 0;
+    return or_dash(buf);
+}
+
+static void print_file(const mc_file_info_t *fi)
+{
+    char flags[64], direct[32];
+
+    snprintf(direct, sizeof(direct), fi->direct_align ? "O_DIRECT at %u" : "page cache",
+             fi->direct_align);
+    printf("      file %s, offset %llu, %s, flags %s, owner's I/O %s\n", fi->path,
+           (unsigned long long)fi->offset, direct, flag_names(fi->flags, flags, sizeof(flags)),
+           fi->io);
+}
+
+/* An engine of this process, just to look (no listening beyond loopback, no publishing). */
+static mc_engine_t *probe_engine(const char *metadata)
+{
+    mc_config_t *cfg;
+    mc_engine_t *e = NULL;
+    int rc = mc_config_create(&cfg);
+
+    if (!rc && metadata)
+        rc = mc_config_set(cfg, "METADATA", metadata);
+    if (!rc && !getenv("MC_LOG_LEVEL"))
+        rc = mc_config_set(cfg, "LOG_LEVEL", "error");
+    if (!rc)
+        rc = mc_engine_create(cfg, &e);
+    mc_config_destroy(cfg);
+    if (rc)
+        fprintf(stderr, "mooncake-info: %s\n", mc_last_error());
+    return e;
+}
+
+static int show_segment(const char *name)
+{
+    mc_engine_t *e = probe_engine(NULL);
+    mc_buffer_info_t bi[256];
+    mc_segment_id_t id;
+    size_t n = 0;
+    int rc;
+
+    if (!e)
+        return 1;
+    rc = mc_segment_open(e, name, &id);
+    if (!rc)
+        rc = mc_segment_buffers(e, id, bi, 256, &n);
+    if (rc) {
+        fprintf(stderr, "mooncake-info: %s: %s\n", name, mc_last_error());
+        mc_engine_destroy(e);
+        return 1;
+    }
+    printf("Segment %s: %zu buffers\n  %-20s %-16s %s\n", name, n, "address", "length", "location");
+    for (size_t i = 0; i < n && i < 256; i++) {
+        mc_file_info_t fi;
+        printf("  0x%-18llx %-16llu %s\n", (unsigned long long)bi[i].addr,
+               (unsigned long long)bi[i].length, bi[i].location);
+        if (mc_file_info(e, id, bi[i].addr, &fi) == 0)
+            print_file(&fi);
+    }
+    mc_segment_close(e, id);
+    mc_engine_destroy(e);
+    return 0;
+}
+
+static int show_file(const char *path)
+{
+    mc_engine_t *e = probe_engine("none");
+    mc_file_opts_t o = {.size = sizeof(o), .flags = MC_FILE_READONLY};
+    mc_file_info_t fi;
+    uint64_t addr;
+    int rc;
+
+    if (!e)
+        return 1;
+    rc = mc_file_register(e, path, &o, &addr);
+    if (!rc)
+        rc = mc_file_info(e, MC_SEGMENT_INVALID, addr, &fi);
+    if (rc) {
+        fprintf(stderr, "mooncake-info: %s\n", mc_last_error());
+        mc_engine_destroy(e);
+        return 1;
+    }
+    printf("File %s: %llu bytes as a buffer\n", path, (unsigned long long)fi.length);
+    print_file(&fi);
+    mc_file_unregister(e, addr);
+    mc_engine_destroy(e);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mooncake-info [--json] [--topology FILE.xml]\n"
                "       mooncake-info --config\n"
+               "       mooncake-info --segment NAME | --file PATH\n"
                "  --json           one JSON object instead of tables\n"
                "  --topology FILE  show an hwloc XML topology instead of this host\n"
                "  --config         every MC_* setting: its value here, default and meaning\n"
-               "Honours MC_DEVICES and MC_NIC_PRIORITY_MATRIX.\n");
+               "  --segment NAME   the buffers segment NAME publishes (MC_METADATA, or ip:port),\n"
+               "                   with where its file buffers lie and how they are served\n"
+               "  --file PATH      how a file or block device would be served here\n"
+               "Honours MC_DEVICES, MC_NIC_PRIORITY_MATRIX and MC_FILE_IO.\n");
 }
 
 int main(int argc, char **argv)
@@ -336,6 +473,10 @@ int main(int argc, char **argv)
                 return 0;
             fprintf(stderr, "mooncake-info: %s\n", mc_last_error());
             return 1;
+        } else if (!strcmp(argv[i], "--segment") && argc == 3) {
+            return show_segment(argv[2]);
+        } else if (!strcmp(argv[i], "--file") && argc == 3) {
+            return show_file(argv[2]);
         } else if (!strcmp(argv[i], "--topology") && i + 1 < argc) {
             xml = argv[++i];
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {

@@ -3,12 +3,13 @@
  * which control requests name on the wire: append only. */
 #include "transport.h"
 
-extern const mc_transport_ops_t mc__tcp_ops, mc__shm_ops, mc__rdma_ops;
+extern const mc_transport_ops_t mc__tcp_ops, mc__shm_ops, mc__rdma_ops, mc__file_ops;
 
 const mc_transport_ops_t *const mc__transports[] = {
     &mc__tcp_ops,
     &mc__shm_ops,
     &mc__rdma_ops,
+    &mc__file_ops,
 };
 
 const unsigned mc__n_transports = sizeof(mc__transports) / sizeof(mc__transports[0]);

@@ -20,7 +20,13 @@
  * that fetches a descriptor, messages and notifications, and the control requests other
  * transports exchange with their counterpart on the peer (rdma's queue-pair set-up). Those go
  * through mc__ctrl_request / ctrl_recv / ctrl_reply here, never through direct calls; state that
- * must live and die with the control link (a target's queue pairs) is bound to the link.
+ * must live and die with the control link (a target's queue pairs) is bound to the link. A
+ * request that takes time to answer (a read from a disk) is answered later (MC_CTRL_LATER).
+ *
+ * A transport may own buffers that are not memory (flag MC_TP_LOCAL; file): opaque buffers
+ * (buffer.h) that only it registers, publishes and moves, at either end of a task (the core
+ * routes such a task to it alone, and its codec marks the peer's ones: mc_desc_buffer_t.owner).
+ * It may move their bytes through the other transports, as the engine's own host would.
  *
  * Threads: every operation runs in the progress context (e->lock held) unless its comment says
  * otherwise. Every entry except size, name and slot may be NULL (not needed by this transport);
@@ -46,14 +52,19 @@
 #include "../util/log.h"
 #include "../util/time.h"
 
+/* Flags. LOCAL: it reaches no peer by itself but owns buffers that are not memory; it starts
+ * whatever MC_PROTOCOL says, and is never its value. */
 #define MC_TP_CONTROL 0x1u /* carries the control link (exactly one transport has it) */
+#define MC_TP_LOCAL   0x2u
 #define MC_CTRL_MAX   1024 /* largest control request or answer */
+#define MC_CTRL_LATER 1    /* ctrl_recv: answered later, through mc__ctrl_answer */
 
 /* Something a transport keeps that must go when a control link goes (a queue pair set up over
  * it). Embedded in the transport's object; link_lost gets it back. */
 typedef struct mc_link_bound {
     mc_list_t node; /* in mc_link_t.bound */
     uint8_t tp;     /* the owner's slot */
+    uint8_t kind;   /* the owner's own tag: what kind of object embeds it */
 } mc_link_bound_t;
 
 /* A control link: an authenticated, ordered channel to one peer process (a tcp connection). */
@@ -62,7 +73,18 @@ struct mc_link {
     mc_peer_t *peer;    /* links we opened: the peer; links the peer opened: NULL */
     const char *remote; /* the peer's segment name */
     uint64_t instance;  /* the peer engine's instance */
+    uint32_t req_id;    /* the control request being delivered (what mc__ctrl_defer keeps) */
 };
+
+/* A control request whose answer comes later: ctrl_recv called mc__ctrl_defer with it and
+ * returned MC_CTRL_LATER. Embedded in the answering transport's object and bound to the link
+ * the request came on: if the link goes first, link_lost gets `bound` back (then there is
+ * nowhere to answer, and link is NULL). */
+typedef struct mc_ctrl_later {
+    mc_link_bound_t bound;
+    mc_link_t *link; /* NULL once answered or lost */
+    uint32_t id;     /* the control transport's id of the request */
+} mc_ctrl_later_t;
 
 struct mc_transport_ops {
     size_t size; /* sizeof(mc_transport_ops_t) it was built with */
@@ -168,6 +190,16 @@ struct mc_transport_ops {
      * event fd; an internal wait): arm whatever must wake it through its epoll set, and return
      * true if work came meanwhile (it does not sleep then). */
     bool (*idle)(mc_engine_t *e);
+
+    /* The largest slice of its tasks to p (a disk wants larger pieces than a network); without
+     * it, MC_SLICE_SIZE. */
+    uint32_t (*slice_max)(mc_engine_t *e, mc_peer_t *p);
+
+    /* The control transport only: send the answer to request id that arrived on link l and was
+     * deferred (mc__ctrl_defer): answers may then leave out of order, each with its id. 0, or
+     * an error when l cannot take it (it is failing: the asker hears of that). */
+    int (*ctrl_answer)(mc_engine_t *e, mc_link_t *l, uint32_t id, int status, const void *ans,
+                       size_t len);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */
@@ -198,7 +230,14 @@ bool mc__ctrl_ready(mc_engine_t *e, mc_peer_t *p);
  * if the link fails first, link_lost for what was bound to *link_p, and s is freed unanswered);
  * -EAGAIN: no link is ready yet, try again on a later fill. */
 int mc__ctrl_request(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
-/* For the control transport: a request for transport slot arrived on l; fills the answer. */
+/* In ctrl_recv of transport slot: the request being delivered on l will be answered later,
+ * through mc__ctrl_answer with w; return MC_CTRL_LATER then. w is bound to l meanwhile. */
+void mc__ctrl_defer(mc_link_t *l, unsigned slot, mc_ctrl_later_t *w);
+/* Answer a deferred request (status 0 with ans, or a negative code with a reason in ans) if
+ * its link still lives; w is unbound. Progress context. */
+void mc__ctrl_answer(mc_engine_t *e, mc_ctrl_later_t *w, int status, const void *ans, size_t len);
+/* For the control transport: a request for transport slot arrived on l; fills the answer (or
+ * returns MC_CTRL_LATER: the transport answers through mc__ctrl_answer). l->req_id is set. */
 int mc__ctrl_deliver(mc_engine_t *e, mc_link_t *l, unsigned slot, const void *req, size_t len,
                      void *ans, size_t *ans_len);
 /* For the control transport: the answer to s arrived (status, ans) on l. */

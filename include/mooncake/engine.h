@@ -143,6 +143,66 @@ MC_API int mc_mem_alloc(mc_engine_t *engine, size_t len, const char *location, v
 /* Unregister (with the guarantees of mc_mem_unregister) and unmap memory from mc_mem_alloc(). */
 MC_API void mc_mem_free(mc_engine_t *engine, void *addr);
 
+/* ---- files and block devices -------------------------------------------------------------- */
+
+/* A file, or a block device (an NVMe namespace), or a range of one, registered as a buffer of
+ * the segment: peers READ and WRITE it with the batch API as they do memory, and local requests
+ * move data between it and registered memory (or another file buffer). It is not mapped: the
+ * buffer gets an address of its own in the segment (at or above 0x4000000000000000, where no
+ * memory is), and byte k of the range is at that address + k, both as a request's target
+ * (target_offset) and as its local end (local = (void *)(uintptr_t)(addr + k)). Its location
+ * is "file". I/O goes through io_uring (MC_FILE_IO), with O_DIRECT where the offset, length and
+ * memory of a piece are aligned to the device's block size, through the page cache otherwise;
+ * peers' requests are served through the owner's bounce buffers. */
+
+/* Flags of mc_file_register. READONLY: open it read-only; WRITEs to it are refused
+ * (-MC_EACCESS). DURABLE: a WRITE completes once its data is on stable storage (RWF_DSYNC);
+ * without it, once it is in the file (the page cache, or the device for O_DIRECT pieces).
+ * CREATE: create the file if missing and extend it to offset + length. BUFFERED: never O_DIRECT,
+ * every piece through the page cache. */
+#define MC_FILE_READONLY 0x1u
+#define MC_FILE_DURABLE  0x2u
+#define MC_FILE_CREATE   0x4u
+#define MC_FILE_BUFFERED 0x8u
+
+/* Options of mc_file_register. Zero-filled means: the whole file, read-write, not durable. */
+typedef struct mc_file_opts {
+    size_t size;     /* sizeof(mc_file_opts_t) */
+    uint64_t offset; /* where the buffer starts in the file */
+    uint64_t length; /* bytes from there; 0: to the end of the file or device */
+    unsigned flags;  /* MC_FILE_* */
+} mc_file_opts_t;
+
+/* Register [offset, offset+length) of the file or block device at path as a buffer; *addr_p
+ * gets its address in the segment. The range must lie inside the file (unless MC_FILE_CREATE)
+ * and not be empty. Errors: -ENOENT, -EACCES, ... from opening it (the reason names the path),
+ * -EINVAL for an empty or out-of-file range, -MC_ENODEV when MC_FILE_IO=uring and io_uring is
+ * unavailable. The file is opened once here and closed by mc_file_unregister; a file truncated
+ * meanwhile makes READs past its new end fail with -EIO and a reason. opts may be NULL. */
+MC_API int mc_file_register(mc_engine_t *engine, const char *path, const mc_file_opts_t *opts,
+                            uint64_t *addr_p);
+
+/* Unregister a file buffer (with the guarantees of mc_mem_unregister: refused to peers at
+ * once, then waits for the I/O in flight on it) and close the file. -ENOENT if addr starts no
+ * file buffer. */
+MC_API int mc_file_unregister(mc_engine_t *engine, uint64_t addr);
+
+/* What a file buffer is, as its owner published it. */
+typedef struct mc_file_info {
+    uint64_t addr, length; /* the buffer in the segment */
+    uint64_t offset;       /* where it starts in the file */
+    unsigned flags;        /* MC_FILE_* it was registered with */
+    unsigned direct_align; /* O_DIRECT pieces need offset, length and memory aligned to this;
+                              0: the owner never uses O_DIRECT for it */
+    char io[16];           /* how the owner does I/O: "io_uring" or "thread" */
+    char path[4096];
+} mc_file_info_t;
+
+/* Describe the file buffer holding addr in open segment id, or in this engine when id is
+ * MC_SEGMENT_INVALID. -ENOENT if addr is in no file buffer there. */
+MC_API int mc_file_info(mc_engine_t *engine, mc_segment_id_t id, uint64_t addr,
+                        mc_file_info_t *info_p);
+
 /* ---- segments ----------------------------------------------------------------------------- */
 
 /* Peers are opened by name, descriptor blob or compact address; opening one that is open

@@ -179,7 +179,7 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
         if (c->state != CS_READY && since(c, now) > e->cfg.connect_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake with %s within %u ms", p->name,
                               e->cfg.connect_timeout_ms);
-        else if (c->state == CS_READY && (c->window_used || c->msgs_out) &&
+        else if (c->state == CS_READY && (c->window_used || c->msgs_out || c->ctrl_out) &&
                  idle > e->cfg.io_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT,
                               "no progress for %llu ms with %u requests in flight",
@@ -315,4 +315,5 @@ const mc_transport_ops_t mc__tcp_ops = {
     .address_pack = tcp_address_pack,
     .address_unpack = tcp_address_unpack,
     .address_text = tcp_address_text,
+    .ctrl_answer = mc__tcp_ctrl_answer,
 };

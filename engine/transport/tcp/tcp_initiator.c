@@ -244,7 +244,9 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     mc_peer_t *p = c->link.peer;
     tcp_peer_t *tp = tcp_peer(p);
     tcp_rail_t *r = c->rail;
-    bool connecting = c->state != CS_READY, had_data = c->window_used > 0, msgs_lost = false;
+    /* A control request may commit staged data too (file): retire the connection after it. */
+    bool connecting = c->state != CS_READY, had_data = c->window_used > 0 || c->ctrl_out > 0;
+    bool msgs_lost = false;
     mc_list_t failed, *n;
     char why[512];
 
@@ -285,7 +287,7 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
         }
         mc__slice_free(e, s);
     }
-    c->window_used = c->msgs_out = 0;
+    c->window_used = c->msgs_out = c->ctrl_out = 0;
     if (msgs_lost) /* sent again, in order, on the next link */
         mc__msg_link_lost(e, p, e->ctrl);
     if (!reason)
@@ -301,20 +303,52 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
 
 /* ---- frames from the target ---- */
 
+/* The oldest request awaiting its response, control requests aside: their answers may come
+ * later than those of the requests after them (expect_ctrl). NULL if there is none. */
+static mc_slice_t *ack_head(mc_tcp_conn_t *c)
+{
+    for (mc_list_t *pos = c->ackq.next; pos != &c->ackq; pos = pos->next) {
+        mc_slice_t *s = mc_container_of(pos, mc_slice_t, link);
+        if (s->kind != MC_SL_CTRL)
+            return s;
+    }
+    return NULL;
+}
+
 static int expect_head(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t **s_p)
 {
-    if (c->state != CS_READY || mc_list_empty(&c->ackq)) {
+    mc_slice_t *s = c->state == CS_READY ? ack_head(c) : NULL;
+
+    if (!s) {
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s", mc__tcp_frame_type_name(c->fr.type));
         return -MC_EPROTO;
     }
-    mc_slice_t *s = mc_container_of(c->ackq.next, mc_slice_t, link);
     if (tcp_sl(s)->cookie != c->fr.id) {
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s for request %u, expected %u",
                           mc__tcp_frame_type_name(c->fr.type), c->fr.id, tcp_sl(s)->cookie);
         return -MC_EPROTO;
     }
-    *s_p = s;
+    *s_p = c->resp = s;
     return 0;
+}
+
+/* A control answer, matched by its id: the transport that answers may defer it (a disk read on
+ * the peer, transport.h MC_CTRL_LATER), so it may come after the responses to later requests. */
+static int expect_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t **s_p)
+{
+    mc_list_t *pos;
+
+    if (c->state == CS_READY)
+        for (pos = c->ackq.next; pos != &c->ackq; pos = pos->next) {
+            mc_slice_t *s = mc_container_of(pos, mc_slice_t, link);
+            if (tcp_sl(s)->cookie == c->fr.id && s->kind == MC_SL_CTRL) {
+                *s_p = c->resp = s;
+                return 0;
+            }
+        }
+    mc__tcp_conn_fail(e, c, -MC_EPROTO, "%s for request %u, which awaits none",
+                      mc__tcp_frame_type_name(c->fr.type), c->fr.id);
+    return -MC_EPROTO;
 }
 
 int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -334,7 +368,7 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_CTRL_RESP:
     case MC_FR_DESC_REPLY:
     case MC_FR_MSG_ACK:
-        if (expect_head(e, c, &s))
+        if ((c->fr.type == MC_FR_CTRL_RESP ? expect_ctrl : expect_head)(e, c, &s))
             return -MC_EPROTO;
         if (s->kind != (c->fr.type == MC_FR_CTRL_RESP    ? MC_SL_CTRL
                         : c->fr.type == MC_FR_DESC_REPLY ? TCP_SL_DESC
@@ -418,7 +452,7 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
 
 static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    mc_slice_t *s = mc_container_of(c->ackq.next, mc_slice_t, link);
+    mc_slice_t *s = c->resp; /* what mc__tcp_out_header matched the frame to */
     char reason[300];
 
     mc_list_del(&s->link);
@@ -430,12 +464,13 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__slice_free(e, s);
         return;
     }
-    c->window_used--;
-    if (s->kind == MC_SL_CTRL) {
+    if (s->kind == MC_SL_CTRL) { /* outside the window */
+        c->ctrl_out--;
         mc__ctrl_answered(e, s, &c->link, (int)(int64_t)c->fr.aux, c->ctrl, c->ctrl_len);
         mc__slice_free(e, s);
         return;
     }
+    c->window_used--;
     if (s->kind == TCP_SL_DESC) {
         mc__slice_free(e, s);
         mc__peer_desc_arrived(e, c->link.peer, c->ctrl, c->ctrl_len);
@@ -563,7 +598,7 @@ static bool evict_idle(mc_engine_t *e)
         for (pos = tcp_peer(p)->conns.next; pos != &tcp_peer(p)->conns; pos = pos->next) {
             mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
             /* A link that carries other transports' state (queue pairs) is not idle. */
-            if (c->state == CS_READY && !c->window_used && !c->msgs_out &&
+            if (c->state == CS_READY && !c->window_used && !c->msgs_out && !c->ctrl_out &&
                 mc_list_empty(&c->sendq) && !mc__link_busy(&c->link)) {
                 mc__tcp_conn_close(e, c);
                 return true;
@@ -607,7 +642,7 @@ int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **l
                     .length = s->payload_len};
     tcp_sl(s)->cookie = f.id;
     mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
-    if (c->window_used++ == 0)
+    if (c->window_used + c->msgs_out + c->ctrl_out++ == 0)
         c->last_io_ns = mc__now_ns(); /* an unanswered request times out like a data one */
     mc_list_push_back(&c->sendq, &s->link);
     mc__tcp_conn_flush(e, c);

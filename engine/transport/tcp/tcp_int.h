@@ -4,10 +4,12 @@
  *
  * Each peer has up to MC_TCP_CONNS outbound connections per rail; this engine initiates
  * requests on them (WRITE with data, READ) and the peer answers each in order (WRITE_ACK,
- * READ_RESP). Inbound connections are the mirror image: we serve requests against our
- * registration table. Payloads move straight between sockets and registered memory (writev /
- * recv into place); small frames are parsed out of a per-connection staging buffer so that a
- * batch of small requests costs few syscalls.
+ * READ_RESP); control requests of other transports are answered by id, in any order relative to
+ * the rest (one answered later, MC_CTRL_LATER, lets the responses after it pass). Inbound
+ * connections are the mirror image: we serve requests against our registration table. Payloads move
+ * straight between sockets and registered memory (writev / recv into place); small frames are
+ * parsed out of a per-connection staging buffer so that a batch of small requests costs few
+ * syscalls.
  *
  * A rail pairs one of our listen addresses with a peer endpoint on the same IPv4 /24; its
  * connections bind to our address so traffic leaves through that link.
@@ -135,6 +137,9 @@ typedef struct mc_tcp_conn {
     mc_list_t ackq;       /* outbound: slices written, awaiting their response */
     unsigned window_used; /* outbound: slices in sendq + ackq that await a response */
     unsigned msgs_out;    /* outbound: messages among those (outside the window) */
+    unsigned ctrl_out;    /* outbound: other transports' control requests among those (outside
+                             the window too: one may be answered late, and the data slices that
+                             free what it waits for must not wait behind it) */
     unsigned n_resp;      /* inbound: responses in sendq */
     mc_list_t later;      /* in acks_later (its answers wait for the end of the pass) */
     bool in_later;
@@ -145,6 +150,7 @@ typedef struct mc_tcp_conn {
     bool expect_large; /* the last payload was large: read headers alone */
     bool rx_drained;   /* this read pass: a short read found the socket empty */
     mc_frame_t fr;
+    mc_slice_t *resp; /* outbound: the request the frame being read answers */
     uint8_t dst_kind;
     uint8_t *dst;
     uint64_t left; /* payload bytes of the current frame still to come */
@@ -196,6 +202,9 @@ bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p);
 int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p);
 /* Ask p for its descriptor on a ready connection (-EAGAIN while none is ready). */
 int mc__tcp_desc_request(mc_engine_t *e, mc_peer_t *p);
+/* Answer a deferred control request (transport.h ctrl_answer) on inbound link l. */
+int mc__tcp_ctrl_answer(mc_engine_t *e, mc_link_t *l, uint32_t id, int status, const void *ans,
+                        size_t len);
 /* Accept again once a pause for lack of descriptors is over (timer tick). */
 void mc__tcp_accept_resume(mc_engine_t *e, uint64_t now);
 /* Listen on every MC_LISTEN address. */

@@ -243,15 +243,42 @@ static void on_retire(mc_engine_t *e, mc_tcp_conn_t *c)
     retire(e, c, ids, n);
 }
 
-/* Another transport's request for its counterpart here: answered at once. */
+/* Send the answer to control request id: its status, and the answer or the reason. */
+static void ctrl_resp(mc_engine_t *e, mc_tcp_conn_t *c, uint32_t id, int rc, const void *payload,
+                      size_t len)
+{
+    mc_frame_t f = {.type = MC_FR_CTRL_RESP, .id = id, .aux = (uint64_t)(int64_t)rc};
+
+    if (mc__tcp_conn_send_ctrl(e, c, &f, payload,
+                               (uint32_t)(len < MC_CTRL_MAX ? len : MC_CTRL_MAX)))
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
+}
+
+int mc__tcp_ctrl_answer(mc_engine_t *e, mc_link_t *l, uint32_t id, int status, const void *ans,
+                        size_t len)
+{
+    mc_tcp_conn_t *c = mc_container_of(l, mc_tcp_conn_t, link);
+
+    if (c->outbound || c->state != CS_READY)
+        return mc__set_error(-ENOTCONN, "the connection the request came on is closing");
+    ctrl_resp(e, c, id, status, ans, len);
+    mc__tcp_answer_later(e, c); /* sent at the end of the pass: never inside the caller's work */
+    return 0;
+}
+
+/* Another transport's request for its counterpart here: answered at once, or later by that
+ * transport (MC_CTRL_LATER: a disk read), out of order then. */
 static void on_ctrl_req(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     uint8_t ans[MC_CTRL_MAX];
     size_t len = 0;
-    mc_frame_t f = {.type = MC_FR_CTRL_RESP, .id = c->fr.id};
-    int rc = mc__ctrl_deliver(e, &c->link, c->fr.flags, c->ctrl, c->ctrl_len, ans, &len);
+    int rc;
     const void *payload = ans;
 
+    c->link.req_id = c->fr.id;
+    rc = mc__ctrl_deliver(e, &c->link, c->fr.flags, c->ctrl, c->ctrl_len, ans, &len);
+    if (rc == MC_CTRL_LATER)
+        return;
     if (rc) {
         payload = mc_last_error();
         len = strlen(payload);
@@ -259,10 +286,7 @@ static void on_ctrl_req(mc_engine_t *e, mc_tcp_conn_t *c)
                 c->fr.flags < mc__n_transports ? mc__transports[c->fr.flags]->name : "?",
                 c->remote_name, (const char *)payload);
     }
-    f.aux = (uint64_t)(int64_t)rc;
-    if (mc__tcp_conn_send_ctrl(e, c, &f, payload,
-                               (uint32_t)(len < MC_CTRL_MAX ? len : MC_CTRL_MAX)))
-        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
+    ctrl_resp(e, c, c->fr.id, rc, payload, len);
 }
 
 /* A message: into its queue (or refused for now, -EAGAIN: the sender keeps it), answered in

@@ -1,0 +1,365 @@
+/* The file transport: its ops table, settings, setup on the first registration, teardown, and
+ * the hooks that tie its parts to the progress loop. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../util/bytes.h"
+#include "file_int.h"
+
+unsigned mc__file_slot;
+
+#define FILE_MAX_CHUNKS 65535 /* a lend id has 16 bits for the chunk */
+
+static int parse_io(const char *v, uint64_t *num_p)
+{
+    static const char *const names[] = {"auto", "uring", "thread"};
+
+    for (unsigned i = 0; i < 3; i++)
+        if (!strcmp(v, names[i])) {
+            *num_p = i;
+            return 0;
+        }
+    return mc__set_error(-MC_ECONFIG, "expected auto, uring or thread");
+}
+
+static const mc_setting_t file_settings[] = {
+    {"FILE_IO", "auto", 0, 0, parse_io,
+     "file I/O: auto (io_uring, else threads), uring (io_uring or fail), thread (pread/pwrite)"},
+    {"FILE_QUEUE_DEPTH", "64", 1, 4096, NULL, "file I/O in flight: the io_uring queue depth"},
+    {"FILE_SLICE_SIZE", "1048576", 4096, MC_SLICE_MAX, NULL,
+     "bytes per piece of file I/O and per bounce chunk"},
+    {"FILE_BOUNCE_SIZE", "67108864", 8192, 1ull << 34, NULL,
+     "bounce buffers once a file is registered: half serve peers, half stage our own transfers"},
+    {"FILE_THREADS", "4", 1, 256, NULL, "I/O threads where io_uring is unavailable"},
+    {0},
+};
+
+static int file_init(mc_engine_t *e)
+{
+    file_engine_t *fe = calloc(1, sizeof(*fe));
+    static const int modes[] = {-1, FILE_IO_URING, FILE_IO_THREAD};
+
+    if (!fe)
+        return mc__set_error(-ENOMEM, "out of memory");
+    fe->io_mode = modes[mc__config_num(e->conf, "FILE_IO")];
+    fe->depth = (unsigned)mc__config_num(e->conf, "FILE_QUEUE_DEPTH");
+    fe->chunk = (uint32_t)mc__config_num(e->conf, "FILE_SLICE_SIZE");
+    fe->bounce = mc__config_num(e->conf, "FILE_BOUNCE_SIZE");
+    fe->threads = (unsigned)mc__config_num(e->conf, "FILE_THREADS");
+    if (fe->bounce / fe->chunk < 2 || fe->bounce / fe->chunk > FILE_MAX_CHUNKS) {
+        free(fe);
+        return mc__set_error(-MC_ECONFIG,
+                             "MC_FILE_BOUNCE_SIZE must hold 2 to %u chunks of MC_FILE_SLICE_SIZE",
+                             FILE_MAX_CHUNKS);
+    }
+    pthread_mutex_init(&fe->setup_lock, NULL);
+    pthread_mutex_init(&fe->io.ftab_lock, NULL);
+    pthread_mutex_init(&fe->io.lock, NULL);
+    pthread_cond_init(&fe->io.cond, NULL);
+    fe->io.ev.fd = -1;
+    mc_list_init(&fe->free_local);
+    mc_list_init(&fe->free_lend);
+    mc_list_init(&fe->quarantine);
+    mc_list_init(&fe->ops_free);
+    mc_list_init(&fe->chunk_wait);
+    mc_list_init(&fe->ctrl_wait);
+    mc_list_init(&fe->answered);
+    mc_list_init(&fe->rel_peers);
+    mc_list_init(&fe->lend_wait);
+    mc_list_init(&fe->lent);
+    e->tp[mc__file_slot] = fe;
+    return 0;
+}
+
+/* The bounce chunks: registered memory (every transport reaches it; the ring has it as its
+ * fixed buffer), the first half ours, the second lent to peers. */
+static int pool_setup(mc_engine_t *e, file_engine_t *fe)
+{
+    uint64_t len = fe->bounce / fe->chunk * fe->chunk;
+    int rc;
+
+    fe->pool = aligned_alloc(1u << 21, (len + (1u << 21) - 1) & ~(uint64_t)((1u << 21) - 1));
+    fe->n_chunks = (unsigned)(fe->bounce / fe->chunk);
+    fe->chunks = calloc(fe->n_chunks, sizeof(*fe->chunks));
+    if (!fe->pool || !fe->chunks) {
+        free(fe->pool);
+        free(fe->chunks);
+        fe->pool = NULL;
+        fe->chunks = NULL;
+        return mc__set_error(-ENOMEM, "out of memory for %llu bytes of bounce buffers",
+                             (unsigned long long)len);
+    }
+    memset(fe->pool, 0, len); /* backed now, not on the first transfer */
+    rc = mc__mem_register_internal(e, fe->pool, len);
+    if (rc) {
+        free(fe->pool);
+        free(fe->chunks);
+        fe->pool = NULL;
+        fe->chunks = NULL;
+        return rc;
+    }
+    for (unsigned i = 0; i < fe->n_chunks; i++) {
+        file_chunk_t *c = &fe->chunks[i];
+        c->mem = fe->pool + (uint64_t)i * fe->chunk;
+        c->index = i;
+        c->lend = i >= fe->n_chunks / 2;
+        mc_list_push_back(c->lend ? &fe->free_lend : &fe->free_local, &c->link);
+    }
+    mc__file_io_add_buffer(&fe->io, fe->pool, (uint64_t)fe->n_chunks * fe->chunk);
+    return 0;
+}
+
+/* On the first registration of a file: the I/O backend and the bounce chunks. Engines that
+ * never register one pay for neither. */
+int mc__file_setup(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+    int rc = 0;
+
+    pthread_mutex_lock(&fe->setup_lock);
+    if (!atomic_load(&fe->ready)) {
+        rc = fe->io.ev.fd < 0 ? mc__file_io_start(e, &fe->io, fe->io_mode, fe->depth, fe->threads)
+                              : 0;
+        if (!rc)
+            rc = pool_setup(e, fe);
+        if (!rc)
+            atomic_store(&fe->ready, true);
+    }
+    pthread_mutex_unlock(&fe->setup_lock);
+    return rc;
+}
+
+/* Engine teardown (progress context, links closed already): what waits ends, the I/O in flight
+ * is waited for. */
+static void file_stop(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+
+    fe->stopping = true;
+    mc__file_ops_stop(e);
+    mc__file_pool_stop(e);
+    mc__file_io_stop(e, &fe->io);
+    mc__file_ops_stop(e);
+    mc__file_pool_stop(e);
+}
+
+static void file_fini(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+
+    mc__file_ops_fini(e);
+    mc__file_pool_fini(e);
+    free(fe->pool); /* its registration went with the others (mc__memtab_fini) */
+    pthread_mutex_destroy(&fe->io.ftab_lock);
+    pthread_mutex_destroy(&fe->io.lock);
+    pthread_cond_destroy(&fe->io.cond);
+    pthread_mutex_destroy(&fe->setup_lock);
+    free(fe);
+    e->tp[mc__file_slot] = NULL;
+}
+
+/* ---- descriptor ---- */
+
+static int file_encode(mc_engine_t *e, json_t *root)
+{
+    file_engine_t *fe = file_of(e);
+
+    if (!atomic_load(&fe->ready))
+        return 0; /* no file here: nothing to say */
+    return json_object_set_new(root, "file",
+                               json_pack("{s:s,s:I}", "io", mc__file_io_name(&fe->io), "chunk",
+                                         (json_int_t)fe->chunk))
+               ? -ENOMEM
+               : 0;
+}
+
+static unsigned direct_align(const file_buf_t *f)
+{
+    return f->fd_direct >= 0 && !atomic_load(&f->no_direct) ? f->align : 0;
+}
+
+static int file_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
+{
+    const file_buf_t *f = file_buf(b);
+
+    (void)e;
+    if (!file_owned(b))
+        return 0;
+    return json_object_set_new(jb, "file",
+                               json_pack("{s:s,s:I,s:I,s:I}", "path", f->path, "offset",
+                                         (json_int_t)f->offset, "flags", (json_int_t)f->flags,
+                                         "align", (json_int_t)direct_align(f)))
+               ? -ENOMEM
+               : 0;
+}
+
+static int file_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, size_t cap)
+{
+    const file_buf_t *f = file_buf(b);
+
+    (void)e;
+    if (!file_owned(b))
+        return 0;
+    if (cap < 16)
+        return mc__set_error(-E2BIG, "no room for the file part of a key");
+    mc__put64(out, f->offset);
+    mc__put32(out + 8, f->flags);
+    mc__put32(out + 12, direct_align(f));
+    return 16;
+}
+
+/* ---- memory ---- */
+
+static int file_mem_register(mc_engine_t *e, mc_buffer_t *b)
+{
+    if (file_owned(b))
+        mc__file_io_add_file(&file_of(e)->io, file_buf(b));
+    return 0;
+}
+
+/* The buffer goes (or its registration failed): the file is closed. */
+static void file_mem_deregister(mc_engine_t *e, mc_buffer_t *b)
+{
+    file_buf_t *f = file_buf(b);
+
+    if (!file_owned(b) || !f)
+        return;
+    mc__file_io_remove_file(&file_of(e)->io, f);
+    close(f->fd);
+    if (f->fd_direct >= 0)
+        close(f->fd_direct);
+    free(f);
+    b->tp[mc__file_slot] = NULL;
+}
+
+/* ---- peers and tasks ---- */
+
+/* Every peer: a task to it with a file at either end is ours (the others refuse those). */
+static int file_peer_update(mc_engine_t *e, mc_peer_t *p)
+{
+    file_peer_t *fp = p->tp[mc__file_slot];
+
+    (void)e;
+    if (!fp) {
+        fp = calloc(1, sizeof(*fp));
+        if (!fp)
+            return mc__set_error(-ENOMEM, "out of memory");
+        fp->peer = p;
+        mc_list_init(&fp->rel_link);
+        p->tp[mc__file_slot] = fp;
+    }
+    p->rails[mc__file_slot].n = 0;
+    return 40;
+}
+
+static void file_peer_close(mc_engine_t *e, mc_peer_t *p)
+{
+    mc__file_peer_gone(e, p);
+    free(p->tp[mc__file_slot]);
+    p->tp[mc__file_slot] = NULL;
+}
+
+static const char *file_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
+{
+    (void)e;
+    if (!file_owned(t->lbuf) && rb->owner != mc__file_slot + 1)
+        return "neither end is a file";
+    if (t->vram)
+        return "files move to and from host memory only";
+    return NULL;
+}
+
+/* A disk's piece, and no more than the owner of the far file stages at a time. */
+static uint32_t file_slice_max(mc_engine_t *e, mc_peer_t *p)
+{
+    const file_desc_t *d = p->desc.tp[mc__file_slot];
+    uint32_t max = file_of(e)->chunk;
+
+    return d && p->desc.instance != e->instance && d->chunk < max ? d->chunk : max;
+}
+
+/* ---- progress ---- */
+
+static void file_work(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+
+    fe->kicked = false;
+    mc__file_ops_kick(e);
+    if (atomic_load(&fe->ready))
+        mc__file_pool_kick(e);
+}
+
+static void file_progress(mc_engine_t *e)
+{
+    mc__file_io_reap(e);
+    file_work(e);
+}
+
+static void file_timers(mc_engine_t *e, uint64_t now)
+{
+    mc__file_ops_timers(e, now);
+    if (atomic_load(&file_of(e)->ready))
+        mc__file_pool_timers(e, now);
+}
+
+/* End of the pass: what its callbacks left, then the I/O prepared during the pass goes to the
+ * kernel in one call. What ended here may let more slices go: another pass. */
+static void file_reap(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+
+    if (fe->stopping)
+        return;
+    file_work(e);
+    mc__file_io_flush(e);
+    if (fe->kicked)
+        mc__doorbell(e);
+}
+
+/* ---- control requests ---- */
+
+static int file_ctrl_recv(mc_engine_t *e, mc_link_t *l, const void *req, size_t len, void *ans,
+                          size_t *ans_len)
+{
+    return mc__file_serve(e, l, req, len, ans, ans_len);
+}
+
+static void file_link_lost(mc_engine_t *e, mc_link_bound_t *b)
+{
+    if (b->kind == FB_OP)
+        mc__file_op_lost(e, b);
+    else
+        mc__file_lend_lost(e, b);
+}
+
+const mc_transport_ops_t mc__file_ops = {
+    .size = sizeof(mc_transport_ops_t),
+    .name = "file",
+    .slot = &mc__file_slot,
+    .flags = MC_TP_LOCAL,
+    .codec = &mc__file_codec,
+    .settings = file_settings,
+    .init = file_init,
+    .stop = file_stop,
+    .fini = file_fini,
+    .encode = file_encode,
+    .encode_buffer = file_encode_buffer,
+    .mem_register = file_mem_register,
+    .mem_deregister = file_mem_deregister,
+    .peer_update = file_peer_update,
+    .peer_close = file_peer_close,
+    .accept = file_accept,
+    .fill = mc__file_fill,
+    .progress = file_progress,
+    .timers = file_timers,
+    .reap = file_reap,
+    .ctrl_recv = file_ctrl_recv,
+    .ctrl_reply = mc__file_ctrl_reply,
+    .link_lost = file_link_lost,
+    .key_pack = file_key_pack,
+    .slice_max = file_slice_max,
+};

@@ -1,0 +1,113 @@
+/* The file part of a peer's descriptor: its I/O backend and bounce chunk size ("file":
+ * {"io": "io_uring", "chunk": 1048576}), and for each of its file buffers where it lies in the
+ * file ("file": {"path", "offset", "flags", "align"}), which also marks the buffer as ours to
+ * move (an opaque buffer: mc_desc_buffer_t.owner). Pure: fuzzed with the descriptor decoder. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../util/bytes.h"
+#include "file_int.h"
+
+#define PATH_LEN_MAX 4095
+
+static int bad(const char *what)
+{
+    return mc__set_error(-MC_EPROTO, "descriptor: file part: %s", what);
+}
+
+static int file_decode(json_t *root, const char *name, void **part_p)
+{
+    json_t *f = json_object_get(root, "file"), *chunk;
+    const char *io;
+    file_desc_t *d;
+
+    (void)name;
+    if (!f)
+        return 0;
+    io = json_string_value(json_object_get(f, "io"));
+    chunk = json_object_get(f, "chunk");
+    if (!json_is_object(f) || !io || !*io || strlen(io) >= sizeof(d->io) ||
+        !json_is_integer(chunk) || json_integer_value(chunk) < 4096 ||
+        json_integer_value(chunk) > MC_SLICE_MAX)
+        return bad("\"io\" or \"chunk\" missing or out of range");
+    d = calloc(1, sizeof(*d));
+    if (!d)
+        return mc__set_error(-ENOMEM, "out of memory decoding a descriptor");
+    memcpy(d->io, io, strlen(io) + 1);
+    d->chunk = (uint32_t)json_integer_value(chunk);
+    *part_p = d;
+    return 0;
+}
+
+static bool is_uint(json_t *v, uint64_t max)
+{
+    return json_is_integer(v) && json_integer_value(v) >= 0 &&
+           (uint64_t)json_integer_value(v) <= max;
+}
+
+/* align: 0 (no O_DIRECT), else a power of two up to 1 MiB. */
+static bool align_ok(uint64_t a)
+{
+    return a <= (1u << 20) && !(a & (a - 1));
+}
+
+static int part_add(mc_desc_t *d, unsigned slot, mc_desc_buffer_t *b, uint64_t offset,
+                    uint32_t flags, uint32_t align, const char *path)
+{
+    size_t plen = strlen(path), size = sizeof(file_desc_buf_t) + plen + 1;
+    file_desc_buf_t *p = malloc(size);
+    int rc;
+
+    if (!p)
+        return mc__set_error(-ENOMEM, "out of memory decoding a descriptor");
+    p->offset = offset;
+    p->flags = flags;
+    p->align = align;
+    memcpy(p->path, path, plen + 1);
+    rc = mc__desc_part_add(d, b, slot, p, size);
+    free(p);
+    if (!rc)
+        b->owner = (uint8_t)(slot + 1);
+    return rc;
+}
+
+static int file_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsigned slot,
+                              mc_desc_buffer_t *b)
+{
+    json_t *f = json_object_get(jb, "file"), *off, *flags, *align;
+    const char *path;
+
+    (void)part;
+    if (!f)
+        return 0;
+    path = json_string_value(json_object_get(f, "path"));
+    off = json_object_get(f, "offset");
+    flags = json_object_get(f, "flags");
+    align = json_object_get(f, "align");
+    if (!json_is_object(f) || !path || !*path || strlen(path) > PATH_LEN_MAX ||
+        !is_uint(off, INT64_MAX) || !is_uint(flags, UINT32_MAX) || !is_uint(align, 1u << 20) ||
+        !align_ok((uint64_t)json_integer_value(align)))
+        return bad("a buffer's \"path\", \"offset\", \"flags\" or \"align\" is missing or bad");
+    if (strcmp(b->location, "file"))
+        return bad("a file buffer whose location is not \"file\"");
+    return part_add(d, slot, b, (uint64_t)json_integer_value(off),
+                    (uint32_t)json_integer_value(flags), (uint32_t)json_integer_value(align), path);
+}
+
+/* In a buffer key: u64 offset, u32 flags, u32 align (the path does not fit). */
+static int file_decode_key(const uint8_t *in, size_t len, const void *part, mc_desc_t *d,
+                           unsigned slot, mc_desc_buffer_t *b)
+{
+    (void)part;
+    if (len != 16 || !align_ok(mc__get32(in + 12)) || strcmp(b->location, "file"))
+        return mc__set_error(-MC_EPROTO, "buffer key: bad file part");
+    return part_add(d, slot, b, mc__get64(in), mc__get32(in + 8), mc__get32(in + 12), "");
+}
+
+const mc_desc_codec_t mc__file_codec = {
+    .decode = file_decode,
+    .decode_buffer = file_decode_buffer,
+    .decode_key = file_decode_key,
+    .free_part = free,
+};

@@ -1,0 +1,570 @@
+/* The initiator's side: each slice of a task with a file at one end becomes an op, a short
+ * plan of steps run one after the other:
+ *   - I/O between one of our files and memory (ours: the task's, the far end's, or a chunk);
+ *   - STAGE / COMMIT: the owner of a peer file reads the range into one of its chunks, or writes
+ *     one to the file, and answers (later, once its disk did it);
+ *   - CHILD: the bytes move between our memory (or chunk) and the peer's memory (or chunk) as a
+ *     task of the engine's own, over the best other transport that reaches the peer;
+ *   - RELEASE: the owner's chunk is given back (batched, not waited for).
+ * A task to our own segment needs no peer: its I/O goes straight between the file and memory.
+ * What other transports report inside their own code (an answer, a lost link) is noted and
+ * acted upon from our progress hooks. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../util/bytes.h"
+#include "file_int.h"
+
+enum { ST_READ_L, ST_WRITE_L, ST_READ_R, ST_WRITE_R, ST_STAGE, ST_CHILD, ST_RELEASE, ST_COMMIT };
+
+static file_peer_t *file_peer(mc_peer_t *p)
+{
+    return p->tp[mc__file_slot];
+}
+
+static bool is_self(mc_engine_t *e, const mc_peer_t *p)
+{
+    return p->desc.instance == e->instance;
+}
+
+static uint64_t local_addr(const file_op_t *op)
+{
+    return (uint64_t)(uintptr_t)op->s->task->req.local + op->s->offset;
+}
+
+static uint64_t remote_addr(const file_op_t *op)
+{
+    return op->s->task->req.target_offset + op->s->offset;
+}
+
+/* ---- life ---- */
+
+static file_op_t *op_alloc(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *n = mc_list_pop_front(&fe->ops_free);
+    file_op_t *op = n ? mc_container_of(n, file_op_t, link) : calloc(1, sizeof(*op));
+
+    if (!op)
+        return NULL;
+    mc_batch_t *child = op->child;
+    memset(op, 0, sizeof(*op));
+    op->child = child;
+    op->e = e;
+    op->bound.kind = FB_OP;
+    mc_list_init(&op->link);
+    fe->n_ops++;
+    return op;
+}
+
+/* Give the owner's chunk back, with the next batch of releases to that peer. */
+static void release_queue(mc_engine_t *e, file_op_t *op);
+
+/* The op is over: its slice done (err 0) or failed, what it holds given back. */
+static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const char *fmt, ...)
+{
+    file_engine_t *fe = file_of(e);
+    char reason[700];
+    va_list ap;
+
+    if (op->lent)
+        release_queue(e, op);
+    if (op->waiting)
+        mc_list_del(&op->link);
+    if (err) {
+        va_start(ap, fmt);
+        vsnprintf(reason, sizeof(reason), fmt, ap);
+        va_end(ap);
+        mc__slice_failed(e, op->s, err, retry, reason);
+    } else {
+        mc__slice_done(e, op->s);
+    }
+    if (op->chunk)
+        mc__file_chunk_put(e, op->chunk);
+    if (op->rbuf)
+        mc__mem_put(e, op->rbuf);
+    mc__peer_activate(e, op->p); /* its next slices may go */
+    fe->n_ops--;
+    fe->kicked = true;
+    op->s = NULL;
+    mc_list_push_back(&fe->ops_free, &op->link);
+}
+
+/* ---- steps ---- */
+
+static void op_run(mc_engine_t *e, file_op_t *op);
+
+static void io_done(mc_engine_t *e, file_io_t *io, int err)
+{
+    file_op_t *op = mc_container_of(io, file_op_t, io);
+    char reason[512];
+
+    if (!err) {
+        op_run(e, op);
+        return;
+    }
+    mc__file_io_reason(io, err, reason, sizeof(reason));
+    op_end(e, op, err == -ENODATA ? -EIO : err, false, "%s", reason);
+}
+
+static void io_start(mc_engine_t *e, file_op_t *op, int step)
+{
+    bool local = step == ST_READ_L || step == ST_WRITE_L;
+    mc_buffer_t *b = local ? op->s->task->lbuf : op->rbuf;
+    file_buf_t *f = file_buf(b);
+
+    op->io.f = f;
+    op->io.mem = op->mem;
+    op->io.pos = f->offset + ((local ? local_addr(op) : remote_addr(op)) - b->addr);
+    op->io.len = op->s->len;
+    op->io.write = step == ST_WRITE_L || step == ST_WRITE_R;
+    op->io.cb = io_done;
+    mc__file_io_submit(e, &op->io);
+}
+
+/* A STAGE or COMMIT to the owner of the far file; -EAGAIN while no control link is ready (the
+ * op waits for one). */
+static int ctrl_send(mc_engine_t *e, file_op_t *op, int step)
+{
+    uint8_t *q = op->req;
+    mc_link_t *link;
+    mc_slice_t *s = mc__slice_alloc(e);
+    int rc;
+
+    if (!s)
+        return mc__set_error(-ENOMEM, "out of memory");
+    memset(q, 0, FREQ_HDR);
+    q[0] = step == ST_STAGE ? FREQ_STAGE : FREQ_COMMIT;
+    q[1] = op->s->opcode;
+    mc__put32(q + 4, op->lend_id);
+    mc__put64(q + 8, remote_addr(op));
+    mc__put32(q + 16, op->s->len);
+    s->kind = MC_SL_CTRL;
+    s->tp = (uint8_t)mc__file_slot;
+    s->ctx = op;
+    s->payload = q; /* the op lives until the answer, or the link's loss */
+    s->payload_len = FREQ_HDR;
+    rc = mc__ctrl_request(e, op->p, s, &link);
+    if (rc) {
+        mc__slice_free(e, s);
+        return rc;
+    }
+    op->asked = true;
+    mc__link_bind(link, &op->bound, mc__file_slot);
+    return 0;
+}
+
+static void ctrl_step(mc_engine_t *e, file_op_t *op, int step)
+{
+    int rc = ctrl_send(e, op, step);
+
+    if (rc == -EAGAIN) { /* a link is being opened: its readiness lets us try again */
+        op->step--;
+        op->waiting = true;
+        mc_list_push_back(&file_of(e)->ctrl_wait, &op->link);
+    } else if (rc) {
+        op_end(e, op, rc, false, "file: %s", mc_last_error());
+    }
+}
+
+static void child_done(void *arg, const mc_task_status_t *st)
+{
+    file_op_t *op = arg;
+    mc_engine_t *e = op->e;
+
+    if (st->state == MC_TASK_COMPLETED) {
+        op_run(e, op);
+        return;
+    }
+    op_end(e, op, st->error ? st->error : -EIO, false, "%s %s's %s: %s",
+           op->s->opcode == MC_READ ? "reading" : "writing", op->p->name,
+           op->lent ? "bounce chunk" : "memory", st->reason ? st->reason : "failed");
+}
+
+/* The bytes between our memory and the peer's, as a task of our own over the other transports
+ * (the core routes it: shm, rdma or tcp, whichever reaches the peer best). */
+static void child_start(mc_engine_t *e, file_op_t *op)
+{
+    mc_task_t *t = op->s->task;
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = t->timeout_ms};
+    mc_request_t r = {.opcode = (mc_opcode_t)op->s->opcode,
+                      .local = op->mem,
+                      .target = op->p->id,
+                      .target_offset = op->lent ? op->lend_addr : remote_addr(op),
+                      .length = op->s->len,
+                      .cb = child_done,
+                      .cb_arg = op};
+    int rc = 0;
+
+    /* The engine lets go of a batch just after its callback: one still held is left to it. */
+    if (op->child && mc_batch_reset(op->child)) {
+        mc_batch_release(op->child);
+        op->child = NULL;
+    }
+    if (!op->child)
+        rc = mc_batch_create(e, 1, &op->child);
+    if (!rc)
+        rc = mc_batch_submit_ex(op->child, &r, 1, &o);
+    if (rc)
+        op_end(e, op, rc, false, "file: cannot start the transfer to %s: %s", op->p->name,
+               mc_last_error());
+}
+
+static void op_run(mc_engine_t *e, file_op_t *op)
+{
+    file_engine_t *fe = file_of(e);
+
+    for (;;) {
+        if (fe->stopping) {
+            op_end(e, op, -MC_ECANCELED, false, "engine destroyed");
+            return;
+        }
+        if (atomic_load(&op->s->task->state) >= MC_TASK_COMPLETED) { /* canceled, timed out */
+            op_end(e, op, -MC_ECANCELED, false, "task ended");
+            return;
+        }
+        if (op->step == op->n_steps) {
+            op_end(e, op, 0, false, NULL);
+            return;
+        }
+        int step = op->steps[op->step++];
+        switch (step) {
+        case ST_READ_L:
+        case ST_WRITE_L:
+        case ST_READ_R:
+        case ST_WRITE_R:
+            io_start(e, op, step);
+            return;
+        case ST_STAGE:
+        case ST_COMMIT:
+            ctrl_step(e, op, step);
+            return;
+        case ST_CHILD:
+            child_start(e, op);
+            return;
+        case ST_RELEASE:
+            release_queue(e, op);
+            break;
+        }
+    }
+}
+
+/* ---- answers and lost links (noted inside tcp, acted upon from our hooks) ---- */
+
+void mc__file_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status, const void *ans,
+                         size_t len)
+{
+    file_op_t *op = s->ctx;
+    int step = op->steps[op->step - 1];
+
+    (void)l;
+    mc__link_unbind(&op->bound);
+    op->asked = false;
+    op->rstatus = status;
+    if (status) {
+        snprintf(op->rreason, sizeof(op->rreason), "%.*s", (int)(len < 400 ? len : 400),
+                 (const char *)ans);
+    } else if (step == ST_STAGE && len == 12) {
+        op->lent = true;
+        op->lend_addr = mc__get64(ans);
+        op->lend_id = mc__get32((const uint8_t *)ans + 8);
+    } else if (step == ST_STAGE) {
+        op->rstatus = -MC_EPROTO;
+        snprintf(op->rreason, sizeof(op->rreason), "a stage answer of %zu bytes", len);
+    } else {
+        op->lent = false; /* committed: the owner took its chunk back */
+    }
+    op->waiting = true;
+    mc_list_push_back(&file_of(e)->answered, &op->link);
+}
+
+void mc__file_op_lost(mc_engine_t *e, mc_link_bound_t *b)
+{
+    file_op_t *op = mc_container_of(b, file_op_t, bound);
+
+    op->asked = false;
+    op->rstatus = -MC_EPEERDEAD;
+    snprintf(op->rreason, sizeof(op->rreason), "the control link to %s went", op->p->name);
+    op->retry = true;
+    op->lent = false; /* the owner quarantines it */
+    op->waiting = true;
+    mc_list_push_back(&file_of(e)->answered, &op->link);
+}
+
+/* An answer, or the loss of its link. */
+static void op_answered(mc_engine_t *e, file_op_t *op)
+{
+    int step = op->steps[op->step - 1];
+
+    mc_list_del(&op->link);
+    op->waiting = false;
+    if (!op->rstatus) {
+        op_run(e, op);
+        return;
+    }
+    /* -EAGAIN: the owner lost our chunk (its link went): the slice starts over */
+    op_end(e, op, op->rstatus, op->retry || op->rstatus == -EAGAIN, "%s %s: %s",
+           step == ST_STAGE ? "staging at" : "committing at", op->p->name, op->rreason);
+}
+
+/* ---- releases ---- */
+
+static void release_send(mc_engine_t *e, mc_peer_t *p)
+{
+    file_peer_t *fp = file_peer(p);
+    mc_slice_t *s;
+    mc_link_t *link;
+    uint8_t *q;
+
+    if (fp->n_release && (p->state == MC_SEGMENT_DEAD || file_of(e)->stopping)) {
+        fp->n_release = 0; /* its chunks went with it */
+        mc_list_del(&fp->rel_link);
+    }
+    if (!fp->n_release || !mc__ctrl_ready(e, p))
+        return;
+    s = mc__slice_alloc(e);
+    q = malloc(8 + 4 * (size_t)fp->n_release);
+    if (!s || !q) {
+        free(q);
+        if (s)
+            mc__slice_free(e, s);
+        return;
+    }
+    memset(q, 0, 8);
+    q[0] = FREQ_RELEASE;
+    mc__put16(q + 2, (uint16_t)fp->n_release);
+    for (unsigned i = 0; i < fp->n_release; i++)
+        mc__put32(q + 8 + 4 * i, fp->release[i]);
+    s->kind = MC_SL_CTRL;
+    s->tp = (uint8_t)mc__file_slot;
+    s->payload = q;
+    s->payload_len = 8 + 4 * fp->n_release;
+    s->payload_owned = true; /* no ctx: the answer is not awaited */
+    if (mc__ctrl_request(e, p, s, &link)) {
+        mc__slice_free(e, s);
+        return;
+    }
+    fp->n_release = 0;
+    mc_list_del(&fp->rel_link);
+}
+
+static void release_queue(mc_engine_t *e, file_op_t *op)
+{
+    file_peer_t *fp = file_peer(op->p);
+
+    op->lent = false;
+    if (op->p->state == MC_SEGMENT_DEAD || file_of(e)->stopping)
+        return;
+    if (fp->n_release == FREQ_RELEASE_MAX) /* full: out now, or the oldest is dropped */
+        release_send(e, op->p);
+    if (fp->n_release == FREQ_RELEASE_MAX) {
+        memmove(fp->release, fp->release + 1, (FREQ_RELEASE_MAX - 1) * sizeof(uint32_t));
+        fp->n_release--;
+    }
+    if (!fp->n_release)
+        mc_list_push_back(&file_of(e)->rel_peers, &fp->rel_link);
+    fp->release[fp->n_release++] = op->lend_id;
+}
+
+/* ---- starting ---- */
+
+/* What a slice takes, by where its ends are: our own segment moves straight between a file and
+ * memory; a peer's file is staged by its owner; our file goes through a chunk of ours. */
+static void plan(file_op_t *op, bool self, bool lf, bool rf)
+{
+    static const uint8_t plans[2][3][2][4] = {
+        /* a peer: [remote file][local file][read/write] */
+        {{{ST_STAGE, ST_CHILD, ST_RELEASE}, {ST_STAGE, ST_CHILD, ST_COMMIT}},
+         {{ST_CHILD, ST_WRITE_L}, {ST_READ_L, ST_CHILD}},
+         {{ST_STAGE, ST_CHILD, ST_RELEASE, ST_WRITE_L},
+          {ST_READ_L, ST_STAGE, ST_CHILD, ST_COMMIT}}},
+        /* ourselves */
+        {{{ST_READ_R}, {ST_WRITE_R}},
+         {{ST_WRITE_L}, {ST_READ_L}},
+         {{ST_READ_R, ST_WRITE_L}, {ST_READ_L, ST_WRITE_R}}},
+    };
+    static const uint8_t lens[2][3][2] = {{{3, 3}, {2, 2}, {4, 4}}, {{1, 1}, {1, 1}, {2, 2}}};
+    int ends = rf && lf ? 2 : lf ? 1 : 0;
+    int w = op->s->opcode == MC_WRITE;
+
+    memcpy(op->steps, plans[self][ends][w], sizeof(op->steps));
+    op->n_steps = lens[self][ends][w];
+}
+
+/* The memory the bytes pass through: a chunk, the task's memory, or ours at the far end. */
+static void op_mem(file_op_t *op, bool lf)
+{
+    if (op->chunk)
+        op->mem = op->chunk->mem;
+    else if (!lf)
+        op->mem = (uint8_t *)(uintptr_t)local_addr(op);
+    else
+        op->mem = (uint8_t *)(uintptr_t)remote_addr(op);
+}
+
+/* Our own segment: the far end is a buffer of ours, checked as a peer's request would be. */
+static int self_far_end(mc_engine_t *e, file_op_t *op, bool rf)
+{
+    uint64_t a = remote_addr(op);
+
+    op->rbuf =
+        rf ? mc__mem_get_owned(e, mc__file_slot, a, op->s->len) : mc__mem_get(e, a, op->s->len);
+    if (op->rbuf && op->rbuf->vram) {
+        mc__mem_put(e, op->rbuf);
+        op->rbuf = NULL;
+    }
+    if (!op->rbuf)
+        return mc__set_error(-MC_EACCESS, "range 0x%llx+%u is not inside a registered buffer of %s",
+                             (unsigned long long)a, op->s->len, e->name);
+    if (rf && op->s->opcode == MC_WRITE && (file_buf(op->rbuf)->flags & MC_FILE_READONLY))
+        return mc__set_error(-MC_EACCESS, "file %s is registered read-only",
+                             file_buf(op->rbuf)->path);
+    return 0;
+}
+
+static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+    const mc_desc_buffer_t *rb = mc__desc_find(&p->desc, t->req.target_offset + s->offset, s->len);
+    bool lf = file_owned(t->lbuf), rf = rb && rb->owner == mc__file_slot + 1;
+    bool self = is_self(e, p);
+    file_op_t *op = op_alloc(e);
+
+    if (!op) {
+        mc__slice_failed(e, s, -ENOMEM, true, "out of memory");
+        return;
+    }
+    op->s = s;
+    op->p = p;
+    if (!rb) { /* its descriptor changed since the task was routed */
+        op_end(e, op, -MC_EACCESS, false, "range 0x%llx+%u is no longer registered by %s",
+               (unsigned long long)remote_addr(op), s->len, p->name);
+        return;
+    }
+    plan(op, self, lf, rf);
+    if (self && self_far_end(e, op, rf)) {
+        op_end(e, op, -MC_EACCESS, false, "%s", mc_last_error());
+        return;
+    }
+    if (lf && s->opcode == MC_READ && (file_buf(t->lbuf)->flags & MC_FILE_READONLY)) {
+        op_end(e, op, -MC_EACCESS, false, "the local file %s is registered read-only",
+               file_buf(t->lbuf)->path);
+        return;
+    }
+    if (lf && (rf || !self) && !(op->chunk = mc__file_chunk_get(e, false))) {
+        op->waiting = true; /* its turn comes when a chunk of ours is free */
+        mc_list_push_back(&file_of(e)->chunk_wait, &op->link);
+        return;
+    }
+    op_mem(op, lf);
+    op_run(e, op);
+}
+
+void mc__file_fill(mc_engine_t *e, mc_peer_t *p)
+{
+    file_engine_t *fe = file_of(e);
+    mc_slice_t *s;
+
+    while (fe->n_ops < fe->depth && (s = mc__sched_next_slice(e, p, mc__file_slot)))
+        op_start(e, p, s);
+}
+
+/* ---- hooks ---- */
+
+/* What waited: answers, chunks of ours come free, control links come up, releases to send. */
+void mc__file_ops_kick(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *pos, *tmp, again;
+
+    while (!mc_list_empty(&fe->answered))
+        op_answered(e, mc_container_of(fe->answered.next, file_op_t, link));
+    while (!mc_list_empty(&fe->chunk_wait) && !mc_list_empty(&fe->free_local)) {
+        file_op_t *op = mc_container_of(mc_list_pop_front(&fe->chunk_wait), file_op_t, link);
+        op->waiting = false;
+        op->chunk = mc__file_chunk_get(e, false);
+        op_mem(op, true);
+        op_run(e, op);
+    }
+    mc_list_init(&again); /* those that try now and must wait again go back once */
+    mc_list_splice_back(&again, &fe->ctrl_wait);
+    while (!mc_list_empty(&again)) {
+        file_op_t *op = mc_container_of(mc_list_pop_front(&again), file_op_t, link);
+        mc_list_push_back(&fe->ctrl_wait, &op->link);
+        if (op->p->state == MC_SEGMENT_DEAD || !mc__ctrl_ready(e, op->p))
+            continue;
+        mc_list_del(&op->link);
+        op->waiting = false;
+        op_run(e, op);
+    }
+    mc_list_for_each_safe(pos, tmp, &fe->rel_peers)
+    {
+        file_peer_t *fp = mc_container_of(pos, file_peer_t, rel_link);
+        release_send(e, fp->peer);
+    }
+}
+
+/* Ops that wait for a control link to a peer that died, or whose task ended, stop waiting. */
+void mc__file_ops_timers(mc_engine_t *e, uint64_t now)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *pos, *tmp;
+
+    (void)now;
+    mc_list_for_each_safe(pos, tmp, &fe->ctrl_wait)
+    {
+        file_op_t *op = mc_container_of(pos, file_op_t, link);
+        if (op->p->state == MC_SEGMENT_DEAD)
+            op_end(e, op, -MC_EPEERDEAD, false, "%s", op->p->dead_reason);
+        else if (atomic_load(&op->s->task->state) >= MC_TASK_COMPLETED)
+            op_end(e, op, -MC_ECANCELED, false, "task ended");
+    }
+}
+
+void mc__file_peer_gone(mc_engine_t *e, mc_peer_t *p)
+{
+    file_peer_t *fp = file_peer(p);
+
+    (void)e;
+    if (fp->n_release)
+        mc_list_del(&fp->rel_link);
+}
+
+/* Engine teardown: what waits ends now; what is in flight ends as its I/O, answer or child
+ * does (each sees `stopping`). */
+void mc__file_ops_stop(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+
+    mc__file_ops_kick(e); /* answers and lost links noted so far */
+    while (!mc_list_empty(&fe->chunk_wait))
+        op_end(e, mc_container_of(fe->chunk_wait.next, file_op_t, link), -MC_ECANCELED, false,
+               "engine destroyed");
+    while (!mc_list_empty(&fe->ctrl_wait))
+        op_end(e, mc_container_of(fe->ctrl_wait.next, file_op_t, link), -MC_ECANCELED, false,
+               "engine destroyed");
+    while (!mc_list_empty(&fe->rel_peers)) {
+        file_peer_t *fp = mc_container_of(fe->rel_peers.next, file_peer_t, rel_link);
+        fp->n_release = 0;
+        mc_list_del(&fp->rel_link);
+    }
+}
+
+void mc__file_ops_fini(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&fe->ops_free))) {
+        file_op_t *op = mc_container_of(n, file_op_t, link);
+        if (op->child && mc_batch_destroy(op->child))
+            mc_batch_release(op->child);
+        free(op);
+    }
+}
