@@ -12,9 +12,11 @@ bool mc__p2p_holder_usable(const p2p_fetch_t *f, const p2p_holder_t *h)
     return h->present && !h->dead && !h->bad && (!f->o.origin_only || h->origin);
 }
 
-/* Usable holders per shard. Recounting costs holders x shards, and every fetcher's entry
- * changes up to 1000 / P2P_PUBLISH_MS times a second: a change is counted at most every
- * P2P_RECOUNT_MS unless force (a pick that found the counts stale). */
+/* Usable holders per shard, the origin apart: avail counts the replicas, and the origin (which
+ * has every shard) is a source only while few of our shards are in flight from it. Recounting costs
+ * holders x shards, and every fetcher's entry changes up to 1000 / P2P_PUBLISH_MS times a second: a
+ * change is counted at most every P2P_RECOUNT_MS unless force (a pick that found the counts stale).
+ */
 static void count_avail(p2p_fetch_t *f, bool force)
 {
     uint64_t now = mc__p2p_now_ms();
@@ -25,7 +27,7 @@ static void count_avail(p2p_fetch_t *f, bool force)
     memset(f->avail, 0, f->d.shards * sizeof(*f->avail));
     for (size_t k = 0; k < f->n_holders; k++) {
         const p2p_holder_t *h = &f->holders[k];
-        if (!mc__p2p_holder_usable(f, h))
+        if (!mc__p2p_holder_usable(f, h) || h->origin)
             continue;
         for (uint32_t i = 0; i < f->d.shards; i++)
             f->avail[i] += h->e.complete || p2p_bit(h->e.have, i);
@@ -73,17 +75,36 @@ static bool choose_holder(p2p_fetch_t *f, uint32_t shard, size_t *holder_p)
     return true;
 }
 
-static bool startable(const p2p_fetch_t *f, uint32_t i)
+/* The origin's link is the one every fetcher shares. Reading many shards from it at once
+ * makes each crawl, so no replica appears for a long time, and fetchers that pick the same
+ * shards fetch them from it twice; a few at a time, each done quickly, start the exchange at
+ * once. Only for shards no replica has; unbounded when fetching from the origin alone. */
+static bool origin_open(const p2p_fetch_t *f)
 {
-    return f->state[i] == SHARD_MISSING && f->avail[i] > 0;
+    for (size_t k = 0; k < f->n_holders; k++) {
+        const p2p_holder_t *h = &f->holders[k];
+        if (h->origin && mc__p2p_holder_usable(f, h))
+            return f->o.origin_only || h->inflight < P2P_ORIGIN_INFLIGHT;
+    }
+    return false;
+}
+
+/* A missing shard some replica has (2), or only the origin while it takes more (1), or none. */
+static int startable(const p2p_fetch_t *f, uint32_t i, bool origin)
+{
+    if (f->state[i] != SHARD_MISSING)
+        return 0;
+    return f->avail[i] > 0 ? 2 : origin ? 1 : 0;
 }
 
 /* MC_P2P_RANDOM: the next startable shard in the random permutation. */
 static bool pick_random(p2p_fetch_t *f, uint32_t *shard_p)
 {
+    bool origin = origin_open(f);
+
     for (uint32_t k = 0; k < f->d.shards; k++) {
         uint32_t j = (f->random_next + k) % f->d.shards, i = f->perm[j];
-        if (startable(f, i)) {
+        if (startable(f, i, origin)) {
             f->random_next = (j + 1) % f->d.shards;
             *shard_p = i;
             return true;
@@ -92,16 +113,22 @@ static bool pick_random(p2p_fetch_t *f, uint32_t *shard_p)
     return false;
 }
 
-/* MC_P2P_RAREST_FIRST: the startable shard with the fewest holders, the first of them in the
- * random permutation (which breaks ties at random and differently on every fetcher). */
+/* MC_P2P_RAREST_FIRST: of the shards some replica has, the one with the fewest replicas;
+ * else one only the origin has; the first of them in the random permutation (which breaks
+ * ties at random and differently on every fetcher). */
 static bool pick_rarest(p2p_fetch_t *f, uint32_t *shard_p)
 {
+    bool origin = origin_open(f);
     uint32_t best = UINT32_MAX;
+    int best_kind = 0;
 
     for (uint32_t k = 0; k < f->d.shards; k++) {
         uint32_t i = f->perm[k];
-        if (startable(f, i) && (best == UINT32_MAX || f->avail[i] < f->avail[best]))
+        int kind = startable(f, i, origin);
+        if (kind > best_kind || (kind && kind == best_kind && f->avail[i] < f->avail[best])) {
             best = i;
+            best_kind = kind;
+        }
     }
     *shard_p = best;
     return best != UINT32_MAX;

@@ -258,19 +258,24 @@ static void test_choose(void **state)
     f->holders[2].bad = true;          /* r2 sent a corrupt shard */
     f->holders[3].dead = true;         /* r3 died */
     f->holders_gen++;
-    /* shard 2 and 3: the origin only (rarest); the first in the permutation */
-    assert_string_equal(holder_of(f, &shard), "origin:1");
-    assert_int_equal(shard, 2);
-    f->state[2] = f->state[3] = SHARD_DONE;
-    /* shards 0, 1: origin and r1; r1, a replica, before the origin however loaded */
+    /* shards a replica has first (the origin's link is everyone's): 0 and 1, from r1 however
+     * loaded */
     f->holders[1].inflight = 5;
     assert_string_equal(holder_of(f, &shard), "r1:1");
-    /* r1 failed shard 0 last: the origin gets it */
+    assert_true(shard == 0 || shard == 1);
+    f->state[0] = f->state[1] = SHARD_DONE;
+    /* then the shards only the origin has, the first in the permutation */
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    assert_int_equal(shard, 2);
+    /* ... while few of ours are in flight from it */
+    f->holders[0].inflight = P2P_ORIGIN_INFLIGHT;
+    assert_null(holder_of(f, &shard));
+    /* r1 failed shard 0 last: the origin gets it, as a shard a replica has */
+    f->state[0] = SHARD_MISSING;
     f->last_holder[0] = 1;
-    f->state[1] = SHARD_DONE;
     assert_string_equal(holder_of(f, &shard), "origin:1");
     assert_int_equal(shard, 0);
-    /* the origin only: same */
+    /* the origin only: no bound on what is in flight from it */
     f->last_holder[0] = SIZE_MAX;
     f->o.origin_only = 1;
     f->holders_gen++;
