@@ -435,8 +435,8 @@ run_phase() {
             fi
             PH_SECONDS=$(awk -v a="$PH_SECONDS" -v b="${done_t[i]}" 'BEGIN { print (b > a ? b : a) }')
         fi
-        PH_LINES+=("$(printf '  %-12s h%-3s done at %8s s (fetch %7.2f s): from origin %6.1f MiB (%3.0f%%), from replicas %6.1f MiB; %s' \
-            "$label" "$i" "${done_t[i]:--}" "$s" "$(calc "\"%.1f\", $o / 1048576")" \
+        PH_LINES+=("$(printf '  run %-2s %-7s h%-3s done at %8s s (fetch %7.2f s): from origin %6.1f MiB (%3.0f%%), from replicas %6.1f MiB; %s' \
+            "$rep" "$label" "$i" "${done_t[i]:--}" "$s" "$(calc "\"%.1f\", $o / 1048576")" \
             "$(calc "\"%.0f\", ($o + $r) ? 100 * $o / ($o + $r) : 0")" \
             "$(calc "\"%.1f\", $r / 1048576")" "$v")")
         rm -f "$tmp/out.$i" "$tmp/out.$i.p2p-part"
