@@ -20,12 +20,13 @@
 #include "p2p_codec.h"
 #include "p2p_int.h"
 
-#define P2P_PUBLISH_MS      50 /* coalescing of replica entry updates */
-#define P2P_REPORT_MS       100
-#define P2P_MAX_TRIES       16 /* attempts at one shard before the fetch gives up */
-#define P2P_HOLDER_FAILS    3  /* failures in a row that make a holder the last choice */
-#define P2P_ORIGIN_INFLIGHT 2  /* our shards in flight from the origin, for shards no replica has  \
-                                */
+#define P2P_PUBLISH_MS   50 /* coalescing of replica entry updates */
+#define P2P_REPORT_MS    100
+#define P2P_MAX_TRIES    16 /* attempts at one shard before the fetch gives up */
+#define P2P_HOLDER_FAILS 3  /* failures in a row that make a holder the last choice */
+#define P2P_ORIGIN_INFLIGHT                                                                        \
+    2 /* our shards in flight from the origin, for shards no replica has                           \
+       */
 #define P2P_CANCEL_GRACE_MS 2000
 #define P2P_RECOUNT_MS      50 /* holders per shard are recounted at most this often */
 

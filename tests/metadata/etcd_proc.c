@@ -151,6 +151,20 @@ int etcd_proc_start(etcd_proc_t *e, const char *flags)
     return rc ? rc : etcd_proc_launch(e, flags);
 }
 
+void etcd_proc_start_or_skip(etcd_proc_t *e, const char *flags)
+{
+    int rc = etcd_proc_start(e, flags);
+
+    if (rc == 77) {
+        fprintf(stderr, "etcd is not installed: skipped\n");
+        exit(77);
+    }
+    if (rc) {
+        fprintf(stderr, "etcd did not start (see the fixture's output above)\n");
+        exit(1);
+    }
+}
+
 static int alive(pid_t pid)
 {
     char path[64], st[512];

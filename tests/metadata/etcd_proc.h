@@ -24,6 +24,8 @@ typedef struct etcd_proc {
 
 /* Start etcd with extra flags (may be NULL, split on spaces). 0, 77 (no etcd) or -1. */
 int etcd_proc_start(etcd_proc_t *e, const char *flags);
+/* etcd_proc_start, or exit: 77 (skipped) without etcd, 1 if it does not start. */
+void etcd_proc_start_or_skip(etcd_proc_t *e, const char *flags);
 /* The same in two steps, to create files in e->dir (certificates) before etcd starts. */
 int etcd_proc_prepare(etcd_proc_t *e);
 int etcd_proc_launch(etcd_proc_t *e, const char *flags);

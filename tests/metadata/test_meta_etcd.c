@@ -409,12 +409,7 @@ static void test_open_errors(void **state)
 static int group_setup(void **state)
 {
     (void)state;
-    int rc = etcd_proc_start(&etcd, NULL);
-    if (rc == 77) {
-        fprintf(stderr, "etcd is not installed: skipped\n");
-        exit(77);
-    }
-    assert_int_equal(rc, 0);
+    etcd_proc_start_or_skip(&etcd, NULL);
     return mc__meta_open(etcd.url, NULL, &meta);
 }
 
