@@ -241,6 +241,10 @@ void mc__tcp_conn_flush(mc_engine_t *e, mc_tcp_conn_t *c)
                 break;
             if (c->outbound && c->state != CS_READY && (errno == ECONNRESET || errno == EPIPE))
                 mc__tcp_handshake_cut(c);
+            if (c->fail_later) { /* its handler sees the hang-up on the next pass */
+                shutdown(c->pollable.fd, SHUT_RDWR);
+                break;
+            }
             mc__tcp_conn_fail(e, c, -MC_EPEERDEAD, "send: %s", strerror(errno));
             return;
         }

@@ -645,8 +645,12 @@ int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **l
     if (c->window_used + c->msgs_out + c->ctrl_out++ == 0)
         c->last_io_ns = mc__now_ns(); /* an unanswered request times out like a data one */
     mc_list_push_back(&c->sendq, &s->link);
-    mc__tcp_conn_flush(e, c);
     *link_p = &c->link;
+    /* A send that fails here leaves the failure to the next pass: the caller binds what lives
+     * and dies with the link after this returns. */
+    c->fail_later = true;
+    mc__tcp_conn_flush(e, c);
+    c->fail_later = false;
     return 0;
 }
 

@@ -143,6 +143,7 @@ typedef struct mc_tcp_conn {
     unsigned n_resp;      /* inbound: responses in sendq */
     mc_list_t later;      /* in acks_later (its answers wait for the end of the pass) */
     bool in_later;
+    bool fail_later; /* a send error now only shuts the socket (mc__tcp_ctrl_send) */
 
     uint8_t *rx; /* staging buffer of MC_TCP_RX_BUF bytes */
     uint32_t rx_start, rx_end;
