@@ -160,19 +160,25 @@ static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
     mc__msg_put(m);
 }
 
-/* A transport faster than the control link (same-host shared memory) carries p's messages once
- * it is up: tried when one is routed or the last unanswered one is answered, and taken only
- * while nothing is unanswered, so that all a carrier ever holds can be taken in order (a ring
- * cannot skip a record whose predecessors went another way). */
+/* A transport faster than the control link (same-host shared memory, rdma) carries p's
+ * messages once it is up: tried when one is routed, answered or sent again. It takes them only
+ * once nothing is unanswered, so that all a carrier ever holds can be taken in order (a ring
+ * cannot skip a record whose predecessors went another way): meanwhile the control link takes
+ * no more (msg_hold), so a steady stream switches too. */
 static void faster_carrier(mc_engine_t *e, mc_peer_t *p)
 {
-    for (unsigned i = 0;
-         p->msg_tp == e->ctrl && mc_list_empty(&p->msg_unacked) && i < mc__n_transports; i++)
-        if (i != e->ctrl && p->tp[i] && MC_TP_HAS(mc__transports[i], msg_open) &&
-            mc__transports[i]->msg_open(e, p)) {
-            p->msg_tp = (uint8_t)i;
-            mc__peer_activate(e, p); /* its fill takes what is queued */
+    p->msg_hold = false;
+    for (unsigned i = 0; p->msg_tp == e->ctrl && i < mc__n_transports; i++) {
+        if (i == e->ctrl || !p->tp[i] || !MC_TP_HAS(mc__transports[i], msg_open) ||
+            !mc__transports[i]->msg_open(e, p))
+            continue;
+        if (!mc_list_empty(&p->msg_unacked)) {
+            p->msg_hold = true;
+            return;
         }
+        p->msg_tp = (uint8_t)i;
+        mc__peer_activate(e, p); /* its fill takes what is queued */
+    }
 }
 
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
@@ -191,7 +197,7 @@ void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
 
 mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp)
 {
-    if (tp != p->msg_tp || mc_list_empty(&p->msgq))
+    if (tp != p->msg_tp || p->msg_hold || mc_list_empty(&p->msgq))
         return NULL;
     if (p->msg_retry_ns) { /* refused: not before then */
         if (mc__now_ns() < p->msg_retry_ns)
@@ -241,6 +247,8 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
         return;
     if (status == -EAGAIN) {
         go_back(p, RESEND_DELAY_NS);
+        if (p->msg_hold)
+            faster_carrier(e, p);
         mc__peer_activate(e, p);
         return;
     }
@@ -257,7 +265,7 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
         if (x == m)
             break;
     }
-    if (!mc_list_empty(&p->msgq))
+    if (!mc_list_empty(&p->msgq) || p->msg_hold)
         faster_carrier(e, p);
     mc__flushes_check(e, p);
 }
@@ -267,6 +275,8 @@ void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp)
     if (tp != p->msg_tp || mc_list_empty(&p->msg_unacked))
         return;
     go_back(p, 0);
+    if (p->msg_hold)
+        faster_carrier(e, p);
     mc__peer_activate(e, p);
 }
 

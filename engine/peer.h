@@ -101,6 +101,8 @@ struct mc_peer {
     mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
     uint8_t msg_tp;        /* the transport that carries them: the control one, or a faster
                               one once it is up (ops->msg_open) */
+    bool msg_hold;         /* a faster one is up: none go on the control link until those it
+                              has are answered, then the faster one takes the rest */
     mc_list_t msg_unacked; /* sent, not acknowledged yet, in order */
     uint64_t msg_stream;   /* our stream of messages to it (random) */
     uint64_t msg_seq;      /* the last sequence number given */

@@ -3,8 +3,10 @@
  * them (ss -K, as root), every unacknowledged one reported when the peer dies, flush, standalone
  * and batch notifications, and back-pressure from a receiver that does not keep up.
  *
- * TH_TRANSPORT picks what carries them: tcp (the default: MC_FORCE_TCP=1 on both sides) or shm
- * (same-host peers: the shared-memory ring). TH_MESSAGES sets how many messages the first test
+ * TH_TRANSPORT picks what carries them: tcp (the default: MC_FORCE_TCP=1 on both sides), shm
+ * (same-host peers: the shared-memory ring) or rdma (MC_PROTOCOL=rdma: the ring written with
+ * RDMA WRITE, on the software RDMA device; the first messages go over tcp while its QP is set
+ * up). TH_MESSAGES sets how many messages the first test
  * sends (default 10^6). Targets run in child processes (harness.c) on loopback.
  */
 #include <errno.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -39,11 +42,22 @@ static int teardown(void **state)
     return 0;
 }
 
-static bool over_tcp(void)
+/* The transport under test: tcp, shm or rdma. */
+static const char *transport(void)
 {
     const char *v = getenv("TH_TRANSPORT");
 
-    return !v || strcmp(v, "shm");
+    return v && (!strcmp(v, "shm") || !strcmp(v, "rdma")) ? v : "tcp";
+}
+
+static bool over_tcp(void)
+{
+    return !strcmp(transport(), "tcp");
+}
+
+static bool over_rdma(void)
+{
+    return !strcmp(transport(), "rdma");
 }
 
 /* Test settings for the transport under test. */
@@ -52,15 +66,22 @@ static void config(th_cfg_t *cfg)
     th_config(cfg);
     if (over_tcp())
         th_set(cfg, "FORCE_TCP", "1");
+    if (over_rdma())
+        th_set(cfg, "PROTOCOL", "rdma");
 }
 
-/* How many messages went over the transport under test. */
-static uint64_t carried(mc_engine_t *e)
+/* How many messages went over transport name (NULL: the one under test). */
+static uint64_t carried_by(mc_engine_t *e, const char *name)
 {
     mc_counters_t c;
 
-    assert_int_equal(mc_stats_transport(e, over_tcp() ? "tcp" : "shm", &c), 0);
+    assert_int_equal(mc_stats_transport(e, name ? name : transport(), &c), 0);
     return c.msgs_sent;
+}
+
+static uint64_t carried(mc_engine_t *e)
+{
+    return carried_by(e, NULL);
 }
 
 static th_target_t *spawn(const th_cfg_t *cfg, size_t len)
@@ -142,11 +163,26 @@ static int send_msg(mc_engine_t *e, mc_segment_id_t id, uint8_t mid, const void 
 
 typedef struct killer {
     pthread_t thr;
-    unsigned port; /* 0: no connections to kill */
-    pid_t pid;     /* the target, stopped now and then */
+    unsigned port;   /* 0: no connections to kill */
+    pid_t pid;       /* the target, stopped now and then */
+    const char *ctl; /* rdma: the software device's fault file (both processes use it) */
     atomic_bool stop;
-    unsigned rounds, killed, stops;
+    unsigned rounds, killed, stops, downs, drops;
 } killer_t;
+
+/* Set the software RDMA device's fault state (in one go: a rename). */
+static void sv_fault(const char *ctl, const char *state)
+{
+    char tmp[600];
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", ctl);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fputs(state, f);
+    fclose(f);
+    rename(tmp, ctl);
+}
 
 /* The TCP port target pid listens on (from ss), or 0. */
 static unsigned listen_port(pid_t pid)
@@ -169,7 +205,9 @@ static unsigned listen_port(pid_t pid)
 
 /* Every few milliseconds, kill every established connection to or from the port (both ends,
  * both processes): what was in flight on them is lost; or stop the target for a few
- * milliseconds (a receiver that does not progress: the sender fills up and waits). */
+ * milliseconds (a receiver that does not progress: the sender fills up and waits). Over rdma
+ * also: the first device's port down for a few milliseconds (its QPs fail, the second device
+ * takes over), or 10% of its packets dropped (retransmitted). */
 static void *killer_main(void *arg)
 {
     killer_t *k = arg;
@@ -182,6 +220,14 @@ static void *killer_main(void *arg)
     while (!atomic_load(&k->stop)) {
         r = r * 1103515245 + 12345;
         th_sleep_ms(2 + (int)((r >> 16) % 40));
+        if (k->ctl && (r >> 8) % 8 >= 6) {
+            bool down = (r >> 8) % 8 == 6;
+            sv_fault(k->ctl, down ? "port=down\n" : "drop=10\n");
+            th_sleep_ms(2 + (int)((r >> 12) % 20));
+            sv_fault(k->ctl, "port=up\n");
+            *(down ? &k->downs : &k->drops) += 1;
+            continue;
+        }
         if (!k->port || (r >> 8) % 4 == 0) {
             kill(k->pid, SIGSTOP);
             th_sleep_ms(1 + (int)((r >> 12) % 20));
@@ -229,10 +275,19 @@ static void test_exactly_once(void **state)
     mc_segment_id_t id = th_open(e, t, 0);
     memset(&d, 0, sizeof(d));
 
-    bool kill_conns = over_tcp() && geteuid() == 0 && (k.port = listen_port(t->pid)) != 0;
-    if (over_tcp() && !kill_conns)
+    /* over rdma, a killed control link takes the QPs set up over it, and their messages go back
+     * to tcp until a new QP is up */
+    bool kill_conns =
+        !strcmp(transport(), "shm") ? false : geteuid() == 0 && (k.port = listen_port(t->pid)) != 0;
+    if (!kill_conns && strcmp(transport(), "shm"))
         print_message("  not root (or no ss): no connections killed\n");
     k.pid = t->pid;
+    char ctl[512];
+    if (over_rdma() && getenv("SOFTVERBS_CTL_DIR")) {
+        mkdir(getenv("SOFTVERBS_CTL_DIR"), 0755); /* the device may have made it already */
+        snprintf(ctl, sizeof(ctl), "%s/softverbs0", getenv("SOFTVERBS_CTL_DIR"));
+        k.ctl = ctl;
+    }
     assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
     int64_t t0 = th_now_ms();
     mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
@@ -255,6 +310,11 @@ static void test_exactly_once(void **state)
         th_sleep_ms(1);
     atomic_store(&k.stop, true);
     pthread_join(k.thr, NULL);
+    if (k.ctl) {
+        print_message("  the first RDMA port went down %u times, dropped packets %u times\n",
+                      k.downs, k.drops);
+        unlink(k.ctl);
+    }
     print_message("  %u messages (%.1f MiB) in %lld ms, %u kill rounds killed %u connections, "
                   "%u stops\n",
                   n, bytes / 1048576.0, (long long)(th_now_ms() - t0), k.rounds, k.killed, k.stops);
@@ -267,7 +327,14 @@ static void test_exactly_once(void **state)
     assert_int_equal(r.v[3], 0);
     assert_int_equal(atomic_load(&d.ok), n);
     assert_int_equal(atomic_load(&d.failed), 0);
-    assert_int_equal(carried(e), n); /* all of them over the transport under test */
+    if (over_rdma()) { /* tcp carries them while no QP is up */
+        print_message("  over rdma %llu, over tcp %llu\n", (unsigned long long)carried(e),
+                      (unsigned long long)carried_by(e, "tcp"));
+        assert_int_equal(carried(e) + carried_by(e, "tcp"), n);
+        assert_true(carried(e) > 0);
+    } else {
+        assert_int_equal(carried(e), n); /* all of them over the transport under test */
+    }
     if (kill_conns)
         assert_true(k.killed > 0);
     /* Nothing more arrives afterwards (no late duplicate). */
@@ -290,7 +357,7 @@ static void test_carrier_switch(void **state)
     th_cfg_t cfg;
     th_reply_t r;
     mc_segment_id_t id;
-    mc_counters_t tcp, shm;
+    mc_counters_t tcp, ring;
 
     (void)state;
     config(&cfg);
@@ -307,12 +374,12 @@ static void test_carrier_switch(void **state)
     assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
     assert_int_equal(flush_wait(e, id), 0);
     assert_int_equal(mc_stats_transport(e, "tcp", &tcp), 0);
-    assert_int_equal(mc_stats_transport(e, "shm", &shm), 0);
+    assert_int_equal(mc_stats_transport(e, over_tcp() ? "shm" : transport(), &ring), 0);
     print_message("  over tcp %llu, through the ring %llu\n", (unsigned long long)tcp.msgs_sent,
-                  (unsigned long long)shm.msgs_sent);
-    assert_int_equal(tcp.msgs_sent + shm.msgs_sent, n);
+                  (unsigned long long)ring.msgs_sent);
+    assert_int_equal(tcp.msgs_sent + ring.msgs_sent, n);
     if (!over_tcp())
-        assert_true(shm.msgs_sent > 0);
+        assert_true(ring.msgs_sent > 0);
     th_close(e, id);
 }
 

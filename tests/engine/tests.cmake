@@ -35,6 +35,12 @@ mc_unit_test(test_messages SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_messages.c
 add_test(NAME test_messages_shm COMMAND test_messages)
 set_tests_properties(test_messages_shm PROPERTIES TIMEOUT 600 LABELS integration
   ENVIRONMENT "TH_TRANSPORT=shm")
+# ... and over rdma on the software device, whose first port also goes down and drops packets.
+if(TARGET softverbs)
+  add_test(NAME test_messages_rdma COMMAND test_messages)
+  set_tests_properties(test_messages_rdma PROPERTIES TIMEOUT 600 LABELS "integration;softverbs"
+    ENVIRONMENT "TH_TRANSPORT=rdma;TH_MESSAGES=200000;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_messages;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_messages")
+endif()
 mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.sh

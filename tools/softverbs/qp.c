@@ -573,7 +573,8 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
         r = &qp->rq[qp->rq_tail & (qp->rq_size - 1)];
         r->wr_id = wr->wr_id;
         r->num_sge = wr->num_sge;
-        memcpy(r->sge, wr->sg_list, sizeof(r->sge[0]) * (size_t)wr->num_sge);
+        if (wr->num_sge) /* none: a receive for a write with immediate */
+            memcpy(r->sge, wr->sg_list, sizeof(r->sge[0]) * (size_t)wr->num_sge);
         if (qp->attr.qp_state == IBV_QPS_ERR)
             sv_recv_flush(qp, r);
         else

@@ -160,6 +160,7 @@ static int rdma_init(mc_engine_t *e)
     }
     mc_list_init(&r->qps);
     mc_list_init(&r->to_post);
+    mc_list_init(&r->msg_rx);
     r->chunk = UINT64_MAX;
     r->qp_depth = (unsigned)mc__config_num(e->conf, "RDMA_QP_DEPTH");
     r->max_qps = (unsigned)mc__config_num(e->conf, "RDMA_MAX_QPS");
@@ -505,4 +506,8 @@ const mc_transport_ops_t mc__rdma_ops = {
     .ctrl_recv = mc__rdma_ctrl_recv,
     .ctrl_reply = mc__rdma_ctrl_reply,
     .link_lost = mc__rdma_link_lost,
+    .msg_open = mc__rdma_msg_open,
+    .msg_settle = mc__rdma_msg_settle,
+    .progress = mc__rdma_msg_progress,
+    .idle = mc__rdma_msg_idle,
 };

@@ -19,6 +19,10 @@
  * anything else retries it on another rail, pauses the failing one (mc__rail_failed) and
  * drains the QP (flushed requests are retried too); a drained QP is destroyed and the rail
  * re-probed later with a new one.
+ *
+ * Messages (rdma_msg.c) go through a ring in the receiver's registered memory, written with RDMA
+ * WRITE on one QP per peer (the first one set up), the consumed position coming back the same
+ * way; both ends' QPs then also hold receives and message work requests (msg_out).
  */
 #ifndef MC_RDMA_INT_H
 #define MC_RDMA_INT_H
@@ -86,6 +90,8 @@ typedef struct rdma_desc_buf {
 } rdma_desc_buf_t;
 
 typedef struct mc_rdma_qp mc_rdma_qp_t;
+typedef struct rdma_msg_tx rdma_msg_tx_t;
+typedef struct rdma_msg_rx rdma_msg_rx_t;
 
 /* One rail: our device ldev and the peer's rdev, and the QP between them (progress-owned). */
 typedef struct rdma_rail {
@@ -99,6 +105,8 @@ typedef struct rdma_rail {
 typedef struct rdma_peer {
     rdma_rail_t rails[MC_MAX_RAILS];
     unsigned n_rails;
+    mc_rdma_qp_t *msg_qp; /* the QP set up to carry our messages to it, if any */
+    bool msg_off;         /* it did not take a message ring: they stay on the control link */
 } rdma_peer_t;
 
 enum mc_qp_state { QP_CONNECTING, QP_READY, QP_DRAINING };
@@ -119,7 +127,22 @@ struct mc_rdma_qp {
     /* The chain being built in this fill pass (posted by rdma_post_all). */
     struct ibv_send_wr *head, *tail;
     mc_list_t post_link; /* in to_post while it has a chain */
+    rdma_msg_tx_t *mtx;  /* initiator: it carries messages to its peer */
+    rdma_msg_rx_t *mrx;  /* target: it carries messages from the initiator */
+    unsigned msg_out;    /* message work requests and receives posted, not completed */
 };
+
+/* A QP is destroyed once nothing it posted is left. */
+static inline bool mc__rdma_qp_busy(const mc_rdma_qp_t *qp)
+{
+    return qp->outstanding || qp->msg_out;
+}
+
+/* wr_id of a work request: a slice (low bits 0), or a QP's message work: its pointer | kind. */
+#define MC_RDMA_WR_KIND     7u
+#define MC_RDMA_WR_MSG_SEND 1u /* a ring write (initiator) or a consumed-position update (target)  \
+                                */
+#define MC_RDMA_WR_MSG_RECV 2u
 
 #define MC_RDMA_SCRATCH 512 /* work requests built per fill pass before posting */
 /* Send queue entries beyond MC_RDMA_QP_DEPTH: a slice may start while fewer than DEPTH requests
@@ -143,6 +166,7 @@ typedef struct mc_rdma {
     struct ibv_sge sge[MC_RDMA_SCRATCH];
     unsigned n_wr;
     struct mc_rdma_stage *stage; /* created on first use (rdma_vram.c) */
+    mc_list_t msg_rx;            /* rdma_msg_rx_t of target QPs receiving messages */
 } mc_rdma_t;
 
 /* The per-slice state of a slice on a QP. */
@@ -173,20 +197,27 @@ static inline rdma_peer_t *rdma_peer(mc_peer_t *p)
 /* The QP set-up request and answer: one end of an RC connection. dev: the sender's device (its
  * index in the sender's descriptor); peer_dev: the receiver's device the QP is for. mtu in
  * bytes; the target answers with the one both use. */
-#define MC_QP_INFO_LEN 32
+#define MC_QP_INFO_LEN     32
+#define MC_QP_INFO_MSG_LEN 52 /* with the message part */
 typedef struct mc_qp_info {
     uint8_t dev, peer_dev, link;
     uint16_t lid, mtu;
     uint32_t qpn, psn; /* 24-bit values */
     uint8_t gid[16];
+    /* The message part (msg set). Request: the initiator's consumed-position cell and its
+     * stream; answer: the target's ring, its size (low 32 bits of arg) and receives (high). */
+    bool msg;
+    uint32_t msg_rkey;
+    uint64_t msg_addr, msg_arg;
 } mc_qp_info_t;
 
-void mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN]);
-/* -MC_EPROTO (reason set) unless len is MC_QP_INFO_LEN and the values are in range. */
+/* Its length: MC_QP_INFO_LEN, or MC_QP_INFO_MSG_LEN with the message part. */
+size_t mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_MSG_LEN]);
+/* -MC_EPROTO (reason set) unless len is one of those and the values are in range. */
 int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q);
 
-/* rdma_qp.c */
-mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator);
+/* rdma_qp.c. msg: room for message work requests and receives. */
+mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator, bool msg);
 int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote);
 void mc__rdma_qp_info(const mc_rdma_qp_t *qp, mc_qp_info_t *q);
 /* Stop using qp: to ERR so that posted requests flush; destroyed once none is left. */
@@ -198,6 +229,33 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r);
 void mc__rdma_rails_build(mc_engine_t *e, mc_peer_t *p);
 int mc__rdma_ctrl_recv(mc_engine_t *e, mc_link_t *l, const void *req, size_t len, void *ans,
                        size_t *ans_len);
+
+/* rdma_msg.c. Message work requests and receives per QP (sizes of its queues). */
+#define MC_RDMA_MSG_SQ     8  /* initiator: ring writes in flight */
+#define MC_RDMA_MSG_UPD    4  /* target: consumed-position updates in flight */
+#define MC_RDMA_MSG_TX_RCV 32 /* initiator: receives for the updates */
+#define MC_RDMA_MSG_RX_RCV 64 /* target: receives for the writes (the initiator's credits) */
+/* Initiator: make qp (not connected yet) carry p's messages: its ring mirror and the cell the
+ * target writes, receives posted, the message part of *info set. */
+int mc__rdma_msg_tx_create(mc_engine_t *e, mc_rdma_qp_t *qp, mc_peer_t *p, mc_qp_info_t *info);
+/* Initiator: qp is connected; remote is the target's answer (without a message part: it took
+ * no ring, and p's messages stay on the control link). */
+void mc__rdma_msg_tx_ready(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote);
+/* Target: a ring for the messages qp brings from l's peer (request in), receives posted, the
+ * message part of *out set. */
+int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
+                           const mc_qp_info_t *in, mc_qp_info_t *out);
+/* qp starts draining: what its ring held that the receiver took is answered, the rest goes
+ * back to the control link; a receiving ring stops. */
+void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp);
+/* qp is destroyed: free its message state. */
+void mc__rdma_msg_free(mc_rdma_qp_t *qp);
+void mc__rdma_msg_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc);
+bool mc__rdma_msg_open(mc_engine_t *e, mc_peer_t *p);
+void mc__rdma_msg_fill(mc_engine_t *e, mc_peer_t *p);
+void mc__rdma_msg_settle(mc_engine_t *e, mc_peer_t *p);
+void mc__rdma_msg_progress(mc_engine_t *e);
+bool mc__rdma_msg_idle(mc_engine_t *e);
 void mc__rdma_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status, const void *ans,
                          size_t len);
 void mc__rdma_link_lost(mc_engine_t *e, mc_link_bound_t *b);

@@ -249,6 +249,8 @@ void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
 {
     if (!rdma_peer(p)) /* rails are built once: tasks come here only when it has some */
         return;
+    if (p->msg_tp == mc__rdma_slot)
+        mc__rdma_msg_fill(e, p);
     /* Rails without a QP get one first (a re-probed rail rejoins even under a light load, and
      * a failover target is ready). Outside peers_lock: a failed connect may reload p->desc. */
     connect_rails(e, p);
@@ -308,6 +310,10 @@ static void slice_end(mc_engine_t *e, mc_slice_t *s, rdma_rail_t *r)
 
 void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc)
 {
+    if (wc->wr_id & MC_RDMA_WR_KIND) {
+        mc__rdma_msg_complete(e, dev, wc);
+        return;
+    }
     mc_slice_t *s = (mc_slice_t *)(uintptr_t)wc->wr_id;
     mc_rdma_qp_t *qp = rdma_sl(s)->qp;
     rdma_rail_t *r = qp->rail;
@@ -324,10 +330,10 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
             if (!request_error(wc->status))
                 mc__rail_failed(&r->base, mc__now_ns(), false);
             mc__rdma_qp_drain(e, qp); /* may free qp: not used below */
-        } else if (!qp->outstanding) {
+        } else if (!mc__rdma_qp_busy(qp)) {
             mc__rdma_qp_destroy(e, qp);
         }
-    } else if (qp->state == QP_DRAINING && !qp->outstanding) {
+    } else if (qp->state == QP_DRAINING && !mc__rdma_qp_busy(qp)) {
         mc__rdma_qp_destroy(e, qp);
     }
     if (--rdma_sl(s)->wrs == 0)

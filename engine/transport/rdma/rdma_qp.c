@@ -20,14 +20,18 @@ static enum ibv_mtu mtu_enum(unsigned bytes)
                            : IBV_MTU_256;
 }
 
-mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator)
+mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator, bool msg)
 {
     mc_rdma_qp_t *qp = calloc(1, sizeof(*qp));
+    unsigned sq = initiator ? rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK : 1;
+    unsigned rq = !msg ? 1 : initiator ? MC_RDMA_MSG_TX_RCV : MC_RDMA_MSG_RX_RCV;
     struct ibv_qp_init_attr ia = {
         .send_cq = dev->cq,
         .recv_cq = dev->cq,
-        .cap = {.max_send_wr = initiator ? rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK : 1,
-                .max_recv_wr = 1,
+        .cap = {.max_send_wr = sq + (!msg        ? 0
+                                     : initiator ? MC_RDMA_MSG_SQ
+                                                 : MC_RDMA_MSG_UPD),
+                .max_recv_wr = rq,
                 .max_send_sge = 1,
                 .max_recv_sge = 1},
         .qp_type = IBV_QPT_RC,
@@ -54,6 +58,8 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
         free(qp);
         return NULL;
     }
+    if (initiator)
+        rdma_of(e)->n_qps++;
     mc__random_bytes(&qp->psn, sizeof(qp->psn));
     qp->psn &= 0xffffff;
     qp->dev = dev;
@@ -127,10 +133,12 @@ void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp)
     mc_list_del(&qp->post_link);
     if (qp->initiator)
         rdma_of(e)->n_qps--;
-    if (qp->rail && qp->rail->qp == qp)
+    /* a draining QP left its rail when it started (which may be gone with its peer since) */
+    if (qp->state != QP_DRAINING && qp->rail && qp->rail->qp == qp)
         qp->rail->qp = NULL;
     if (ibv_destroy_qp(qp->qp))
         mc_warn("rdma: destroying QP %u: %s", qp->qp->qp_num, strerror(errno));
+    mc__rdma_msg_free(qp);
     free(qp);
 }
 
@@ -145,20 +153,29 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
             qp->rail->base.n_conns = 0;
         }
         mc__link_unbind(&qp->bound); /* its link is idle once no QP of ours needs it */
-        if (qp->outstanding && ibv_modify_qp(qp->qp, &a, IBV_QP_STATE))
+        if (qp->connect_slice) { /* its answer, if it comes, finds no QP */
+            qp->connect_slice->ctx = NULL;
+            qp->connect_slice = NULL;
+        }
+        mc__rdma_msg_stop(e, qp);
+        if (mc_list_empty(&qp->link)) /* a target's, or ours not sent yet: collected too */
+            mc_list_push_back(&rdma_of(e)->qps, &qp->link);
+        if (mc__rdma_qp_busy(qp) && ibv_modify_qp(qp->qp, &a, IBV_QP_STATE))
             mc_warn("rdma: QP %u to ERR: %s", qp->qp->qp_num, strerror(errno));
     }
-    if (!qp->outstanding)
+    if (!mc__rdma_qp_busy(qp))
         mc__rdma_qp_destroy(e, qp);
 }
 
 /* ---- the set-up exchange ----
  *   0 u8 dev   1 u8 peer_dev   2 u8 link   3 u8 0   4 u16 lid   6 u16 mtu
- *   8 u32 qpn 12 u32 psn      16 gid[16]            (little-endian) */
+ *   8 u32 qpn 12 u32 psn      16 gid[16]            (little-endian)
+ * and, when messages go over the QP (MC_QP_INFO_MSG_LEN bytes):
+ *  32 u64 msg_addr   40 u32 msg_rkey   44 u64 msg_arg */
 
-void mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
+size_t mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_MSG_LEN])
 {
-    memset(out, 0, MC_QP_INFO_LEN);
+    memset(out, 0, MC_QP_INFO_MSG_LEN);
     out[0] = q->dev;
     out[1] = q->peer_dev;
     out[2] = q->link;
@@ -167,12 +184,20 @@ void mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_LEN])
     mc__put32(out + 8, q->qpn);
     mc__put32(out + 12, q->psn);
     memcpy(out + 16, q->gid, 16);
+    if (!q->msg)
+        return MC_QP_INFO_LEN;
+    mc__put64(out + 32, q->msg_addr);
+    mc__put32(out + 40, q->msg_rkey);
+    mc__put64(out + 44, q->msg_arg);
+    return MC_QP_INFO_MSG_LEN;
 }
 
 int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
 {
-    if (len != MC_QP_INFO_LEN)
-        return mc__set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d", len, MC_QP_INFO_LEN);
+    if (len != MC_QP_INFO_LEN && len != MC_QP_INFO_MSG_LEN)
+        return mc__set_error(-MC_EPROTO, "QP info of %zu bytes, expected %d or %d", len,
+                             MC_QP_INFO_LEN, MC_QP_INFO_MSG_LEN);
+    memset(q, 0, sizeof(*q));
     q->dev = in[0];
     q->peer_dev = in[1];
     q->link = in[2];
@@ -181,6 +206,12 @@ int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
     q->qpn = mc__get32(in + 8);
     q->psn = mc__get32(in + 12);
     memcpy(q->gid, in + 16, 16);
+    if (len == MC_QP_INFO_MSG_LEN) {
+        q->msg = true;
+        q->msg_addr = mc__get64(in + 32);
+        q->msg_rkey = mc__get32(in + 40);
+        q->msg_arg = mc__get64(in + 44);
+    }
     if (q->qpn > 0xffffff || q->psn > 0xffffff || q->mtu < 256 || q->mtu > 4096 ||
         (q->mtu & (q->mtu - 1)))
         return mc__set_error(-MC_EPROTO, "QP info out of range (qpn %u, psn %u, mtu %u)", q->qpn,
@@ -240,7 +271,7 @@ static bool evict_idle_qp(mc_engine_t *e, const mc_peer_t *p)
 
     for (pos = rdma_of(e)->qps.next; pos != &rdma_of(e)->qps; pos = pos->next) {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
-        if (qp->state == QP_READY && !qp->outstanding && qp->peer != p) {
+        if (qp->state == QP_READY && !qp->outstanding && !qp->mtx && qp->peer != p) {
             mc__rdma_qp_drain(e, qp);
             return true;
         }
@@ -251,6 +282,8 @@ static bool evict_idle_qp(mc_engine_t *e, const mc_peer_t *p)
 void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
 {
     mc_rdma_t *rd = rdma_of(e);
+    rdma_peer_t *rp = rdma_peer(p);
+    bool msg = !rp->msg_qp && !rp->msg_off; /* the first QP to p carries our messages */
     mc_qp_info_t info;
     mc_link_t *link;
     mc_slice_t *s;
@@ -264,44 +297,43 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
         return;
     if (rd->n_qps >= rd->max_qps && !evict_idle_qp(e, p))
         return;
-    mc_rdma_qp_t *qp = mc__rdma_qp_create(e, &rd->devs[r->ldev], true);
+    mc_rdma_qp_t *qp = mc__rdma_qp_create(e, &rd->devs[r->ldev], true, msg);
     s = qp ? mc__slice_alloc(e) : NULL;
-    buf = s ? malloc(MC_QP_INFO_LEN) : NULL;
+    buf = s ? malloc(MC_QP_INFO_MSG_LEN) : NULL;
     if (!buf) {
         mc_warn("rail %s: %s", r->base.name, qp ? "out of memory" : mc_last_error());
         if (s)
             mc__slice_free(e, s);
-        if (qp) {
-            ibv_destroy_qp(qp->qp);
-            free(qp);
-        }
+        if (qp)
+            mc__rdma_qp_destroy(e, qp);
         mc__rail_failed(&r->base, mc__now_ns(), true);
         return;
     }
     mc__rdma_qp_info(qp, &info);
     info.peer_dev = r->rdev;
-    mc__rdma_qp_info_encode(&info, buf);
+    if (msg && mc__rdma_msg_tx_create(e, qp, p, &info))
+        mc_info("rail %s: messages stay on the control link: %s", r->base.name, mc_last_error());
     s->kind = MC_SL_CTRL;
     s->tp = (uint8_t)mc__rdma_slot;
     s->ctx = qp;
     s->payload = buf;
-    s->payload_len = MC_QP_INFO_LEN;
+    s->payload_len = mc__rdma_qp_info_encode(&info, buf);
     s->payload_owned = true;
+    qp->peer = p;
+    qp->rail = r;
     if (mc__ctrl_request(e, p, s, &link)) { /* cannot happen right after ctrl_ready */
         mc__slice_free(e, s);
-        ibv_destroy_qp(qp->qp);
-        free(qp);
+        mc__rdma_qp_drain(e, qp);
         mc__rail_failed(&r->base, mc__now_ns(), true);
         return;
     }
-    qp->peer = p;
-    qp->rail = r;
     qp->state = QP_CONNECTING;
     qp->connect_slice = s;
     r->qp = qp;
+    if (qp->mtx)
+        rp->msg_qp = qp;
     mc_list_push_back(&rd->qps, &qp->link);
     mc__link_bind(link, &qp->bound, mc__rdma_slot);
-    rd->n_qps++;
 }
 
 /* The target's answer to our QP set-up request. */
@@ -331,6 +363,7 @@ void mc__rdma_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status
         return;
     }
     qp->state = QP_READY;
+    mc__rdma_msg_tx_ready(e, qp, &remote);
     r->base.n_conns = 1;
     mc__rail_ready(&r->base);
     mc__peer_activate(e, qp->peer);
@@ -351,7 +384,7 @@ static unsigned count_qps(mc_engine_t *e, mc_link_t *l, uint16_t pair)
         if (b->tp != mc__rdma_slot || qp->initiator)
             continue;
         if (qp->pair == pair)
-            mc__rdma_qp_destroy(e, qp);
+            mc__rdma_qp_drain(e, qp);
         else
             n++;
     }
@@ -376,34 +409,32 @@ int mc__rdma_ctrl_recv(mc_engine_t *e, mc_link_t *l, const void *req, size_t len
     uint16_t pair = (uint16_t)(in.dev << 8 | in.peer_dev);
     if (count_qps(e, l, pair) >= MC_RDMA_INBOUND_QP)
         return mc__set_error(-ENOSPC, "at most %d QPs per connection", MC_RDMA_INBOUND_QP);
-    mc_rdma_qp_t *qp = mc__rdma_qp_create(e, d, false);
+    mc_rdma_qp_t *qp = mc__rdma_qp_create(e, d, false, in.msg);
     if (!qp)
         return -EIO;
+    mc__rdma_qp_info(qp, &out);
+    if (in.msg && mc__rdma_msg_rx_create(e, qp, l, &in, &out)) /* then only data */
+        mc_info("rdma: no message ring for %s: %s", l->remote ? l->remote : "?", mc_last_error());
     in.mtu = in.mtu < d->mtu ? in.mtu : d->mtu;
     rc = mc__rdma_qp_connect(e, qp, &in);
     if (rc) {
-        mc__rdma_qp_destroy(e, qp);
+        mc__rdma_qp_drain(e, qp);
         return rc;
     }
     qp->state = QP_READY;
     qp->pair = pair;
     mc__link_bind(l, &qp->bound, mc__rdma_slot);
-    mc__rdma_qp_info(qp, &out);
     out.peer_dev = in.dev;
     out.mtu = in.mtu;
-    mc__rdma_qp_info_encode(&out, ans);
-    *ans_len = MC_QP_INFO_LEN;
+    *ans_len = mc__rdma_qp_info_encode(&out, ans);
     return 0;
 }
 
-/* The control link a QP was set up over is gone: ours drain (their requests are retried
- * elsewhere), the target's go at once. */
+/* The control link a QP was set up over is gone: it drains (our requests are retried
+ * elsewhere). */
 void mc__rdma_link_lost(mc_engine_t *e, mc_link_bound_t *b)
 {
     mc_rdma_qp_t *qp = mc_container_of(b, mc_rdma_qp_t, bound);
 
-    if (qp->initiator)
-        mc__rdma_qp_drain(e, qp);
-    else
-        mc__rdma_qp_destroy(e, qp);
+    mc__rdma_qp_drain(e, qp); /* a target's without receives goes at once */
 }

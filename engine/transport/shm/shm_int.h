@@ -13,6 +13,7 @@
 #ifndef MC_SHM_INT_H
 #define MC_SHM_INT_H
 
+#include "../../msg_ring.h"
 #include "../transport.h"
 
 #define MC_REGTAB_ENTRIES 4096
@@ -64,10 +65,9 @@ typedef struct shm_tx {
     mc_pollable_t chan; /* the channel socket: kicks, and the receiver's end */
     int state;          /* TX_NONE, TX_UP, TX_OFF */
     shm_ring_t *ring;
-    uint64_t head;           /* bytes written */
-    struct shm_tx_rec *fifo; /* records not consumed yet, oldest first (a circle) */
-    unsigned fifo_first, fifo_n;
-    mc_list_t busy_link; /* in shm_engine_t.tx_busy while fifo_n */
+    uint64_t head;       /* bytes written */
+    mc_ring_fifo_t fifo; /* records not consumed yet */
+    mc_list_t busy_link; /* in shm_engine_t.tx_busy while fifo.n */
     mc_peer_t *peer;
 } shm_tx_t;
 /* The receiving end of one ring, on an accepted message connection. */

@@ -4,16 +4,10 @@
  * Each sender makes one ring per peer it sends to (a memfd, RING_BYTES of records) and hands it
  * over a message connection to the peer's socket (HELLO as ROLE_MSG, then SHM_RING with the
  * memfd), all without blocking: the ring is usable at once, and the peer starts reading it once
- * its progress accepts the connection. A record is {u32 len, u8 id, u64 seq} and the payload,
- * padded to 16 bytes; one that would cross the end leaves a skip record there and starts at the
- * beginning. The sender owns `head` (bytes written), the receiver `tail` (bytes consumed): one
- * producer, one consumer, no lock.
- *
- * The receiver consumes a record once mc__msg_deliver took it (or saw it before); one it cannot
- * take now stays where it is, and the receiver tries again on a later pass (a pop, or handlers
- * run, make room and wake it). So the ring itself is the back-pressure: a full ring stops the
- * sender, whose window then fills. The sender answers each record once `tail` passed it, in
- * order, which completes the send and counts for flushes.
+ * its progress accepts the connection. Records, consumption and answers are msg_ring.h's: a
+ * record the receiver cannot take now stays where it is, and the receiver tries again on a
+ * later pass (a pop, or handlers run, make room and wake it), so a full ring stops the sender,
+ * whose window then fills.
  *
  * Wake-ups: a side about to sleep (transport idle op) sets its flag in the ring and looks once
  * more; the other side, after moving head (or tail), sends one SHM_KICK datagram on the
@@ -43,9 +37,7 @@
 #include "shm_int.h"
 
 #define RING_BYTES (512u << 10)
-#define RING_MAGIC 0x474e4952434du /* "MCRING" */
-#define REC_HDR    16u
-#define REC_SKIP   UINT32_MAX
+#define RING_MAGIC 0x474e4952434du     /* "MCRING" */
 #define FIFO_CAP   (2 * MC_MSG_WINDOW) /* records in the ring, resends included */
 #define RX_BUDGET  1024u               /* records taken per ring per pass */
 
@@ -61,19 +53,6 @@ struct shm_ring {
     alignas(64) uint8_t data[];
 };
 
-typedef struct rec {
-    uint32_t len;
-    uint8_t id;
-    uint8_t pad[3];
-    uint64_t seq;
-} rec_t;
-
-struct shm_tx_rec {
-    mc_msg_t *m;
-    uint32_t tx;
-    uint64_t end; /* head after it */
-};
-
 struct shm_rx {
     mc_list_t link; /* in shm_engine_t.rx_rings */
     int fd;         /* the connection (the conn owns it) */
@@ -85,17 +64,12 @@ struct shm_rx {
     bool corrupt; /* not read any more: its connection is being shut */
 };
 
-_Static_assert(sizeof(rec_t) == REC_HDR, "record header");
-_Static_assert(RING_BYTES >= 4 * (MC_MSG_MAX + REC_HDR), "a ring holds a few largest messages");
+_Static_assert(RING_BYTES >= 4 * (MC_MSG_MAX + MC_RING_REC_HDR),
+               "a ring holds a few largest messages");
 
 static size_t ring_size(void)
 {
     return sizeof(shm_ring_t) + RING_BYTES;
-}
-
-static uint64_t rec_bytes(uint32_t len)
-{
-    return REC_HDR + (((uint64_t)len + 15) & ~(uint64_t)15);
 }
 
 /* After moving our index: kick the other side if it said it may sleep. A kick that cannot
@@ -124,17 +98,9 @@ void mc__shm_tx_init(shm_tx_t *tx, mc_peer_t *p)
 static void tx_poll(mc_engine_t *e, shm_tx_t *tx)
 {
     uint64_t tail = atomic_load_explicit(&tx->ring->tail, memory_order_acquire);
-    bool room = false;
+    bool room = mc__ring_fifo_answer(e, tx->peer, &tx->fifo, tail) > 0;
 
-    while (tx->fifo_n && tx->fifo[tx->fifo_first].end <= tail) {
-        struct shm_tx_rec *r = &tx->fifo[tx->fifo_first];
-        mc__msg_answered(e, tx->peer, r->m, r->tx, 0);
-        mc__msg_put(r->m);
-        tx->fifo_first = (tx->fifo_first + 1) % FIFO_CAP;
-        tx->fifo_n--;
-        room = true;
-    }
-    if (!tx->fifo_n)
+    if (!tx->fifo.n)
         mc_list_del(&tx->busy_link);
     if (room && !mc_list_empty(&tx->peer->msgq)) /* a full ring held some back */
         mc__peer_activate(e, tx->peer);
@@ -192,9 +158,9 @@ bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p)
 
     if (!tx || tx->state != TX_NONE)
         return tx && tx->state == TX_UP;
-    tx->fifo = calloc(FIFO_CAP, sizeof(*tx->fifo));
     int mfd = memfd_create("mooncake-msg-ring", MFD_CLOEXEC);
-    if (!tx->fifo || mfd < 0 || ftruncate(mfd, (off_t)ring_size()) < 0) {
+    if (mc__ring_fifo_init(&tx->fifo, FIFO_CAP) || mfd < 0 ||
+        ftruncate(mfd, (off_t)ring_size()) < 0) {
         rc = -errno;
         goto fail;
     }
@@ -238,8 +204,7 @@ fail:
     if (tx->ring)
         munmap(tx->ring, ring_size());
     tx->ring = NULL;
-    free(tx->fifo);
-    tx->fifo = NULL;
+    mc__ring_fifo_free(&tx->fifo);
     tx->state = TX_OFF;
     return false;
 }
@@ -256,25 +221,11 @@ void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p)
         return;
     r = tx->ring;
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-    while (tx->fifo_n < FIFO_CAP && (m = mc__msg_peek(p, mc__shm_slot))) {
-        uint64_t need = rec_bytes(m->len), at = tx->head % RING_BYTES;
-        uint64_t skip = RING_BYTES - at < need ? RING_BYTES - at : 0;
-        if (tx->head + skip + need - tail > RING_BYTES)
+    while (tx->fifo.n < FIFO_CAP && (m = mc__msg_peek(p, mc__shm_slot))) {
+        if (mc__ring_put(r->data, RING_BYTES, &tx->head, tail, m))
             break; /* full: the receiver's kick (or our next pass) resumes */
-        if (skip) {
-            ((rec_t *)(r->data + at))->len = REC_SKIP;
-            tx->head += skip;
-            at = 0;
-        }
         m = mc__msg_take(e, p, mc__shm_slot);
-        rec_t *h = (rec_t *)(r->data + at);
-        h->len = m->len;
-        h->id = m->id;
-        h->seq = m->seq;
-        memcpy(h + 1, m->data, m->len);
-        tx->head += need;
-        unsigned slot = (tx->fifo_first + tx->fifo_n++) % FIFO_CAP;
-        tx->fifo[slot] = (struct shm_tx_rec){.m = m, .tx = m->tx, .end = tx->head};
+        mc__ring_fifo_push(&tx->fifo, m, tx->head);
         wrote = true;
     }
     if (!wrote)
@@ -288,17 +239,11 @@ void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p)
 void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx)
 {
     tx_stop(e, tx);
-    while (tx->fifo_n) {
-        mc__msg_put(tx->fifo[tx->fifo_first].m);
-        tx->fifo_first = (tx->fifo_first + 1) % FIFO_CAP;
-        tx->fifo_n--;
-    }
+    mc__ring_fifo_free(&tx->fifo);
     mc_list_del(&tx->busy_link);
     if (tx->ring)
         munmap(tx->ring, ring_size());
     tx->ring = NULL;
-    free(tx->fifo);
-    tx->fifo = NULL;
 }
 
 /* ---- receiver ---- */
@@ -336,30 +281,9 @@ static int rx_poll(mc_engine_t *e, shm_rx_t *rx)
 {
     shm_ring_t *r = rx->ring;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire), start = rx->tail;
-    unsigned n = 0;
-    int rc = 0;
+    int rc = mc__ring_take(e, mc__shm_slot, r->data, RING_BYTES, head, &rx->tail, rx->sender,
+                           rx->stream, RX_BUDGET, &rx->blocked);
 
-    rx->blocked = false;
-    while (rx->tail != head && n < RX_BUDGET) {
-        uint64_t at = rx->tail % RING_BYTES;
-        const rec_t *h = (const rec_t *)(r->data + at);
-        uint32_t len = h->len;
-        if (len == REC_SKIP) {
-            rx->tail += RING_BYTES - at;
-            continue;
-        }
-        if (len > MC_MSG_MAX || at + rec_bytes(len) > RING_BYTES || head - rx->tail > RING_BYTES ||
-            head - rx->tail < rec_bytes(len)) {
-            rc = -EIO;
-            break;
-        }
-        if (mc__msg_deliver(e, mc__shm_slot, rx->sender, rx->stream, h->seq, h->id, h + 1, len)) {
-            rx->blocked = true; /* full, or the control link still has the ones before it */
-            break;
-        }
-        rx->tail += rec_bytes(len);
-        n++;
-    }
     if (rx->tail != start) {
         atomic_store_explicit(&r->tail, rx->tail, memory_order_release);
         kick_if_armed(&r->tx_armed, rx->fd);
@@ -416,7 +340,7 @@ bool mc__shm_msg_idle(mc_engine_t *e)
         atomic_store(&tx->ring->tx_armed, 1);
         atomic_thread_fence(memory_order_seq_cst);
         busy |= atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
-                tx->fifo[tx->fifo_first].end;
+                tx->fifo.v[tx->fifo.first].end;
     }
     return busy;
 }
