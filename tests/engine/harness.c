@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,6 +213,10 @@ typedef struct child_engine {
     void *buf[TH_MAX_BUFS];
     atomic_uint received, bad_order, bad_payload, bad_sender;
     char first_sender[MC_NAME_MAX];
+    atomic_bool echo;          /* send every message back */
+    atomic_uint echo_errors;   /* sends back that failed */
+    mc_segment_id_t echo_peer; /* the sender, opened on its first message */
+    bool echo_opened;
 } child_engine_t;
 
 static th_target_opts_t c_opts;
@@ -235,6 +240,12 @@ static void child_msg_cb(void *arg, const char *sender, uint8_t id, const void *
     else if (strcmp(ce->first_sender, sender))
         atomic_fetch_add(&ce->bad_sender, 1);
     atomic_store(&ce->received, n + 1);
+    if (!atomic_load(&ce->echo))
+        return;
+    if (!ce->echo_opened && mc_segment_open_nb(ce->e, sender, &ce->echo_peer) == 0)
+        ce->echo_opened = true;
+    if (!ce->echo_opened || mc_msg_send(ce->e, ce->echo_peer, TH_ECHO_ID, data, len))
+        atomic_fetch_add(&ce->echo_errors, 1);
 }
 
 static int child_engine_setup(unsigned j, child_engine_t *ce, char *err, size_t errsz)
@@ -424,6 +435,10 @@ static void child_command(const th_cmd_t *c, th_reply_t *r)
         r->v[2] = (int64_t)cnt.bytes_served;
         r->v[3] = (int64_t)cnt.requests;
         r->v[4] = (int64_t)cnt.errors;
+        r->v[5] = atomic_load(&ce->echo_errors);
+        break;
+    case TH_CMD_ECHO:
+        atomic_store(&ce->echo, c->a0 != 0);
         break;
     default:
         break;

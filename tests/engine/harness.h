@@ -22,6 +22,7 @@
 #define TH_MAX_ENGINES 16 /* per child process */
 #define TH_MAX_BUFS    4  /* per engine */
 #define TH_MSG_ID      7  /* message id the child's handler counts */
+#define TH_ECHO_ID     8  /* ... and, once TH_CMD_ECHO said so, sends back to its sender */
 
 #define TH_CFG_MAX 24
 
@@ -76,6 +77,8 @@ enum th_cmd_op {
     TH_CMD_ADDRESS,    /* msg = mc_engine_address, v[0] = its length */
     TH_CMD_POPS,       /* a0 = count, a3 = timeout ms (0: only what is queued): pop notifications,
                           each a u32 from a1 on; v[0] = popped, v[1] = wrong ones */
+    TH_CMD_ECHO,       /* a0 = 1: the message handler sends every message back (TH_ECHO_ID), its
+                          send errors counted in STATS v[5]; a0 = 0: no more */
     TH_CMD_EXIT,
 };
 

@@ -164,6 +164,7 @@ static int send_msg(mc_engine_t *e, mc_segment_id_t id, uint8_t mid, const void 
 typedef struct killer {
     pthread_t thr;
     unsigned port;   /* 0: no connections to kill */
+    unsigned port2;  /* and those to or from this one too (0: none) */
     pid_t pid;       /* the target, stopped now and then */
     const char *ctl; /* rdma: the software device's fault file (both processes use it) */
     atomic_bool stop;
@@ -215,8 +216,9 @@ static void *killer_main(void *arg)
     unsigned r = 12345;
 
     snprintf(cmd, sizeof(cmd),
-             "ss -HK state established '( sport = :%u or dport = :%u )' 2>/dev/null", k->port,
-             k->port);
+             "ss -HK state established '( sport = :%u or dport = :%u or sport = :%u or dport = "
+             ":%u )' 2>/dev/null",
+             k->port, k->port, k->port2 ? k->port2 : k->port, k->port2 ? k->port2 : k->port);
     while (!atomic_load(&k->stop)) {
         r = r * 1103515245 + 12345;
         th_sleep_ms(2 + (int)((r >> 16) % 40));
@@ -344,6 +346,101 @@ static void test_exactly_once(void **state)
     assert_int_equal(r.v[0], n);
     assert_int_equal(r.v[1], 0);
     th_close(e, id);
+}
+
+/* ---- both ways ------------------------------------------------------------------------------ */
+
+static struct {
+    atomic_uint received, bad;
+    uint32_t *lens; /* the length of each message sent */
+} echoes;
+
+/* Echo n must be message n, whole. */
+static void on_echo(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    uint32_t n = atomic_load(&echoes.received);
+
+    (void)arg;
+    (void)sender;
+    if (id != TH_ECHO_ID || len != echoes.lens[n] || (len && memcmp(data, &n, len < 4 ? len : 4)) ||
+        (len > 4 && th_check((const uint8_t *)data + 4, len - 4, 1000 + n) >= 0))
+        atomic_fetch_add(&echoes.bad, 1);
+    atomic_store(&echoes.received, n + 1);
+}
+
+/* Both engines send: the target's handler sends every message back as it gets it, while the
+ * connections both ways are killed (tcp, rdma) and the target is stopped at random. Over tcp
+ * both directions then share one connection (the reply travels with the answer): every message
+ * and every echo arrives once, in order, intact. */
+static void test_both_ways(void **state)
+{
+    const unsigned n = n_messages() / 10, window = 256;
+    static uint8_t buf[MC_MSG_MAX];
+    killer_t k = {0};
+    th_cfg_t cfg;
+    th_reply_t r;
+    unsigned rnd = 4242;
+
+    (void)state;
+    config(&cfg);
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    memset(&echoes, 0, sizeof(echoes));
+    echoes.lens = calloc(n, sizeof(*echoes.lens));
+    assert_non_null(echoes.lens);
+    assert_int_equal(mc_msg_handler_set(e, TH_ECHO_ID, on_echo, NULL), 0);
+    th_cmd_t c = {.op = TH_CMD_ECHO, .a0 = 1};
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+
+    if (strcmp(transport(), "shm") && geteuid() == 0) {
+        k.port = listen_port(t->pid);
+        k.port2 = listen_port(getpid());
+    }
+    k.pid = t->pid;
+    assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
+    int64_t t0 = th_now_ms();
+    for (uint32_t i = 0; i < n; i++) {
+        rnd = rnd * 1103515245 + 12345;
+        unsigned bits = (rnd >> 8) % 17;
+        size_t len = ((rnd >> 13) & ((1u << bits) - 1)) + (bits ? 1u << (bits - 1) : 0);
+        len = len > MC_MSG_MAX ? MC_MSG_MAX : i % 97 == 0 ? 0 : len;
+        echoes.lens[i] = (uint32_t)len;
+        make_msg(buf, i, len);
+        /* at most `window` unechoed, so the target's own window never fills */
+        int64_t dl = th_now_ms() + 60000;
+        while (i - atomic_load(&echoes.received) >= window && th_now_ms() < dl)
+            mc_engine_progress(e);
+        assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, len, NULL), 0);
+    }
+    int64_t dl = th_now_ms() + 60000;
+    while (atomic_load(&echoes.received) < n && th_now_ms() < dl)
+        th_sleep_ms(1);
+    atomic_store(&k.stop, true);
+    pthread_join(k.thr, NULL);
+    print_message("  %u messages each way in %lld ms, %u connections killed, %u stops, over "
+                  "tcp %llu\n",
+                  n, (long long)(th_now_ms() - t0), k.killed, k.stops,
+                  (unsigned long long)carried_by(e, "tcp"));
+    c = (th_cmd_t){.op = TH_CMD_MSGS, .a0 = n, .a3 = 30000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 40000), 0);
+    assert_int_equal(r.v[0], n);
+    assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+    c = (th_cmd_t){.op = TH_CMD_STATS};
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(r.v[5], 0); /* every echo was accepted for sending */
+    assert_int_equal(atomic_load(&echoes.received), n);
+    assert_int_equal(atomic_load(&echoes.bad), 0);
+    th_sleep_ms(200); /* and none twice */
+    assert_int_equal(atomic_load(&echoes.received), n);
+    if (k.port)
+        assert_true(k.killed > 0);
+    c = (th_cmd_t){.op = TH_CMD_ECHO, .a0 = 0};
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    th_close(e, id);
+    free(echoes.lens);
+    echoes.lens = NULL;
 }
 
 /* A peer opened by its address gets messages at once, while it is OPENING: those go over tcp
@@ -670,6 +767,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_exactly_once, teardown),
+        cmocka_unit_test_teardown(test_both_ways, teardown),
         cmocka_unit_test_teardown(test_carrier_switch, teardown),
         cmocka_unit_test_teardown(test_peer_killed, teardown),
         cmocka_unit_test_teardown(test_flush, teardown),

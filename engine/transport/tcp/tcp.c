@@ -58,6 +58,7 @@ static int tcp_init(mc_engine_t *e)
     mc_list_init(&t->inbound);
     mc_list_init(&t->graveyard);
     mc_list_init(&t->acks_later);
+    mc_list_init(&t->acks_held);
     e->tp[mc__tcp_slot] = t;
     return mc__tcp_listen(e);
 }
@@ -307,6 +308,7 @@ const mc_transport_ops_t mc__tcp_ops = {
     .fill = mc__tcp_fill,
     .timers = tcp_timers,
     .reap = mc__tcp_reap,
+    .idle = mc__tcp_idle,
     .address = tcp_address,
     .ctrl_ready = mc__tcp_ctrl_ready,
     .ctrl_send = mc__tcp_ctrl_send,

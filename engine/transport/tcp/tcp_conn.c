@@ -136,19 +136,67 @@ static void flush_resume(mc_engine_t *e, mc_tcp_conn_t *c);
 
 void mc__tcp_answer_later(mc_engine_t *e, mc_tcp_conn_t *c)
 {
+    if (c->held) { /* answers held from the last pass go with these */
+        mc_list_del(&c->later);
+        c->held = false;
+    }
     if (!c->in_later) {
         c->in_later = true;
         mc_list_push_back(&tcp_of(e)->acks_later, &c->later);
     }
 }
 
+static bool rx_staged(const mc_tcp_conn_t *c);
+
+/* Whether all c has to send is answers to messages (nothing staged to read either). */
+static bool only_answers(mc_tcp_conn_t *c)
+{
+    mc_list_t *pos;
+
+    if (c->send_off || rx_staged(c))
+        return false;
+    for (pos = c->sendq.next; pos != &c->sendq; pos = pos->next)
+        if (mc_container_of(pos, mc_slice_t, link)->kind != TCP_SL_ANSWER)
+            return false;
+    return true;
+}
+
+/* Send the answers held since the last pass (nothing took them along meanwhile). */
+static void send_held(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&tcp_of(e)->acks_held))) {
+        mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, later);
+        c->held = false;
+        if (c->state != CS_DEAD)
+            mc__tcp_conn_flush(e, c);
+    }
+}
+
+bool mc__tcp_idle(mc_engine_t *e)
+{
+    send_held(e);
+    return false;
+}
+
+/* Answers wait for the end of the pass (a handler's reply goes first, in the same write). When
+ * only answers wait, they wait one pass more: a message to the same peer sent meanwhile (the
+ * host's next request, as it reacts to what was answered) takes them along, and one write
+ * carries both. Before the progress context sleeps they go anyway (mc__tcp_idle). */
 void mc__tcp_reap(mc_engine_t *e)
 {
     mc_list_t *n;
 
+    send_held(e);
     while ((n = mc_list_pop_front(&tcp_of(e)->acks_later))) {
         mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, later);
         c->in_later = false;
+        if (c->state != CS_DEAD && only_answers(c) && !mc_list_empty(&c->sendq)) {
+            c->held = true;
+            mc_list_push_back(&tcp_of(e)->acks_held, &c->later);
+            continue;
+        }
         if (c->state != CS_DEAD)
             flush_resume(e, c);
         if (c->in_later) { /* more messages read meanwhile: answer them now, no more reading */
@@ -203,7 +251,7 @@ static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
         mc_list_push_back(&c->ackq, &s->link);
         return;
     }
-    if (s->kind == TCP_SL_RESP) {
+    if (s->kind == TCP_SL_RESP || s->kind == TCP_SL_ANSWER) {
         c->n_resp--;
         if (tcp_sl(s)->ref) {
             mc__tp_count(e, mc__tcp_slot, MC_CNT_SERVED, s->payload_len);

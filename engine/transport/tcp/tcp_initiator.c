@@ -246,7 +246,6 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     tcp_rail_t *r = c->rail;
     /* A control request may commit staged data too (file): retire the connection after it. */
     bool connecting = c->state != CS_READY, had_data = c->window_used > 0 || c->ctrl_out > 0;
-    bool msgs_lost = false;
     mc_list_t failed, *n;
     char why[512];
 
@@ -262,6 +261,7 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     tp->n_conns--;
     r->base.n_conns--;
     tcp_of(e)->n_outbound--;
+    mc__tcp_msgs_lost(e, c, &failed); /* sent again, in order, on the next connection */
     if (reason)
         mc__rail_failed(&r->base, mc__now_ns(), connecting);
     if (had_data) {
@@ -281,15 +281,9 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
         }
         if (s->kind == TCP_SL_DESC)
             mc__peer_desc_retry(e, p);
-        if (s->kind == TCP_SL_MSG) {
-            msgs_lost = true;
-            mc__msg_put(s->ctx);
-        }
         mc__slice_free(e, s);
     }
-    c->window_used = c->msgs_out = c->ctrl_out = 0;
-    if (msgs_lost) /* sent again, in order, on the next link */
-        mc__msg_link_lost(e, p, e->ctrl);
+    c->window_used = c->ctrl_out = 0;
     if (!reason)
         return;
     mc__tp_count(e, mc__tcp_slot, MC_CNT_ERRORS, 1);
@@ -367,12 +361,16 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return 0;
     case MC_FR_CTRL_RESP:
     case MC_FR_DESC_REPLY:
-    case MC_FR_MSG_ACK:
         if ((c->fr.type == MC_FR_CTRL_RESP ? expect_ctrl : expect_head)(e, c, &s))
             return -MC_EPROTO;
-        if (s->kind != (c->fr.type == MC_FR_CTRL_RESP    ? MC_SL_CTRL
-                        : c->fr.type == MC_FR_DESC_REPLY ? TCP_SL_DESC
-                                                         : TCP_SL_MSG))
+        if (s->kind != (c->fr.type == MC_FR_CTRL_RESP ? MC_SL_CTRL : TCP_SL_DESC))
+            break;
+        c->dst_kind = DST_CTRL;
+        return 0;
+    case MC_FR_MSG_ACK:
+        return mc__tcp_msg_ack_expect(e, c);
+    case MC_FR_MSG: /* the target's own message (tcp_msg.c) */
+        if (c->state != CS_READY)
             break;
         c->dst_kind = DST_CTRL;
         return 0;
@@ -422,6 +420,7 @@ static void on_hello_reply(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     c->link.instance = h.instance;
+    snprintf(c->remote_name, sizeof(c->remote_name), "%s", h.name); /* its messages' sender */
     if (need != (token[0] != 0)) {
         mc__tcp_conn_fail(e, c, -MC_EAUTH,
                           need ? "peer requires MC_AUTH_TOKEN"
@@ -458,10 +457,7 @@ static void on_response(mc_engine_t *e, mc_tcp_conn_t *c)
     mc_list_del(&s->link);
     c->last_io_ns = mc__now_ns();
     if (s->kind == TCP_SL_MSG) { /* outside the window */
-        c->msgs_out--;
-        mc__msg_answered(e, c->link.peer, s->ctx, (uint32_t)s->offset, (int)(int64_t)c->fr.aux);
-        mc__msg_put(s->ctx);
-        mc__slice_free(e, s);
+        mc__tcp_msg_acked(e, c, s);
         return;
     }
     if (s->kind == MC_SL_CTRL) { /* outside the window */
@@ -499,6 +495,9 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_ERROR:
         mc__tcp_conn_fail(e, c, (int)(int64_t)c->fr.aux, "peer: %.*s", (int)c->ctrl_len,
                           (char *)c->ctrl);
+        return;
+    case MC_FR_MSG:
+        mc__tcp_msg_in(e, c);
         return;
     default:
         on_response(e, c);
@@ -539,39 +538,6 @@ static void assign(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     mc_list_push_back(&c->sendq, &s->link);
 }
 
-/* Messages ride the peer's first ready connection, which keeps them in order; each is answered
- * (MSG_ACK) once it is in the receiver's queue. The frame points at the message, which the core
- * keeps until then. */
-static void send_msgs(mc_engine_t *e, mc_peer_t *p, mc_tcp_conn_t *c)
-{
-    mc_msg_t *m;
-
-    while ((m = mc__msg_take(e, p, e->ctrl))) {
-        mc_slice_t *s = mc__slice_alloc(e);
-        if (!s) { /* it goes back to the queue, for a later pass */
-            mc__msg_answered(e, p, m, m->tx, -EAGAIN);
-            mc__msg_put(m);
-            return;
-        }
-        mc_frame_t f = {.type = MC_FR_MSG,
-                        .flags = m->id,
-                        .id = ++tcp_of(e)->next_cookie,
-                        .length = m->len,
-                        .addr = m->seq,
-                        .aux = p->msg_stream};
-        s->kind = TCP_SL_MSG;
-        s->ctx = m;
-        s->offset = m->tx;
-        s->payload = m->data;
-        s->payload_len = m->len;
-        tcp_sl(s)->cookie = f.id;
-        mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
-        if (c->window_used + c->msgs_out++ == 0)
-            c->last_io_ns = mc__now_ns(); /* unanswered, it times out like a data request */
-        mc_list_push_back(&c->sendq, &s->link);
-    }
-}
-
 static bool evict_idle(mc_engine_t *e);
 
 static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
@@ -608,9 +574,7 @@ static bool evict_idle(mc_engine_t *e)
     return false;
 }
 
-/* The first ready connection to p (messages and control requests ride it, in order), or NULL
- * after starting to open one. */
-static mc_tcp_conn_t *ctrl_conn(mc_engine_t *e, mc_peer_t *p)
+mc_tcp_conn_t *mc__tcp_ctrl_conn(mc_engine_t *e, mc_peer_t *p)
 {
     tcp_peer_t *tp = tcp_peer(p);
     mc_list_t *pos;
@@ -627,12 +591,12 @@ static mc_tcp_conn_t *ctrl_conn(mc_engine_t *e, mc_peer_t *p)
 
 bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p)
 {
-    return ctrl_conn(e, p) != NULL;
+    return mc__tcp_ctrl_conn(e, p) != NULL;
 }
 
 int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p)
 {
-    mc_tcp_conn_t *c = ctrl_conn(e, p);
+    mc_tcp_conn_t *c = mc__tcp_ctrl_conn(e, p);
 
     if (!c)
         return -EAGAIN; /* its readiness activates p, whose fill asks again */
@@ -656,7 +620,7 @@ int mc__tcp_ctrl_send(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **l
 
 int mc__tcp_desc_request(mc_engine_t *e, mc_peer_t *p)
 {
-    mc_tcp_conn_t *c = ctrl_conn(e, p);
+    mc_tcp_conn_t *c = mc__tcp_ctrl_conn(e, p);
     mc_slice_t *s;
 
     if (!c)
@@ -751,11 +715,8 @@ void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p)
     mc_list_t *pos, *tmp;
 
     fill_conns(e, p);
-    if (mc__msg_peek(p, e->ctrl)) {
-        mc_tcp_conn_t *c = ctrl_conn(e, p);
-        if (c)
-            send_msgs(e, p, c);
-    }
+    if (mc__msg_peek(p, e->ctrl))
+        mc__tcp_msgs_send(e, p);
     mc_list_for_each_safe(pos, tmp, &tp->conns)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);

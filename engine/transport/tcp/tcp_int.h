@@ -56,8 +56,11 @@ typedef struct tcp_engine {
     uint32_t next_conn_id;
     uint32_t next_cookie;
     mc_list_t graveyard;  /* connections freed at the end of the pass (tcp_reap) */
-    mc_list_t acks_later; /* inbound connections whose message answers go at the end of the
-                           * pass (tcp_reap), after what the handlers sent: not in their way */
+    mc_list_t acks_later; /* connections whose message answers go at the end of the pass
+                           * (tcp_reap), after what the handlers sent: not in their way */
+    uint64_t msg_rx_seq;  /* messages received on inbound connections (their msg_rx_seq) */
+    mc_list_t acks_held;  /* connections with only answers to send, held for one pass: a
+                           * reply sent meanwhile takes them along */
 } tcp_engine_t;
 
 /* One rail: our address on a link and one of the peer's endpoints. */
@@ -79,6 +82,7 @@ typedef struct tcp_peer {
     uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
     uint64_t retired_at[MC_PROTO_MAX_RETIRE];
     unsigned n_retired;
+    struct mc_tcp_conn *msg_conn; /* its messages go on it (tcp_msg.c); NULL when it fails */
 } tcp_peer_t;
 
 /* d->tp[mc__tcp_slot]: the peer's endpoints, one per interface. */
@@ -96,9 +100,10 @@ typedef struct tcp_slice {
 _Static_assert(sizeof(tcp_slice_t) <= MC_SLICE_PRIV, "tcp_slice_t does not fit in a slice");
 
 /* Slice kinds of tcp's own: a control frame of its own (hello, retire...), a response, a
- * descriptor request and a message (which await their answer like a data slice; a message's
- * slice points at it: ctx, and offset is the take it belongs to). */
-enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP, TCP_SL_DESC, TCP_SL_MSG };
+ * descriptor request, a message (which await their answer like a data slice; a message's
+ * slice points at it: ctx, and offset is the take it belongs to) and a message's answer (a
+ * response that may wait a pass for a frame going the same way). */
+enum { TCP_SL_FRAME = MC_SL_TP, TCP_SL_RESP, TCP_SL_DESC, TCP_SL_MSG, TCP_SL_ANSWER };
 
 static inline tcp_slice_t *tcp_sl(mc_slice_t *s)
 {
@@ -134,15 +139,17 @@ typedef struct mc_tcp_conn {
 
     mc_list_t sendq;      /* slices to write, in order */
     uint32_t send_off;    /* bytes of the first one already written */
-    mc_list_t ackq;       /* outbound: slices written, awaiting their response */
+    mc_list_t ackq;       /* slices written, awaiting their response (inbound: messages) */
     unsigned window_used; /* outbound: slices in sendq + ackq that await a response */
-    unsigned msgs_out;    /* outbound: messages among those (outside the window) */
+    unsigned msgs_out;    /* messages among those (outbound: outside the window) */
+    uint64_t msg_rx_seq;  /* inbound: when its initiator's messages last came on it */
     unsigned ctrl_out;    /* outbound: other transports' control requests among those (outside
                              the window too: one may be answered late, and the data slices that
                              free what it waits for must not wait behind it) */
-    unsigned n_resp;      /* inbound: responses in sendq */
+    unsigned n_resp;      /* responses in sendq (outbound: answers to messages) */
     mc_list_t later;      /* in acks_later (its answers wait for the end of the pass) */
     bool in_later;
+    bool held;       /* in acks_held (through `later`) */
     bool fail_later; /* a send error now only shuts the socket (mc__tcp_ctrl_send) */
 
     uint8_t *rx; /* staging buffer of MC_TCP_RX_BUF bytes */
@@ -186,6 +193,8 @@ int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f
 void mc__tcp_answer_later(mc_engine_t *e, mc_tcp_conn_t *c);
 /* End of a progress pass: send the answers left for it, free the graveyard. */
 void mc__tcp_reap(mc_engine_t *e);
+/* About to sleep: send the answers held (transport idle op). */
+bool mc__tcp_idle(mc_engine_t *e);
 
 /* tcp_initiator.c / tcp_target.c: frame handlers for each role */
 int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c);
@@ -197,6 +206,19 @@ void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c);
 void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c);
 /* Give outbound connections of p as many slices as their windows allow; opens connections. */
 void mc__tcp_fill(mc_engine_t *e, mc_peer_t *p);
+/* The first ready outbound connection to p, or NULL after starting to open one. */
+mc_tcp_conn_t *mc__tcp_ctrl_conn(mc_engine_t *e, mc_peer_t *p);
+
+/* tcp_msg.c: messages, on either end of a connection. msgs_send: queue p's messages on its
+ * message connection. msg_in: a MSG frame arrived on c (payload in c->ctrl): deliver it and
+ * queue its answer. msg_ack_expect: a MSG_ACK header arrived on c: check it answers the oldest
+ * message in flight (c->resp set) or fail c. msg_acked: its payload arrived too. msgs_lost: c is
+ * failing; the messages among slices (its queues) go back to their peer's queue. */
+void mc__tcp_msgs_send(mc_engine_t *e, mc_peer_t *p);
+void mc__tcp_msg_in(mc_engine_t *e, mc_tcp_conn_t *c);
+int mc__tcp_msg_ack_expect(mc_engine_t *e, mc_tcp_conn_t *c);
+void mc__tcp_msg_acked(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s);
+void mc__tcp_msgs_lost(mc_engine_t *e, mc_tcp_conn_t *c, mc_list_t *slices);
 /* Whether a connection to p is ready for control requests (else one is being opened). */
 bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p);
 /* Queue control request s on a ready connection to p (-EAGAIN while none is ready). */

@@ -105,6 +105,8 @@ int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_CTRL_REQ:
         c->dst_kind = DST_CTRL;
         return 0;
+    case MC_FR_MSG_ACK: /* to a message of ours (tcp_msg.c) */
+        return mc__tcp_msg_ack_expect(e, c);
     }
     mc__tcp_conn_fail(e, c, -MC_EPROTO, "unexpected %s frame from initiator",
                       mc__tcp_frame_type_name(t));
@@ -289,22 +291,17 @@ static void on_ctrl_req(mc_engine_t *e, mc_tcp_conn_t *c)
     ctrl_resp(e, c, c->fr.id, rc, payload, len);
 }
 
-/* A message: into its queue (or refused for now, -EAGAIN: the sender keeps it), answered in
- * order with the other responses, at the end of the pass. */
-static void on_msg(mc_engine_t *e, mc_tcp_conn_t *c)
+/* The answer to a message of ours sent on this connection (tcp_msg.c). */
+static void on_msg_ack(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    int rc = mc__msg_deliver(e, e->ctrl, c->remote_name, c->fr.aux, c->fr.addr,
-                             (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
-
-    respond(e, c, MC_FR_MSG_ACK, rc, NULL, 0, NULL, rc ? "the receiver's queue is full" : NULL);
-    mc__tcp_answer_later(e, c); /* after the answers its handler sends, with the others read */
+    mc__tcp_msg_acked(e, c, c->resp);
 }
 
 /* mc__tcp_in_header admits only these frame types. */
 static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *) = {
-    [MC_FR_HELLO] = on_hello, [MC_FR_AUTH] = on_auth,         [MC_FR_WRITE] = on_write,
-    [MC_FR_READ] = on_read,   [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
-    [MC_FR_MSG] = on_msg,     [MC_FR_CTRL_REQ] = on_ctrl_req,
+    [MC_FR_HELLO] = on_hello,     [MC_FR_AUTH] = on_auth,         [MC_FR_WRITE] = on_write,
+    [MC_FR_READ] = on_read,       [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
+    [MC_FR_MSG] = mc__tcp_msg_in, [MC_FR_CTRL_REQ] = on_ctrl_req, [MC_FR_MSG_ACK] = on_msg_ack,
 };
 
 void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -320,6 +317,8 @@ void mc__tcp_in_failed(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__mem_put(e, c->rx_ref);
         c->rx_ref = NULL;
     }
+    mc_list_splice_back(&c->sendq, &c->ackq);
+    mc__tcp_msgs_lost(e, c, &c->sendq); /* ours, sent on it: again on another connection */
     while ((n = mc_list_pop_front(&c->sendq))) {
         mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
         if (s->kind == TCP_SL_RESP && tcp_sl(s)->ref)
@@ -347,7 +346,7 @@ static bool inbound_evict(mc_engine_t *e)
             reject(e, c, -EAGAIN, "too many inbound connections: closed before its handshake");
             return true;
         }
-        if (!c->have_hdr && mc_list_empty(&c->sendq) && !mc__link_busy(&c->link) &&
+        if (!c->have_hdr && mc_list_empty(&c->sendq) && !c->msgs_out && !mc__link_busy(&c->link) &&
             (!idle || c->last_io_ns < idle->last_io_ns))
             idle = c;
     }

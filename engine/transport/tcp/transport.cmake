@@ -6,6 +6,7 @@ list(APPEND MC_TRANSPORT_SOURCES
   transport/tcp/tcp_conn.c
   transport/tcp/tcp_desc.c
   transport/tcp/tcp_initiator.c
+  transport/tcp/tcp_msg.c
   transport/tcp/tcp_proto.c
   transport/tcp/tcp_rail.c
   transport/tcp/tcp_target.c)

@@ -1,0 +1,164 @@
+/*
+ * TCP: messages.
+ *
+ * A peer's messages ride one ready connection at a time, which keeps them in order, and each is
+ * answered (MSG_ACK) on the same connection once it is in the receiver's queue; answers go at
+ * the end of the receiver's progress pass, after what its handlers sent. Either end of a
+ * connection sends them: between two engines that both send, the connection opened by the one
+ * with the smaller instance carries both directions, so a reply travels in the same write as
+ * the answer to the message it replies to (one write and one read per message on each side, as
+ * UCX's active messages), and the kernel's acknowledgements find data going back. The one with
+ * the larger instance sends on the connection the other's messages last came on (before it
+ * has one, on its own, which the other then answers on). A peer's messages move to another
+ * connection only while none is unanswered.
+ *
+ * A connection that fails takes the messages sent on it: they go back to the front of the
+ * peer's queue and leave again on the next connection; the receiver drops what it saw.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "tcp_int.h"
+
+/* The ready inbound connection from p its messages came on last, or its oldest one. */
+static mc_tcp_conn_t *inbound_from(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_tcp_conn_t *best = NULL;
+    mc_list_t *pos;
+
+    for (pos = tcp_of(e)->inbound.next; pos != &tcp_of(e)->inbound; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        if (c->state == CS_READY && c->link.instance == p->desc.instance &&
+            !strcmp(c->remote_name, p->name) && (!best || c->msg_rx_seq > best->msg_rx_seq))
+            best = c;
+    }
+    return best;
+}
+
+/* The connection p's messages go on now, or NULL (one is being opened). */
+static mc_tcp_conn_t *msg_conn(mc_engine_t *e, mc_peer_t *p)
+{
+    tcp_peer_t *tp = tcp_peer(p);
+    mc_tcp_conn_t *c = tp->msg_conn;
+
+    if (c && !mc_list_empty(&p->msg_unacked)) /* unanswered ones are on it: stay */
+        return c;
+    c = p->desc.instance && p->desc.instance < e->instance ? inbound_from(e, p) : NULL;
+    if (!c)
+        c = mc__tcp_ctrl_conn(e, p);
+    tp->msg_conn = c;
+    return c;
+}
+
+void mc__tcp_msgs_send(mc_engine_t *e, mc_peer_t *p)
+{
+    mc_tcp_conn_t *c = msg_conn(e, p);
+    mc_msg_t *m;
+
+    if (!c)
+        return;
+    while ((m = mc__msg_take(e, p, e->ctrl))) {
+        mc_slice_t *s = mc__slice_alloc(e);
+        if (!s) { /* it goes back to the queue, for a later pass */
+            mc__msg_answered(e, p, m, m->tx, -EAGAIN);
+            mc__msg_put(m);
+            break;
+        }
+        mc_frame_t f = {.type = MC_FR_MSG,
+                        .flags = m->id,
+                        .id = ++tcp_of(e)->next_cookie,
+                        .length = m->len,
+                        .addr = m->seq,
+                        .aux = p->msg_stream};
+        s->kind = TCP_SL_MSG;
+        s->ctx = m;
+        s->offset = m->tx;
+        s->payload = m->data;
+        s->payload_len = m->len;
+        tcp_sl(s)->cookie = f.id;
+        mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
+        if (c->window_used + c->msgs_out++ == 0)
+            c->last_io_ns = mc__now_ns(); /* unanswered, it times out like a data request */
+        mc_list_push_back(&c->sendq, &s->link);
+    }
+    if (!c->outbound && !c->in_later) /* outbound ones are flushed by the fill */
+        mc__tcp_conn_flush(e, c);
+}
+
+void mc__tcp_msg_in(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    int rc = mc__msg_deliver(e, e->ctrl, c->remote_name, c->fr.aux, c->fr.addr,
+                             (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
+    static const char full[] = "the receiver's queue is full";
+    mc_frame_t f = {.type = MC_FR_MSG_ACK,
+                    .id = c->fr.id,
+                    .aux = (uint64_t)(int64_t)rc,
+                    .length = rc ? (uint32_t)strlen(full) : 0};
+    mc_slice_t *s = mc__slice_alloc(e);
+
+    if (!c->outbound)
+        c->msg_rx_seq = ++tcp_of(e)->msg_rx_seq;
+    if (!s) {
+        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory for an answer");
+        return;
+    }
+    s->kind = TCP_SL_ANSWER;
+    s->payload = rc ? (void *)full : NULL; /* static: not owned */
+    s->payload_len = f.length;
+    mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
+    mc_list_push_back(&c->sendq, &s->link);
+    c->n_resp++;
+    mc__tcp_answer_later(e, c); /* after the messages its handlers send, with the others read */
+}
+
+int mc__tcp_msg_ack_expect(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    mc_slice_t *s =
+        mc_list_empty(&c->ackq) ? NULL : mc_container_of(c->ackq.next, mc_slice_t, link);
+
+    if (!s || s->kind != TCP_SL_MSG || tcp_sl(s)->cookie != c->fr.id) {
+        mc__tcp_conn_fail(e, c, -MC_EPROTO, "MSG_ACK for message %u, which awaits none", c->fr.id);
+        return -MC_EPROTO;
+    }
+    c->resp = s;
+    c->dst_kind = DST_CTRL;
+    return 0;
+}
+
+void mc__tcp_msg_acked(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
+{
+    mc_msg_t *m = s->ctx;
+
+    mc_list_del(&s->link);
+    c->msgs_out--;
+    c->last_io_ns = mc__now_ns();
+    /* its peer, unless closed since (then m is no longer in flight and the answer is dropped) */
+    mc__msg_answered(e, mc__peer_get(e, m->target), m, (uint32_t)s->offset,
+                     (int)(int64_t)c->fr.aux);
+    mc__msg_put(m);
+    mc__slice_free(e, s);
+}
+
+void mc__tcp_msgs_lost(mc_engine_t *e, mc_tcp_conn_t *c, mc_list_t *slices)
+{
+    mc_peer_t *p = NULL;
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, slices)
+    {
+        mc_slice_t *s = mc_container_of(pos, mc_slice_t, link);
+        if (s->kind != TCP_SL_MSG)
+            continue;
+        mc_msg_t *m = s->ctx;
+        p = mc__peer_get(e, m->target); /* one peer's: they ride its connection only */
+        mc_list_del(&s->link);
+        mc__msg_put(m);
+        mc__slice_free(e, s);
+    }
+    c->msgs_out = 0;
+    for (size_t i = 0; i < e->n_peers; i++)
+        if (e->peers[i] && tcp_peer(e->peers[i]) && tcp_peer(e->peers[i])->msg_conn == c)
+            tcp_peer(e->peers[i])->msg_conn = NULL;
+    if (p) /* sent again, in order, on the next connection */
+        mc__msg_link_lost(e, p, e->ctrl);
+}
