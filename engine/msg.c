@@ -72,7 +72,9 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     rc = window_take(e, target);
     if (rc)
         return rc;
-    m = calloc(1, sizeof(*m) + len);
+    m = malloc(sizeof(*m) + len); /* the payload is copied over: zeroing it would be waste */
+    if (m)
+        memset(m, 0, sizeof(*m));
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));

@@ -254,6 +254,29 @@ static unsigned n_messages(void)
     return v && atoi(v) > 0 ? (unsigned)atoi(v) : 1000000;
 }
 
+/* A target and our engine (g.e) for a test whose connections may be killed: a patient connect.
+ * The target's segment id. */
+static mc_segment_id_t start_pair(th_target_t **t_p)
+{
+    th_cfg_t cfg;
+
+    config(&cfg);
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
+    *t_p = spawn(&cfg, 4096);
+    g.e = th_engine(&cfg);
+    return th_open(g.e, *t_p, 0);
+}
+
+/* The length of message i: log-uniform from 0 B to 64 KiB (most are small, as control messages
+ * are), every 97th empty. */
+static size_t msg_len(unsigned *rnd, uint32_t i)
+{
+    *rnd = *rnd * 1103515245 + 12345;
+    unsigned bits = (*rnd >> 8) % 17;
+    size_t len = ((*rnd >> 13) & ((1u << bits) - 1)) + (bits ? 1u << (bits - 1) : 0);
+    return len > MC_MSG_MAX ? MC_MSG_MAX : i % 97 == 0 ? 0 : len;
+}
+
 /* Random sizes from 0 B to 64 KiB (log-uniform, so most are small, as control messages are),
  * to a target whose handler checks each one's number and bytes, while connections are killed
  * (tcp) and the target is stopped at random: every message arrives once, in order, intact, and
@@ -264,17 +287,14 @@ static void test_exactly_once(void **state)
     static uint8_t buf[MC_MSG_MAX];
     static done_t d;
     killer_t k = {0};
-    th_cfg_t cfg;
     th_reply_t r;
+    th_target_t *t;
     unsigned rnd = 777;
     uint64_t bytes = 0;
 
     (void)state;
-    config(&cfg);
-    th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
-    th_target_t *t = spawn(&cfg, 4096);
-    mc_engine_t *e = g.e = th_engine(&cfg);
-    mc_segment_id_t id = th_open(e, t, 0);
+    mc_segment_id_t id = start_pair(&t);
+    mc_engine_t *e = g.e;
     memset(&d, 0, sizeof(d));
 
     /* over rdma, a killed control link takes the QPs set up over it, and their messages go back
@@ -294,10 +314,7 @@ static void test_exactly_once(void **state)
     int64_t t0 = th_now_ms();
     mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
     for (uint32_t i = 0; i < n; i++) {
-        rnd = rnd * 1103515245 + 12345;
-        unsigned bits = (rnd >> 8) % 17;
-        size_t len = ((rnd >> 13) & ((1u << bits) - 1)) + (bits ? 1u << (bits - 1) : 0);
-        len = len > MC_MSG_MAX ? MC_MSG_MAX : i % 97 == 0 ? 0 : len;
+        size_t len = msg_len(&rnd, i);
         make_msg(buf, i, len);
         bytes += len;
         int rc = send_msg(e, id, TH_MSG_ID, buf, len, &o);
@@ -377,16 +394,13 @@ static void test_both_ways(void **state)
     const unsigned n = n_messages() / 10, window = 256;
     static uint8_t buf[MC_MSG_MAX];
     killer_t k = {0};
-    th_cfg_t cfg;
     th_reply_t r;
+    th_target_t *t;
     unsigned rnd = 4242;
 
     (void)state;
-    config(&cfg);
-    th_set(&cfg, "CONNECT_TIMEOUT_MS", "10000");
-    th_target_t *t = spawn(&cfg, 4096);
-    mc_engine_t *e = g.e = th_engine(&cfg);
-    mc_segment_id_t id = th_open(e, t, 0);
+    mc_segment_id_t id = start_pair(&t);
+    mc_engine_t *e = g.e;
     memset(&echoes, 0, sizeof(echoes));
     echoes.lens = calloc(n, sizeof(*echoes.lens));
     assert_non_null(echoes.lens);
@@ -402,10 +416,7 @@ static void test_both_ways(void **state)
     assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
     int64_t t0 = th_now_ms();
     for (uint32_t i = 0; i < n; i++) {
-        rnd = rnd * 1103515245 + 12345;
-        unsigned bits = (rnd >> 8) % 17;
-        size_t len = ((rnd >> 13) & ((1u << bits) - 1)) + (bits ? 1u << (bits - 1) : 0);
-        len = len > MC_MSG_MAX ? MC_MSG_MAX : i % 97 == 0 ? 0 : len;
+        size_t len = msg_len(&rnd, i);
         echoes.lens[i] = (uint32_t)len;
         make_msg(buf, i, len);
         /* at most `window` unechoed, so the target's own window never fills */
