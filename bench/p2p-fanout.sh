@@ -10,7 +10,7 @@
 # byte with the source (cmp). Target of the P2P store (issue 16): p2p <= 2x single (stretch
 # 1.3x), against ~FETCHERSx for origin-only.
 #
-# Topology (built here, not tests/fixtures/netns.sh, whose star joins hosts to h1 only, so
+# Topology (tests/fixtures/hosts.sh, not netns.sh, whose star joins hosts to h1 only, so
 # fetchers could not reach each other): a "switch" namespace PREFIX-sw with a Linux bridge, and
 # one namespace per host (PREFIX-h0 the origin, PREFIX-h1.. the fetchers), each joined to the
 # bridge by ONE veth pair with tc tbf at RATE on both ends: the host's end shapes its upload,
@@ -49,6 +49,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 # shellcheck disable=SC1091 # bench/lib.sh: free_port, listening
 source "$root/bench/lib.sh" # (free_port is not needed: every host has a namespace of its own)
+source "$root/tests/fixtures/hosts.sh"
 
 SIZE=${SIZE:-1G}
 RATE=${RATE:-400mbit}
@@ -99,16 +100,6 @@ bytes() {
     *) echo "$n" ;;
     esac
 }
-# bits/s of a tc rate N[bit|kbit|mbit|gbit]
-rate_bps() {
-    [[ $1 =~ ^([0-9]+)(bit|kbit|mbit|gbit)?$ ]] || return 1
-    case ${BASH_REMATCH[2]} in
-    kbit) echo $((BASH_REMATCH[1] * 1000)) ;;
-    mbit) echo $((BASH_REMATCH[1] * 1000000)) ;;
-    gbit) echo $((BASH_REMATCH[1] * 1000000000)) ;;
-    *) echo "${BASH_REMATCH[1]}" ;;
-    esac
-}
 calc() { awk "BEGIN { printf($1) }"; } # calc '"FORMAT", EXPR' (awk; the parentheses keep > a comparison)
 # median [-0] VALUES...: the median, with 3 decimals (-0: none)
 median() {
@@ -127,7 +118,7 @@ median() {
 
 size_b=$(bytes "$SIZE") || die "--size $SIZE: expected N[K|M|G]"
 shard_b=$(bytes "$SHARD_SIZE") || die "--shard-size $SHARD_SIZE: expected N[K|M|G]"
-bps=$(rate_bps "$RATE") || die "--rate $RATE: expected N[kbit|mbit|gbit]"
+bps=$(hosts_rate_bps "$RATE") || die "--rate $RATE: expected N[kbit|mbit|gbit]"
 [[ $FETCHERS =~ ^[0-9]+$ && $FETCHERS -ge 1 && $FETCHERS -le 200 ]] || die "--fetchers 1..200"
 [[ $REPEAT =~ ^[0-9]+$ && $REPEAT -ge 1 ]] || die "--repeat: a positive number"
 ((size_b >= 4096)) || die "--size: at least 4K"
@@ -160,78 +151,21 @@ for ((i = 0; i <= FETCHERS; i++)); do
 done
 
 tmp=""
-pids=()     # processes started here and not yet reaped
-sampler=""  # the --trace link sampler
-made_ns=()  # namespaces created here
-
-# Stop PIDs: TERM, up to 5 s, then KILL; reap them (all are children of this shell).
-stop_pids() {
-    local p i alive
-    [[ $# -gt 0 ]] || return 0
-    kill -TERM "$@" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-        alive=0
-        for p in "$@"; do
-            if kill -0 "$p" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) != Z ]]; then
-                alive=1
-            fi
-        done
-        [[ $alive -eq 1 ]] || break
-        sleep 0.1
-    done
-    kill -KILL "$@" 2>/dev/null || true
-    for p in "$@"; do
-        wait "$p" 2>/dev/null || true
-    done
-}
+pids=()    # processes started here and not yet reaped
+sampler="" # the --trace link sampler
 
 cleanup() {
-    local ns left
     trap - EXIT
     trap '' INT TERM # no second interruption of the cleanup (and no re-raised SIGINT loop in bash)
-    [[ -z $sampler ]] || stop_pids "$sampler"
-    stop_pids "${pids[@]}"
-    for ns in "${made_ns[@]}"; do
-        # Whatever still runs inside is something started here (or its child).
-        mapfile -t left < <(ip netns pids "$ns" 2>/dev/null)
-        [[ ${#left[@]} -eq 0 ]] || kill -KILL "${left[@]}" 2>/dev/null || true
-        ip netns del "$ns" 2>/dev/null || say "p2p-fanout.sh: could not delete namespace $ns"
-    done
+    [[ -z $sampler ]] || hosts_stop_pids "$sampler"
+    hosts_stop_pids "${pids[@]}"
+    hosts_bridge_down
     [[ -z $tmp ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ns_add() {
-    ip netns add "$1" 2>/dev/null || return 1
-    made_ns+=("$1")
-    ip -n "$1" link set lo up
-}
-# tbf on one end of a link: the egress of that end. The bucket holds 10 ms at RATE (at least
-# 64 KiB: a GSO packet), the queue 25 ms.
-shape() {
-    local burst=$((bps / 8 / 100))
-    ((burst >= 65536)) || burst=65536
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$RATE" burst "$burst" latency 25ms
-}
-topology_up() {
-    local i
-    ns_add "$SW" || return 1
-    ip -n "$SW" link add br0 type bridge || return 1
-    ip -n "$SW" link set br0 up || return 1
-    for ((i = 0; i <= FETCHERS; i++)); do
-        ns_add "${NS[i]}" || return 1
-        # Both ends created inside their namespaces: nothing appears in the root namespace.
-        ip link add name eth0 netns "${NS[i]}" type veth peer name "p$i" netns "$SW" || return 1
-        ip -n "$SW" link set "p$i" master br0 || return 1
-        ip -n "$SW" link set "p$i" up || return 1
-        ip -n "${NS[i]}" addr add "${ADDR[i]}/24" dev eth0 || return 1
-        ip -n "${NS[i]}" link set eth0 up || return 1
-        shape "${NS[i]}" eth0 || return 1 # host i's upload
-        shape "$SW" "p$i" || return 1     # host i's download
-    done
-}
-if ! topology_up 2>"${TMPDIR:-/tmp}/$P.topo.err"; then
+if ! hosts_bridge_up "$P" "$FETCHERS" "$RATE" 10.231.0 2>"${TMPDIR:-/tmp}/$P.topo.err"; then
     err=$(head -c 300 "${TMPDIR:-/tmp}/$P.topo.err")
     rm -f "${TMPDIR:-/tmp}/$P.topo.err"
     skip "cannot build the namespace topology (namespaces, veth, bridge, tbf): $err"
@@ -295,7 +229,6 @@ forget_pid() {
     done
     pids=("${keep[@]}")
 }
-running() { kill -0 "$1" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
 
 # "busy total" jiffies of all CPUs (busy: user, nice, system, irq, softirq, steal)
 cpu_ticks() { awk '/^cpu / { b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat; }
@@ -356,7 +289,7 @@ run_phase() {
     pub=$SPAWNED
     for ((i = 0; i < 300; i++)); do
         grep -q '^published ' "$tmp/pub.$label.out" 2>/dev/null && break
-        running "$pub" || break
+        hosts_running "$pub" || break
         sleep 0.1
     done
     grep -q '^published ' "$tmp/pub.$label.out" 2>/dev/null ||
@@ -380,7 +313,7 @@ run_phase() {
             if [[ -e $tmp/out.$i ]]; then
                 done_t[i]=$(calc "\"%.3f\", $now - $t0")
                 ndone=$((ndone + 1))
-            elif ! running "${fpids[i]}"; then
+            elif ! hosts_running "${fpids[i]}"; then
                 failed[i]=1
                 nfail=$((nfail + 1))
             fi
@@ -398,7 +331,7 @@ run_phase() {
     # Stop the fetchers (--serve-after ones serve until told), then the origin.
     PH_OK=1
     for ((i = 1; i <= count; i++)); do
-        if running "${fpids[i]}"; then
+        if hosts_running "${fpids[i]}"; then
             kill -TERM "${fpids[i]}" 2>/dev/null || true
         fi
     done
@@ -412,7 +345,7 @@ run_phase() {
                 "$(grep -v '%' "$tmp/f.$i.err" | tail -n 3)"
         fi
     done
-    stop_pids "$pub"
+    hosts_stop_pids "$pub"
     forget_pid "$pub"
 
     PH_SECONDS=0 PH_FROM_ORIGIN=0 PH_FROM_REPLICAS=0 PH_LINES=() PH_FETCH_SECONDS=()
@@ -470,7 +403,7 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         fi
         run_phase p2p "$FETCHERS" p2p "$rep"
         if [[ -n $sampler ]]; then
-            stop_pids "$sampler"
+            hosts_stop_pids "$sampler"
             sampler=""
         fi
         secs[p2p, $rep]=$PH_SECONDS

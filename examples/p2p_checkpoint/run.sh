@@ -34,6 +34,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
+source "$root/tests/fixtures/hosts.sh"
 
 netns=0
 use_etcd=0
@@ -78,15 +79,6 @@ bytes() {
     *) echo "$n" ;;
     esac
 }
-rate_bps() {
-    [[ $1 =~ ^([0-9]+)(bit|kbit|mbit|gbit)?$ ]] || return 1
-    case ${BASH_REMATCH[2]} in
-    kbit) echo $((BASH_REMATCH[1] * 1000)) ;;
-    mbit) echo $((BASH_REMATCH[1] * 1000000)) ;;
-    gbit) echo $((BASH_REMATCH[1] * 1000000000)) ;;
-    *) echo "${BASH_REMATCH[1]}" ;;
-    esac
-}
 calc() { awk "BEGIN { printf($1) }"; } # calc '"FORMAT", EXPR'
 mib() { calc "\"%.1f MiB\", $1 / 1048576"; }
 gib() { # GiB from 1 GiB up, MiB below
@@ -96,7 +88,7 @@ gib() { # GiB from 1 GiB up, MiB below
 [[ $N =~ ^[0-9]+$ && $N -ge 1 && $N -le 200 ]] || die "N: 1..200 fetchers"
 size_b=$(bytes "$SIZE") || die "SIZE $SIZE: expected N[K|M|G]"
 ((size_b >= 1 << 20)) || die "SIZE: at least 1M"
-bps=$(rate_bps "$RATE") || die "--rate $RATE: expected N[kbit|mbit|gbit]"
+bps=$(hosts_rate_bps "$RATE") || die "--rate $RATE: expected N[kbit|mbit|gbit]"
 ((bps >= 1000000)) || die "--rate: at least 1mbit"
 if [[ -n $SHARD ]]; then
     shard_b=$(bytes "$SHARD") || die "--shard-size $SHARD: expected N[K|M|G]"
@@ -128,41 +120,15 @@ fi
 
 tmp=""
 pids=()     # every process started here and not yet reaped
-made_ns=()  # namespaces created here
 etcd_dir="" # the loopback etcd fixture's directory, once started
-
-stop_pids() { # TERM, up to 5 s, KILL; reap (all are children of this shell)
-    local p i alive
-    [[ $# -gt 0 ]] || return 0
-    kill -TERM "$@" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-        alive=0
-        for p in "$@"; do
-            running "$p" && alive=1
-        done
-        [[ $alive -eq 1 ]] || break
-        sleep 0.1
-    done
-    kill -KILL "$@" 2>/dev/null || true
-    for p in "$@"; do
-        wait "$p" 2>/dev/null || true
-    done
-}
-running() { kill -0 "$1" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
 
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
-    local ns left
     trap - EXIT
     trap '' INT TERM # no second interruption of the cleanup (and no re-raised SIGINT loop in bash)
-    stop_pids "${pids[@]}"
+    hosts_stop_pids "${pids[@]}"
     [[ -z $etcd_dir ]] || etcd_stop "$etcd_dir" >/dev/null 2>&1 || true
-    for ns in "${made_ns[@]}"; do
-        # Anything still inside was started here (or is a child of what was).
-        mapfile -t left < <(ip netns pids "$ns" 2>/dev/null)
-        [[ ${#left[@]} -eq 0 ]] || kill -KILL "${left[@]}" 2>/dev/null || true
-        ip netns del "$ns" 2>/dev/null || echo "run.sh: could not delete namespace $ns" >&2
-    done
+    hosts_bridge_down
     [[ -z $tmp ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -208,35 +174,14 @@ if [[ $netns -eq 1 ]]; then
     command -v tc >/dev/null || skip "--netns: 'tc' not found"
     P=p2pck$$
     SW=$P-sw
-    ns_add() {
-        ip netns add "$1" || return 1
-        made_ns+=("$1")
-        ip -n "$1" link set lo up
-    }
-    shape() { # tbf on the egress of one end: a 10 ms bucket (>= 64 KiB), a 25 ms queue
-        local burst=$((bps / 800))
-        ((burst >= 65536)) || burst=65536
-        ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$RATE" burst "$burst" latency 25ms
-    }
+    for ((i = 0; i <= N; i++)); do
+        HOST_NS[i]=$P-h$i
+        HOST_ADDR[i]=10.232.0.$((i + 1))
+    done
     # A switch (bridge) and one link per host, so that every fetcher reaches every other one
     # and the publisher; each link shaped at both ends: upload at the host, download at the
     # switch. Addresses exist only inside these namespaces.
-    topology_up() {
-        local i
-        ns_add "$SW" && ip -n "$SW" link add br0 type bridge &&
-            ip -n "$SW" addr add "$SW_ADDR/24" dev br0 && ip -n "$SW" link set br0 up || return 1
-        for ((i = 0; i <= N; i++)); do
-            HOST_NS[i]=$P-h$i
-            HOST_ADDR[i]=10.232.0.$((i + 1))
-            ns_add "${HOST_NS[i]}" &&
-                ip link add name eth0 netns "${HOST_NS[i]}" type veth peer name "p$i" netns "$SW" &&
-                ip -n "$SW" link set "p$i" master br0 && ip -n "$SW" link set "p$i" up &&
-                ip -n "${HOST_NS[i]}" addr add "${HOST_ADDR[i]}/24" dev eth0 &&
-                ip -n "${HOST_NS[i]}" link set eth0 up &&
-                shape "${HOST_NS[i]}" eth0 && shape "$SW" "p$i" || return 1
-        done
-    }
-    if ! topology_up 2>"$tmp/topology.err"; then
+    if ! hosts_bridge_up "$P" "$N" "$RATE" 10.232.0 "$SW_ADDR" 2>"$tmp/topology.err"; then
         skip "cannot build the namespaces, veth links, bridge or tbf: $(head -c 300 "$tmp/topology.err")"
     fi
     say "$((N + 1)) hosts in network namespaces $P-h0..$P-h$N on a bridge ($SW), every link" \
@@ -282,7 +227,7 @@ else
     etcd_pid=$!
     pids+=("$etcd_pid")
     for ((i = 0; i < 100; i++)); do
-        running "$etcd_pid" || break
+        hosts_running "$etcd_pid" || break
         ip netns exec "$SW" curl -s -m 1 "$url/health" 2>/dev/null | grep -q '"health":"true"' && break
         sleep 0.1
     done
@@ -352,7 +297,7 @@ launch 0 "$tmp/publisher.out" "$tmp/publisher.err" timeout -k 5 $((limit + 120))
 pub=$LAUNCHED
 for ((i = 0; i < 300; i++)); do
     grep -q '^published ' "$tmp/publisher.out" 2>/dev/null && break
-    running "$pub" || break
+    hosts_running "$pub" || break
     sleep 0.1
 done
 grep -q '^published ' "$tmp/publisher.out" 2>/dev/null ||
@@ -385,7 +330,7 @@ while ((ndone + nfail < N)); do
         if [[ -e $tmp/copy.$i ]]; then # renamed into place once complete and synced
             done_t[i]=$(calc "\"%.2f\", $now - $start")
             ndone=$((ndone + 1))
-        elif ! running "${fpid[i]}"; then
+        elif ! hosts_running "${fpid[i]}"; then
             failed[i]=1
             nfail=$((nfail + 1))
         fi
@@ -398,7 +343,7 @@ while ((ndone + nfail < N)); do
 done
 
 # Everyone is done (or given up on): stop the fetchers, then the publisher.
-stop_pids "${fpid[@]}" "$pub"
+hosts_stop_pids "${fpid[@]}" "$pub"
 pids=()
 [[ -z ${etcd_pid:-} ]] || pids=("$etcd_pid")
 
