@@ -233,7 +233,8 @@ bool mc__progress_may_sleep(mc_engine_t *e)
     return ok;
 }
 
-static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
+/* now: the clock as the caller read it, or 0 (read here). */
+static int progress_try(mc_engine_t *e, bool callbacks, bool *ran, uint64_t now)
 {
     struct epoll_event evs[MAX_EVENTS];
     int n, rc;
@@ -245,7 +246,8 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran)
     MC_LOG_SCOPE(e->cfg.log_level);
     /* A host spinning on progress asks epoll at most every EPOLL_SPIN_NS while it reports
      * nothing: what arrives through shared memory is seen without a syscall per pass. */
-    uint64_t now = mc__now_ns();
+    if (!now)
+        now = mc__now_ns();
     n = 0;
     if (e->epoll_found || now - e->epoll_ns >= EPOLL_SPIN_NS) {
         n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
@@ -265,7 +267,7 @@ int mc__progress_try(mc_engine_t *e)
 {
     bool ran;
 
-    return progress_try(e, true, &ran);
+    return progress_try(e, true, &ran, 0);
 }
 
 bool mc__progress_implicit(mc_engine_t *e)
@@ -273,7 +275,7 @@ bool mc__progress_implicit(mc_engine_t *e)
     bool ran = false;
 
     if (e->implicit_progress)
-        progress_try(e, true, &ran);
+        progress_try(e, true, &ran, 0);
     return ran;
 }
 
@@ -281,7 +283,7 @@ int mc__progress_quiet(mc_engine_t *e)
 {
     bool ran;
 
-    return progress_try(e, false, &ran);
+    return progress_try(e, false, &ran, 0);
 }
 
 int mc_engine_progress(mc_engine_t *e)
@@ -290,12 +292,15 @@ int mc_engine_progress(mc_engine_t *e)
         return mc__set_error(-EINVAL, "mc_engine_progress: NULL engine");
     if (e->has_thread)
         return 0;
-    if (e->has_serve_thread) {
-        atomic_store_explicit(&e->host_pass_ns, mc__now_ns(), memory_order_relaxed);
+    uint64_t now = 0;
+    bool ran;
+    if (e->has_serve_thread) { /* the pass below uses the same clock reading */
+        now = mc__now_ns();
+        atomic_store_explicit(&e->host_pass_ns, now, memory_order_relaxed);
         atomic_fetch_add_explicit(&e->host_passes, 1, memory_order_relaxed);
         atomic_store_explicit(&e->host_armed, false, memory_order_relaxed);
     }
-    return mc__progress_try(e);
+    return progress_try(e, true, &ran, now);
 }
 
 int mc_engine_event_fd(const mc_engine_t *e)
@@ -374,7 +379,7 @@ static void *serve_thread(void *arg)
         bool spinning = calls - calls_seen > 1 && now - last < serve_ns;
         bool armed = atomic_load(&e->host_armed), ran = false;
         calls_seen = calls;
-        if (!armed && now - last >= serve_ns && progress_try(e, false, &ran) > 0)
+        if (!armed && now - last >= serve_ns && progress_try(e, false, &ran, 0) > 0)
             continue; /* served something: look again at once */
         /* The host spins and handles it (waking up at its every message costs a core a quarter
          * of its time: look again in a millisecond); or it called in just now (give it the rest
