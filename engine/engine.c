@@ -21,6 +21,7 @@
 #define MAX_EVENTS    64
 #define TICK_BUSY_MS  50   /* timer granularity while tasks are active */
 #define TICK_IDLE_MS  1000 /* while connections exist but nothing is submitted */
+#define TICK_SOON_MS  1    /* while a transport keeps work for the next pass (pass_soon) */
 #define EPOLL_SPIN_NS 1000 /* caller-progress mode: epoll at least this often */
 
 static __thread bool in_pass;
@@ -119,6 +120,8 @@ static void drain_submissions(mc_engine_t *e)
  * (connections time out, rails re-probe, peers' leases are checked), none otherwise. */
 static int tick_ms(mc_engine_t *e)
 {
+    if (e->pass_soon)
+        return TICK_SOON_MS;
     if (!mc_list_empty(&e->active_tasks) || !mc_list_empty(&e->active_peers))
         return TICK_BUSY_MS; /* active peers: a message may wait to be sent again */
     if (atomic_load_explicit(&e->n_links, memory_order_relaxed) ||
@@ -195,6 +198,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         mc__callbacks_run(e);
         mc__sched_run(e);
     }
+    e->pass_soon = false; /* a reap that keeps work for the next pass says so again */
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);

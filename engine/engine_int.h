@@ -97,6 +97,9 @@ struct mc_engine {
     uint64_t resumed_ns;   /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:
                               I/O timeouts count from here, not across our own absence */
     int armed_ms;          /* current timerfd interval (caller-progress mode) */
+    bool pass_soon;        /* a transport's reap kept work for the next pass (tcp's held
+                              answers): in caller-progress mode the timer ticks in 1 ms, so
+                              the serve thread sends it if the host stops calling in */
     uint64_t epoll_ns;     /* caller-progress mode: the last epoll_wait, and whether it found */
     bool epoll_found;      /* events (then the next pass asks again at once) */
 

@@ -37,6 +37,8 @@
 typedef struct rdma_case {
     size_t target_buf; /* bytes per target buffer */
     unsigned n_bufs;
+    unsigned n_engines;  /* in the target process (0: 1) */
+    const char *max_qps; /* the initiator's MC_RDMA_MAX_QPS (NULL: the default) */
 } rdma_case_t;
 
 typedef struct fx {
@@ -69,9 +71,13 @@ static int fx_setup(void **state)
     rdma_config(&fx->cfg);
     th_target_opts_init(&o, &fx->cfg, cs->target_buf);
     o.n_bufs = cs->n_bufs; /* mmap'ed + registered: stays mapped after unregistering */
+    if (cs->n_engines)
+        o.n_engines = cs->n_engines;
     assert_int_equal(setenv("SOFTVERBS_CTL_DIR", fx->tdir, 1), 0);
     assert_int_equal(th_target_spawn(&o, &fx->t), 0);
     assert_int_equal(setenv("SOFTVERBS_CTL_DIR", fx->idir, 1), 0);
+    if (cs->max_qps) /* ours only: the target was configured above */
+        th_set(&fx->cfg, "RDMA_MAX_QPS", "%s", cs->max_qps);
     fx->e = th_engine(&fx->cfg);
     fx->seg = th_open(fx->e, &fx->t, 0);
     *state = fx;
@@ -782,9 +788,48 @@ static int softverbs_ready(void)
     return found == 2;
 }
 
-static rdma_case_t big256 = {256 * MIB, 1};
-static rdma_case_t big512 = {512 * MIB, 1};
-static rdma_case_t small2 = {4 * MIB, 2};
+static rdma_case_t big256 = {256 * MIB, 1, 0, NULL};
+static rdma_case_t big512 = {512 * MIB, 1, 0, NULL};
+static rdma_case_t small2 = {4 * MIB, 2, 0, NULL};
+static rdma_case_t two_peers_one_qp = {4 * MIB, 1, 2, "1"};
+
+/* ---- 9. one QP for two peers ------------------------------------------------------------- */
+
+/* MC_RDMA_MAX_QPS=1 and two peers (engines of the target process), each sent messages and
+ * then read from, in turns: the one QP we may hold carries the first peer's messages; once they
+ * are answered it is closed for the other peer's transfer (its messages go back to tcp, and on
+ * to a new QP later). Every transfer completes, every message arrives once and in order. */
+static void test_qp_limit(void **state)
+{
+    fx_t *fx = *state;
+    mc_segment_id_t seg[2] = {fx->seg, th_open(fx->e, &fx->t, 1)};
+    uint8_t *local = fx_local(fx, MIB);
+    uint32_t sent[2] = {0, 0};
+    mc_counters_t c;
+    th_reply_t r;
+    char why[256];
+
+    for (int round = 0; round < 4; round++) {
+        for (unsigned k = 0; k < 2; k++) {
+            for (int i = 0; i < 50; i++, sent[k]++) /* message n is its number (harness.c) */
+                assert_int_equal(mc_msg_send(fx->e, seg[k], TH_MSG_ID, &sent[k], 4), 0);
+            memset(local, 0, MIB);
+            assert_int_equal(xfer(fx->e, seg[k], MC_READ, local, fx->t.eng[k].buf[0] + MIB, MIB,
+                                  why, sizeof(why)),
+                             MC_TASK_COMPLETED);
+            assert_int_equal(th_check_at(local, MIB, TARGET_SEED + 16 * k, MIB), -1);
+        }
+    }
+    for (unsigned k = 0; k < 2; k++) {
+        th_cmd_t cmd = {.op = TH_CMD_MSGS, .eng = k, .a0 = sent[k], .a3 = 30000};
+        assert_int_equal(th_target_cmd(&fx->t, &cmd, &r, 40000), 0);
+        assert_int_equal(r.v[0], sent[k]);
+        assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+    }
+    counters(fx->e, "rdma", &c);
+    print_message("  %llu of %u messages over rdma\n", (unsigned long long)c.msgs_sent,
+                  sent[0] + sent[1]);
+}
 
 #define CASE(fn, cs) cmocka_unit_test_prestate_setup_teardown(fn, fx_setup, fx_teardown, &cs)
 
@@ -794,10 +839,11 @@ int main(int argc, char **argv)
     if (!softverbs_ready())
         return 77;
     const struct CMUnitTest tests[] = {
-        CASE(test_striping, big256),     CASE(test_port_down, big512),
-        CASE(test_corrupt_rkey, small2), CASE(test_stale_descriptor, small2),
-        CASE(test_forged_rkey, small2),  CASE(test_out_of_bounds, small2),
-        CASE(test_dead_peer, big256),    CASE(test_auto, small2),
+        CASE(test_striping, big256),           CASE(test_port_down, big512),
+        CASE(test_corrupt_rkey, small2),       CASE(test_stale_descriptor, small2),
+        CASE(test_forged_rkey, small2),        CASE(test_out_of_bounds, small2),
+        CASE(test_dead_peer, big256),          CASE(test_auto, small2),
+        CASE(test_qp_limit, two_peers_one_qp),
     };
     int rc = cmocka_run_group_tests_name("rdma", tests, NULL, NULL);
     th_kill_all();

@@ -20,6 +20,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -495,6 +496,26 @@ static void test_register_leaks(void **state)
 
 enum { FT_EXIT = 1, FT_UNREGISTER, FT_STATS };
 
+#define FT_MSG_ID 9 /* messages to the owner: a u32 count from 0, checked by its handler */
+
+/* The owner's message handler: v[1] of FT_STATS counts the messages in order, v[2] the others. */
+static struct {
+    atomic_uint in_order, bad;
+} ft_msgs;
+
+static void ft_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    uint32_t n;
+
+    (void)arg;
+    (void)sender;
+    if (id != FT_MSG_ID || len != sizeof(n) ||
+        (memcpy(&n, data, sizeof(n)), n != atomic_load(&ft_msgs.in_order)))
+        atomic_fetch_add(&ft_msgs.bad, 1);
+    else
+        atomic_fetch_add(&ft_msgs.in_order, 1);
+}
+
 typedef struct ft_setup {
     th_cfg_t cfg;
     char path[300];
@@ -565,6 +586,8 @@ static void owner_main(int fd)
     mc_file_opts_t o = {.size = sizeof(o), .length = su.len, .flags = su.flags};
     if (!rc)
         rc = mc_file_register(e, su.path, &o, &h.file);
+    if (!rc)
+        rc = mc_msg_handler_set(e, FT_MSG_ID, ft_on_msg, NULL);
     if (!rc && posix_memalign((void **)&mem, 4096, FILE_SIZE))
         rc = -ENOMEM;
     if (!rc) {
@@ -599,6 +622,8 @@ static void owner_main(int fd)
         if (c.op == FT_STATS) {
             r.rc = mc_stats_transport(e, "file", &cnt);
             r.v[0] = (int64_t)cnt.bytes_served;
+            r.v[1] = atomic_load(&ft_msgs.in_order);
+            r.v[2] = atomic_load(&ft_msgs.bad);
         }
         if (full(fd, &r, sizeof(r), 1, 10000))
             _exit(4);
@@ -652,16 +677,27 @@ static void owner_spawn(owner_t *ow, const th_cfg_t *cfg, const char *path, uint
     assert_int_equal(full(ow->sock, ow->blob, h.blob_len, 0, 30000), 0);
 }
 
-static int64_t owner_cmd(owner_t *ow, uint32_t op, uint64_t a0, int64_t *v0)
+/* A command to the owner: its status, its values in v (4, or NULL). */
+static int64_t owner_cmd_v(owner_t *ow, uint32_t op, uint64_t a0, int64_t *v)
 {
     ft_cmd_t c = {.op = op, .a0 = a0};
     ft_reply_t r;
 
     assert_int_equal(full(ow->sock, &c, sizeof(c), 1, 10000), 0);
     assert_int_equal(full(ow->sock, &r, sizeof(r), 0, 30000), 0);
-    if (v0)
-        *v0 = r.v[0];
+    if (v)
+        memcpy(v, r.v, sizeof(r.v));
     return r.rc;
+}
+
+static int64_t owner_cmd(owner_t *ow, uint32_t op, uint64_t a0, int64_t *v0)
+{
+    int64_t v[4];
+    int64_t rc = owner_cmd_v(ow, op, a0, v);
+
+    if (v0)
+        *v0 = v[0];
+    return rc;
 }
 
 static void owner_kill(owner_t *ow)
@@ -818,6 +854,61 @@ static void test_remote(void **state)
     assert_true(served >= 10 * MIB); /* staged by the owner's file transport */
 }
 
+static void on_flushed(void *arg, int status)
+{
+    atomic_store((atomic_int *)arg, status ? status : 1);
+}
+
+/* Messages to the owner ride the connection our file requests go on, whose answers the owner
+ * defers (it stages from its disk first): a message answered meanwhile passes them, every
+ * message arrives once and in order, every read completes, and no connection fails. */
+static void test_remote_msgs(void **state)
+{
+    rfx_t *fx = *state;
+    const unsigned rounds = 20, per = 8, msgs = 16, piece = 256 * 1024;
+    mc_request_t req[8];
+    mc_batch_status_t bs;
+    mc_counters_t before, after;
+    mc_batch_t *b;
+    uint32_t n = 0;
+    int64_t v[4];
+
+    assert_int_equal(mc_stats_transport(fx->e, "tcp", &before), 0);
+    assert_int_equal(mc_batch_create(fx->e, per, &b), 0);
+    for (unsigned r = 0; r < rounds; r++) {
+        for (unsigned i = 0; i < per; i++)
+            req[i] = (mc_request_t){.opcode = MC_READ,
+                                    .local = fx->mem + (size_t)i * piece,
+                                    .target = fx->seg,
+                                    .target_offset =
+                                        fx->ow.file + (uint64_t)((r * per + i) % 32) * piece,
+                                    .length = piece};
+        assert_int_equal(mc_batch_submit(b, req, per, NULL), 0);
+        for (unsigned k = 0; k < msgs; k++, n++)
+            assert_int_equal(mc_msg_send(fx->e, fx->seg, FT_MSG_ID, &n, sizeof(n)), 0);
+        assert_int_equal(mc_batch_wait(b, 30000), 0);
+        assert_int_equal(mc_batch_status(b, &bs), 0);
+        assert_int_equal(bs.state, MC_TASK_COMPLETED);
+        for (unsigned i = 0; i < per; i++)
+            assert_int_equal(th_check_at(fx->mem + (size_t)i * piece, piece, SEED_FILE,
+                                         (uint64_t)((r * per + i) % 32) * piece),
+                             -1);
+        assert_int_equal(mc_batch_reset(b), 0);
+    }
+    static atomic_int flushed;
+    atomic_store(&flushed, 0);
+    assert_int_equal(mc_peer_flush(fx->e, fx->seg, on_flushed, (void *)&flushed), 0);
+    for (int64_t dl = th_now_ms() + 30000; !atomic_load(&flushed) && th_now_ms() < dl;)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&flushed), 1);
+    assert_int_equal(owner_cmd_v(&fx->ow, FT_STATS, 0, v), 0);
+    assert_int_equal(v[1], n); /* all, in order */
+    assert_int_equal(v[2], 0);
+    assert_int_equal(mc_stats_transport(fx->e, "tcp", &after), 0);
+    assert_int_equal(after.errors, before.errors); /* no connection failed */
+    mc_batch_destroy(b);
+}
+
 /* Refused whole, by us (outside what the owner published) and by the owner (it unregistered
  * the file; our view is older): nothing of its file changes. */
 static void test_remote_refused(void **state)
@@ -928,7 +1019,7 @@ int main(int argc, char **argv)
         const struct CMUnitTest tcp[] = {
             REMOTE(test_remote, tr_tcp),           REMOTE(test_remote_refused, tr_tcp),
             REMOTE(test_remote_truncated, tr_tcp), REMOTE(test_remote_owner_killed, tr_tcp),
-            REMOTE(test_remote, tr_small),
+            REMOTE(test_remote, tr_small),         REMOTE(test_remote_msgs, tr_tcp),
         };
         rc |= cmocka_run_group_tests_name("file, remote over tcp", tcp, NULL, NULL);
         const struct CMUnitTest shm[] = {REMOTE(test_remote, tr_shm)};

@@ -139,9 +139,10 @@ static inline bool mc__rdma_qp_busy(const mc_rdma_qp_t *qp)
 }
 
 /* wr_id of a work request: a slice (low bits 0), or a QP's message work: its pointer | kind. */
-#define MC_RDMA_WR_KIND     7u
-#define MC_RDMA_WR_MSG_SEND 1u /* a ring write (initiator) or a consumed-position update (target)  \
-                                */
+#define MC_RDMA_WR_KIND 7u
+#define MC_RDMA_WR_MSG_SEND                                                                        \
+    1u /* a ring write (initiator) or a consumed-position update (target)                          \
+        */
 #define MC_RDMA_WR_MSG_RECV 2u
 
 #define MC_RDMA_SCRATCH 512 /* work requests built per fill pass before posting */
@@ -252,6 +253,8 @@ void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp);
 void mc__rdma_msg_free(mc_rdma_qp_t *qp);
 void mc__rdma_msg_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc);
 bool mc__rdma_msg_open(mc_engine_t *e, mc_peer_t *p);
+/* Whether qp has no message of ours in flight (it may be closed to make room for another). */
+bool mc__rdma_msg_tx_idle(const mc_rdma_qp_t *qp);
 void mc__rdma_msg_fill(mc_engine_t *e, mc_peer_t *p);
 void mc__rdma_msg_settle(mc_engine_t *e, mc_peer_t *p);
 void mc__rdma_msg_progress(mc_engine_t *e);

@@ -89,6 +89,17 @@ static struct ibv_mr *area_reg(mc_rdma_qp_t *qp, void *area, size_t len)
     return mr;
 }
 
+/* Whether the device's CQ has room for n more message receives: together they take at most
+ * half of it, so that data always has the rest. */
+static int cq_room(const mc_rdma_qp_t *qp, unsigned n)
+{
+    const mc_rdma_dev_t *d = qp->dev;
+
+    if (d->cq_used + n > d->cq_size / 2)
+        return mc__set_error(-ENOSPC, "%s: its CQ is too busy for message receives", d->name);
+    return 0;
+}
+
 /* Post n receives (no buffer: writes with immediate consume them). */
 static int post_recvs(mc_rdma_qp_t *qp, unsigned n)
 {
@@ -140,10 +151,14 @@ static void msg_qp_failed(mc_engine_t *e, mc_rdma_qp_t *qp)
 
 int mc__rdma_msg_tx_create(mc_engine_t *e, mc_rdma_qp_t *qp, mc_peer_t *p, mc_qp_info_t *info)
 {
-    rdma_msg_tx_t *tx = calloc(1, sizeof(*tx));
-    int rc = -ENOMEM;
+    rdma_msg_tx_t *tx;
+    int rc = cq_room(qp, MC_RDMA_MSG_TX_RCV);
 
     (void)e;
+    if (rc)
+        return rc;
+    rc = -ENOMEM;
+    tx = calloc(1, sizeof(*tx));
     if (!tx || mc__ring_fifo_init(&tx->fifo, FIFO_CAP) ||
         !(tx->area = area_alloc(RING_BYTES + sizeof(uint64_t))))
         goto fail;
@@ -279,6 +294,13 @@ void mc__rdma_msg_fill(mc_engine_t *e, mc_peer_t *p)
     tx->imm_end[(tx->imm_first + tx->imm_n++) % MC_RDMA_MSG_RX_RCV] = tx->head;
 }
 
+bool mc__rdma_msg_tx_idle(const mc_rdma_qp_t *qp)
+{
+    const rdma_msg_tx_t *tx = qp->mtx;
+
+    return !tx || !tx->peer || (!tx->fifo.n && !tx->wr_out);
+}
+
 void mc__rdma_msg_settle(mc_engine_t *e, mc_peer_t *p)
 {
     rdma_peer_t *rp = rdma_peer(p);
@@ -292,8 +314,12 @@ void mc__rdma_msg_settle(mc_engine_t *e, mc_peer_t *p)
 int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
                            const mc_qp_info_t *in, mc_qp_info_t *out)
 {
-    rdma_msg_rx_t *rx = calloc(1, sizeof(*rx));
+    rdma_msg_rx_t *rx;
+    int rc = cq_room(qp, MC_RDMA_MSG_RX_RCV);
 
+    if (rc)
+        return rc;
+    rx = calloc(1, sizeof(*rx));
     if (!rx || !(rx->area = area_alloc(RING_BYTES + sizeof(uint64_t)))) {
         free(rx);
         return mc__set_error(-ENOMEM, "out of memory");
@@ -303,7 +329,7 @@ int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
     mc_list_init(&rx->link);
     if (!(rx->mr = area_reg(qp, rx->area, RING_BYTES + sizeof(uint64_t))))
         return -EIO; /* the QP is dropped; mc__rdma_msg_free takes rx */
-    int rc = post_recvs(qp, MC_RDMA_MSG_RX_RCV);
+    rc = post_recvs(qp, MC_RDMA_MSG_RX_RCV);
     if (rc)
         return rc;
     rx->stream = in->msg_arg;
@@ -375,6 +401,8 @@ void mc__rdma_msg_progress(mc_engine_t *e)
         rdma_msg_rx_t *rx = mc_container_of(pos, rdma_msg_rx_t, link);
         if (rx->head != rx->tail)
             rx_poll(e, rx);
+        else if (rx->tail != rx->tail_sent) /* an update the CQ had no room for */
+            rx_update(e, rx);
     }
 }
 

@@ -153,7 +153,7 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
             qp->rail->base.n_conns = 0;
         }
         mc__link_unbind(&qp->bound); /* its link is idle once no QP of ours needs it */
-        if (qp->connect_slice) { /* its answer, if it comes, finds no QP */
+        if (qp->connect_slice) {     /* its answer, if it comes, finds no QP */
             qp->connect_slice->ctx = NULL;
             qp->connect_slice = NULL;
         }
@@ -271,7 +271,8 @@ static bool evict_idle_qp(mc_engine_t *e, const mc_peer_t *p)
 
     for (pos = rdma_of(e)->qps.next; pos != &rdma_of(e)->qps; pos = pos->next) {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
-        if (qp->state == QP_READY && !qp->outstanding && !qp->mtx && qp->peer != p) {
+        if (qp->state == QP_READY && !qp->outstanding && mc__rdma_msg_tx_idle(qp) &&
+            qp->peer != p) { /* its messages, if it carries them, go back to the control link */
             mc__rdma_qp_drain(e, qp);
             return true;
         }
@@ -330,7 +331,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
     qp->state = QP_CONNECTING;
     qp->connect_slice = s;
     r->qp = qp;
-    if (qp->mtx)
+    if (info.msg) /* its message part was set up */
         rp->msg_qp = qp;
     mc_list_push_back(&rd->qps, &qp->link);
     mc__link_bind(link, &qp->bound, mc__rdma_slot);

@@ -79,6 +79,7 @@ static void tcp_stop(mc_engine_t *e)
 {
     tcp_engine_t *t = tcp_of(e);
 
+    mc__tcp_idle(e); /* answers held for a pass go before the connections close */
     for (size_t i = 0; i < e->n_peers; i++)
         if (e->peers[i] && tcp_peer(e->peers[i]))
             close_conns(e, &tcp_peer(e->peers[i])->conns, true);
@@ -191,7 +192,8 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
 /* An inbound connection that does not complete its handshake within the connect timeout, or
  * stalls in the middle of a frame it is sending us, is dropped (with the buffer references it
  * holds). Responses it leaves unread are not a fault: its application may be computing between
- * progress calls; the kernel gives up on it if its host stops answering (mc__tcp_sockopts). */
+ * progress calls; the kernel gives up on it if its host stops answering (mc__tcp_sockopts).
+ * Messages of ours it leaves unanswered for MC_IO_TIMEOUT_MS are, as on an outbound one. */
 static void inbound_timers(mc_engine_t *e, uint64_t now)
 {
     mc_list_t *pos, *tmp;
@@ -205,6 +207,10 @@ static void inbound_timers(mc_engine_t *e, uint64_t now)
         else if (c->have_hdr && io_idle(e, c, now) > e->cfg.io_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "inbound connection from %s stalled mid-frame",
                               c->remote_name);
+        else if (c->msgs_out && io_idle(e, c, now) > e->cfg.io_timeout_ms * MC_MS)
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, /* ours on it: sent again on another one */
+                              "no answer from %s to %u messages for %llu ms", c->remote_name,
+                              c->msgs_out, (unsigned long long)(io_idle(e, c, now) / MC_MS));
     }
 }
 

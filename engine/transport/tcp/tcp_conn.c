@@ -96,6 +96,10 @@ int mc__tcp_conn_send_ctrl(mc_engine_t *e, mc_tcp_conn_t *c, const mc_frame_t *f
 
 static void conn_bury(mc_engine_t *e, mc_tcp_conn_t *c)
 {
+    if (c->in_later || c->held) { /* freed at the end of this pass: out of acks_later/held */
+        mc_list_del(&c->later);
+        c->in_later = c->held = false;
+    }
     c->state = CS_DEAD;
     mc__epoll_del(e, &c->pollable);
     close(c->pollable.fd);
@@ -176,8 +180,10 @@ static void send_held(mc_engine_t *e)
 
 bool mc__tcp_idle(mc_engine_t *e)
 {
+    bool any = !mc_list_empty(&tcp_of(e)->acks_held);
+
     send_held(e);
-    return false;
+    return any; /* a send may have failed a connection and given work back: one more pass */
 }
 
 /* Answers wait for the end of the pass (a handler's reply goes first, in the same write). When
@@ -195,6 +201,7 @@ void mc__tcp_reap(mc_engine_t *e)
         if (c->state != CS_DEAD && only_answers(c) && !mc_list_empty(&c->sendq)) {
             c->held = true;
             mc_list_push_back(&tcp_of(e)->acks_held, &c->later);
+            e->pass_soon = true; /* a host that stops calling in: the serve thread sends them */
             continue;
         }
         if (c->state != CS_DEAD)

@@ -113,9 +113,13 @@ void mc__tcp_msg_in(mc_engine_t *e, mc_tcp_conn_t *c)
 
 int mc__tcp_msg_ack_expect(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    mc_slice_t *s =
-        mc_list_empty(&c->ackq) ? NULL : mc_container_of(c->ackq.next, mc_slice_t, link);
+    mc_slice_t *s = NULL;
 
+    /* the oldest request awaiting its answer in order: control requests are answered by id,
+     * perhaps later (transport.h MC_CTRL_LATER), so an answer may pass them */
+    for (mc_list_t *pos = c->ackq.next; pos != &c->ackq && !s; pos = pos->next)
+        if (mc_container_of(pos, mc_slice_t, link)->kind != MC_SL_CTRL)
+            s = mc_container_of(pos, mc_slice_t, link);
     if (!s || s->kind != TCP_SL_MSG || tcp_sl(s)->cookie != c->fr.id) {
         mc__tcp_conn_fail(e, c, -MC_EPROTO, "MSG_ACK for message %u, which awaits none", c->fr.id);
         return -MC_EPROTO;
