@@ -120,8 +120,6 @@ static void drain_submissions(mc_engine_t *e)
  * (connections time out, rails re-probe, peers' leases are checked), none otherwise. */
 static int tick_ms(mc_engine_t *e)
 {
-    if (e->pass_soon)
-        return TICK_SOON_MS;
     if (!mc_list_empty(&e->active_tasks) || !mc_list_empty(&e->active_peers))
         return TICK_BUSY_MS; /* active peers: a message may wait to be sent again */
     if (atomic_load_explicit(&e->n_links, memory_order_relaxed) ||
@@ -137,7 +135,11 @@ static void arm_timer(mc_engine_t *e)
     struct itimerspec its = {0};
     int ms = tick_ms(e);
 
-    if (e->has_thread || ms == e->armed_ms)
+    if (e->has_thread)
+        return;
+    if (e->last_pass_ns < e->soon_until_ns) /* a reap kept work lately: in caller mode, the */
+        ms = TICK_SOON_MS;                  /* serve thread sends it if the host stops */
+    if (ms == e->armed_ms)
         return;
     e->armed_ms = ms;
     if (ms > 0) {
@@ -202,6 +204,8 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);
+    if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
+        e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
     if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
         mc__doorbell(e);
     arm_timer(e);

@@ -98,10 +98,11 @@ struct mc_engine {
                               I/O timeouts count from here, not across our own absence */
     int armed_ms;          /* current timerfd interval (caller-progress mode) */
     bool pass_soon;        /* a transport's reap kept work for the next pass (tcp's held
-                              answers): in caller-progress mode the timer ticks in 1 ms, so
-                              the serve thread sends it if the host stops calling in */
-    uint64_t epoll_ns;     /* caller-progress mode: the last epoll_wait, and whether it found */
-    bool epoll_found;      /* events (then the next pass asks again at once) */
+                              answers): in caller-progress mode the timer ticks in 1 ms until
+                              soon_until_ns, so the serve thread sends it if the host stops */
+    uint64_t soon_until_ns;
+    uint64_t epoll_ns; /* caller-progress mode: the last epoll_wait, and whether it found */
+    bool epoll_found;  /* events (then the next pass asks again at once) */
 
     mc_topo_t topo; /* the process's devices (shared, read-only) and this engine's matrix */
     bool has_topo;
