@@ -89,17 +89,6 @@ skip() {
     exit 77
 }
 
-# bytes N[K|M|G] -> bytes (powers of 1024)
-bytes() {
-    local n=${1%[KkMmGg]} s=${1##*[0-9]}
-    [[ $n =~ ^[0-9]+$ && $s =~ ^[KkMmGg]?$ ]] || return 1
-    case $s in
-    K | k) echo $((n << 10)) ;;
-    M | m) echo $((n << 20)) ;;
-    G | g) echo $((n << 30)) ;;
-    *) echo "$n" ;;
-    esac
-}
 calc() { awk "BEGIN { printf($1) }"; } # calc '"FORMAT", EXPR' (awk; the parentheses keep > a comparison)
 # median [-0] VALUES...: the median, with 3 decimals (-0: none)
 median() {
@@ -116,8 +105,8 @@ median() {
         printf f, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-size_b=$(bytes "$SIZE") || die "--size $SIZE: expected N[K|M|G]"
-shard_b=$(bytes "$SHARD_SIZE") || die "--shard-size $SHARD_SIZE: expected N[K|M|G]"
+size_b=$(hosts_bytes "$SIZE") || die "--size $SIZE: expected N[K|M|G]"
+shard_b=$(hosts_bytes "$SHARD_SIZE") || die "--shard-size $SHARD_SIZE: expected N[K|M|G]"
 bps=$(hosts_rate_bps "$RATE") || die "--rate $RATE: expected N[kbit|mbit|gbit]"
 [[ $FETCHERS =~ ^[0-9]+$ && $FETCHERS -ge 1 && $FETCHERS -le 200 ]] || die "--fetchers 1..200"
 [[ $REPEAT =~ ^[0-9]+$ && $REPEAT -ge 1 ]] || die "--repeat: a positive number"
@@ -174,24 +163,7 @@ rm -f "${TMPDIR:-/tmp}/$P.topo.err"
 
 # ---- data directory and source file ----
 need_kb=$(((FETCHERS + 1) * (size_b / 1024) + 262144))
-pick_dir() {
-    local d avail_kb mem_kb
-    if [[ -n ${P2P_BENCH_DIR:-} ]]; then
-        echo "$P2P_BENCH_DIR"
-        return
-    fi
-    d=/dev/shm
-    if [[ -d $d && -w $d ]]; then
-        avail_kb=$(df -Pk "$d" | awk 'NR == 2 { print $4 }')
-        mem_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
-        if ((avail_kb > need_kb && mem_kb > need_kb + 1048576)); then
-            echo "$d"
-            return
-        fi
-    fi
-    echo "${TMPDIR:-/tmp}"
-}
-base=$(pick_dir)
+base=$(hosts_data_dir "${P2P_BENCH_DIR:-}" "$need_kb")
 tmp=$(mktemp -d "$base/mc-p2p-fanout.XXXXXX")
 avail_kb=$(df -Pk "$tmp" | awk 'NR == 2 { print $4 }')
 ((avail_kb > need_kb)) || die "$tmp: $((avail_kb >> 10)) MiB free, need $((need_kb >> 10)) MiB"

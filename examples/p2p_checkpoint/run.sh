@@ -68,17 +68,6 @@ skip() {
     echo "run.sh: skipped: $*" >&2
     exit 77
 }
-# bytes N[K|M|G] -> bytes (powers of 1024)
-bytes() {
-    local n=${1%[KkMmGg]} s=${1##*[0-9]}
-    [[ $n =~ ^[0-9]+$ && $s =~ ^[KkMmGg]?$ ]] || return 1
-    case $s in
-    K | k) echo $((n << 10)) ;;
-    M | m) echo $((n << 20)) ;;
-    G | g) echo $((n << 30)) ;;
-    *) echo "$n" ;;
-    esac
-}
 calc() { awk "BEGIN { printf($1) }"; } # calc '"FORMAT", EXPR'
 mib() { calc "\"%.1f MiB\", $1 / 1048576"; }
 gib() { # GiB from 1 GiB up, MiB below
@@ -86,12 +75,12 @@ gib() { # GiB from 1 GiB up, MiB below
 }
 
 [[ $N =~ ^[0-9]+$ && $N -ge 1 && $N -le 200 ]] || die "N: 1..200 fetchers"
-size_b=$(bytes "$SIZE") || die "SIZE $SIZE: expected N[K|M|G]"
+size_b=$(hosts_bytes "$SIZE") || die "SIZE $SIZE: expected N[K|M|G]"
 ((size_b >= 1 << 20)) || die "SIZE: at least 1M"
 bps=$(hosts_rate_bps "$RATE") || die "--rate $RATE: expected N[kbit|mbit|gbit]"
 ((bps >= 1000000)) || die "--rate: at least 1mbit"
 if [[ -n $SHARD ]]; then
-    shard_b=$(bytes "$SHARD") || die "--shard-size $SHARD: expected N[K|M|G]"
+    shard_b=$(hosts_bytes "$SHARD") || die "--shard-size $SHARD: expected N[K|M|G]"
 else
     shard_b=$((size_b / 64 >> 20 << 20))
     ((shard_b >= 1 << 20)) || shard_b=$((1 << 20))
@@ -136,25 +125,9 @@ trap 'exit 130' INT TERM
 
 # ---- where the files go ----
 need_kb=$(((N + 1) * (size_b >> 10) + 65536))
-pick_dir() {
-    local avail_kb mem_kb
-    if [[ -n ${P2P_DATA_DIR:-} ]]; then
-        echo "$P2P_DATA_DIR"
-        return
-    fi
-    # tmpfs: the copies are written through a shared mapping and synced at the end, which
-    # on a slow disk would take longer than the transfer itself.
-    if [[ -d /dev/shm && -w /dev/shm ]]; then
-        avail_kb=$(df -Pk /dev/shm | awk 'NR == 2 { print $4 }')
-        mem_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
-        if ((avail_kb > need_kb && mem_kb > need_kb + 1048576)); then
-            echo /dev/shm
-            return
-        fi
-    fi
-    echo "${TMPDIR:-/tmp}"
-}
-tmp=$(mktemp -d "$(pick_dir)/mc-p2p-ckpt.XXXXXX")
+# tmpfs when it has room: the copies are written through a shared mapping and synced at the
+# end, which on a slow disk would take longer than the transfer itself.
+tmp=$(mktemp -d "$(hosts_data_dir "${P2P_DATA_DIR:-}" "$need_kb")/mc-p2p-ckpt.XXXXXX")
 avail_kb=$(df -Pk "$tmp" | awk 'NR == 2 { print $4 }')
 ((avail_kb > need_kb)) || die "$tmp: $((avail_kb >> 10)) MiB free, $((need_kb >> 10)) MiB needed"
 
