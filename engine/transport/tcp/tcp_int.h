@@ -59,6 +59,7 @@ typedef struct tcp_engine {
     mc_list_t acks_later; /* connections whose message answers go at the end of the pass
                            * (tcp_reap), after what the handlers sent: not in their way */
     uint64_t msg_rx_seq;  /* messages received on inbound connections (their msg_rx_seq) */
+    uint32_t inbound_gen; /* inbound connections that became ready (tcp_msg.c looks again) */
     mc_list_t acks_held;  /* connections with only answers to send, held for one pass: a
                            * reply sent meanwhile takes them along */
 } tcp_engine_t;
@@ -83,6 +84,7 @@ typedef struct tcp_peer {
     uint64_t retired_at[MC_PROTO_MAX_RETIRE];
     unsigned n_retired;
     struct mc_tcp_conn *msg_conn; /* its messages go on it (tcp_msg.c); NULL when it fails */
+    uint32_t msg_gen;             /* tcp_engine_t.inbound_gen when msg_conn was chosen */
 } tcp_peer_t;
 
 /* d->tp[mc__tcp_slot]: the peer's endpoints, one per interface. */

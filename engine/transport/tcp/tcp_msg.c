@@ -35,18 +35,23 @@ static mc_tcp_conn_t *inbound_from(mc_engine_t *e, mc_peer_t *p)
     return best;
 }
 
-/* The connection p's messages go on now, or NULL (one is being opened). */
+/* The connection p's messages go on now, or NULL (one is being opened). The one chosen stays
+ * while it lives (msgs_lost forgets it) and some are unanswered on it, or while it is inbound
+ * (the best there is), or while no inbound connection became ready since: no walk of the
+ * inbound list each time the window drains. */
 static mc_tcp_conn_t *msg_conn(mc_engine_t *e, mc_peer_t *p)
 {
     tcp_peer_t *tp = tcp_peer(p);
     mc_tcp_conn_t *c = tp->msg_conn;
 
-    if (c && !mc_list_empty(&p->msg_unacked)) /* unanswered ones are on it: stay */
+    if (c &&
+        (!mc_list_empty(&p->msg_unacked) || !c->outbound || tp->msg_gen == tcp_of(e)->inbound_gen))
         return c;
     c = p->desc.instance && p->desc.instance < e->instance ? inbound_from(e, p) : NULL;
     if (!c)
         c = mc__tcp_ctrl_conn(e, p);
     tp->msg_conn = c;
+    tp->msg_gen = tcp_of(e)->inbound_gen;
     return c;
 }
 

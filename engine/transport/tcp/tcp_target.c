@@ -169,6 +169,7 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     c->state = auth ? CS_AUTH : CS_READY;
+    tcp_of(e)->inbound_gen += !auth; /* one more a peer's messages may ride (tcp_msg.c) */
 }
 
 static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -187,6 +188,7 @@ static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     }
     c->state = CS_READY;
+    tcp_of(e)->inbound_gen++;
 }
 
 static void on_read(mc_engine_t *e, mc_tcp_conn_t *c)
