@@ -9,7 +9,8 @@
  *     delay_ms=N         hold every packet this device sends for N ms
  *     corrupt_rkey=0|1   flip the key byte of the rkey of every WRITE and READ request sent
  * A missing file or key means no fault. Every context watches the directory with inotify and
- * rereads the file when it is closed after writing or renamed into place, so writing the file
+ * rereads the file when it is closed after writing or renamed into place (in its progress thread,
+ * and at every ibv_post_send, so a post that follows the write sees it), so writing the file
  * (echo port=down > $dir/softverbs0) acts at once in every process that uses the device.
  */
 #include "sv_int.h"
@@ -119,6 +120,17 @@ void sv_fault_reload(struct sv_context *ctx)
         sv_async_event(ctx, IBV_EVENT_PORT_ACTIVE, NULL);
     }
     ctx->fault = fl;
+}
+
+/* Applies a change of the control file already signalled to this process. Called where work is
+ * posted, so that a post which follows a write of the file (by any process) sees the new faults,
+ * not only the progress thread's next pass; costs one non-blocking read. */
+void sv_fault_sync(struct sv_context *ctx)
+{
+    char evbuf[4096];
+
+    if (ctx->inotify_fd >= 0 && read(ctx->inotify_fd, evbuf, sizeof(evbuf)) > 0)
+        sv_fault_reload(ctx);
 }
 
 /* Applies drop, corruption and port state to an outgoing packet; false means drop it. */

@@ -526,6 +526,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
     int err = 0;
 
     pthread_mutex_lock(&ctx->lock);
+    sv_fault_sync(ctx);
     st = qp->attr.qp_state;
     if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)
         err = EINVAL;

@@ -272,6 +272,7 @@ uint64_t sv_now_ns(void);
 int sv_fault_open(struct sv_context *ctx);
 void sv_fault_close(struct sv_context *ctx);
 void sv_fault_reload(struct sv_context *ctx);
+void sv_fault_sync(struct sv_context *ctx);
 bool sv_fault_filter_tx(struct sv_context *ctx, struct sv_pkt *pkt);
 int sv_fault_delay(struct sv_qp *qp, const struct sv_pkt *pkt, const void *payload);
 uint64_t sv_fault_next_ns(struct sv_context *ctx);
