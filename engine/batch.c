@@ -151,13 +151,30 @@ void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
     mc_list_push_back(&e->releaseq, &t->alink);
 }
 
+/* Tell the host that t's local bytes are its own again (mc_submit_opts_t.on_sent). */
+static void sent_fire(mc_task_t *t)
+{
+    mc_task_status_t st;
+
+    mc_list_del(&t->slink);
+    t->sent_fired = true;
+    task_status_fill(t, atomic_load(&t->state), &st);
+    t->on_sent(t->req.cb_arg, &st);
+}
+
 void mc__tasks_release(mc_engine_t *e)
 {
     mc_list_t *n;
 
+    while ((n = e->sentq.next) != &e->sentq)
+        sent_fire(mc_container_of(n, mc_task_t, slink));
     while ((n = mc_list_pop_front(&e->releaseq))) {
         mc_task_t *t = mc_container_of(n, mc_task_t, alink);
         mc_task_status_t st;
+        if (t->on_sent && !t->sent_fired) /* a transport that is done only when all is */
+            sent_fire(t);
+        if (t->ordered_counted)
+            atomic_fetch_sub(&t->peer->ordered_busy, 1);
         if (t->group)
             notify_group_done(e, t);
         if (t->flush)
@@ -230,24 +247,34 @@ static const char *not_owner(const mc_task_t *t, const mc_desc_buffer_t *rb, uns
  * if none does. */
 static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb, unsigned k)
 {
-    const mc_peer_t *p = t->peer;
+    mc_peer_t *p = t->peer;
     char why[512];
     size_t n = 0;
+    /* While ORDERED tasks are in flight on a transport that keeps them in order, the next
+     * ones go there too if it takes them (the first pass), so that they stay behind. */
+    unsigned pass = t->ordered && atomic_load(&p->ordered_busy) ? 0 : 1;
 
     why[0] = 0;
-    for (; k < p->n_order; k++) {
-        const mc_transport_ops_t *ops = mc__transports[p->order[k]];
-        const char *no = not_owner(t, rb, p->order[k]);
-        if (!no)
-            no = MC_TP_HAS(ops, accept) ? ops->accept(e, t, rb) : NULL;
-        if (!no) {
-            t->tp = p->order[k];
-            return;
+    for (; pass < 2; pass++)
+        for (unsigned i = k; i < p->n_order; i++) {
+            const mc_transport_ops_t *ops = mc__transports[p->order[i]];
+            if (pass == 0 && !(ops->flags & MC_TP_ORDERED))
+                continue;
+            const char *no = not_owner(t, rb, p->order[i]);
+            if (!no)
+                no = MC_TP_HAS(ops, accept) ? ops->accept(e, t, rb) : NULL;
+            if (!no) {
+                t->tp = p->order[i];
+                if (t->ordered && (ops->flags & MC_TP_ORDERED) && !t->ordered_counted) {
+                    t->ordered_counted = true;
+                    atomic_fetch_add(&p->ordered_busy, 1);
+                }
+                return;
+            }
+            if (pass == 1 && n < sizeof(why))
+                n += (size_t)snprintf(why + n, sizeof(why) - n, "%s%s: %s", n ? "; " : "",
+                                      ops->name, no);
         }
-        if (n < sizeof(why))
-            n += (size_t)snprintf(why + n, sizeof(why) - n, "%s%s: %s", n ? "; " : "", ops->name,
-                                  no);
-    }
     mc__task_finish(t, MC_TASK_FAILED, -MC_ENODEV, "no transport to segment %s can carry it (%s)",
                     p->name, why[0] ? why : "none reaches it");
 }
@@ -379,6 +406,8 @@ static int submit_opts(mc_engine_t *e, const mc_submit_opts_t *in, mc_submit_opt
                                  sizeof(*out));
         memcpy(out, in, in->size);
     }
+    if (out->flags & ~MC_SUBMIT_ORDERED)
+        return mc__set_error(-EINVAL, "mc_submit_opts_t.flags 0x%x: unknown flags", out->flags);
     if (!out->timeout_ms)
         out->timeout_ms = e->cfg.transfer_timeout_ms;
     return 0;
@@ -422,7 +451,10 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         t->queued_ns = now;
         t->timeout_ms = o.timeout_ms;
         t->queued = true;
+        t->ordered = o.flags & MC_SUBMIT_ORDERED;
+        t->on_sent = t->req.opcode == MC_WRITE ? o.on_sent : NULL;
         mc_list_init(&t->alink);
+        mc_list_init(&t->slink);
     }
     /* Counted before any of them can end (a poller must never see more final than there are
      * tasks), then ended at once where they can. */

@@ -119,7 +119,7 @@ void mc__callbacks_run(mc_engine_t *e)
 
 bool mc__callbacks_pending(const mc_engine_t *e)
 {
-    return !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->heldq);
+    return !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->sentq) || !mc_list_empty(&e->heldq);
 }
 
 void mc__callbacks_fini(mc_engine_t *e)

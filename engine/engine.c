@@ -442,6 +442,7 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->active_peers);
     mc_list_init(&e->active_tasks);
     mc_list_init(&e->releaseq);
+    mc_list_init(&e->sentq);
     mc_list_init(&e->heldq);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;

@@ -86,6 +86,7 @@ struct mc_engine {
     mc_list_t active_peers;
     mc_list_t active_tasks;
     mc_list_t releaseq;   /* tasks let go of in this pass: callbacks at its end (mc_task_t.alink) */
+    mc_list_t sentq;      /* tasks whose on_sent runs at the end of the pass (mc_task_t.slink) */
     mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */

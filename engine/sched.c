@@ -137,13 +137,20 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
     return NULL;
 }
 
-const char *mc__sched_peek_location(mc_peer_t *p, unsigned tp)
+mc_task_t *mc__sched_peek_task(mc_peer_t *p, unsigned tp)
 {
     if (!mc_list_empty(&p->q[tp].retry))
-        return mc_container_of(p->q[tp].retry.next, mc_slice_t, link)->task->lbuf->location;
+        return mc_container_of(p->q[tp].retry.next, mc_slice_t, link)->task;
     if (!mc_list_empty(&p->q[tp].pending))
-        return mc_container_of(p->q[tp].pending.next, mc_task_t, qlink)->lbuf->location;
+        return mc_container_of(p->q[tp].pending.next, mc_task_t, qlink);
     return NULL;
+}
+
+const char *mc__sched_peek_location(mc_peer_t *p, unsigned tp)
+{
+    mc_task_t *t = mc__sched_peek_task(p, tp);
+
+    return t ? t->lbuf->location : NULL;
 }
 
 static bool has_slices(mc_peer_t *p, unsigned tp)
@@ -176,6 +183,25 @@ void mc__sched_run(mc_engine_t *e)
             p->active = false;
         }
     }
+}
+
+void mc__slice_sent(mc_engine_t *e, mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+
+    if (s->sent || !t->on_sent)
+        return;
+    s->sent = true;
+    t->sent += s->len;
+    if (t->sent == t->req.length)
+        mc_list_push_back(&e->sentq, &t->slink);
+}
+
+/* Whether the host was (or is about to be) told that t's local bytes are its own again: none
+ * of them may be sent again. */
+static bool sent_for_good(const mc_task_t *t)
+{
+    return t->on_sent && t->sent == t->req.length;
 }
 
 void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
@@ -215,6 +241,18 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
 
     mc__count(&p->c[MC_CNT_ERRORS], 1);
     mc__tp_count(e, t->tp, MC_CNT_ERRORS, 1);
+    if (retryable && sent_for_good(t)) {
+        mc__task_finish(t, MC_TASK_FAILED, err,
+                        "%s (%s; its bytes had been sent and the buffer given back: not sent "
+                        "again)",
+                        reason, mc_err_name(err));
+        slice_release(e, s);
+        return;
+    }
+    if (s->sent) { /* sent again: on_sent waits for that */
+        s->sent = false;
+        t->sent -= s->len;
+    }
     if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable && s->attempts < e->cfg.retry_cnt) {
         s->attempts++;
         mc__count(&p->c[MC_CNT_RETRIES], 1);

@@ -55,6 +55,14 @@ struct mc_task {
     _Atomic uint64_t bytes;
     int error;    /* 0 or a negative code; written with reason */
     char *reason; /* written by the finisher before the final state is published */
+
+    /* MC_SUBMIT_ORDERED and on_sent (progress-owned but for the first two) */
+    bool ordered;             /* submitted with MC_SUBMIT_ORDERED */
+    bool ordered_counted;     /* counted in its peer's ordered_busy */
+    bool sent_fired;          /* on_sent ran: its local bytes are the host's again */
+    mc_completion_cb on_sent; /* mc_submit_opts_t.on_sent (WRITEs), or NULL */
+    uint64_t sent;            /* bytes handed over for good (mc__slice_sent) */
+    mc_list_t slink;          /* in e->sentq while its on_sent waits for the end of the pass */
 };
 
 struct mc_batch {
@@ -93,6 +101,7 @@ struct mc_slice {
     void *payload;        /* bytes sent after the carrier's header (WRITE data, a request) */
     uint32_t payload_len;
     bool payload_owned; /* free(payload) when done */
+    bool sent;          /* counted in its task's sent bytes (mc__slice_sent) */
     void *ctx;          /* MC_SL_CTRL: the asker's object; NULL once it went away */
     _Alignas(16) unsigned char priv[MC_SLICE_PRIV]; /* the carrying transport's */
 };

@@ -432,14 +432,17 @@ static ucs_status_t op_start(uct_mc_ep_t *ep, uct_mc_op_t *op, mc_request_t *req
 
 /* Overlapping operations of one endpoint happen in the order issued, as on one RDMA queue
  * pair (the engine stripes a task over connections and rails, and tasks overtake each other):
- * one that overlaps a write in flight, or writes over a read in flight, waits for it. Cheap
+ * one that overlaps a write in flight, or writes over a read in flight, waits for it. Not for a
+ * write whose source the engine let go of: it is complete, or ahead of whatever is issued now
+ * on tcp's ordered connection (MC_SUBMIT_ORDERED, which sends the next ones there too). Cheap
  * unless the range falls inside the span of what is in flight. */
 static bool rma_conflict(uct_mc_ep_t *ep, uint64_t raddr, uint64_t len, bool write)
 {
     if (!ep->ops || raddr >= ep->span_hi || raddr + len <= ep->span_lo)
         return false;
     for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next)
-        if ((op->write || write) && raddr < op->raddr + op->rlen && op->raddr < raddr + len)
+        if ((op->write ? !op->sent : write) && raddr < op->raddr + op->rlen &&
+            op->raddr < raddr + len)
             return true;
     return false;
 }
@@ -604,6 +607,20 @@ ucs_status_t uct_mc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t io
                                  uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
 {
     return zcopy(tl_ep, MC_READ, iov, iovcnt, remote_addr, rkey, comp);
+}
+
+/* From the interface's progress: the engine let go of the source of every task of put op. A
+ * zcopy put completes for UCT now, as UCX's tcp completes one once its bytes are in the
+ * socket; its endpoint keeps it until the target has it (flush, fence, a failure then). */
+void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op)
+{
+    uct_completion_t *comp = op->comp;
+
+    (void)iface;
+    op->sent = true;
+    op->comp = NULL;
+    if (comp)
+        uct_invoke_completion(comp, uct_mc_status(op->error));
 }
 
 /* From the interface's progress: the engine let go of every task of op. */

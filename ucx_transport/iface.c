@@ -208,21 +208,42 @@ static void task_done(void *arg, const mc_task_status_t *st)
     pthread_mutex_unlock(&iface->lock);
 }
 
+/* A put's task let go of its source (mc_submit_opts_t.on_sent). */
+static void task_sent(void *arg, const mc_task_status_t *st)
+{
+    uct_mc_op_t *op = arg;
+    uct_mc_iface_t *iface = op->iface;
+
+    pthread_mutex_lock(&iface->lock);
+    if (st->state > MC_TASK_COMPLETED && !op->error) {
+        op->error = st->error ? st->error : -EIO;
+        snprintf(op->reason, sizeof(op->reason), "%s", st->reason ? st->reason : "failed");
+    }
+    if (--op->sent_left == 0)
+        queue_locked(iface, &op->sent_ev);
+    pthread_mutex_unlock(&iface->lock);
+}
+
 /* Submit count requests for op (room reserved with uct_mc_iface_reserve). */
 ucs_status_t uct_mc_iface_submit(uct_mc_iface_t *iface, uct_mc_op_t *op, mc_request_t *reqs,
                                  unsigned count)
 {
+    /* Overlapping operations of one endpoint in the order issued without waiting, where the
+     * engine's transport keeps order (ep.c, rma_conflict). */
+    mc_submit_opts_t opts = {
+        .size = sizeof(opts), .flags = MC_SUBMIT_ORDERED, .on_sent = task_sent};
     int rc;
 
     op->ev.kind = EV_OP;
+    op->sent_ev.kind = EV_SENT;
     op->iface = iface;
     op->batch = iface->cur;
-    op->tasks_left = count;
+    op->tasks_left = op->sent_left = count;
     for (unsigned i = 0; i < count; i++) {
         reqs[i].cb = task_done;
         reqs[i].cb_arg = op;
     }
-    rc = mc_batch_submit(iface->cur->batch, reqs, count, NULL);
+    rc = mc_batch_submit_ex(iface->cur->batch, reqs, count, &opts);
     if (rc) {
         ucs_error("mooncake: submit: %s", mc_last_error());
         return uct_mc_status(rc);
@@ -306,6 +327,9 @@ static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
     }
     case EV_OP:
         uct_mc_ep_op_done(iface, (uct_mc_op_t *)ev);
+        break;
+    case EV_SENT:
+        uct_mc_ep_op_sent(iface, ucs_container_of(ev, uct_mc_op_t, sent_ev));
         break;
     case EV_FLUSH:
         uct_mc_ep_flush_done(iface, (uct_mc_flush_t *)ev);

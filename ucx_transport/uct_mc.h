@@ -86,7 +86,7 @@ typedef struct uct_mc_iface_config {
 } uct_mc_iface_config_t;
 
 /* What an interface's progress delivers. */
-typedef enum { EV_AM, EV_OP, EV_FLUSH, EV_PEER } uct_mc_ev_kind_t;
+typedef enum { EV_AM, EV_OP, EV_SENT, EV_FLUSH, EV_PEER } uct_mc_ev_kind_t;
 
 typedef struct uct_mc_ev {
     struct uct_mc_ev *next;
@@ -99,20 +99,26 @@ typedef struct uct_mc_batch {
     size_t used, done; /* tasks submitted; tasks let go of (under iface->lock) */
 } uct_mc_batch_t;
 
-/* An RMA operation: one engine task per iov piece, or one through a bounce slot. */
+/* An RMA operation: one engine task per iov piece, or one through a bounce slot. A put is
+ * complete for UCT once the engine let go of its source (sent_ev: tcp hands the bytes to the
+ * kernel), and leaves its endpoint once the target has them (ev). */
 typedef struct uct_mc_op {
     uct_mc_ev_t ev;
+    uct_mc_ev_t sent_ev;
     uct_mc_iface_t *iface;
     uct_mc_ep_t *ep;
     uct_mc_batch_t *batch;
     struct uct_mc_op *ep_prev, *ep_next; /* in its endpoint's ops */
-    uct_completion_t *comp;              /* NULL once canceled */
+    uct_completion_t *comp;              /* NULL once delivered or canceled */
     unsigned ntasks, tasks_left;         /* tasks_left under iface->lock */
+    unsigned sent_left;                  /* puts: tasks whose source is still read (iface->lock) */
     int error;                           /* the first failure of its tasks */
     char reason[96];
     uint64_t raddr, rlen; /* the remote range */
     bool write;
-    int slot; /* bounce slot, or -1 */
+    bool sent; /* a put whose source the engine let go of: in order before later operations
+                  (MC_SUBMIT_ORDERED), or complete */
+    int slot;  /* bounce slot, or -1 */
     size_t length;
     uct_unpack_callback_t unpack_cb;
     void *unpack_arg;
@@ -263,6 +269,7 @@ ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *c
 ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags);
 ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp);
 void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op);
+void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op);
 void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f);
 void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_status_t status);
 void uct_mc_iface_detach_flushes(uct_mc_iface_t *iface);

@@ -56,6 +56,9 @@
  * whatever MC_PROTOCOL says, and is never its value. */
 #define MC_TP_CONTROL 0x1u /* carries the control link (exactly one transport has it) */
 #define MC_TP_LOCAL   0x2u
+#define MC_TP_ORDERED                                                                              \
+    0x4u                   /* carries a peer's ORDERED tasks in the order submitted (one path):    \
+                              a WRITE takes effect before every later task */
 #define MC_CTRL_MAX   1024 /* largest control request or answer */
 #define MC_CTRL_LATER 1    /* ctrl_recv: answered later, through mc__ctrl_answer */
 
@@ -90,7 +93,7 @@ struct mc_transport_ops {
     size_t size; /* sizeof(mc_transport_ops_t) it was built with */
     const char *name;
     unsigned *slot; /* where the core writes this transport's slot (once per process) */
-    unsigned flags; /* MC_TP_CONTROL */
+    unsigned flags; /* MC_TP_* */
     const mc_desc_codec_t *codec;
     const mc_setting_t *settings; /* its MC_* settings, ending with a NULL name; read in init */
 

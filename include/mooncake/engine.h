@@ -377,12 +377,29 @@ MC_API int mc_batch_reset(mc_batch_t *batch);
  * CANCELED for those). Never blocks; the batch must not be used any more. */
 MC_API void mc_batch_release(mc_batch_t *batch);
 
+/* Submit flags.
+ * MC_SUBMIT_ORDERED: overlapping tasks of ORDERED submits to one target take effect there in
+ *   the order submitted where their transport keeps order: tcp carries a peer's ORDERED tasks
+ *   on one connection, so a WRITE lands before every later task to that target (a READ after it
+ *   sees it); a READ does not hold back a later WRITE. While ORDERED tasks to a target are in
+ *   flight over tcp, later ORDERED ones to it go over tcp too. Other transports do not order
+ *   tasks in flight (shm moves them at submit). */
+#define MC_SUBMIT_ORDERED 0x1u
+
 /* Options of one submit call. Zero-filled means the defaults; size makes room for more. */
 typedef struct mc_submit_opts {
     size_t size;                   /* sizeof(mc_submit_opts_t) */
     const mc_notify_req_t *notify; /* NULL: no notification */
     unsigned timeout_ms;           /* per task, counted from when its first bytes are sent;
                                       0: MC_TRANSFER_TIMEOUT */
+    unsigned flags;                /* MC_SUBMIT_* */
+    /* WRITEs: called once per task, from progress, with its request's cb_arg, as soon as the
+     * engine no longer reads its local bytes: tcp once they are all in the kernel (before the
+     * target confirms them), other transports with the task's end, just before cb. The status
+     * is the task's at that moment (PENDING, or final). From then on the host may reuse the
+     * local range; a connection that fails afterwards fails the task rather than sending those
+     * bytes again. NULL: none. */
+    mc_completion_cb on_sent;
 } mc_submit_opts_t;
 
 /* Append count requests as tasks (indices continue from the previous submit). All requests are

@@ -68,6 +68,40 @@ void th_stop(pid_t pid)
     assert_true(all_stopped(pid));
 }
 
+unsigned th_listen_port(pid_t pid)
+{
+    char line[512], pat[32];
+    unsigned port = 0;
+    FILE *f = popen("ss -Htlnp 2>/dev/null", "r");
+
+    if (!f)
+        return 0;
+    snprintf(pat, sizeof(pat), "pid=%d,", (int)pid);
+    while (fgets(line, sizeof(line), f)) {
+        char *a = strstr(line, "127.0.0.1:");
+        if (strstr(line, pat) && a)
+            port = (unsigned)atoi(a + 10);
+    }
+    pclose(f);
+    return port;
+}
+
+unsigned th_kill_conns(unsigned port)
+{
+    char cmd[160], line[512];
+    unsigned n = 0;
+
+    snprintf(cmd, sizeof(cmd),
+             "ss -HK state established '( sport = :%u or dport = :%u )' 2>/dev/null", port, port);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        n++;
+    pclose(f);
+    return n;
+}
+
 int64_t th_now_ms(void)
 {
     struct timespec ts;

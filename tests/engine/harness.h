@@ -124,6 +124,10 @@ void th_target_kill(th_target_t *t);
 int th_target_stop(th_target_t *t, int timeout_ms);
 /* SIGSTOP pid and wait (asserting, up to 5 s) until every thread of it is stopped indeed. */
 void th_stop(pid_t pid);
+/* The loopback TCP port process pid listens on (from ss), or 0. */
+unsigned th_listen_port(pid_t pid);
+/* Kill (ss -K) every established TCP connection to or from port; how many ends went. */
+unsigned th_kill_conns(unsigned port);
 /* Kill every child this process spawned and has not reaped; for teardowns. */
 void th_kill_all(void);
 

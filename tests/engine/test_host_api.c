@@ -293,14 +293,203 @@ static void test_submit_opts(void **state)
     assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), -EINVAL);
     o.size = 1;
     assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), -EINVAL);
+    o = (mc_submit_opts_t){.size = sizeof(o), .flags = 0x100};
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), -EINVAL);
+    assert_true(th_contains(mc_last_error(), "unknown flags"));
+    /* an older, smaller struct: no flags, no on_sent */
+    o = (mc_submit_opts_t){.size = offsetof(mc_submit_opts_t, flags), .flags = 0x100};
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
     assert_int_equal(mc_batch_status(b, &bs), 0);
-    assert_int_equal(bs.tasks, 0);
+    assert_int_equal(bs.tasks, 1); /* the refused ones added nothing */
+    assert_int_equal(bs.completed, 1);
+    th_batch_destroy(e, b);
+    assert_int_equal(mc_batch_create(e, 4, &b), 0);
     assert_int_equal(mc_batch_submit_ex(b, &r, 1, NULL), 0); /* NULL: the defaults */
     assert_int_equal(mc_batch_wait(b, 30000), 0);
     assert_int_equal(mc_batch_status(b, &bs), 0);
     assert_int_equal(bs.completed, 1);
     th_batch_destroy(e, b);
     th_buf_free(e, src, 4096);
+}
+
+/* ---- ORDERED submits, on_sent -------------------------------------------------------------- */
+
+typedef struct sent_probe {
+    atomic_int sent, done;
+    atomic_int sent_state; /* the task's state when on_sent ran */
+} sent_probe_t;
+
+static void probe_sent(void *arg, const mc_task_status_t *st)
+{
+    sent_probe_t *p = arg;
+
+    atomic_store(&p->sent_state, (int)st->state);
+    atomic_fetch_add(&p->sent, 1);
+}
+
+static void probe_done(void *arg, const mc_task_status_t *st)
+{
+    sent_probe_t *p = arg;
+
+    (void)st;
+    if (!atomic_load(&p->sent)) /* on_sent always runs first */
+        atomic_store(&p->sent_state, -1);
+    atomic_fetch_add(&p->done, 1);
+}
+
+static bool wait_flag(atomic_int *v, int64_t ms)
+{
+    int64_t dl = th_now_ms() + ms;
+
+    while (!atomic_load(v) && th_now_ms() < dl)
+        th_sleep_ms(1);
+    return atomic_load(v) != 0;
+}
+
+/* Overlapping ORDERED WRITEs take effect in the order submitted, over four connections with
+ * 16 KiB slices. First eight 240 KiB WRITEs of different bytes to one remote range while the
+ * target reads nothing (their slices pile up; unordered, they would spread over the four
+ * connections and land in any order): the range ends with the eighth's bytes. Then the way the
+ * UCX module completes a zcopy put, 200 times: one source range refilled with the next round's
+ * bytes as soon as on_sent says the engine let go of it, while unordered writes keep the other
+ * connections busy: the range ends with the last round's bytes exactly (an earlier round
+ * landing late, or a source read after on_sent, would show), every task completes, and on_sent
+ * ran once per WRITE, before its completion. */
+static void test_ordered_sent(void **state)
+{
+    enum { PILED = 8, ROUNDS = 200 };
+    const size_t len = 15 * 16 * KIB, side = MIB; /* 15 slices: offsets move between connections */
+    static sent_probe_t probes[ROUNDS], piled;
+    mc_submit_opts_t o = {.size = sizeof(o), .flags = MC_SUBMIT_ORDERED, .on_sent = probe_sent};
+    th_cfg_t cfg;
+    mc_batch_t *b;
+    mc_batch_status_t bs;
+    int early = 0;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "TCP_CONNS", "4");
+    th_set(&cfg, "SLICE_SIZE", "16384");
+    th_target_t *t = spawn(0, &cfg, 4 * MIB, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint64_t dst = t->eng[0].buf[0];
+    uint8_t *src = th_buf(e, PILED * len), *other = th_buf(e, side);
+    mc_request_t r = {
+        .opcode = MC_WRITE, .target = seg, .target_offset = dst, .length = len, .cb_arg = &piled};
+
+    th_fill(other, side, 77);
+    assert_int_equal(mc_batch_create(e, PILED + 2 * ROUNDS, &b), 0);
+    for (int i = 0; i < 4; i++) /* every connection up */
+        assert_int_equal(th_xfer(e, MC_WRITE, other, seg, dst + MIB, side, NULL, 0),
+                         MC_TASK_COMPLETED);
+    th_stop(t->pid);
+    for (int i = 0; i < PILED; i++) {
+        r.local = src + (size_t)i * len;
+        th_fill(r.local, len, 500 + (uint64_t)i);
+        assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    }
+    th_sleep_ms(100);
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.completed, PILED);
+    assert_int_equal(atomic_load(&piled.sent), PILED);
+    assert_int_equal(th_remote_check(t, 0, dst, len, 500 + PILED - 1, 0), -1);
+
+    memset(probes, 0, sizeof(probes));
+    r.local = src;
+    for (int i = 0; i < ROUNDS; i++) {
+        r.cb = probe_done;
+        r.cb_arg = &probes[i];
+        th_fill(src, len, 1000 + (uint64_t)i);
+        assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+        if (i % 4 == 0) {
+            mc_request_t u = {.opcode = MC_WRITE,
+                              .local = other,
+                              .target = seg,
+                              .target_offset = dst + MIB,
+                              .length = side};
+            assert_int_equal(mc_batch_submit(b, &u, 1, NULL), 0);
+        }
+        assert_true(wait_flag(&probes[i].sent, 10000));
+        early += atomic_load(&probes[i].sent_state) < MC_TASK_COMPLETED;
+    }
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_int_equal(bs.completed, bs.tasks);
+    for (int i = 0; i < ROUNDS; i++) {
+        assert_int_equal(atomic_load(&probes[i].sent), 1);
+        assert_true(wait_flag(&probes[i].done, 10000));
+        assert_int_not_equal(atomic_load(&probes[i].sent_state), -1);
+    }
+    print_message("  %d of %d WRITEs let go of their source before the target confirmed them\n",
+                  early, ROUNDS);
+    assert_int_equal(th_remote_check(t, 0, dst, len, 1000 + ROUNDS - 1, 0), -1);
+    assert_int_equal(th_remote_check(t, 0, dst + MIB, side, 77, 0), -1);
+    th_batch_destroy(e, b);
+    th_buf_free(e, src, PILED * len);
+    th_buf_free(e, other, side);
+}
+
+/* A WRITE whose source the engine gave back (on_sent, while the stopped target had confirmed
+ * nothing) is not sent again when its connection is killed: it fails, saying so, and the next
+ * WRITE to that target moves over a new connection. */
+static void test_sent_then_lost(void **state)
+{
+    static sent_probe_t probe;
+    char reason[512];
+    th_cfg_t cfg;
+    mc_batch_t *b;
+    mc_task_status_t st;
+
+    (void)state;
+    if (geteuid() != 0)
+        skip(); /* ss -K */
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "TCP_CONNS", "1");
+    th_target_t *t = spawn(0, &cfg, MIB, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, 64 * KIB);
+    th_fill(src, 64 * KIB, 5);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], 64 * KIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    unsigned port = th_listen_port(t->pid);
+    assert_int_not_equal(port, 0);
+
+    th_stop(t->pid);
+    memset(&probe, 0, sizeof(probe));
+    mc_submit_opts_t o = {.size = sizeof(o), .flags = MC_SUBMIT_ORDERED, .on_sent = probe_sent};
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = src,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = 64 * KIB,
+                      .cb = probe_done,
+                      .cb_arg = &probe};
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    assert_true(wait_flag(&probe.sent, 10000));
+    assert_int_equal(atomic_load(&probe.sent_state), MC_TASK_PENDING);
+    th_fill(src, 64 * KIB, 6); /* the host's again */
+    assert_true(th_kill_conns(port) > 0);
+    assert_int_equal(mc_batch_wait(b, 10000), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    snprintf(reason, sizeof(reason), "%s", st.reason ? st.reason : "");
+    print_message("  %s\n", reason);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_true(th_contains(reason, "not sent again"));
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    th_batch_destroy(e, b);
+
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], 64 * KIB, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(t, 0, t->eng[0].buf[0], 64 * KIB, 6, 0), -1);
+    th_buf_free(e, src, 64 * KIB);
 }
 
 /* ---- release ------------------------------------------------------------------------------- */
@@ -1085,6 +1274,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_batch_reuse, teardown),
         cmocka_unit_test_teardown(test_submit_timeout, teardown),
         cmocka_unit_test_teardown(test_submit_opts, teardown),
+        cmocka_unit_test_teardown(test_ordered_sent, teardown),
+        cmocka_unit_test_teardown(test_sent_then_lost, teardown),
         cmocka_unit_test_teardown(test_release, teardown),
         cmocka_unit_test_teardown(test_destroy_race, teardown),
         cmocka_unit_test_teardown(test_close_waiting_peer, teardown),

@@ -185,25 +185,6 @@ static void sv_fault(const char *ctl, const char *state)
     rename(tmp, ctl);
 }
 
-/* The TCP port target pid listens on (from ss), or 0. */
-static unsigned listen_port(pid_t pid)
-{
-    char line[512], pat[32];
-    unsigned port = 0;
-    FILE *f = popen("ss -Htlnp 2>/dev/null", "r");
-
-    if (!f)
-        return 0;
-    snprintf(pat, sizeof(pat), "pid=%d,", (int)pid);
-    while (fgets(line, sizeof(line), f)) {
-        char *a = strstr(line, "127.0.0.1:");
-        if (strstr(line, pat) && a)
-            port = (unsigned)atoi(a + 10);
-    }
-    pclose(f);
-    return port;
-}
-
 /* Every few milliseconds, kill every established connection to or from the port (both ends,
  * both processes): what was in flight on them is lost; or stop the target for a few
  * milliseconds (a receiver that does not progress: the sender fills up and waits). Over rdma
@@ -299,8 +280,9 @@ static void test_exactly_once(void **state)
 
     /* over rdma, a killed control link takes the QPs set up over it, and their messages go back
      * to tcp until a new QP is up */
-    bool kill_conns =
-        !strcmp(transport(), "shm") ? false : geteuid() == 0 && (k.port = listen_port(t->pid)) != 0;
+    bool kill_conns = !strcmp(transport(), "shm")
+                          ? false
+                          : geteuid() == 0 && (k.port = th_listen_port(t->pid)) != 0;
     if (!kill_conns && strcmp(transport(), "shm"))
         print_message("  not root (or no ss): no connections killed\n");
     k.pid = t->pid;
@@ -409,8 +391,8 @@ static void test_both_ways(void **state)
     assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
 
     if (strcmp(transport(), "shm") && geteuid() == 0) {
-        k.port = listen_port(t->pid);
-        k.port2 = listen_port(getpid());
+        k.port = th_listen_port(t->pid);
+        k.port2 = th_listen_port(getpid());
     }
     k.pid = t->pid;
     assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);

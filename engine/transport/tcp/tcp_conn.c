@@ -256,6 +256,8 @@ static void sent_one(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     if (s->kind == MC_SL_DATA || s->kind == MC_SL_CTRL || s->kind == TCP_SL_DESC ||
         s->kind == TCP_SL_MSG) {
         mc_list_push_back(&c->ackq, &s->link);
+        if (s->kind == MC_SL_DATA && s->opcode == MC_WRITE) /* in the kernel: the source is free */
+            mc__slice_sent(e, s);
         return;
     }
     if (s->kind == TCP_SL_RESP || s->kind == TCP_SL_ANSWER) {

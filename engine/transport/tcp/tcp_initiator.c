@@ -258,6 +258,8 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     mc_list_splice_back(&failed, &c->sendq);
     mc__link_lost(e, &c->link); /* before its control requests are freed below */
     mc_list_del(&c->node);
+    if (tp->order_conn == c)
+        tp->order_conn = NULL; /* what it carried is retried, in order, on the next one */
     tp->n_conns--;
     r->base.n_conns--;
     tcp_of(e)->n_outbound--;
@@ -677,18 +679,47 @@ static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int b
         rail_open(e, p, extra);
 }
 
+/* The connection that carries p's ORDERED tasks: one, so that the target takes them in the
+ * order sent (MC_TP_ORDERED). Kept until it goes; then the first ready one. */
+static mc_tcp_conn_t *order_conn(tcp_peer_t *tp)
+{
+    mc_list_t *pos;
+
+    for (pos = tp->conns.next; !tp->order_conn && pos != &tp->conns; pos = pos->next) {
+        mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
+        if (c->state == CS_READY)
+            tp->order_conn = c;
+    }
+    return tp->order_conn && tp->order_conn->state == CS_READY ? tp->order_conn : NULL;
+}
+
 /* Hand slices to ready connections with room, one each in turn so they run in parallel, on the
- * rails the buffer's location prefers most among those that have a ready connection. When
- * work is left that none could take, open connections. */
+ * rails the buffer's location prefers most among those that have a ready connection; slices
+ * of ORDERED tasks all to one (order_conn), in turn with the rest. When work is left that none
+ * could take, open connections. */
 static void fill_conns(mc_engine_t *e, mc_peer_t *p)
 {
     tcp_peer_t *tp = tcp_peer(p);
-    const char *loc;
+    mc_task_t *t;
 
-    while ((loc = mc__sched_peek_location(p, mc__tcp_slot))) {
+    while ((t = mc__sched_peek_task(p, mc__tcp_slot))) {
+        const char *loc = t->lbuf->location;
         int best = best_rank(e, tp, loc);
         bool took = false;
         mc_list_t *pos;
+        if (t->ordered) {
+            mc_tcp_conn_t *c = order_conn(tp);
+            if (!c || c->window_used >= tcp_of(e)->window) {
+                if (!c)
+                    maybe_open(e, p, loc, best);
+                return; /* nothing may overtake it */
+            }
+            mc_slice_t *s = mc__sched_next_slice(e, p, mc__tcp_slot);
+            if (!s)
+                return;
+            assign(e, c, s);
+            continue;
+        }
         for (pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
             mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
             if (c->state != CS_READY || c->window_used >= tcp_of(e)->window ||
@@ -699,8 +730,9 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
                 return;
             assign(e, c, s);
             took = true;
-            if (mc__sched_peek_location(p, mc__tcp_slot) != loc)
-                break; /* the next task may live elsewhere: rank again */
+            t = mc__sched_peek_task(p, mc__tcp_slot);
+            if (!t || t->ordered || t->lbuf->location != loc)
+                break; /* the next task may live elsewhere, or go on order_conn: again */
         }
         if (!took) {
             maybe_open(e, p, loc, best);

@@ -83,8 +83,9 @@ typedef struct tcp_peer {
     uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
     uint64_t retired_at[MC_PROTO_MAX_RETIRE];
     unsigned n_retired;
-    struct mc_tcp_conn *msg_conn; /* its messages go on it (tcp_msg.c); NULL when it fails */
-    uint32_t msg_gen;             /* tcp_engine_t.inbound_gen when msg_conn was chosen */
+    struct mc_tcp_conn *msg_conn;   /* its messages go on it (tcp_msg.c); NULL when it fails */
+    uint32_t msg_gen;               /* tcp_engine_t.inbound_gen when msg_conn was chosen */
+    struct mc_tcp_conn *order_conn; /* its ORDERED tasks go on it, in order; NULL when it goes */
 } tcp_peer_t;
 
 /* d->tp[mc__tcp_slot]: the peer's endpoints, one per interface. */
