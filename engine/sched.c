@@ -137,20 +137,37 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
     return NULL;
 }
 
-mc_task_t *mc__sched_peek_task(mc_peer_t *p, unsigned tp)
+mc_task_t *mc__sched_peek_task(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
-    if (!mc_list_empty(&p->q[tp].retry))
-        return mc_container_of(p->q[tp].retry.next, mc_slice_t, link)->task;
-    if (!mc_list_empty(&p->q[tp].pending))
-        return mc_container_of(p->q[tp].pending.next, mc_task_t, qlink);
+    mc_list_t *n;
+
+    /* What mc__sched_next_slice would drop goes now, so that the task seen is the one taken. */
+    while ((n = p->q[tp].retry.next) != &p->q[tp].retry) {
+        mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
+        if (atomic_load(&s->task->state) < MC_TASK_COMPLETED)
+            return s->task;
+        mc_list_del(n);
+        slice_release(e, s);
+    }
+    while (!mc_list_empty(&p->q[tp].pending)) {
+        mc_task_t *t = mc_container_of(p->q[tp].pending.next, mc_task_t, qlink);
+        if (atomic_load(&t->state) < MC_TASK_COMPLETED)
+            return t;
+        task_dequeue(e, t);
+    }
     return NULL;
 }
 
-const char *mc__sched_peek_location(mc_peer_t *p, unsigned tp)
+const char *mc__sched_peek_location(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
-    mc_task_t *t = mc__sched_peek_task(p, tp);
+    mc_task_t *t = mc__sched_peek_task(e, p, tp);
 
     return t ? t->lbuf->location : NULL;
+}
+
+void mc__sched_unslice(mc_peer_t *p, unsigned tp, mc_slice_t *s)
+{
+    mc_list_push_front(&p->q[tp].retry, &s->link);
 }
 
 static bool has_slices(mc_peer_t *p, unsigned tp)

@@ -18,10 +18,13 @@ void mc__sched_route(mc_engine_t *e, mc_task_t *t);
 void mc__sched_run(mc_engine_t *e);
 /* Next slice of transport tp for a peer: retries first, then carved from queued tasks. */
 mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp);
-/* The task whose slice transport tp gets next; NULL if it has nothing queued. */
-mc_task_t *mc__sched_peek_task(mc_peer_t *p, unsigned tp);
+/* The task whose slice transport tp gets next (unless a host cancels it meanwhile); NULL if it
+ * has nothing queued. */
+mc_task_t *mc__sched_peek_task(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 /* Location of the buffer whose slice transport tp gets next; NULL if it has nothing queued. */
-const char *mc__sched_peek_location(mc_peer_t *p, unsigned tp);
+const char *mc__sched_peek_location(mc_engine_t *e, mc_peer_t *p, unsigned tp);
+/* Give back a slice just taken: mc__sched_next_slice returns it first. */
+void mc__sched_unslice(mc_peer_t *p, unsigned tp, mc_slice_t *s);
 /* A WRITE slice's bytes left for good (a transport that hands them to the kernel before the
  * target confirms them): once all of a task's did, its on_sent runs at the end of the pass. */
 void mc__slice_sent(mc_engine_t *e, mc_slice_t *s);

@@ -434,8 +434,9 @@ static ucs_status_t op_start(uct_mc_ep_t *ep, uct_mc_op_t *op, mc_request_t *req
  * pair (the engine stripes a task over connections and rails, and tasks overtake each other):
  * one that overlaps a write in flight, or writes over a read in flight, waits for it. Not for a
  * write whose source the engine let go of: it is complete, or ahead of whatever is issued now
- * on tcp's ordered connection (MC_SUBMIT_ORDERED, which sends the next ones there too). Cheap
- * unless the range falls inside the span of what is in flight. */
+ * on tcp's ordered connection (MC_SUBMIT_ORDERED sends the next ones there too, as tcp carries
+ * all the host memory this module registers). Cheap unless the range falls inside the span of
+ * what is in flight. */
 static bool rma_conflict(uct_mc_ep_t *ep, uint64_t raddr, uint64_t len, bool write)
 {
     if (!ep->ops || raddr >= ep->span_hi || raddr + len <= ep->span_lo)
@@ -615,12 +616,17 @@ ucs_status_t uct_mc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t io
 void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op)
 {
     uct_completion_t *comp = op->comp;
+    int error;
 
-    (void)iface;
+    pthread_mutex_lock(&iface->lock); /* its other tasks may end meanwhile */
+    error = op->error;
+    pthread_mutex_unlock(&iface->lock);
     op->sent = true;
     op->comp = NULL;
-    if (comp)
-        uct_invoke_completion(comp, uct_mc_status(op->error));
+    if (comp) {
+        op->error_told = error != 0;
+        uct_invoke_completion(comp, uct_mc_status(error));
+    }
 }
 
 /* From the interface's progress: the engine let go of every task of op. */
@@ -646,7 +652,8 @@ void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op)
         op->ep_next->ep_prev = op->ep_prev;
     if (op->comp)
         uct_invoke_completion(op->comp, st);
-    else if (st != UCS_OK) /* as an RDMA queue pair does: a failed write fails the endpoint */
+    else if (st != UCS_OK && !op->error_told) /* as an RDMA queue pair does: a failed write
+                                                 fails the endpoint */
         ep_fail(ep, st);
     free(op);
     ep_unref(ep);

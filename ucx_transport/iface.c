@@ -664,7 +664,10 @@ static void drop_late_flushes(uct_mc_iface_t *iface)
     pthread_mutex_unlock(&iface->lock);
     for (; ev; ev = next) {
         next = ev->next;
-        free(ev); /* only flushes can come now: nothing else refers to this interface */
+        /* Only flushes can come now, unless the engine still held tasks after drain_batches
+         * gave up: then an op's two events, of which only the first is the allocation. */
+        if (ev->kind != EV_SENT)
+            free(ev);
     }
 }
 

@@ -116,9 +116,10 @@ typedef struct uct_mc_op {
     char reason[96];
     uint64_t raddr, rlen; /* the remote range */
     bool write;
-    bool sent; /* a put whose source the engine let go of: in order before later operations
-                  (MC_SUBMIT_ORDERED), or complete */
-    int slot;  /* bounce slot, or -1 */
+    bool sent;       /* a put whose source the engine let go of: in order before later operations
+                        (MC_SUBMIT_ORDERED), or complete */
+    bool error_told; /* its completion carried the error already */
+    int slot;        /* bounce slot, or -1 */
     size_t length;
     uct_unpack_callback_t unpack_cb;
     void *unpack_arg;

@@ -381,9 +381,12 @@ MC_API void mc_batch_release(mc_batch_t *batch);
  * MC_SUBMIT_ORDERED: overlapping tasks of ORDERED submits to one target take effect there in
  *   the order submitted where their transport keeps order: tcp carries a peer's ORDERED tasks
  *   on one connection, so a WRITE lands before every later task to that target (a READ after it
- *   sees it); a READ does not hold back a later WRITE. While ORDERED tasks to a target are in
- *   flight over tcp, later ORDERED ones to it go over tcp too. Other transports do not order
- *   tasks in flight (shm moves them at submit). */
+ *   sees it); a READ does not hold back a later WRITE; a file buffer's I/O completes in any
+ *   order. While ORDERED tasks to a target are in flight over tcp, later ORDERED ones to it go
+ *   over tcp too where tcp can carry them (host memory), even if another transport would be
+ *   preferred, until none is in flight. Other transports do not order tasks in flight (shm
+ *   moves them at submit), nor are tasks ordered that wait for the target's descriptor (a
+ *   remote range it did not describe yet). */
 #define MC_SUBMIT_ORDERED 0x1u
 
 /* Options of one submit call. Zero-filled means the defaults; size makes room for more. */

@@ -396,6 +396,8 @@ static void test_ordered_sent(void **state)
     assert_int_equal(mc_batch_wait(b, 30000), 0);
     assert_int_equal(mc_batch_status(b, &bs), 0);
     assert_int_equal(bs.completed, PILED);
+    for (int64_t dl = th_now_ms() + 10000; atomic_load(&piled.sent) < PILED && th_now_ms() < dl;)
+        th_sleep_ms(1); /* the pass that ended them runs their on_sent at its end */
     assert_int_equal(atomic_load(&piled.sent), PILED);
     assert_int_equal(th_remote_check(t, 0, dst, len, 500 + PILED - 1, 0), -1);
 
@@ -417,6 +419,7 @@ static void test_ordered_sent(void **state)
         assert_true(wait_flag(&probes[i].sent, 10000));
         early += atomic_load(&probes[i].sent_state) < MC_TASK_COMPLETED;
     }
+    th_fill(src, len, 999); /* the host's: nothing may read it any more */
     assert_int_equal(mc_batch_wait(b, 30000), 0);
     assert_int_equal(mc_batch_status(b, &bs), 0);
     assert_int_equal(bs.completed, bs.tasks);
@@ -427,6 +430,7 @@ static void test_ordered_sent(void **state)
     }
     print_message("  %d of %d WRITEs let go of their source before the target confirmed them\n",
                   early, ROUNDS);
+    assert_true(early > 0); /* tcp: in the kernel, the target's answer a pass later at least */
     assert_int_equal(th_remote_check(t, 0, dst, len, 1000 + ROUNDS - 1, 0), -1);
     assert_int_equal(th_remote_check(t, 0, dst + MIB, side, 77, 0), -1);
     th_batch_destroy(e, b);
@@ -476,7 +480,10 @@ static void test_sent_then_lost(void **state)
     assert_true(wait_flag(&probe.sent, 10000));
     assert_int_equal(atomic_load(&probe.sent_state), MC_TASK_PENDING);
     th_fill(src, 64 * KIB, 6); /* the host's again */
-    assert_true(th_kill_conns(port) > 0);
+    if (!th_kill_conns(port)) {
+        assert_int_equal(kill(t->pid, SIGCONT), 0);
+        skip(); /* no ss -K here (CONFIG_INET_DIAG_DESTROY) */
+    }
     assert_int_equal(mc_batch_wait(b, 10000), 0);
     assert_int_equal(mc_task_status(b, 0, &st), 0);
     snprintf(reason, sizeof(reason), "%s", st.reason ? st.reason : "");

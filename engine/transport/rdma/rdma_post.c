@@ -227,7 +227,7 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
     rdma_peer_t *rp = rdma_peer(p);
     const char *loc;
 
-    while ((loc = mc__sched_peek_location(p, mc__rdma_slot))) {
+    while ((loc = mc__sched_peek_location(e, p, mc__rdma_slot))) {
         int best = best_rank(e, rp, loc);
         bool took = false, empty = false;
         for (unsigned i = 0; i < rp->n_rails && !empty; i++) {
@@ -237,7 +237,7 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
             if (!place_one(e, p, r, &empty))
                 continue;
             took = true;
-            if (mc__sched_peek_location(p, mc__rdma_slot) != loc)
+            if (mc__sched_peek_location(e, p, mc__rdma_slot) != loc)
                 break; /* the next task may live elsewhere: rank again */
         }
         if (!took)

@@ -702,7 +702,7 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
     tcp_peer_t *tp = tcp_peer(p);
     mc_task_t *t;
 
-    while ((t = mc__sched_peek_task(p, mc__tcp_slot))) {
+    while ((t = mc__sched_peek_task(e, p, mc__tcp_slot))) {
         const char *loc = t->lbuf->location;
         int best = best_rank(e, tp, loc);
         bool took = false;
@@ -728,9 +728,14 @@ static void fill_conns(mc_engine_t *e, mc_peer_t *p)
             mc_slice_t *s = mc__sched_next_slice(e, p, mc__tcp_slot);
             if (!s)
                 return;
+            if (s->task->ordered) { /* the host canceled the one ahead just now */
+                mc__sched_unslice(p, mc__tcp_slot, s);
+                took = true; /* look again */
+                break;
+            }
             assign(e, c, s);
             took = true;
-            t = mc__sched_peek_task(p, mc__tcp_slot);
+            t = mc__sched_peek_task(e, p, mc__tcp_slot);
             if (!t || t->ordered || t->lbuf->location != loc)
                 break; /* the next task may live elsewhere, or go on order_conn: again */
         }
