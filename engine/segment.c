@@ -234,6 +234,26 @@ int mc_segment_open_address(mc_engine_t *e, const void *addr, size_t len, mc_seg
     return open_later(e, &d, false, id_p);
 }
 
+int mc_address_reachable(mc_engine_t *e, const void *addr, size_t len)
+{
+    const mc_transport_ops_t *ops;
+    const uint8_t *a = addr;
+    int rc;
+
+    if (!e || !addr)
+        return mc__set_error(-EINVAL, "mc_address_reachable: NULL argument");
+    if (len <= ADDRESS_HDR || len > MC_ADDRESS_MAX || a[0] != ADDRESS_VERSION || a[1] != e->ctrl)
+        return mc__set_error(-MC_EPROTO, "not an address of a %s engine (%zu bytes)",
+                             mc__transports[e->ctrl]->name, len);
+    if (host_hash(e->host_id) == mc__get64(a + 10))
+        return 1;
+    ops = mc__transports[e->ctrl];
+    if (!MC_TP_HAS(ops, address_reachable))
+        return 1; /* no way to tell: connecting will */
+    rc = ops->address_reachable(e, a + ADDRESS_HDR, len - ADDRESS_HDR);
+    return rc < 0 ? mc__set_error(-MC_EPROTO, "%s", mc_last_error()) : rc;
+}
+
 /* ---- what hosts ask about peers ---- */
 
 int mc_segment_state(mc_engine_t *e, mc_segment_id_t id)

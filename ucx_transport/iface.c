@@ -523,8 +523,8 @@ static ucs_status_t iface_get_address(uct_iface_h tl_iface, uct_iface_addr_t *ad
     return UCS_OK;
 }
 
-/* An address of an engine of our address version and control transport: the engine finds the way
- * (or says the peer is unreachable). */
+/* The engine at the address runs on this host, or a route leads to its endpoint, which is not
+ * a loopback one (mc_address_reachable); an address of another kind is not. */
 static int iface_is_reachable(const uct_iface_h tl_iface, const uct_device_addr_t *dev_addr,
                               const uct_iface_addr_t *iface_addr)
 {
@@ -532,9 +532,8 @@ static int iface_is_reachable(const uct_iface_h tl_iface, const uct_device_addr_
     const uint8_t *a = (const uint8_t *)iface_addr;
 
     (void)dev_addr;
-    /* the engine address: version and control transport */
-    return a && a[UCT_MC_ADDR_HDR] == iface->addr[UCT_MC_ADDR_HDR] &&
-           a[UCT_MC_ADDR_HDR + 1] == iface->addr[UCT_MC_ADDR_HDR + 1];
+    return a && a[6] <= MC_ADDRESS_MAX &&
+           mc_address_reachable(iface->md->engine, a + UCT_MC_ADDR_HDR, a[6]) == 1;
 }
 
 /* ---- lifetime ---- */

@@ -171,6 +171,10 @@ struct mc_transport_ops {
     int (*address_pack)(mc_engine_t *e, uint8_t *out, size_t cap);
     int (*address_unpack)(mc_engine_t *e, const uint8_t *in, size_t len, mc_desc_t *d);
     int (*address_text)(mc_engine_t *e, const char *text, mc_desc_t *d);
+    /* The control transport only (any thread): whether a route from this host leads to the
+     * endpoint packed in [in, in+len) (address_pack's form) of an engine on another host: 1 or
+     * 0 (loopback and unspecified endpoints are that host's own); -EINVAL if it is not one. */
+    int (*address_reachable)(mc_engine_t *e, const uint8_t *in, size_t len);
 
     /* Buffer keys (mc_buffer_key_pack; any thread, mem.lock held): its bytes for local buffer
      * b in a key, at most cap, which its codec's decode_key reads back; the length, 0 for none,

@@ -242,6 +242,12 @@ MC_API int mc_engine_address(mc_engine_t *engine, void *buf, size_t *len_p);
 MC_API int mc_segment_open_address(mc_engine_t *engine, const void *addr, size_t len,
                                    mc_segment_id_t *id_p);
 
+/* Whether the engine at an address from its mc_engine_address() can be reached from here, without
+ * connecting: 1 if it runs on this host (and network namespace), or if its endpoint is a
+ * routable address that is not loopback or unspecified (another host's 127.0.0.1 is not this
+ * one's); 0 if not; -MC_EPROTO for bytes that are not an address of this engine's kind. */
+MC_API int mc_address_reachable(mc_engine_t *engine, const void *addr, size_t len);
+
 typedef enum mc_segment_state {
     MC_SEGMENT_OPENING = 0, /* its descriptor is being fetched; submitted work waits */
     MC_SEGMENT_READY = 1,

@@ -23,7 +23,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sched.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <cmocka.h>
@@ -497,6 +499,66 @@ static void test_sent_then_lost(void **state)
                      MC_TASK_COMPLETED);
     assert_int_equal(th_remote_check(t, 0, t->eng[0].buf[0], 64 * KIB, 6, 0), -1);
     th_buf_free(e, src, 64 * KIB);
+}
+
+/* ---- reachability of an address ------------------------------------------------------------ */
+
+/* In a network namespace of its own (only lo, then a veth pair with 10.200.0.2/24 on one end):
+ * what mc_address_reachable says of this engine's address, of the same address from another
+ * host (its host part changed: 127.0.0.1 is then that host's own), of that host at 10.200.0.1
+ * before and after the veth link gives a route there, and of bytes that are not an address.
+ * The child's exit code is the number of the first check that failed. */
+static int reachable_child(void)
+{
+    uint8_t a[MC_ADDRESS_MAX], other[MC_ADDRESS_MAX];
+    size_t len = sizeof(a);
+    mc_engine_t *e;
+    th_cfg_t cfg;
+
+    if (unshare(CLONE_NEWNET) || system("ip link set lo up"))
+        return 1;
+    th_config(&cfg);
+    mc_config_t *c = th_mc_config(&cfg);
+    if (mc_engine_create(c, &e))
+        return 2;
+    mc_config_destroy(c);
+    if (mc_engine_address(e, a, &len) || len != 25 || a[18] != 4)
+        return 3; /* header (18 bytes), then IPv4: family, port, address */
+    if (mc_address_reachable(e, a, len) != 1)
+        return 4;
+    memcpy(other, a, len);
+    other[10] ^= 0xff; /* another host */
+    if (mc_address_reachable(e, other, len) != 0)
+        return 5;
+    memcpy(other + 21, (uint8_t[]){10, 200, 0, 1}, 4);
+    if (mc_address_reachable(e, other, len) != 0)
+        return 6;
+    if (system("ip link add mcreach0 type veth peer name mcreach1 && ip addr add 10.200.0.2/24 "
+               "dev mcreach0 && ip link set mcreach1 up && ip link set mcreach0 up"))
+        return 7;
+    if (mc_address_reachable(e, other, len) != 1)
+        return 8;
+    if (mc_address_reachable(e, other, 10) != -MC_EPROTO ||
+        mc_address_reachable(e, other, len - 1) != -MC_EPROTO)
+        return 9;
+    mc_engine_destroy(e);
+    return 0;
+}
+
+static void test_address_reachable(void **state)
+{
+    int status;
+
+    (void)state;
+    if (geteuid() != 0)
+        skip();         /* a network namespace */
+    pid_t pid = fork(); /* before this test starts an engine: no threads to copy */
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(reachable_child());
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* ---- release ------------------------------------------------------------------------------- */
@@ -1283,6 +1345,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_submit_opts, teardown),
         cmocka_unit_test_teardown(test_ordered_sent, teardown),
         cmocka_unit_test_teardown(test_sent_then_lost, teardown),
+        cmocka_unit_test_teardown(test_address_reachable, teardown),
         cmocka_unit_test_teardown(test_release, teardown),
         cmocka_unit_test_teardown(test_destroy_race, teardown),
         cmocka_unit_test_teardown(test_close_waiting_peer, teardown),

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tcp_int.h"
@@ -265,25 +266,62 @@ static int desc_of_endpoint(const struct sockaddr_storage *sa, mc_desc_t *d)
     return 0;
 }
 
-static int tcp_address_unpack(mc_engine_t *e, const uint8_t *in, size_t len, mc_desc_t *d)
+/* tcp_address_pack's form back into a socket address. */
+static int unpack_sa(const uint8_t *in, size_t len, struct sockaddr_storage *sa, socklen_t *sa_len)
 {
-    struct sockaddr_storage sa = {0};
-
-    (void)e;
+    memset(sa, 0, sizeof(*sa));
     if (len == 7 && in[0] == 4) {
-        struct sockaddr_in *v4 = (void *)&sa;
+        struct sockaddr_in *v4 = (void *)sa;
         v4->sin_family = AF_INET;
         memcpy(&v4->sin_port, in + 1, 2);
         memcpy(&v4->sin_addr, in + 3, 4);
+        *sa_len = sizeof(*v4);
     } else if (len == 19 && in[0] == 6) {
-        struct sockaddr_in6 *v6 = (void *)&sa;
+        struct sockaddr_in6 *v6 = (void *)sa;
         v6->sin6_family = AF_INET6;
         memcpy(&v6->sin6_port, in + 1, 2);
         memcpy(&v6->sin6_addr, in + 3, 16);
+        *sa_len = sizeof(*v6);
     } else {
         return mc__set_error(-EINVAL, "not a tcp address (%zu bytes)", len);
     }
-    return desc_of_endpoint(&sa, d);
+    return 0;
+}
+
+static int tcp_address_unpack(mc_engine_t *e, const uint8_t *in, size_t len, mc_desc_t *d)
+{
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+
+    (void)e;
+    return unpack_sa(in, len, &sa, &sa_len) ? -EINVAL : desc_of_endpoint(&sa, d);
+}
+
+/* Another host's endpoint: not loopback or unspecified, and the routing table has a way there
+ * (connecting a UDP socket looks the route up and sends nothing). */
+static int tcp_address_reachable(mc_engine_t *e, const uint8_t *in, size_t len)
+{
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+
+    (void)e;
+    if (unpack_sa(in, len, &sa, &sa_len))
+        return -EINVAL;
+    if (sa.ss_family == AF_INET) {
+        uint32_t ip = ntohl(((const struct sockaddr_in *)(const void *)&sa)->sin_addr.s_addr);
+        if ((ip >> 24) == 127 || ip == 0)
+            return 0;
+    } else {
+        const struct in6_addr *ip = &((const struct sockaddr_in6 *)(const void *)&sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(ip) || IN6_IS_ADDR_UNSPECIFIED(ip))
+            return 0;
+    }
+    int fd = socket(sa.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int ok = connect(fd, (const struct sockaddr *)&sa, sa_len) == 0;
+    close(fd);
+    return ok;
 }
 
 static int tcp_address_text(mc_engine_t *e, const char *text, mc_desc_t *d)
@@ -323,5 +361,6 @@ const mc_transport_ops_t mc__tcp_ops = {
     .address_pack = tcp_address_pack,
     .address_unpack = tcp_address_unpack,
     .address_text = tcp_address_text,
+    .address_reachable = tcp_address_reachable,
     .ctrl_answer = mc__tcp_ctrl_answer,
 };
