@@ -149,6 +149,12 @@ void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t)
     t->released = true;
     mc_list_del(&t->alink);
     mc_list_push_back(&e->releaseq, &t->alink);
+    /* Nothing touches its local buffer any more: an unregister need not wait for the callbacks
+     * (in a quiet pass they wait for the host, which may be the one unregistering, after
+     * on_sent gave the buffer back). */
+    if (t->lbuf)
+        mc__mem_put(e, t->lbuf);
+    t->lbuf = NULL;
 }
 
 /* Tell the host that t's local bytes are its own again (mc_submit_opts_t.on_sent). */
@@ -183,8 +189,6 @@ void mc__tasks_release(mc_engine_t *e)
             task_status_fill(t, atomic_load(&t->state), &st);
             t->req.cb(t->req.cb_arg, &st);
         }
-        if (t->lbuf)
-            mc__mem_put(e, t->lbuf);
         atomic_fetch_sub(&t->peer->busy_tasks, 1);
         mc__batch_unbusy(t->batch); /* last: the caller may destroy the batch from here on */
     }

@@ -115,10 +115,10 @@ bool mc__task_finish(mc_task_t *t, int state, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Bytes of t confirmed; returns its total so far. */
 uint64_t mc__task_add_bytes(mc_task_t *t, uint64_t n);
-/* Let go of a task once it is final, unqueued and has nothing in flight: it joins e->releaseq,
- * which mc__tasks_release empties at the end of the progress pass (notification, completion
- * callback, references), so that callbacks never run inside a transport's code or under a
- * lock other than e->lock. */
+/* Let go of a task once it is final, unqueued and has nothing in flight: its local buffer's
+ * reference goes at once, and it joins e->releaseq, which mc__tasks_release empties at the end
+ * of the progress pass (notification, completion callback, batch reference), so that callbacks
+ * never run inside a transport's code or under a lock other than e->lock. */
 void mc__task_maybe_release(mc_engine_t *e, mc_task_t *t);
 void mc__tasks_release(mc_engine_t *e);
 #define MC_BATCH_RELEASED ((size_t)1 << (8 * sizeof(size_t) - 1))
