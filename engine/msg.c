@@ -72,15 +72,14 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     rc = window_take(e, target);
     if (rc)
         return rc;
-    m = malloc(sizeof(*m) + len); /* the payload is copied over: zeroing it would be waste */
-    if (m)
-        memset(m, 0, sizeof(*m));
+    m = malloc(sizeof(*m) + len);
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));
         pthread_rwlock_unlock(&e->peers_lock);
         return mc__set_error(-ENOMEM, "out of memory");
     }
+    memset(m, 0, sizeof(*m)); /* the header: the payload is copied over */
     m->target = target;
     m->id = id;
     m->len = (uint32_t)len;

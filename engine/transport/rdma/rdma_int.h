@@ -138,11 +138,10 @@ static inline bool mc__rdma_qp_busy(const mc_rdma_qp_t *qp)
     return qp->outstanding || qp->msg_out;
 }
 
-/* wr_id of a work request: a slice (low bits 0), or a QP's message work: its pointer | kind. */
-#define MC_RDMA_WR_KIND 7u
-#define MC_RDMA_WR_MSG_SEND                                                                        \
-    1u /* a ring write (initiator) or a consumed-position update (target)                          \
-        */
+/* wr_id of a work request: a slice (low bits 0), or a QP's message work: its pointer | kind
+ * (MSG_SEND: a ring write on the initiator, a consumed-position update on the target). */
+#define MC_RDMA_WR_KIND     7u
+#define MC_RDMA_WR_MSG_SEND 1u
 #define MC_RDMA_WR_MSG_RECV 2u
 
 #define MC_RDMA_SCRATCH 512 /* work requests built per fill pass before posting */

@@ -153,8 +153,8 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
             qp->rail->base.n_conns = 0;
         }
         mc__link_unbind(&qp->bound); /* its link is idle once no QP of ours needs it */
-        if (qp->connect_slice) {     /* its answer, if it comes, finds no QP */
-            qp->connect_slice->ctx = NULL;
+        if (qp->connect_slice) {
+            qp->connect_slice->ctx = NULL; /* its answer, if it comes, finds no QP */
             qp->connect_slice = NULL;
         }
         mc__rdma_msg_stop(e, qp);
