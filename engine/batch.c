@@ -105,8 +105,10 @@ bool mc__task_finish(mc_task_t *t, int state, int err, const char *fmt, ...)
     else
         atomic_compare_exchange_strong(&b->first_bad, &none, state);
     atomic_store_explicit(&t->state, state, memory_order_release);
-    atomic_fetch_add(&b->n_final, 1);
-    atomic_store(&b->engine->finished_any, true);
+    /* Sleepers are woken (at the end of the pass) only for a batch that just became final:
+     * one wake per waited batch, not one per task. */
+    if (atomic_fetch_add(&b->n_final, 1) + 1 >= atomic_load(&b->n) && atomic_load(&b->waited))
+        atomic_store(&b->engine->finished_any, true);
     return true;
 }
 
@@ -573,12 +575,16 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
         }
         struct timespec ts;
         mc__abstime_in(&ts, 20); /* bounded: guards against a missed wake-up */
+        /* waited before the look at the batch, as mc__task_finish counts before it looks at
+         * waited: one of the two sees the other. */
+        atomic_fetch_add(&b->waited, 1);
         atomic_fetch_add(&e->waiters, 1);
         pthread_mutex_lock(&e->done_lock);
         if (!batch_final(b))
             pthread_cond_timedwait(&e->done_cond, &e->done_lock, &ts);
         pthread_mutex_unlock(&e->done_lock);
         atomic_fetch_sub(&e->waiters, 1);
+        atomic_fetch_sub(&b->waited, 1);
     }
     return 0;
 }

@@ -72,7 +72,7 @@ struct mc_engine {
     pthread_mutex_t done_lock; /* with done_cond: mc_batch_wait sleepers */
     pthread_cond_t done_cond;
     atomic_int waiters;
-    atomic_bool finished_any; /* a task became final: wake mc_batch_wait sleepers */
+    atomic_bool finished_any; /* a waited batch became final: wake mc_batch_wait sleepers */
 
     pthread_rwlock_t peers_lock;
     mc_peer_t **_Atomic peers; /* by id; NULL once closed. Grows by copy (peer.c) */

@@ -76,6 +76,7 @@ struct mc_batch {
     atomic_size_t busy; /* references the engine holds (tasks, a cancel kick), and
                            MC_BATCH_RELEASED once the host let go (mc_batch_release) */
     atomic_bool cancel_kick;
+    atomic_int waited;     /* mc_batch_wait callers asleep on it, or about to be */
     mc_list_t cancel_link; /* in e->cancelq (under sub_lock) */
     mc_task_t *tasks;
 };
