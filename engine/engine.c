@@ -158,6 +158,15 @@ static void drain_fd(int fd)
         ;
 }
 
+/* The end of a pass: the transports send what it prepared. */
+static void transports_reap(mc_engine_t *e)
+{
+    e->pass_soon = false; /* a reap that keeps work for the next pass says so again */
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
+            mc__transports[i]->reap(e);
+}
+
 /* One pass over ready events, starting at now (one clock read per pass, another when timers
  * are due). Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps
  * them, and the event fd says there is work). */
@@ -200,10 +209,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         mc__callbacks_run(e);
         mc__sched_run(e);
     }
-    e->pass_soon = false; /* a reap that keeps work for the next pass says so again */
-    for (unsigned i = 0; i < mc__n_transports; i++)
-        if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
-            mc__transports[i]->reap(e);
+    transports_reap(e);
     if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
         e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
     if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
@@ -276,6 +282,25 @@ int mc__progress_try(mc_engine_t *e)
     bool ran;
 
     return progress_try(e, true, &ran, 0);
+}
+
+/* A ping-pong's sender otherwise pays a whole pass per message (UCX's sends write straight
+ * into the peer's FIFO). */
+bool mc__progress_send(mc_engine_t *e)
+{
+    if (!e->implicit_progress || in_pass || pthread_mutex_trylock(&e->lock))
+        return false;
+    MC_LOG_SCOPE(e->cfg.log_level);
+    in_pass = true;
+    pass_engine = e;
+    drain_submissions(e);
+    mc__sched_run(e);
+    transports_reap(e);
+    in_pass = false;
+    if (mc__callbacks_pending(e) || e->pass_soon)
+        mc__doorbell(e);
+    pthread_mutex_unlock(&e->lock);
+    return true;
 }
 
 bool mc__progress_implicit(mc_engine_t *e)

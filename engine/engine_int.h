@@ -179,6 +179,10 @@ int mc__progress_quiet(mc_engine_t *e);
  * progress (and callbacks) inside mc_engine_progress alone. Whether a pass ran (it took what
  * was queued before the call, so the doorbell is not needed). */
 bool mc__progress_implicit(mc_engine_t *e);
+/* mc__progress_implicit for a host thread's message: only what sends it (what is queued goes to
+ * its carrier, the transports flush), not a whole pass (no epoll, timers or callbacks: the
+ * host's next progress call has them, and the doorbell says so when callbacks wait). */
+bool mc__progress_send(mc_engine_t *e);
 
 /* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the
  * last one seen (segment_cache.c, kept current by a watch started on first use). cached_only:

@@ -110,7 +110,7 @@ static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const 
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->msgq_in, &m->link);
     pthread_mutex_unlock(&e->sub_lock);
-    if (!mc__progress_implicit(e))
+    if (!mc__progress_send(e))
         mc__doorbell(e);
     return 0;
 }
