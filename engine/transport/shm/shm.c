@@ -295,9 +295,12 @@ static void shm_progress(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
 
-    if (atomic_exchange(&se->revoke_req, false))
+    /* Looked at before they are taken: a locked exchange every pass costs a spinning host. */
+    if (atomic_load_explicit(&se->revoke_req, memory_order_relaxed) &&
+        atomic_exchange(&se->revoke_req, false))
         revoke_start(e);
-    if (atomic_exchange(&se->revoke_abort, false))
+    if (atomic_load_explicit(&se->revoke_abort, memory_order_relaxed) &&
+        atomic_exchange(&se->revoke_abort, false))
         revoke_abort(e);
     mc__shm_msg_progress(e);
 }
