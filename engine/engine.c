@@ -24,6 +24,9 @@
 #define TICK_SOON_MS  1    /* while a transport keeps work for the next pass (pass_soon) */
 #define EPOLL_SPIN_NS 1000 /* caller-progress mode: epoll at least this often */
 
+/* A host's send runs a whole pass when none ran for this long (mc__progress_send). */
+#define SEND_PASS_NS (100 * 1000)
+
 static __thread bool in_pass;
 static __thread const mc_engine_t *pass_engine; /* whose pass (in_pass) */
 
@@ -247,16 +250,20 @@ bool mc__progress_may_sleep(mc_engine_t *e)
     return ok;
 }
 
-/* now: the clock as the caller read it, or 0 (read here). */
-static int progress_try(mc_engine_t *e, bool callbacks, bool *ran, uint64_t now)
+/* A host that sleeps on the event fd may do so after any pass. Caller holds e->lock. */
+static void arm_for_host(mc_engine_t *e)
+{
+    if (atomic_load_explicit(&e->event_fd_taken, memory_order_relaxed) &&
+        !atomic_load_explicit(&e->arm_explicit, memory_order_relaxed) && !idle_arm(e))
+        mc__doorbell(e);
+}
+
+/* A pass by a thread that took e->lock; now: the clock as the caller read it, or 0. */
+static int progress_locked(mc_engine_t *e, bool callbacks, uint64_t now)
 {
     struct epoll_event evs[MAX_EVENTS];
     int n, rc;
 
-    *ran = false;
-    if (in_pass || pthread_mutex_trylock(&e->lock))
-        return 0;
-    *ran = true;
     MC_LOG_SCOPE(e->cfg.log_level);
     /* A host spinning on progress asks epoll at most every EPOLL_SPIN_NS while it reports
      * nothing: what arrives through shared memory is seen without a syscall per pass. */
@@ -269,10 +276,20 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran, uint64_t now)
         e->epoll_found = n > 0;
     }
     rc = progress_pass(e, now, evs, n < 0 ? 0 : n, callbacks);
-    /* A host that sleeps on the event fd may do so after any pass. */
-    if (atomic_load_explicit(&e->event_fd_taken, memory_order_relaxed) &&
-        !atomic_load_explicit(&e->arm_explicit, memory_order_relaxed) && !idle_arm(e))
-        mc__doorbell(e);
+    arm_for_host(e);
+    return rc;
+}
+
+/* now: the clock as the caller read it, or 0 (read here). */
+static int progress_try(mc_engine_t *e, bool callbacks, bool *ran, uint64_t now)
+{
+    int rc;
+
+    *ran = false;
+    if (in_pass || pthread_mutex_trylock(&e->lock))
+        return 0;
+    *ran = true;
+    rc = progress_locked(e, callbacks, now);
     pthread_mutex_unlock(&e->lock);
     return rc;
 }
@@ -285,11 +302,18 @@ int mc__progress_try(mc_engine_t *e)
 }
 
 /* A ping-pong's sender otherwise pays a whole pass per message (UCX's sends write straight
- * into the peer's FIFO). */
+ * into the peer's FIFO). A host that only sends still gets whole passes, one every
+ * SEND_PASS_NS: they connect, take the answers that free its window, and run the timers. */
 bool mc__progress_send(mc_engine_t *e)
 {
     if (!e->implicit_progress || in_pass || pthread_mutex_trylock(&e->lock))
         return false;
+    uint64_t now = mc__now_ns();
+    if (now - e->last_pass_ns >= SEND_PASS_NS) {
+        progress_locked(e, true, now);
+        pthread_mutex_unlock(&e->lock);
+        return true;
+    }
     MC_LOG_SCOPE(e->cfg.log_level);
     in_pass = true;
     pass_engine = e;
@@ -299,6 +323,7 @@ bool mc__progress_send(mc_engine_t *e)
     in_pass = false;
     if (mc__callbacks_pending(e) || e->pass_soon)
         mc__doorbell(e);
+    arm_for_host(e);
     pthread_mutex_unlock(&e->lock);
     return true;
 }

@@ -181,7 +181,8 @@ int mc__progress_quiet(mc_engine_t *e);
 bool mc__progress_implicit(mc_engine_t *e);
 /* mc__progress_implicit for a host thread's message: only what sends it (what is queued goes to
  * its carrier, the transports flush), not a whole pass (no epoll, timers or callbacks: the
- * host's next progress call has them, and the doorbell says so when callbacks wait). */
+ * host's next progress call has them, and the doorbell says so when callbacks wait), unless no
+ * whole pass ran for a while (a host that only sends). */
 bool mc__progress_send(mc_engine_t *e);
 
 /* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the

@@ -101,6 +101,8 @@ static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const 
     if (!e)
         return mc__set_error(-EINVAL, "NULL engine");
     rc = msg_new(e, target, id, data, len, opts, &m);
+    if (rc == -EAGAIN && !mc__in_pass_of(e) && mc__progress_implicit(e))
+        rc = msg_new(e, target, id, data, len, opts, &m); /* the pass took answers in */
     if (rc)
         return rc;
     if (mc__in_pass_of(e)) { /* a callback: it goes out at the end of this pass */

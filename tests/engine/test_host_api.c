@@ -1,7 +1,8 @@
 /*
  * What hosts that embed the engine in their own process and event loop rely on (the UCX
  * module, the KV plugin, the P2P store): batches reused without allocating, per-submit
- * timeouts, release that never blocks, progress only where the host drives it, connections
+ * timeouts, release that never blocks, progress only where the host drives it (and a host
+ * that only sends still moving its messages), connections
  * that survive a host computing for seconds, overlapping registrations, non-blocking opens (to
  * unreachable peers, by a name metadata learns later, to self), and a target flooded with
  * connections while out of descriptors. Targets run in child processes (harness.c).
@@ -718,6 +719,49 @@ static void test_progress_explicit(void **state)
     th_buf_free(e, src, MIB);
 }
 
+/* A caller-progress host with implicit progress that only sends, never calling
+ * mc_engine_progress: its sends alone connect to the peer, take in the answers that free its
+ * window (4096 messages) and deliver every message once, in order; over shm, then over tcp. */
+static void test_send_only(void **state)
+{
+    const uint32_t n = 3 * MC_MSG_WINDOW;
+    uint8_t buf[4 + 64];
+    th_reply_t r;
+
+    (void)state;
+    for (int tcp = 0; tcp < 2; tcp++) {
+        th_cfg_t cfg;
+        th_config(&cfg);
+        if (tcp)
+            th_set(&cfg, "FORCE_TCP", "1");
+        th_target_t *t = spawn(0, &cfg, 4096, 0);
+        th_set(&cfg, "PROGRESS_THREAD", "0");
+        mc_engine_t *e = g.e[0] = th_engine(&cfg);
+        mc_segment_id_t seg = th_open(e, t, 0); /* not connected yet */
+        int64_t dl = th_now_ms() + 30000;
+        for (uint32_t i = 0; i < n; i++) {
+            size_t len = 4 + i % 64;
+            int rc;
+            memcpy(buf, &i, 4);
+            th_fill(buf + 4, len - 4, 1000 + i);
+            while ((rc = mc_msg_send(e, seg, TH_MSG_ID, buf, len)) == -EAGAIN && th_now_ms() < dl)
+                th_sleep_ms(1);
+            assert_int_equal(rc, 0);
+        }
+        th_cmd_t c = {.op = TH_CMD_MSGS, .a0 = n, .a3 = 20000};
+        assert_int_equal(th_target_cmd(t, &c, &r, 30000), 0);
+        if (r.v[0] != n || r.v[1] || r.v[2] || r.v[3])
+            print_error("%s: received %lld of %u, out of order %lld, bad payload %lld\n",
+                        tcp ? "tcp" : "shm", (long long)r.v[0], n, (long long)r.v[1],
+                        (long long)r.v[2]);
+        assert_int_equal(r.v[0], n);
+        assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+        mc_engine_destroy(e);
+        g.e[0] = NULL;
+        th_target_kill(t);
+    }
+}
+
 static uint64_t tcp_errors(mc_engine_t *e)
 {
     mc_counters_t c;
@@ -1351,6 +1395,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_close_waiting_peer, teardown),
         cmocka_unit_test_teardown(test_restarted_peer, teardown),
         cmocka_unit_test_teardown(test_progress_explicit, teardown),
+        cmocka_unit_test_teardown(test_send_only, teardown),
         cmocka_unit_test_teardown(test_caller_idle, teardown),
         cmocka_unit_test_teardown(test_caller_serve, teardown),
         cmocka_unit_test_teardown(test_engine_arm, teardown),
