@@ -21,9 +21,9 @@
  * which callbacks run only inside mc_engine_progress and mc_batch_wait (unregister, which must
  * wait for I/O, moves bytes but keeps the callbacks for the next mc_engine_progress). A send's
  * pass is a short one while the host also calls progress (it moves the message out and leaves
- * what came in to the host's next call), a whole one when no pass ran for 100 µs. Callbacks
- * run at the end of a pass, never inside another engine call's work. Connections do not depend
- * on how often the host calls in: a host may compute for seconds between calls.
+ * what came in to the host's next call), a whole one when no pass ran for 100 microseconds.
+ * Callbacks run at the end of a pass, never inside another engine call's work. Connections do
+ * not depend on how often the host calls in: a host may compute for seconds between calls.
  */
 #ifndef MOONCAKE_ENGINE_H
 #define MOONCAKE_ENGINE_H
