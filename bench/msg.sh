@@ -21,7 +21,8 @@
 #   --duration S      DURATION  seconds per engine run (2): half ping-pong, half streaming
 #   MC_BUILD_DIR      build dir, relative to the repo root unless absolute (build)
 #   MSG_SKIP          space-separated figures to leave out: ucx rdma thread
-# Output: progress on stderr; a table and, last, one JSON line of medians on stdout.  Exit 0
+# Output: progress on stderr; a table, the engine/UCX latency ratios round by round, and, last,
+# one JSON line of medians (with those ratios) on stdout.  Exit 0
 # when every run that was attempted worked (skips are fine), 1 otherwise.
 set -u
 
@@ -183,11 +184,12 @@ done
     for k in "${!vals[@]}"; do echo "$k ${vals[$k]}"; done
 } | python3 -c '
 import json, statistics, sys
-rows = {}
+rows, runs = {}, {}
 for line in sys.stdin:
     f = line.split()
     fig, size, metric, values = f[0], int(f[1]), f[2], [float(v) for v in f[3:]]
     rows.setdefault((fig, size), {})[metric] = statistics.median(values)
+    runs[(fig, size, metric)] = values
 print("%-18s %10s %10s %10s %14s" % ("figure", "size", "p50_us", "p99_us", "msgs_per_sec"))
 out = {}
 for (fig, size), m in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):
@@ -199,6 +201,14 @@ for size in sorted({s for _, s in rows}):
         a, b = rows.get((eng, size), {}), rows.get((ucx, size), {})
         if "p50" in a and "p50" in b and b["p50"] > 0:
             out["%s_%d_lat_vs_ucx" % (eng, size)] = round(a["p50"] / b["p50"], 2)
+        # Round by round: this VM swings between a fast and a slow mode for minutes at a time,
+        # and the two figures of one round share it more often than the medians do.
+        ra, rb = runs.get((eng, size, "p50"), []), runs.get((ucx, size, "p50"), [])
+        if ra and len(ra) == len(rb) and all(rb):
+            paired = [x / y for x, y in zip(ra, rb)]
+            out["%s_%d_lat_vs_ucx_by_round" % (eng, size)] = [round(r, 2) for r in paired]
+            print("%s / %s %d B, round by round: %s" % (eng, ucx, size,
+                  " ".join("%.2f" % r for r in paired)))
 print(json.dumps(out, sort_keys=True))
 '
 [[ $failures -eq 0 ]]
