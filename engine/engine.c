@@ -24,6 +24,11 @@
 #define TICK_SOON_MS  1    /* while a transport keeps work for the next pass (pass_soon) */
 #define EPOLL_SPIN_NS 1000 /* caller-progress mode: epoll at least this often */
 
+/* ... unless the watch says (epoll_due): once epoll found nothing for EPOLL_QUIET_NS; then at
+ * least every EPOLL_LATE_NS. */
+#define EPOLL_QUIET_NS 1000000
+#define EPOLL_LATE_NS  1000000
+
 /* A host's send runs a whole pass when none ran for this long (mc__progress_send). */
 #define SEND_PASS_NS (100 * 1000)
 
@@ -258,6 +263,26 @@ static void arm_for_host(mc_engine_t *e)
         mc__doorbell(e);
 }
 
+/* Whether a host's pass asks epoll (one that found events asks again at once). While the
+ * descriptors are quiet (no event for EPOLL_QUIET_NS: what moves goes through shared memory),
+ * the watch (sys/epwatch.h) says whether the set has events, so that spinning costs no syscall;
+ * EPOLL_LATE_NS bounds what a watch that missed one could cost. While they are busy, and for a
+ * thread the watch does not belong to, epoll is asked every EPOLL_SPIN_NS: the watch's task work
+ * runs on the return of the very epoll_wait that takes an event, on the path of a busy socket's
+ * every message (a tcp ping-pong took 12.5 us one way with the watch always on, 9.1 without). */
+static bool epoll_due(mc_engine_t *e, uint64_t now)
+{
+    /* (signed: a clock read before another thread's pass counts as just now) */
+    int64_t since_hit = (int64_t)(now - e->epoll_hit_ns), since = (int64_t)(now - e->epoll_ns);
+
+    if (since_hit >= (int64_t)EPOLL_QUIET_NS) {
+        int w = mc__epwatch_look(&e->epwatch, e->epfd, now);
+        if (w >= 0)
+            return w > 0 || since >= (int64_t)EPOLL_LATE_NS;
+    }
+    return since >= EPOLL_SPIN_NS;
+}
+
 /* A pass by a thread that took e->lock; now: the clock as the caller read it, or 0. */
 static int progress_locked(mc_engine_t *e, bool callbacks, uint64_t now)
 {
@@ -265,15 +290,19 @@ static int progress_locked(mc_engine_t *e, bool callbacks, uint64_t now)
     int n, rc;
 
     MC_LOG_SCOPE(e->cfg.log_level);
-    /* A host spinning on progress asks epoll at most every EPOLL_SPIN_NS while it reports
-     * nothing: what arrives through shared memory is seen without a syscall per pass. */
+    /* A host spinning on progress asks epoll only when it may have something (epoll_due): what
+     * arrives through shared memory is seen without a syscall per pass. */
     if (!now)
         now = mc__now_ns();
     n = 0;
-    if (e->epoll_found || now - e->epoll_ns >= EPOLL_SPIN_NS) {
+    if (e->epoll_found || epoll_due(e, now)) {
         n = epoll_wait(e->epfd, evs, MAX_EVENTS, 0);
         e->epoll_ns = now;
         e->epoll_found = n > 0;
+        if (n > 0) {
+            e->epoll_hit_ns = now;
+            mc__epwatch_stop(&e->epwatch);
+        }
     }
     rc = progress_pass(e, now, evs, n < 0 ? 0 : n, callbacks);
     arm_for_host(e);
@@ -694,6 +723,7 @@ void mc_engine_destroy(mc_engine_t *e)
     transports_fini(e); /* after the peers and the memory registrations are gone */
     if (e->meta)
         mc__meta_close(e->meta);
+    mc__epwatch_fini(&e->epwatch);
     if (e->epfd >= 0)
         close(e->epfd);
     if (e->doorbell >= 0)

@@ -30,6 +30,7 @@
 #include "fwd.h"
 #include "metadata/meta.h"
 #include "peer.h"
+#include "sys/epwatch.h"
 #include "util/list.h"
 #include "util/log.h"
 #include "topology/topology.h"
@@ -104,6 +105,11 @@ struct mc_engine {
     uint64_t soon_until_ns;
     uint64_t epoll_ns; /* caller-progress mode: the last epoll_wait, and whether it found */
     bool epoll_found;  /* events (then the next pass asks again at once) */
+
+    /* The last epoll_wait that found events; the watch asked instead of epoll while none did
+     * for a while (engine.c, epoll_due). */
+    uint64_t epoll_hit_ns;
+    mc_epwatch_t epwatch;
 
     mc_topo_t topo; /* the process's devices (shared, read-only) and this engine's matrix */
     bool has_topo;

@@ -1,5 +1,7 @@
 mc_unit_test(test_crypto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_crypto.c)
 mc_unit_test(test_meta_file SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_meta_file.c)
+# The epoll watch a spinning host asks instead of epoll_wait (engine/sys/epwatch.h).
+mc_unit_test(test_epwatch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_epwatch.c)
 # Integration suites: real engines in child processes on loopback (harness.c).
 mc_unit_test(test_conformance SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_conformance.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
