@@ -1,6 +1,7 @@
 /* The same-host (shm) transport beyond the conformance suite: the unregister protocol with a
- * peer that has the memory mapped, and an owner that dies during traffic. The target is a
- * child process (harness.c) with engine memory, on this host. */
+ * peer that has the memory mapped, an owner that dies during traffic, and a task from progress
+ * to a buffer not mapped yet. The target is a child process (harness.c) with engine memory, on
+ * this host. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -207,6 +208,79 @@ static void test_cma_unregister_during_traffic(void **state)
     assert_int_equal(th_remote_check(&fx->t, 0, b1 + 131072, BUF - 131072, 81, 131072), -1);
 }
 
+/* A task submitted from progress (here from another task's completion callback) to a buffer
+ * not mapped yet cannot wait there for the owner to hand its memory over: it goes by CMA, still
+ * through shared memory, not over tcp. The buffer is registered late and made known by its key
+ * (whose shm part says it may be mapped). */
+typedef struct later {
+    mc_batch_t *b;
+    mc_request_t req;
+    atomic_int rc; /* 1 until the callback ran */
+} later_t;
+
+static void submit_from_callback(void *arg, const mc_task_status_t *ts)
+{
+    later_t *l = arg;
+
+    atomic_store(&l->rc,
+                 ts->state != MC_TASK_COMPLETED ? -EIO : mc_batch_submit(l->b, &l->req, 1, NULL));
+}
+
+static void test_unmapped_from_progress(void **state)
+{
+    fx_t *fx = *state;
+    const size_t len = 1u << 20;
+    th_cmd_t c = {.op = TH_CMD_REGISTER, .a1 = len, .a2 = 4713};
+    th_reply_t r;
+    mc_counters_t tcp0, tcp1;
+    mc_batch_status_t st;
+    mc_batch_t *first;
+
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    uint64_t kb = (uint64_t)r.v[0];
+    c = (th_cmd_t){.op = TH_CMD_KEY, .a0 = kb + len - 1};
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(mc_segment_add_buffer(fx->e, fx->seg, r.msg, MC_BUFFER_KEY_SIZE), 0);
+
+    uint8_t *dst = th_buf(fx->e, len);
+    later_t l = {.req = {.opcode = MC_READ,
+                         .local = dst,
+                         .target = fx->seg,
+                         .target_offset = kb,
+                         .length = len},
+                 .rc = 1};
+    mc_request_t q = {.opcode = MC_WRITE,
+                      .local = fx->src,
+                      .target = fx->seg,
+                      .target_offset = fx->t.eng[0].buf[0],
+                      .length = 4096,
+                      .cb = submit_from_callback,
+                      .cb_arg = &l};
+    assert_int_equal(mc_batch_create(fx->e, 1, &first), 0);
+    assert_int_equal(mc_batch_create(fx->e, 1, &l.b), 0);
+    uint64_t before = shm_bytes(fx->e);
+    assert_int_equal(mc_stats_transport(fx->e, "tcp", &tcp0), 0);
+    assert_int_equal(mc_batch_submit(first, &q, 1, NULL), 0);
+    assert_int_equal(mc_batch_wait(first, 30000), 0);
+    for (int64_t dl = th_now_ms() + 30000; atomic_load(&l.rc) == 1;) {
+        assert_true(th_now_ms() < dl);
+        th_sleep_ms(1);
+    }
+    assert_int_equal(atomic_load(&l.rc), 0);
+    assert_int_equal(mc_batch_wait(l.b, 30000), 0);
+    assert_int_equal(mc_batch_status(l.b, &st), 0);
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, len, 4713), -1);
+    assert_true(shm_bytes(fx->e) >= before + 4096 + len);
+    assert_int_equal(mc_stats_transport(fx->e, "tcp", &tcp1), 0);
+    assert_true(tcp1.bytes_read - tcp0.bytes_read < len);
+    mc_batch_destroy(first);
+    mc_batch_destroy(l.b);
+    th_buf_free(fx->e, dst, len);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -215,6 +289,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_owner_dies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cma_unregister_during_traffic, setup_malloc, teardown),
         cmocka_unit_test_setup_teardown(test_owner_dies, setup_malloc, teardown),
+        cmocka_unit_test_setup_teardown(test_unmapped_from_progress, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

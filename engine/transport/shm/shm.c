@@ -641,8 +641,9 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
 }
 
 /* In the submitting thread, or in progress for tasks that waited for a descriptor: there,
- * nothing that waits for the owner (a first connection, a first mapping); such tasks go over
- * the next transport instead. */
+ * nothing that waits for the owner (a first connection, a first mapping). A buffer not mapped
+ * there (or whose mapping failed) is reached by CMA, which needs nothing of the owner; what
+ * neither reaches goes over the next transport. */
 static void shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
 {
     bool may_block = !mc__in_progress();
@@ -658,9 +659,11 @@ static void shm_submit(mc_engine_t *e, mc_task_t *tasks, size_t n)
             j = copy_run(s, tasks, i, n, may_block);
             if (j > i)
                 settle(e, s, tasks, i, j);
-        } else if (s && s->regtab && !atomic_load(&s->cma_off)) {
-            j = cma_run(e, s, tasks, i, n);
+            else /* not mapped, and mapping waits for the owner (not here) or failed */
+                t->tp_hint = SHM_BY_CMA;
         }
+        if (j == i && s && t->tp_hint == SHM_BY_CMA && s->regtab && !atomic_load(&s->cma_off))
+            j = cma_run(e, s, tasks, i, n);
         if (j > i)
             i = j - 1;
         else /* it cannot go through shared memory after all */
