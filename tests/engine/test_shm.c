@@ -276,8 +276,8 @@ static void test_unmapped_from_progress(void **state)
     assert_true(shm_bytes(fx->e) >= before + 4096 + len);
     assert_int_equal(mc_stats_transport(fx->e, "tcp", &tcp1), 0);
     assert_true(tcp1.bytes_read - tcp0.bytes_read < len);
-    mc_batch_destroy(first);
-    mc_batch_destroy(l.b);
+    th_batch_destroy(fx->e, first);
+    th_batch_destroy(fx->e, l.b);
     th_buf_free(fx->e, dst, len);
 }
 

@@ -599,7 +599,6 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
     static __thread struct iovec liov[CMA_IOV], riov[CMA_IOV]; /* 32 KiB: not on the stack */
     _Atomic uint64_t *slot = &s->regtab->slot[s->slot].active;
     size_t j = i, k = 0;
-    uint64_t total = 0;
     ssize_t got;
 
     pthread_mutex_lock(&s->cma_lock);
@@ -608,7 +607,6 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
         liov[k] = (struct iovec){tasks[j].req.local, tasks[j].req.length};
         riov[k] =
             (struct iovec){(void *)(uintptr_t)tasks[j].req.target_offset, tasks[j].req.length};
-        total += tasks[j].req.length;
     }
     got = !k                                ? 0
           : tasks[i].req.opcode == MC_WRITE ? process_vm_writev(s->pid, liov, k, riov, k, 0)
@@ -616,13 +614,16 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
     int err = errno;
     atomic_fetch_add(slot, 1);
     pthread_mutex_unlock(&s->cma_lock);
-    if (got < 0 && err == EPERM) {
+    /* Not permitted (ptrace restrictions) or not there (a seccomp filter, a kernel without
+     * it): never again to this peer, and these go over another transport. */
+    if (got < 0 && (err == EPERM || err == ENOSYS)) {
         if (!atomic_exchange(&s->cma_off, true))
-            mc_warn("CMA to %s not permitted (ptrace restrictions): other transports carry "
-                    "memory it did not allocate with mc_mem_alloc",
-                    tasks[i].peer->name);
+            mc_warn("CMA to %s unavailable (%s): other transports carry what shared memory "
+                    "does not map",
+                    tasks[i].peer->name, strerror(err));
         return i;
     }
+    bool moved = got >= 0;
     for (size_t x = i; x < j; x++) {
         uint64_t len = tasks[x].req.length;
         if (got >= 0 && (uint64_t)got >= len) {
@@ -630,10 +631,10 @@ static size_t cma_run(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i,
             task_done(e, &tasks[x]);
         } else {
             mc__task_finish(&tasks[x], MC_TASK_FAILED,
-                            got < 0 && err == ESRCH ? -MC_EPEERDEAD : -MC_EACCESS,
+                            !moved && err == ESRCH ? -MC_EPEERDEAD : -MC_EACCESS,
                             "segment %s: CMA %s: %s", tasks[x].peer->name,
-                            total ? "moved less than asked" : "failed",
-                            got < 0 ? strerror(err) : "owner memory changed");
+                            moved ? "moved less than asked" : "failed",
+                            moved ? "owner memory changed" : strerror(err));
             got = -1;
         }
     }
