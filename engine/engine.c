@@ -332,13 +332,15 @@ int mc__progress_try(mc_engine_t *e)
 
 /* A ping-pong's sender otherwise pays a whole pass per message (UCX's sends write straight
  * into the peer's FIFO). A host that only sends still gets whole passes, one every
- * SEND_PASS_NS: they connect, take the answers that free its window, and run the timers. */
+ * SEND_PASS_NS: they connect, take the answers that free its window, and run the timers. With
+ * MC_PROGRESS_IMPLICIT=0 only the send's own part runs, never a pass or a callback: the host
+ * drives those (a doorbell, an epoll_wait and a read per message otherwise, UCX's am_short). */
 bool mc__progress_send(mc_engine_t *e)
 {
-    if (!e->implicit_progress || in_pass || pthread_mutex_trylock(&e->lock))
+    if (e->has_thread || in_pass || pthread_mutex_trylock(&e->lock))
         return false;
     uint64_t now = mc__now_ns();
-    if (now - e->last_pass_ns >= SEND_PASS_NS) {
+    if (e->implicit_progress && now - e->last_pass_ns >= SEND_PASS_NS) {
         progress_locked(e, true, now);
         pthread_mutex_unlock(&e->lock);
         return true;
