@@ -456,6 +456,10 @@ static void child_command(const th_cmd_t *c, th_reply_t *r)
     case TH_CMD_KEY:
         r->rc = mc_buffer_key_pack(ce->e, (void *)(uintptr_t)c->a0, r->msg);
         break;
+    case TH_CMD_DESTROY:
+        mc_engine_destroy(ce->e);
+        ce->e = NULL;
+        break;
     case TH_CMD_ADDRESS: {
         size_t len = sizeof(r->msg);
         r->rc = mc_engine_address(ce->e, r->msg, &len);

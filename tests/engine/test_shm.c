@@ -1,7 +1,7 @@
 /* The same-host (shm) transport beyond the conformance suite: the unregister protocol with a
- * peer that has the memory mapped, an owner that dies during traffic, and a task from progress
- * to a buffer not mapped yet. The target is a child process (harness.c) with engine memory, on
- * this host. */
+ * peer that has the memory mapped, an owner that dies during traffic, a task from progress to a
+ * buffer not mapped yet, and CMA after the owner's engine is destroyed. The target is a child
+ * process (harness.c) with engine memory, on this host. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -281,6 +281,62 @@ static void test_unmapped_from_progress(void **state)
     th_buf_free(fx->e, dst, len);
 }
 
+/* An initiator that spins on progress itself, and runs none but its own. */
+static int setup_caller_malloc(void **state)
+{
+    fx_t *fx = calloc(1, sizeof(*fx));
+    th_cfg_t cfg;
+    th_target_opts_t o;
+
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "0");
+    th_target_opts_init(&o, &cfg, BUF);
+    o.n_bufs = 2;
+    o.use_alloc = 0;
+    assert_int_equal(th_target_spawn(&o, &fx->t), 0);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    fx->e = th_engine(&cfg);
+    fx->seg = th_open(fx->e, &fx->t, 0);
+    fx->src = th_buf(fx->e, BUF);
+    *state = fx;
+    return 0;
+}
+
+/* The owner destroys its engine (the process and its malloc'ed memory stay): from the moment
+ * mc_engine_destroy returned, no CMA may reach that memory, even from a peer that has not heard
+ * yet that the engine went (here: one that ran no progress since). */
+static void test_cma_after_owner_destroy(void **state)
+{
+    fx_t *fx = *state;
+    const size_t len = 65536;
+    uint64_t b0 = fx->t.eng[0].buf[0];
+    th_cmd_t c = {.op = TH_CMD_DESTROY};
+    th_reply_t r;
+    mc_batch_status_t st;
+    mc_batch_t *b;
+
+    th_fill(fx->src, len, 91);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b0, len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_true(shm_bytes(fx->e) >= len); /* CMA */
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+
+    memset(fx->src, 0, len);
+    uint64_t before = shm_bytes(fx->e);
+    mc_request_t q = {
+        .opcode = MC_READ, .local = fx->src, .target = fx->seg, .target_offset = b0, .length = len};
+    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &q, 1, NULL), 0);
+    assert_true(shm_bytes(fx->e) == before); /* CMA refused at submit */
+    mc_batch_wait(b, 20000);
+    assert_int_equal(mc_batch_status(b, &st), 0);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_int_not_equal(th_check(fx->src, len, 91), -1); /* nothing of the owner's read */
+    th_batch_destroy(fx->e, b);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -290,6 +346,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_cma_unregister_during_traffic, setup_malloc, teardown),
         cmocka_unit_test_setup_teardown(test_owner_dies, setup_malloc, teardown),
         cmocka_unit_test_setup_teardown(test_unmapped_from_progress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cma_after_owner_destroy, setup_caller_malloc,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -786,6 +786,7 @@ static void shm_stop(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
 
+    mc__shm_regtab_withdraw(e); /* before our memory goes (memtab_fini, or the host's free) */
     while (!mc_list_empty(&se->conns))
         conn_bury(e, mc_container_of(se->conns.next, shm_conn_t, link));
     if (se->listen.fd >= 0) {

@@ -86,6 +86,7 @@ typedef struct shm_engine {
     mc_regtab_t *regtab; /* our registrations, shared with same-host peers (CMA) */
     int regtab_fd;
     bool regtab_used[MC_REGTAB_SLOTS]; /* peer slots in regtab, progress-owned */
+    bool regtab_withdrawn;             /* the engine is going: regtab stays empty */
     mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
 } shm_engine_t;
@@ -107,6 +108,8 @@ void mc__shm_regtab_slot_put(mc_engine_t *e, int slot);
 void mc__shm_regtab_publish(mc_engine_t *e);
 /* After a registration was removed: wait for same-host peers' CMA calls that may still use it. */
 void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
+/* Engine destroy: nothing of ours in the table any more, and no CMA that saw it still running. */
+void mc__shm_regtab_withdraw(mc_engine_t *e);
 
 /* Peer side: whether [addr, addr+len) is inside one registered buffer of the table now. */
 bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len);

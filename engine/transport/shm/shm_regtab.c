@@ -46,7 +46,7 @@ void mc__shm_regtab_publish(mc_engine_t *e)
     mc_regtab_t *t = shm_of(e)->regtab;
     size_t n = e->mem.n < MC_REGTAB_ENTRIES ? e->mem.n : MC_REGTAB_ENTRIES;
 
-    if (!t)
+    if (!t || shm_of(e)->regtab_withdrawn)
         return;
     atomic_fetch_add(&t->seq, 1); /* odd: readers retry */
     for (size_t i = 0; i < n; i++) {
@@ -56,6 +56,23 @@ void mc__shm_regtab_publish(mc_engine_t *e)
     atomic_store(&t->n, (uint32_t)n);
     atomic_store(&t->overflow, e->mem.n > MC_REGTAB_ENTRIES);
     atomic_fetch_add(&t->seq, 1);
+}
+
+/* The engine is going: empty the table, so that no peer's CMA starts on our memory any more,
+ * and wait out those running, before the memory is unmapped or handed back to the host. Peers
+ * hear that we went only when they see our connections close, which may be later. */
+void mc__shm_regtab_withdraw(mc_engine_t *e)
+{
+    mc_regtab_t *t = shm_of(e)->regtab;
+
+    if (!t)
+        return;
+    shm_of(e)->regtab_withdrawn = true; /* and it stays empty */
+    atomic_fetch_add(&t->seq, 1);
+    atomic_store(&t->n, 0);
+    atomic_store(&t->overflow, false);
+    atomic_fetch_add(&t->seq, 1);
+    mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
 }
 
 /* After a registration was removed: wait until no peer's CMA that might have seen it is still
