@@ -352,7 +352,10 @@ bool mc__progress_send(mc_engine_t *e)
     mc__sched_run(e);
     transports_reap(e);
     in_pass = false;
-    if (mc__callbacks_pending(e) || e->pass_soon)
+    /* A host that armed and then sent (another fd woke it, another thread sent) sleeps on the
+     * event fd: what this send started (a ring the receiver now consumes, an answer to come)
+     * was not armed, so it is woken to run a pass and arm again. */
+    if (mc__callbacks_pending(e) || e->pass_soon || atomic_load(&e->host_armed))
         mc__doorbell(e);
     arm_for_host(e);
     pthread_mutex_unlock(&e->lock);
@@ -383,11 +386,12 @@ int mc_engine_progress(mc_engine_t *e)
         return 0;
     uint64_t now = 0;
     bool ran;
+    if (atomic_load_explicit(&e->host_armed, memory_order_relaxed)) /* it is back */
+        atomic_store_explicit(&e->host_armed, false, memory_order_relaxed);
     if (e->has_serve_thread) { /* the pass below uses the same clock reading */
         now = mc__now_ns();
         atomic_store_explicit(&e->host_pass_ns, now, memory_order_relaxed);
         atomic_fetch_add_explicit(&e->host_passes, 1, memory_order_relaxed);
-        atomic_store_explicit(&e->host_armed, false, memory_order_relaxed);
     }
     return progress_try(e, true, &ran, now);
 }

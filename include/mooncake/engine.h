@@ -20,9 +20,10 @@
  * notify_pop and unregister then also run a pass themselves unless MC_PROGRESS_IMPLICIT=0, under
  * which callbacks run only inside mc_engine_progress and mc_batch_wait (unregister, which must
  * wait for I/O, moves bytes but keeps the callbacks for the next mc_engine_progress; a send
- * still moves its own message out, with no pass and no callback). A send's pass is a short one
- * while the host also calls progress (it moves the message out and leaves what came in to the
- * host's next call), a whole one when no pass ran for 100 microseconds.
+ * still moves out what is queued, its message with it: no pass, no callback). With implicit
+ * progress a send's pass is a short one while the host also calls progress (it moves the
+ * message out and leaves what came in to the host's next call), a whole one when no pass ran
+ * for 100 microseconds.
  * Callbacks run at the end of a pass, never inside another engine call's work. Connections do
  * not depend on how often the host calls in: a host may compute for seconds between calls.
  */

@@ -931,6 +931,68 @@ static void test_engine_arm(void **state)
     }
 }
 
+static atomic_int arm_sent;
+
+static void on_arm_sent(void *arg, int status)
+{
+    (void)arg;
+    if (!status)
+        atomic_fetch_add(&arm_sent, 1);
+}
+
+/* mc_engine_arm, the sending side, as UCX's module runs the engine (PROGRESS_IMPLICIT=0, a
+ * serving thread): a host that armed and then sends before it sleeps (another fd woke it, or
+ * another thread sent) is woken for what its send started, the connection and the message's
+ * completion, not by the next timer tick a second later. Over tcp and over the same-host
+ * ring (whose receiver kicks only a sender that armed it). */
+static void test_engine_arm_send(void **state)
+{
+    const char *protocols[] = {"tcp", "shm"};
+
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        th_cfg_t cfg;
+        mc_segment_id_t seg;
+        mc_msg_opts_t o = {.size = sizeof(o), .cb = on_arm_sent};
+        th_config(&cfg);
+        th_set(&cfg, "PROTOCOL", "%s", protocols[k]);
+        mc_engine_t *rcv = g.e[0] = th_engine(&cfg);
+        th_set(&cfg, "PROGRESS_THREAD", "0");
+        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+        th_set(&cfg, "PROGRESS_SERVE_US", "100");
+        mc_engine_t *host = g.e[1] = th_engine(&cfg);
+        int fd = mc_engine_event_fd(host);
+        assert_true(fd >= 0);
+        assert_int_equal(mc_msg_handler_set(rcv, TH_MSG_ID, on_arm_msg, NULL), 0);
+        assert_int_equal(mc_segment_open_nb(host, mc_engine_segment_name(rcv), &seg), 0);
+        atomic_store(&arm_msgs, 0);
+        atomic_store(&arm_sent, 0);
+        for (int round = 1; round <= 30; round++) {
+            int64_t dl = th_now_ms() + 10000;
+            while (mc_engine_arm(host) == -EAGAIN && th_now_ms() < dl)
+                mc_engine_progress(host);
+            assert_true(th_now_ms() < dl);
+            assert_int_equal(mc_msg_send_ex(host, seg, TH_MSG_ID, "y", 1, &o), 0);
+            while (atomic_load(&arm_sent) < round && th_now_ms() < dl) {
+                struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                assert_int_equal(poll(&pfd, 1, 500), 1); /* woken, well before a 1 s tick */
+                mc_engine_progress(host);
+                while (atomic_load(&arm_sent) < round && mc_engine_arm(host) == -EAGAIN &&
+                       th_now_ms() < dl)
+                    mc_engine_progress(host);
+            }
+            assert_int_equal(atomic_load(&arm_sent), round);
+        }
+        assert_int_equal(atomic_load(&arm_msgs), 30);
+        mc_counters_t c;
+        assert_int_equal(mc_stats_transport(host, protocols[k], &c), 0);
+        assert_true(c.msgs_sent > 0); /* the carrier under test took some */
+        mc_engine_destroy(rcv);
+        mc_engine_destroy(host);
+        g.e[0] = g.e[1] = NULL;
+    }
+}
+
 /* ---- registrations --------------------------------------------------------------------------- */
 
 /* The same pages registered twice by two layers, and a smaller range inside a larger one: a
@@ -1399,6 +1461,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_caller_idle, teardown),
         cmocka_unit_test_teardown(test_caller_serve, teardown),
         cmocka_unit_test_teardown(test_engine_arm, teardown),
+        cmocka_unit_test_teardown(test_engine_arm_send, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),
