@@ -684,6 +684,22 @@ int th_target_cmd(th_target_t *t, const th_cmd_t *cmd, th_reply_t *rep, int time
     return rc;
 }
 
+uint64_t th_register_keyed(th_target_t *t, mc_engine_t *e, mc_segment_id_t seg, size_t len,
+                           uint64_t seed)
+{
+    th_cmd_t c = {.op = TH_CMD_REGISTER, .a1 = len, .a2 = seed};
+    th_reply_t r;
+
+    if (th_target_cmd(t, &c, &r, 30000) || r.rc)
+        return 0;
+    uint64_t addr = (uint64_t)r.v[0];
+    c = (th_cmd_t){.op = TH_CMD_KEY, .a0 = addr + len - 1};
+    if (th_target_cmd(t, &c, &r, 30000) || r.rc ||
+        mc_segment_add_buffer(e, seg, r.msg, MC_BUFFER_KEY_SIZE))
+        return 0;
+    return addr;
+}
+
 int th_target_send(th_target_t *t, const th_cmd_t *cmd)
 {
     return io_full(t->sock, (void *)cmd, sizeof(*cmd), 1, th_now_ms() + 10000);

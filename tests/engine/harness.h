@@ -115,6 +115,10 @@ void th_target_opts_init(th_target_opts_t *o, const th_cfg_t *cfg, size_t buf_si
 int th_target_spawn(const th_target_opts_t *o, th_target_t *t);
 /* Send one command and wait (bounded by timeout_ms) for its reply. 0 or negative errno. */
 int th_target_cmd(th_target_t *t, const th_cmd_t *cmd, th_reply_t *rep, int timeout_ms);
+/* A new buffer of len bytes in the target (its first engine), filled with stream seed, made
+ * known to e's open segment seg by its key (mc_segment_add_buffer): its address, or 0. */
+uint64_t th_register_keyed(th_target_t *t, mc_engine_t *e, mc_segment_id_t seg, size_t len,
+                           uint64_t seed);
 /* The two halves of th_target_cmd, for a command that runs while the parent works. */
 int th_target_send(th_target_t *t, const th_cmd_t *cmd);
 int th_target_recv(th_target_t *t, th_reply_t *rep, int timeout_ms);

@@ -741,14 +741,8 @@ static void test_registered_later(void **state)
 
     /* One more, made known by its key this time: it goes over the transport under test at
      * once, with what the key carries (rdma: its rkeys; shm: that it may be mapped). */
-    c = (th_cmd_t){.op = TH_CMD_REGISTER, .a1 = len, .a2 = 4713};
-    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
-    assert_int_equal(r.rc, 0);
-    uint64_t kb = (uint64_t)r.v[0];
-    c = (th_cmd_t){.op = TH_CMD_KEY, .a0 = kb + len - 1};
-    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
-    assert_int_equal(r.rc, 0);
-    assert_int_equal(mc_segment_add_buffer(fx->e, fx->seg, r.msg, MC_BUFFER_KEY_SIZE), 0);
+    uint64_t kb = th_register_keyed(&fx->t, fx->e, fx->seg, len, 4713);
+    assert_true(kb != 0);
     mc_buffer_info_t bi[8];
     size_t nbi = 0;
     bool listed = false;

@@ -26,7 +26,8 @@ typedef struct fx {
     uint8_t *src;
 } fx_t;
 
-static int setup_kind(void **state, int use_alloc)
+/* caller: the initiator spins on progress itself, and runs none but its own. */
+static int setup_kind(void **state, int use_alloc, bool caller)
 {
     fx_t *fx = calloc(1, sizeof(*fx));
     th_cfg_t cfg;
@@ -38,6 +39,10 @@ static int setup_kind(void **state, int use_alloc)
     o.n_bufs = 2;
     o.use_alloc = use_alloc;
     assert_int_equal(th_target_spawn(&o, &fx->t), 0);
+    if (caller) {
+        th_set(&cfg, "PROGRESS_THREAD", "0");
+        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    }
     fx->e = th_engine(&cfg);
     fx->seg = th_open(fx->e, &fx->t, 0);
     fx->src = th_buf(fx->e, BUF);
@@ -47,13 +52,13 @@ static int setup_kind(void **state, int use_alloc)
 
 static int setup(void **state)
 {
-    return setup_kind(state, 1);
+    return setup_kind(state, 1, false);
 }
 
 /* Target memory that is not engine memory: same-host copies go through CMA. */
 static int setup_malloc(void **state)
 {
-    return setup_kind(state, 0);
+    return setup_kind(state, 0, false);
 }
 
 static int teardown(void **state)
@@ -230,19 +235,12 @@ static void test_unmapped_from_progress(void **state)
 {
     fx_t *fx = *state;
     const size_t len = 1u << 20;
-    th_cmd_t c = {.op = TH_CMD_REGISTER, .a1 = len, .a2 = 4713};
-    th_reply_t r;
     mc_counters_t tcp0, tcp1;
     mc_batch_status_t st;
     mc_batch_t *first;
+    uint64_t kb = th_register_keyed(&fx->t, fx->e, fx->seg, len, 4713);
 
-    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
-    assert_int_equal(r.rc, 0);
-    uint64_t kb = (uint64_t)r.v[0];
-    c = (th_cmd_t){.op = TH_CMD_KEY, .a0 = kb + len - 1};
-    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
-    assert_int_equal(r.rc, 0);
-    assert_int_equal(mc_segment_add_buffer(fx->e, fx->seg, r.msg, MC_BUFFER_KEY_SIZE), 0);
+    assert_true(kb != 0);
 
     uint8_t *dst = th_buf(fx->e, len);
     later_t l = {.req = {.opcode = MC_READ,
@@ -281,26 +279,9 @@ static void test_unmapped_from_progress(void **state)
     th_buf_free(fx->e, dst, len);
 }
 
-/* An initiator that spins on progress itself, and runs none but its own. */
 static int setup_caller_malloc(void **state)
 {
-    fx_t *fx = calloc(1, sizeof(*fx));
-    th_cfg_t cfg;
-    th_target_opts_t o;
-
-    th_config(&cfg);
-    th_set(&cfg, "FORCE_TCP", "0");
-    th_target_opts_init(&o, &cfg, BUF);
-    o.n_bufs = 2;
-    o.use_alloc = 0;
-    assert_int_equal(th_target_spawn(&o, &fx->t), 0);
-    th_set(&cfg, "PROGRESS_THREAD", "0");
-    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
-    fx->e = th_engine(&cfg);
-    fx->seg = th_open(fx->e, &fx->t, 0);
-    fx->src = th_buf(fx->e, BUF);
-    *state = fx;
-    return 0;
+    return setup_kind(state, 0, true);
 }
 
 /* The owner destroys its engine (the process and its malloc'ed memory stay): from the moment
