@@ -339,8 +339,8 @@ bool mc__progress_send(mc_engine_t *e)
 {
     if (e->has_thread || in_pass || pthread_mutex_trylock(&e->lock))
         return false;
-    uint64_t now = mc__now_ns();
-    if (e->implicit_progress && now - e->last_pass_ns >= SEND_PASS_NS) {
+    uint64_t now = e->implicit_progress ? mc__now_ns() : 0;
+    if (now && now - e->last_pass_ns >= SEND_PASS_NS) {
         progress_locked(e, true, now);
         pthread_mutex_unlock(&e->lock);
         return true;

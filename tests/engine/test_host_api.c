@@ -882,6 +882,40 @@ static void on_arm_msg(void *arg, const char *sender, uint8_t id, const void *da
     atomic_fetch_add(&arm_msgs, 1);
 }
 
+/* Two engines for the arm tests, both on protocol: a peer with its progress thread (g.e[0])
+ * and a host as the UCX module runs one (g.e[1]: caller progress, nothing implicit, a serving
+ * thread after serve_us, 0: none); *fd_p gets the host's event fd. */
+static void arm_pair(const char *protocol, int serve_us, mc_engine_t **peer, mc_engine_t **host,
+                     int *fd_p)
+{
+    th_cfg_t cfg;
+
+    th_config(&cfg);
+    th_set(&cfg, "PROTOCOL", "%s", protocol);
+    *peer = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    th_set(&cfg, "PROGRESS_SERVE_US", "%d", serve_us);
+    *host = g.e[1] = th_engine(&cfg);
+    *fd_p = mc_engine_event_fd(*host);
+    assert_true(*fd_p >= 0);
+}
+
+static void arm_pair_destroy(void)
+{
+    mc_engine_destroy(g.e[0]);
+    mc_engine_destroy(g.e[1]);
+    g.e[0] = g.e[1] = NULL;
+}
+
+/* Progress the host until mc_engine_arm lets it sleep, before dl. */
+static void arm_host(mc_engine_t *host, int64_t dl)
+{
+    while (mc_engine_arm(host) == -EAGAIN && th_now_ms() < dl)
+        mc_engine_progress(host);
+    assert_true(th_now_ms() < dl);
+}
+
 /* mc_engine_arm: a caller-progress host that spins and sleeps on the event fd only after
  * arming wakes up for a message (over tcp and over the same-host ring), and gets it from
  * progress; arm says -EAGAIN while a message waits unhandled. With a serving thread too
@@ -892,25 +926,16 @@ static void test_engine_arm(void **state)
 
     (void)state;
     for (int k = 0; k < 4; k++) {
-        th_cfg_t cfg;
         mc_segment_id_t seg;
-        th_config(&cfg);
-        th_set(&cfg, "PROTOCOL", "%s", protocols[k]);
-        mc_engine_t *snd = g.e[0] = th_engine(&cfg);
-        th_set(&cfg, "PROGRESS_THREAD", "0");
-        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
-        th_set(&cfg, "PROGRESS_SERVE_US", "%d", k < 2 ? 0 : 100);
-        mc_engine_t *host = g.e[1] = th_engine(&cfg);
-        int fd = mc_engine_event_fd(host);
-        assert_true(fd >= 0);
+        mc_engine_t *snd, *host;
+        int fd;
+        arm_pair(protocols[k], k < 2 ? 0 : 100, &snd, &host, &fd);
         assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_arm_msg, NULL), 0);
         assert_int_equal(mc_segment_open_nb(snd, mc_engine_segment_name(host), &seg), 0);
         atomic_store(&arm_msgs, 0);
         for (int round = 1; round <= 20; round++) {
             int64_t dl = th_now_ms() + 10000;
-            while (mc_engine_arm(host) == -EAGAIN && th_now_ms() < dl)
-                mc_engine_progress(host);
-            assert_true(th_now_ms() < dl);
+            arm_host(host, dl);
             th_sleep_ms(2); /* the host is away long enough for a serving thread to step in */
             assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, "x", 1), 0);
             /* as UCX waits: sleep when armed, else progress; a sleep must end with a wake-up */
@@ -925,9 +950,7 @@ static void test_engine_arm(void **state)
             }
             assert_int_equal(atomic_load(&arm_msgs), round);
         }
-        mc_engine_destroy(snd);
-        mc_engine_destroy(host);
-        g.e[0] = g.e[1] = NULL;
+        arm_pair_destroy();
     }
 }
 
@@ -951,27 +974,18 @@ static void test_engine_arm_send(void **state)
 
     (void)state;
     for (int k = 0; k < 2; k++) {
-        th_cfg_t cfg;
         mc_segment_id_t seg;
         mc_msg_opts_t o = {.size = sizeof(o), .cb = on_arm_sent};
-        th_config(&cfg);
-        th_set(&cfg, "PROTOCOL", "%s", protocols[k]);
-        mc_engine_t *rcv = g.e[0] = th_engine(&cfg);
-        th_set(&cfg, "PROGRESS_THREAD", "0");
-        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
-        th_set(&cfg, "PROGRESS_SERVE_US", "100");
-        mc_engine_t *host = g.e[1] = th_engine(&cfg);
-        int fd = mc_engine_event_fd(host);
-        assert_true(fd >= 0);
+        mc_engine_t *rcv, *host;
+        int fd;
+        arm_pair(protocols[k], 100, &rcv, &host, &fd);
         assert_int_equal(mc_msg_handler_set(rcv, TH_MSG_ID, on_arm_msg, NULL), 0);
         assert_int_equal(mc_segment_open_nb(host, mc_engine_segment_name(rcv), &seg), 0);
         atomic_store(&arm_msgs, 0);
         atomic_store(&arm_sent, 0);
         for (int round = 1; round <= 30; round++) {
             int64_t dl = th_now_ms() + 10000;
-            while (mc_engine_arm(host) == -EAGAIN && th_now_ms() < dl)
-                mc_engine_progress(host);
-            assert_true(th_now_ms() < dl);
+            arm_host(host, dl);
             assert_int_equal(mc_msg_send_ex(host, seg, TH_MSG_ID, "y", 1, &o), 0);
             while (atomic_load(&arm_sent) < round && th_now_ms() < dl) {
                 struct pollfd pfd = {.fd = fd, .events = POLLIN};
@@ -987,9 +1001,7 @@ static void test_engine_arm_send(void **state)
         mc_counters_t c;
         assert_int_equal(mc_stats_transport(host, protocols[k], &c), 0);
         assert_true(c.msgs_sent > 0); /* the carrier under test took some */
-        mc_engine_destroy(rcv);
-        mc_engine_destroy(host);
-        g.e[0] = g.e[1] = NULL;
+        arm_pair_destroy();
     }
 }
 

@@ -38,15 +38,16 @@ void mc__shm_regtab_destroy(mc_engine_t *e)
     }
 }
 
-/* Rewrite the entries from the registration table. Caller holds e->mem.lock (either mode; the
- * table has one writer because registrations change under the write lock, and the engine
- * calls this right after each change). */
+/* Rewrite the entries from the registration table (none once withdrawn). Caller holds
+ * e->mem.lock (either mode; the table has one writer because registrations change under the
+ * write lock, and the engine calls this right after each change), or withdraws. */
 void mc__shm_regtab_publish(mc_engine_t *e)
 {
     mc_regtab_t *t = shm_of(e)->regtab;
-    size_t n = e->mem.n < MC_REGTAB_ENTRIES ? e->mem.n : MC_REGTAB_ENTRIES;
+    bool gone = shm_of(e)->regtab_withdrawn; /* empty from then on */
+    size_t n = gone ? 0 : e->mem.n < MC_REGTAB_ENTRIES ? e->mem.n : MC_REGTAB_ENTRIES;
 
-    if (!t || shm_of(e)->regtab_withdrawn)
+    if (!t)
         return;
     atomic_fetch_add(&t->seq, 1); /* odd: readers retry */
     for (size_t i = 0; i < n; i++) {
@@ -54,7 +55,7 @@ void mc__shm_regtab_publish(mc_engine_t *e)
         atomic_store_explicit(&t->ent[i].len, e->mem.v[i]->len, memory_order_relaxed);
     }
     atomic_store(&t->n, (uint32_t)n);
-    atomic_store(&t->overflow, e->mem.n > MC_REGTAB_ENTRIES);
+    atomic_store(&t->overflow, !gone && e->mem.n > MC_REGTAB_ENTRIES);
     atomic_fetch_add(&t->seq, 1);
 }
 
@@ -63,15 +64,10 @@ void mc__shm_regtab_publish(mc_engine_t *e)
  * hear that we went only when they see our connections close, which may be later. */
 void mc__shm_regtab_withdraw(mc_engine_t *e)
 {
-    mc_regtab_t *t = shm_of(e)->regtab;
-
-    if (!t)
+    if (!shm_of(e)->regtab)
         return;
-    shm_of(e)->regtab_withdrawn = true; /* and it stays empty */
-    atomic_fetch_add(&t->seq, 1);
-    atomic_store(&t->n, 0);
-    atomic_store(&t->overflow, false);
-    atomic_fetch_add(&t->seq, 1);
+    shm_of(e)->regtab_withdrawn = true;
+    mc__shm_regtab_publish(e);
     mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
 }
 
