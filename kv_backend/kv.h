@@ -62,6 +62,8 @@ struct mc_kv_xfer {
     size_t n_mds;
     mc_batch_t *batch; /* of the latest post */
     enum { KV_X_PREPARED, KV_X_POSTED, KV_X_DONE, KV_X_FAILED } state;
+    uint64_t check_ns;      /* when check last found it in progress */
+    unsigned fast_checks;   /* checks in a row that came soon after the one before */
     mc_kv_status_t failure; /* FAILED: what check says, and why */
     char why[384];
 };

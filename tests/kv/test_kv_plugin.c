@@ -876,6 +876,63 @@ static void test_peer_process(void **state)
     free(mem);
 }
 
+/* A host spinning on check_xfer (no pause between checks) is made to wait for the transfer a
+ * little at a time instead of taking a core from the engine threads that move it: with the peer
+ * stopped mid-READ, the spinning checks all say IN_PROG, some of them only after a wait, none
+ * blocks for long; the peer resumed, the transfer completes with the data. */
+static void test_spinning_check(void **state)
+{
+    mc_kv_backend_t *a = agent_create("A", "tcp");
+    size_t len = PEER_SIZE;
+    uint8_t *mem = aligned_alloc(4096, len);
+    mc_kv_md_t *md = reg(a, mem, len), *rmd = NULL;
+    mc_kv_desc_t l = {(uintptr_t)mem, len, 0, md}, r;
+    mc_kv_status_t st = MC_KV_SUCCESS;
+    int64_t longest_us = 0, t0 = now_ms();
+    mc_kv_xfer_t *x;
+    peer_t peer;
+
+    (void)state;
+    peer_spawn(&peer, "tcp");
+    OK(a, P->load_remote_conn_info(a, "peer", peer.info, peer.info_len));
+    OK(a, P->load_remote_md(a, "peer", peer.pub, peer.pub_len, &rmd));
+    memcpy(&r.addr, peer.pub + 8, 8);
+    r = (mc_kv_desc_t){r.addr, len, 0, rmd};
+    OK(a, P->prep_xfer(a, MC_KV_READ, &l, &r, 1, "peer", &x));
+    for (int i = 0; i < 20 && st == MC_KV_SUCCESS; i++) { /* until one is caught in flight */
+        st = P->post_xfer(a, x, NULL, 0);
+        if (st == MC_KV_IN_PROG) {
+            kill(peer.pid, SIGSTOP);
+            st = P->check_xfer(a, x);
+            if (st == MC_KV_SUCCESS) /* it finished before the stop */
+                kill(peer.pid, SIGCONT);
+        }
+    }
+    for (int i = 0; i < 200 && st == MC_KV_IN_PROG; i++) {
+        struct timespec a0, a1;
+        clock_gettime(CLOCK_MONOTONIC, &a0);
+        st = P->check_xfer(a, x);
+        clock_gettime(CLOCK_MONOTONIC, &a1);
+        int64_t us = (a1.tv_sec - a0.tv_sec) * 1000000 + (a1.tv_nsec - a0.tv_nsec) / 1000;
+        longest_us = us > longest_us ? us : longest_us;
+    }
+    kill(peer.pid, SIGCONT); /* before any assertion: a failed one leaves the peer running */
+    assert_int_equal(st, MC_KV_IN_PROG);
+    assert_true(longest_us >= 500);    /* the spinning checks waited */
+    assert_true(longest_us < 1000000); /* a little at a time */
+    while ((st = P->check_xfer(a, x)) == MC_KV_IN_PROG && now_ms() - t0 < 30000)
+        ;
+    assert_int_equal(st, MC_KV_SUCCESS);
+    assert_int_equal(check(mem, len, PEER_SEED, 0), -1);
+    OK(a, P->release_xfer(a, x));
+    peer_stop(&peer);
+    OK(a, P->unload_md(a, rmd));
+    OK(a, P->disconnect(a, "peer"));
+    OK(a, P->deregister_mem(a, md));
+    P->destroy(a);
+    free(mem);
+}
+
 /* The peer is killed while a large READ from it is in flight: check says REMOTE_DISCONNECT
  * within seconds, with a message; new transfers to it fail the same way. */
 static void test_peer_death(void **state)
@@ -960,6 +1017,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_handles),
         cmocka_unit_test(test_repost_and_release),
         cmocka_unit_test(test_peer_process),
+        cmocka_unit_test(test_spinning_check),
         cmocka_unit_test(test_peer_death),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
