@@ -1,7 +1,9 @@
 /* The same-host (shm) transport beyond the conformance suite: the unregister protocol with a
  * peer that has the memory mapped, an owner that dies during traffic, a task from progress to a
- * buffer not mapped yet, and CMA after the owner's engine is destroyed. The target is a child
- * process (harness.c) with engine memory, on this host. */
+ * buffer not mapped yet, CMA after the owner's engine is destroyed, a long CMA run shared out
+ * to helper threads (and an ORDERED one, which is not), and a request larger than one CMA call.
+ * The target is a child process (harness.c) on this host. */
+#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,8 +28,9 @@ typedef struct fx {
     uint8_t *src;
 } fx_t;
 
-/* caller: the initiator spins on progress itself, and runs none but its own. */
-static int setup_kind(void **state, int use_alloc, bool caller)
+/* caller: the initiator spins on progress itself, and runs none but its own. cma_threads: its
+ * MC_SHM_CMA_THREADS (NULL: the default). */
+static int setup_kind(void **state, int use_alloc, bool caller, const char *cma_threads)
 {
     fx_t *fx = calloc(1, sizeof(*fx));
     th_cfg_t cfg;
@@ -43,6 +46,8 @@ static int setup_kind(void **state, int use_alloc, bool caller)
         th_set(&cfg, "PROGRESS_THREAD", "0");
         th_set(&cfg, "PROGRESS_IMPLICIT", "0");
     }
+    if (cma_threads)
+        th_set(&cfg, "SHM_CMA_THREADS", "%s", cma_threads);
     fx->e = th_engine(&cfg);
     fx->seg = th_open(fx->e, &fx->t, 0);
     fx->src = th_buf(fx->e, BUF);
@@ -52,13 +57,13 @@ static int setup_kind(void **state, int use_alloc, bool caller)
 
 static int setup(void **state)
 {
-    return setup_kind(state, 1, false);
+    return setup_kind(state, 1, false, NULL);
 }
 
 /* Target memory that is not engine memory: same-host copies go through CMA. */
 static int setup_malloc(void **state)
 {
-    return setup_kind(state, 0, false);
+    return setup_kind(state, 0, false, NULL);
 }
 
 static int teardown(void **state)
@@ -281,7 +286,7 @@ static void test_unmapped_from_progress(void **state)
 
 static int setup_caller_malloc(void **state)
 {
-    return setup_kind(state, 0, true);
+    return setup_kind(state, 0, true, NULL);
 }
 
 /* The owner destroys its engine (the process and its malloc'ed memory stay): from the moment
@@ -318,6 +323,184 @@ static void test_cma_after_owner_destroy(void **state)
     th_batch_destroy(fx->e, b);
 }
 
+/* Target memory that is not engine memory, and two CMA helper threads. */
+static int setup_shared(void **state)
+{
+    return setup_kind(state, 0, false, "2");
+}
+
+static int threads_now(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+
+    assert_non_null(d);
+    for (struct dirent *de; (de = readdir(d));)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Submit n requests as one batch and wait: each task's state in states. */
+static void run_batch(mc_engine_t *e, const mc_request_t *q, size_t n, int *states)
+{
+    mc_task_status_t ts;
+    mc_batch_t *b;
+
+    assert_int_equal(mc_batch_create(e, n, &b), 0);
+    assert_int_equal(mc_batch_submit(b, q, n, NULL), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        states[i] = ts.state;
+    }
+    th_batch_destroy(e, b);
+}
+
+/* A long run of CMA requests is shared out: the first one starts the helper threads
+ * (MC_SHM_CMA_THREADS), which move pieces of it next to the submitting thread. Every block lands
+ * where its request says, byte for byte, both ways. Requests of a run that the owner's table no
+ * longer covers (a buffer it unregistered, still in our copy of its descriptor), at the edges
+ * of pieces and inside them, fail alone and the rest still moves. */
+static void test_cma_shared_run(void **state)
+{
+    enum { BLK = 4096, N = BUF / BLK, BAD = N / 2 + 3 };
+    fx_t *fx = *state;
+    uint64_t b0 = fx->t.eng[0].buf[0];
+    uint8_t *back = th_buf(fx->e, BUF), *whole = th_buf(fx->e, BUF);
+    mc_request_t *q = calloc(N, sizeof(*q));
+    unsigned *perm = malloc(N * sizeof(*perm));
+    int *states = malloc(N * sizeof(*states));
+
+    for (unsigned i = 0; i < N; i++)
+        perm[i] = i;
+    srand(7);
+    for (unsigned i = N - 1; i > 0; i--) {
+        unsigned j = (unsigned)rand() % (i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    th_fill(fx->src, BUF, 95);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b0, BLK, NULL, 0),
+                     MC_TASK_COMPLETED); /* connected: what starts threads later is the run */
+    int threads = threads_now();
+    uint64_t before = shm_bytes(fx->e);
+
+    for (unsigned i = 0; i < N; i++)
+        q[i] = (mc_request_t){.opcode = MC_WRITE,
+                              .local = fx->src + (size_t)i * BLK,
+                              .target = fx->seg,
+                              .target_offset = b0 + (uint64_t)perm[i] * BLK,
+                              .length = BLK};
+    run_batch(fx->e, q, N, states);
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(states[i], MC_TASK_COMPLETED);
+    assert_int_equal(threads_now(), threads + 2);
+    assert_int_equal(shm_bytes(fx->e) - before, BUF); /* CMA, not tcp */
+    /* In one request: remote block perm[i] holds source block i. */
+    assert_int_equal(th_xfer(fx->e, MC_READ, whole, fx->seg, b0, BUF, NULL, 0), MC_TASK_COMPLETED);
+    for (unsigned i = 0; i < N; i++)
+        assert_memory_equal(whole + (size_t)perm[i] * BLK, fx->src + (size_t)i * BLK, BLK);
+    /* Back, scattered the same way. */
+    for (unsigned i = 0; i < N; i++) {
+        q[i].opcode = MC_READ;
+        q[i].local = back + (size_t)i * BLK;
+    }
+    run_batch(fx->e, q, N, states);
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(states[i], MC_TASK_COMPLETED);
+    assert_memory_equal(back, fx->src, BUF);
+    /* Requests of the run to a buffer the owner then unregistered. */
+    static const unsigned gone[] = {0, 1, 255, 256, 257, 511, 700, N - 1};
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    th_reply_t r;
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    memset(back, 0, BUF);
+    for (unsigned g = 0; g < sizeof(gone) / sizeof(gone[0]); g++)
+        q[gone[g]].target_offset = fx->t.eng[0].buf[1] + (uint64_t)gone[g] * BLK;
+    run_batch(fx->e, q, N, states);
+    for (unsigned i = 0, g = 0; i < N; i++) {
+        bool bad = g < sizeof(gone) / sizeof(gone[0]) && gone[g] == i;
+        assert_int_equal(states[i], bad ? MC_TASK_FAILED : MC_TASK_COMPLETED);
+        for (unsigned k = 0; bad && k < BLK; k++) /* nothing read into a failed one's block */
+            assert_int_equal(back[(size_t)i * BLK + k], 0);
+        if (!bad)
+            assert_memory_equal(back + (size_t)i * BLK, fx->src + (size_t)i * BLK, BLK);
+        g += bad;
+    }
+    free(states);
+    free(perm);
+    free(q);
+    th_buf_free(fx->e, whole, BUF);
+    th_buf_free(fx->e, back, BUF);
+}
+
+/* MC_SUBMIT_ORDERED writes of one submit take effect in order even as a long CMA run (it is
+ * not shared out): of 1024 writes to one block, the last one's bytes are there. */
+static void test_cma_ordered_run(void **state)
+{
+    enum { BLK = 4096, N = BUF / BLK };
+    fx_t *fx = *state;
+    uint64_t b0 = fx->t.eng[0].buf[0];
+    mc_request_t *q = calloc(N, sizeof(*q));
+    int *states = malloc(N * sizeof(*states));
+    uint8_t *got = th_buf(fx->e, BLK);
+    mc_submit_opts_t o = {.size = sizeof(o), .flags = MC_SUBMIT_ORDERED};
+    mc_batch_t *b;
+
+    for (unsigned round = 0; round < 10; round++) {
+        th_fill(fx->src, BUF, 200 + round);
+        for (unsigned i = 0; i < N; i++)
+            q[i] = (mc_request_t){.opcode = MC_WRITE,
+                                  .local = fx->src + (size_t)i * BLK,
+                                  .target = fx->seg,
+                                  .target_offset = b0,
+                                  .length = BLK};
+        assert_int_equal(mc_batch_create(fx->e, N, &b), 0);
+        assert_int_equal(mc_batch_submit_ex(b, q, N, &o), 0);
+        assert_int_equal(mc_batch_wait(b, 30000), 0);
+        th_batch_destroy(fx->e, b);
+        assert_int_equal(th_xfer(fx->e, MC_READ, got, fx->seg, b0, BLK, NULL, 0),
+                         MC_TASK_COMPLETED);
+        assert_memory_equal(got, fx->src + (size_t)(N - 1) * BLK, BLK);
+    }
+    free(states);
+    free(q);
+    th_buf_free(fx->e, got, BLK);
+}
+
+/* One request larger than a CMA call moves (2 GiB - 4 KiB at most) is split over calls (the
+ * same code for READs), byte for byte. */
+static void test_cma_over_2g(void **state)
+{
+    const size_t len = (2ull << 30) + (256u << 20);
+    th_cfg_t cfg;
+    th_target_opts_t o;
+    th_target_t t;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "0");
+    th_target_opts_init(&o, &cfg, len);
+    o.n_bufs = 1;
+    o.use_alloc = 0;
+    assert_int_equal(th_target_spawn(&o, &t), 0);
+    mc_engine_t *e = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, &t, 0);
+    uint8_t *src = th_buf(e, len);
+    uint64_t before = shm_bytes(e);
+
+    th_fill(src, len, 301);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t.eng[0].buf[0], len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&t, 0, t.eng[0].buf[0], len, 301, 0), -1);
+    assert_int_equal(shm_bytes(e) - before, len); /* CMA, not tcp */
+    th_kill_all();
+    th_buf_free(e, src, len);
+    mc_engine_destroy(e);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -329,6 +512,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_unmapped_from_progress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cma_after_owner_destroy, setup_caller_malloc,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_cma_shared_run, setup_shared, teardown),
+        cmocka_unit_test_setup_teardown(test_cma_ordered_run, setup_shared, teardown),
+        cmocka_unit_test(test_cma_over_2g),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,8 @@ mc_unit_test(test_crypto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_crypto.c)
 mc_unit_test(test_meta_file SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_meta_file.c)
 # The epoll watch a spinning host asks instead of epoll_wait (engine/sys/epwatch.h).
 mc_unit_test(test_epwatch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_epwatch.c)
+# Helper threads that run the pieces of a job next to its caller (engine/util/crew.h).
+mc_unit_test(test_crew SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_crew.c)
 # Integration suites: real engines in child processes on loopback (harness.c).
 mc_unit_test(test_conformance SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_conformance.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
@@ -48,7 +50,7 @@ mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
 mc_script_test(test_multirail COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_multirail.sh
   TIMEOUT 240 LABELS netns)
 mc_unit_test(test_shm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_shm.c
-             ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 120 LABELS integration)
+             ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 # rdma beyond conformance (striping, port down/up, refused keys and ranges, dead peer) on the
 # software RDMA device, two per side, in its own fabric; the test sets its own control dirs.
 if(TARGET softverbs)

@@ -3,21 +3,25 @@
  *
  * CMA (process_vm_readv/writev) reaches any memory of the owner, so a peer must check every
  * range against what the owner has registered *now*, without a round trip: the owner keeps its
- * registrations in this memfd-backed table (seqlock), and each peer gets a slot whose counter
- * is odd while one of its CMA calls is in flight. A peer makes its slot odd, then checks the
- * table; the owner removes an entry, then waits until every odd slot has moved on. With
- * sequentially consistent operations on both sides, either the peer sees the removal (and
- * does not copy) or the owner sees the odd slot (and waits): after unregister returns, no CMA
- * of any peer touches the buffer.
+ * registrations in this memfd-backed table (seqlock), and each peer gets a slot of lanes, each
+ * lane's counter odd while a CMA call of that peer is in flight on it (one call per lane at a
+ * time: a peer moves a long run of requests on several lanes at once). A peer makes its lane
+ * odd, then checks the table; the owner removes an entry, then waits until every odd lane has
+ * moved on. With sequentially consistent operations on both sides, either the peer sees the
+ * removal (and does not copy) or the owner sees the odd lane (and waits): after unregister
+ * returns, no CMA of any peer touches the buffer. The owner says in SHM_REGTAB_OK how many
+ * lanes it watches (an owner that says none watches lane 0 only).
  */
 #ifndef MC_SHM_INT_H
 #define MC_SHM_INT_H
 
 #include "../../msg_ring.h"
+#include "../../util/crew.h"
 #include "../transport.h"
 
 #define MC_REGTAB_ENTRIES 4096
 #define MC_REGTAB_SLOTS   256
+#define MC_REGTAB_LANES   8 /* a slot's lanes fill one cache line */
 
 typedef struct mc_regtab {
     _Atomic uint64_t seq; /* odd while the owner rewrites the entries */
@@ -27,8 +31,7 @@ typedef struct mc_regtab {
         _Atomic uint64_t addr, len;
     } ent[MC_REGTAB_ENTRIES]; /* sorted by addr */
     struct {
-        _Atomic uint64_t active; /* odd: a CMA call of this peer is in flight */
-        char pad[56];
+        _Atomic uint64_t lane[MC_REGTAB_LANES]; /* odd: a CMA call on it is in flight */
     } slot[MC_REGTAB_SLOTS];
 } mc_regtab_t;
 
@@ -43,7 +46,7 @@ enum {
     SHM_REVOKE,
     SHM_REVOKE_ACK,
     SHM_REGTAB,    /* request: the registration table and a slot in it */
-    SHM_REGTAB_OK, /* arg = slot; the table's memfd attached */
+    SHM_REGTAB_OK, /* arg = slot, len = lanes watched; the table's memfd attached */
     SHM_RING,      /* message channel: the sender's ring, its memfd attached */
     SHM_KICK,      /* message channel, either way: look at the ring */
 };
@@ -89,6 +92,10 @@ typedef struct shm_engine {
     bool regtab_withdrawn;             /* the engine is going: regtab stays empty */
     mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
+    unsigned cma_helpers;              /* MC_SHM_CMA_THREADS, resolved */
+    pthread_mutex_t crew_lock;         /* the helpers start with the first long CMA run */
+    bool crew_tried;
+    mc_crew_t *crew; /* NULL: none (off, not needed yet, or they could not start) */
 } shm_engine_t;
 
 static inline shm_engine_t *shm_of(mc_engine_t *e)

@@ -6,6 +6,9 @@
 
 #include "shm_int.h"
 
+/* Lane i of the table's lanes counted across slots. */
+#define LANE(t, i) (&(t)->slot[(i) / MC_REGTAB_LANES].lane[(i) % MC_REGTAB_LANES])
+
 int mc__shm_regtab_create(mc_engine_t *e)
 {
     int fd = memfd_create("mooncake-regtab", MFD_CLOEXEC);
@@ -72,18 +75,18 @@ void mc__shm_regtab_withdraw(mc_engine_t *e)
 }
 
 /* After a registration was removed: wait until no peer's CMA that might have seen it is still
- * running (each odd slot moves on), or the deadline. */
+ * running (each odd lane moves on), or the deadline. */
 void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
 {
     mc_regtab_t *t = shm_of(e)->regtab;
-    uint64_t seen[MC_REGTAB_SLOTS];
 
     if (!t)
         return;
-    for (int i = 0; i < MC_REGTAB_SLOTS; i++)
-        seen[i] = atomic_load(&t->slot[i].active);
-    for (int i = 0; i < MC_REGTAB_SLOTS; i++) {
-        while ((seen[i] & 1) && atomic_load(&t->slot[i].active) == seen[i]) {
+    /* A lane read later than the removal may show a newer call, which saw the removal: waiting
+     * for it as well costs only that call's time. */
+    for (int i = 0; i < MC_REGTAB_SLOTS * MC_REGTAB_LANES; i++) {
+        uint64_t seen = atomic_load(LANE(t, i));
+        while ((seen & 1) && atomic_load(LANE(t, i)) == seen) {
             if (mc__now_ns() > deadline_ns) {
                 mc_warn("unregister: a same-host peer's copy did not finish in time");
                 return;
@@ -100,7 +103,8 @@ int mc__shm_regtab_slot_get(mc_engine_t *e)
     for (int i = 0; i < MC_REGTAB_SLOTS; i++) {
         if (!s->regtab_used[i]) {
             s->regtab_used[i] = true;
-            atomic_store(&s->regtab->slot[i].active, 0);
+            for (int l = 0; l < MC_REGTAB_LANES; l++)
+                atomic_store(&s->regtab->slot[i].lane[l], 0);
             return i;
         }
     }
