@@ -3,7 +3,8 @@
 # in the same run (rounds alternate plugin and engine, so drift on a shared machine hits both
 # alike), medians over the rounds:
 #   (a) same host, protocol auto (shm): 100 000 descriptors of 4 KiB, READ and WRITE, through the
-#       plugin (mooncake-kv-bench, peer spawned by it): descriptors/s. Next to it the engine's
+#       plugin (mooncake-kv-bench, peer spawned by it): descriptors/s posted to completion, and
+#       with each transfer prepared and released as well (descs_per_sec_cycle). Next to it the engine's
 #       mooncake-bench --mode local --memory malloc (host memory, as the plugin registers) with
 #       one batch of 100 000 4 KiB requests in random order: requests/s.
 #   (b) tcp between two network namespaces (tests/fixtures/netns.sh: 2 hosts, 1 link): the
@@ -99,12 +100,15 @@ same_host() {
     local op=$1 log=$tmp/a.json dps gbps prep p99 req secs
     run "$log" "$KVB" --plugin "$PLUGIN" --block_size 4096 --num_descs "$SAME_DESCS" --op "$op" \
         --iters 10 --json "${kvb_args[@]}"
-    read -r dps gbps prep p99 < <(field "$log" descs_per_sec gbps prep_us post_us_p99)
+    read -r dps gbps prep p99 cyc < <(field "$log" descs_per_sec gbps prep_us post_us_p99 \
+        descs_per_sec_cycle)
     record "a_${op}_plugin_descs_per_sec" "$dps"
+    record "a_${op}_plugin_cycle_descs_per_sec" "$cyc"
     record "a_${op}_plugin_gbps" "$gbps"
     record "a_${op}_plugin_prep_us" "$prep"
     record "a_${op}_plugin_post_us_p99" "$p99"
-    say "  (a) plugin $op 4 KiB x $SAME_DESCS: $dps descs/s, $gbps GB/s, prep $prep us"
+    say "  (a) plugin $op 4 KiB x $SAME_DESCS: $dps descs/s ($cyc prepared each time)," \
+        "$gbps GB/s, prep $prep us"
     run "$log" "$BENCH" --mode local --protocol auto --memory malloc --operation "$op" \
         --block_size 4096 --batch_size "$SAME_DESCS" --buffer_size $((SAME_DESCS * 4096)) \
         --pattern random --duration "$DURATION" --json
@@ -194,19 +198,21 @@ med = {k: statistics.median(v) for k, v in runs.items()}
 
 out = {"rounds": int(rounds), "median_of": int(rounds), "same_host": {}, "tcp_netns": None}
 print("(a) same host, protocol auto, %s x 4 KiB (median of %s)" % (same_descs, rounds))
-print("%-6s %16s %10s %10s %12s %18s %8s" % ("op", "plugin descs/s", "GB/s", "prep_us",
-                                              "post_us_p99", "engine requests/s", "ratio"))
+print("%-6s %16s %16s %10s %10s %12s %18s %8s" % (
+    "op", "plugin descs/s", "+prep, descs/s", "GB/s", "prep_us", "post_us_p99",
+    "engine requests/s", "ratio"))
 for op in ("read", "write"):
     p, e = med["a_%s_plugin_descs_per_sec" % op], med["a_%s_engine_req_per_sec" % op]
     row = {"descs": int(same_descs), "block_size": 4096, "plugin_descs_per_sec": round(p),
+           "plugin_cycle_descs_per_sec": round(med["a_%s_plugin_cycle_descs_per_sec" % op]),
            "plugin_gbps": med["a_%s_plugin_gbps" % op],
            "plugin_prep_us": med["a_%s_plugin_prep_us" % op],
            "plugin_post_us_p99": med["a_%s_plugin_post_us_p99" % op],
            "engine_req_per_sec": round(e), "ratio": round(p / e, 4)}
     out["same_host"][op] = row
-    print("%-6s %16.0f %10.3f %10.1f %12.1f %18.0f %8.3f" % (
-        op, p, row["plugin_gbps"], row["plugin_prep_us"], row["plugin_post_us_p99"], e,
-        row["ratio"]))
+    print("%-6s %16.0f %16.0f %10.3f %10.1f %12.1f %18.0f %8.3f" % (
+        op, p, row["plugin_cycle_descs_per_sec"], row["plugin_gbps"], row["plugin_prep_us"],
+        row["plugin_post_us_p99"], e, row["ratio"]))
 if have_ns == "1":
     out["tcp_netns"] = {}
     print("(b) tcp between two namespaces, GB/s (median of %s)" % rounds)

@@ -13,12 +13,14 @@ p = json.loads(lines[0])
 want = dict(block_size=4096, num_descs=1000, op=op, iters=5, verified=True)
 for k, v in want.items():
     assert p.get(k) == v, "%s: %r, expected %r" % (k, p.get(k), v)
-for k in ("gbps", "descs_per_sec", "descs_per_sec_incl_prep", "post_us_avg"):
+for k in ("gbps", "descs_per_sec", "descs_per_sec_incl_prep", "descs_per_sec_cycle",
+          "cycle_us", "post_us_avg"):
     assert isinstance(p.get(k), (int, float)) and p[k] > 0, "%s: %r" % (k, p.get(k))
 assert p["prep_us"] >= 0 and p["post_us_p99"] >= p["post_us_avg"] >= p["post_us_min"] > 0, p
 assert p["descs_per_sec_incl_prep"] <= p["descs_per_sec"], p
 assert abs(p["descs_per_sec"] - 1000 / (p["post_us_avg"] / 1e6)) <= 0.01 * p["descs_per_sec"], p
 assert abs(p["gbps"] - 4096e3 / p["post_us_avg"] / 1e3) <= 0.01 * p["gbps"], p
+assert abs(p["descs_per_sec_cycle"] - 1000 / (p["cycle_us"] / 1e6)) <= 0.01 * p["descs_per_sec_cycle"], p
 print("ok:", lines[0])
 ]=])
 
