@@ -1,7 +1,10 @@
 /* mc-cma-bw: raw cross-memory-attach bandwidth (process_vm_readv / process_vm_writev) between
  * this process and a forked child, the ceiling for the engine's CMA path.  "read" pulls the
  * child's (target's) memory into ours, "write" pushes ours into the child's; --batch iovec pairs
- * of block_size go in each call, cycling through a working set on both sides. */
+ * of block_size go in each call, cycling through a working set on both sides: block after block,
+ * or (--pattern random) the blocks of two independent random permutations, one per side, as a
+ * KV transfer's scattered blocks. --threads N calls from N threads at once, each from its own
+ * place in the cycle. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* accept4, process_vm_readv */
 #endif
@@ -9,6 +12,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +25,9 @@
 typedef struct mc_cma_opts {
     int write; /* 0: process_vm_readv, 1: process_vm_writev */
     size_t batch;
+    unsigned threads;
+    int random;                /* --pattern random */
+    uint32_t *perm_l, *perm_r; /* random: block order on each side */
 } mc_cma_opts_t;
 
 typedef struct mc_cma_peer {
@@ -48,6 +55,21 @@ static int mc_cma_opt(void *ctx, const char *name, const char *value)
             return -EINVAL;
         }
         co->batch = v;
+        return 1;
+    }
+    if (strcmp(name, "threads") == 0) {
+        v = strtoul(value, &end, 0);
+        if (end == value || *end != '\0' || v == 0 || v > 64) {
+            return -EINVAL;
+        }
+        co->threads = (unsigned)v;
+        return 1;
+    }
+    if (strcmp(name, "pattern") == 0) {
+        if (strcmp(value, "seq") != 0 && strcmp(value, "random") != 0) {
+            return -EINVAL;
+        }
+        co->random = strcmp(value, "random") == 0;
         return 1;
     }
     return 0;
@@ -118,51 +140,124 @@ static ssize_t mc_cma_call(const mc_cma_opts_t *co, pid_t pid, struct iovec *loc
                      : process_vm_readv(pid, local, n, remote, n, 0);
 }
 
-/* Fills n iovec pairs from *off_p on, wrapping at span; returns the bytes they cover. */
-static size_t mc_cma_fill(struct iovec *local, struct iovec *remote, size_t n, char *lbuf,
-                          char *rbuf, size_t block, size_t span, size_t *off_p)
+/* Fills n iovec pairs from block *at_p of n_blocks on, wrapping; returns the bytes they cover. */
+static size_t mc_cma_fill(const mc_cma_opts_t *co, struct iovec *local, struct iovec *remote,
+                          size_t n, char *lbuf, char *rbuf, size_t block, size_t n_blocks,
+                          size_t *at_p)
 {
     size_t i;
 
     for (i = 0; i < n; i++) {
-        local[i].iov_base = lbuf + *off_p;
-        remote[i].iov_base = rbuf + *off_p;
+        size_t lb = co->random ? co->perm_l[*at_p] : *at_p;
+        size_t rb = co->random ? co->perm_r[*at_p] : *at_p;
+        local[i].iov_base = lbuf + lb * block;
+        remote[i].iov_base = rbuf + rb * block;
         local[i].iov_len = remote[i].iov_len = block;
-        *off_p += block;
-        if (*off_p == span) {
-            *off_p = 0;
+        if (++*at_p == n_blocks) {
+            *at_p = 0;
         }
     }
     return n * block;
 }
 
-static int mc_cma_run(const mc_bench_opts_t *opts, const mc_cma_opts_t *co,
-                      const mc_cma_peer_t *peer, char *lbuf, uint64_t *bytes_p, double *seconds_p)
+typedef struct mc_cma_worker {
+    const mc_bench_opts_t *opts;
+    const mc_cma_opts_t *co;
+    const mc_cma_peer_t *peer;
+    char *lbuf;
+    size_t start; /* first block */
+    double end;   /* when to stop */
+    uint64_t bytes;
+    int rc;
+} mc_cma_worker_t;
+
+static void *mc_cma_work(void *arg)
 {
-    size_t span = opts->buffer_size - opts->buffer_size % opts->block_size, off = 0, want;
-    struct iovec local[IOV_MAX], remote[IOV_MAX];
-    uint64_t bytes = 0;
-    double start, end;
+    mc_cma_worker_t *w = arg;
+    const mc_cma_opts_t *co = w->co;
+    size_t n_blocks = w->opts->buffer_size / w->opts->block_size, at = w->start, want;
+    struct iovec *local = calloc(2 * co->batch, sizeof(*local)), *remote = local + co->batch;
     ssize_t got;
 
-    start = mc_bench_now();
-    end = start + opts->duration;
+    if (!local) {
+        w->rc = -ENOMEM;
+        return NULL;
+    }
     do {
-        want =
-            mc_cma_fill(local, remote, co->batch, lbuf, peer->addr, opts->block_size, span, &off);
-        got = mc_cma_call(co, peer->pid, local, remote, co->batch);
+        want = mc_cma_fill(co, local, remote, co->batch, w->lbuf, w->peer->addr,
+                           w->opts->block_size, n_blocks, &at);
+        got = mc_cma_call(co, w->peer->pid, local, remote, co->batch);
         if (got < 0) {
             fprintf(stderr, "process_vm_%sv: %s\n", co->write ? "write" : "read", strerror(errno));
-            return -errno;
+            w->rc = -errno;
+            break;
         }
         if ((size_t)got != want) {
             fprintf(stderr, "short transfer: %zd of %zu bytes\n", got, want);
-            return -EIO;
+            w->rc = -EIO;
+            break;
         }
-        bytes += (uint64_t)got;
-    } while (mc_bench_now() < end);
+        w->bytes += (uint64_t)got;
+    } while (mc_bench_now() < w->end);
+    free(local);
+    return NULL;
+}
+
+static int mc_cma_run(const mc_bench_opts_t *opts, const mc_cma_opts_t *co,
+                      const mc_cma_peer_t *peer, char *lbuf, uint64_t *bytes_p, double *seconds_p)
+{
+    size_t n_blocks = opts->buffer_size / opts->block_size;
+    mc_cma_worker_t w[64];
+    pthread_t tid[64];
+    double start = mc_bench_now();
+    unsigned started = 0;
+    int rc = 0;
+
+    for (unsigned t = 0; t < co->threads; t++) {
+        w[t] = (mc_cma_worker_t){.opts = opts,
+                                 .co = co,
+                                 .peer = peer,
+                                 .lbuf = lbuf,
+                                 .start = n_blocks * t / co->threads,
+                                 .end = start + opts->duration};
+        if (pthread_create(&tid[t], NULL, mc_cma_work, &w[t]) != 0) {
+            fprintf(stderr, "pthread_create failed\n");
+            rc = -EAGAIN;
+            break;
+        }
+        started++;
+    }
+    *bytes_p = 0;
+    for (unsigned t = 0; t < started; t++) {
+        pthread_join(tid[t], NULL);
+        *bytes_p += w[t].bytes;
+        rc = rc ? rc : w[t].rc;
+    }
     *seconds_p = mc_bench_now() - start;
-    *bytes_p = bytes;
+    return rc;
+}
+
+/* Two independent random permutations of n blocks (fixed seed: the same order every run). */
+static int mc_cma_orders(mc_cma_opts_t *co, size_t n)
+{
+    co->perm_l = malloc(n * sizeof(*co->perm_l));
+    co->perm_r = malloc(n * sizeof(*co->perm_r));
+    if (!co->perm_l || !co->perm_r) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        co->perm_l[i] = co->perm_r[i] = (uint32_t)i;
+    }
+    srand(12345);
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)rand() % (i + 1), k = (size_t)rand() % (i + 1);
+        uint32_t t = co->perm_l[i];
+        co->perm_l[i] = co->perm_l[j];
+        co->perm_l[j] = t;
+        t = co->perm_r[i];
+        co->perm_r[i] = co->perm_r[k];
+        co->perm_r[k] = t;
+    }
     return 0;
 }
 
@@ -188,7 +283,7 @@ static int mc_cma_probe(const mc_cma_opts_t *co, const mc_cma_peer_t *peer, char
 int main(int argc, char **argv)
 {
     mc_bench_opts_t opts;
-    mc_cma_opts_t co = {.write = 0, .batch = 1};
+    mc_cma_opts_t co = {.write = 0, .batch = 1, .threads = 1};
     mc_cma_peer_t peer;
     char *lbuf;
     uint64_t bytes = 0;
@@ -198,12 +293,19 @@ int main(int argc, char **argv)
     mc_bench_opts_init(&opts);
     rc = mc_bench_parse_args(argc, argv, &opts, mc_cma_opt, &co,
                              "  --operation read|write  pull from / push to the child (read)\n"
-                             "  --batch N         iovec pairs per call (1)\n");
+                             "  --batch N         iovec pairs per call (1)\n"
+                             "  --threads N       threads calling at once (1)\n"
+                             "  --pattern seq|random  block order on both sides (seq)\n");
     if (rc != 0) {
         return rc > 0 ? 0 : 2;
     }
     if (mc_bench_opts_check(&opts) != 0) {
         return 2;
+    }
+    if (opts.buffer_size / opts.block_size > UINT32_MAX ||
+        (co.random && mc_cma_orders(&co, opts.buffer_size / opts.block_size) != 0)) {
+        fprintf(stderr, "mc-cma-bw: no room for the block orders\n");
+        return 1;
     }
     lbuf = mc_bench_alloc(opts.buffer_size);
     if (lbuf == NULL) {
@@ -220,10 +322,13 @@ int main(int argc, char **argv)
     }
     mc_cma_peer_stop(&peer);
     mc_bench_free(lbuf, opts.buffer_size);
+    free(co.perm_l);
+    free(co.perm_r);
     if (rc == 0) {
         mc_bench_report("cma", &opts,
-                        json_pack("{s:s,s:I}", "operation", co.write ? "write" : "read",
-                                  "batch_size", (json_int_t)co.batch),
+                        json_pack("{s:s,s:I,s:I,s:s}", "operation", co.write ? "write" : "read",
+                                  "batch_size", (json_int_t)co.batch, "threads",
+                                  (json_int_t)co.threads, "pattern", co.random ? "random" : "seq"),
                         bytes, seconds);
     }
     return rc;

@@ -4,7 +4,9 @@
 # alike), medians over the rounds:
 #   (a) same host, protocol auto (shm): 100 000 descriptors of 4 KiB, READ and WRITE, through the
 #       plugin (mooncake-kv-bench, peer spawned by it): descriptors/s posted to completion, and
-#       with each transfer prepared and released as well (descs_per_sec_cycle). Next to it the engine's
+#       with each transfer prepared and released as well (descs_per_sec_cycle). Next to it the
+#       ceiling: raw CMA (mc-cma-bw, the same scattered 4 KiB blocks, 256 per call, from as many
+#       threads as the shm transport uses: min(CPUs, 4)); and the engine's
 #       mooncake-bench --mode local --memory malloc (host memory, as the plugin registers) with
 #       one batch of 100 000 4 KiB requests in random order: requests/s.
 #   (b) tcp between two network namespaces (tests/fixtures/netns.sh: 2 hosts, 1 link): the
@@ -40,14 +42,18 @@ B=${MC_BUILD_DIR:-build}
 [[ $B == /* ]] || B=$root/$B
 KVB=$B/bin/mooncake-kv-bench
 BENCH=$B/bin/mooncake-bench
+CMA=$B/bin/mc-cma-bw
+# The threads the shm transport moves a long CMA run with (MC_SHM_CMA_THREADS=auto and the
+# submitting thread): as many for the raw CMA figure.
+CMA_THREADS=$(($(nproc) < 4 ? $(nproc) : 4))
 PLUGIN=${PLUGIN:-$B/lib/libmooncake_kv.so}
 TCP_POINTS="65536:1024 1048576:64" # block size:descriptors, 64 MiB per transfer
 TCP_BUFFER=64M
 read -ra kvb_args <<<"${KVB_ARGS:-}"
 
-for f in "$KVB" "$BENCH" "$PLUGIN"; do
+for f in "$KVB" "$BENCH" "$CMA" "$PLUGIN"; do
     [[ -e $f ]] || {
-        echo "kv.sh: $f not built (cmake --build $B --target mooncake-kv-bench mooncake-bench" \
+        echo "kv.sh: $f not built (cmake --build $B --target mooncake-kv-bench mooncake-bench mc-cma-bw" \
             "mooncake_kv)" >&2
         exit 1
     }
@@ -116,6 +122,12 @@ same_host() {
     req=$(python3 -c "print(round($req / $secs))")
     record "a_${op}_engine_req_per_sec" "$req"
     say "  (a) engine $op 4 KiB batch $SAME_DESCS: $req requests/s"
+    run "$log" "$CMA" --operation "$op" --block_size 4096 --batch 256 --pattern random \
+        --threads "$CMA_THREADS" --buffer_size $((SAME_DESCS * 4096)) --duration 2 --json
+    read -r gbps < <(field "$log" gbps)
+    req=$(python3 -c "print(round($gbps * 1e9 / 4096))")
+    record "a_${op}_cma_per_sec" "$req"
+    say "  (a) raw CMA $op 4 KiB scattered, $CMA_THREADS threads: $req iovecs/s"
 }
 
 # ---- (b) tcp across namespaces ----
@@ -198,9 +210,9 @@ med = {k: statistics.median(v) for k, v in runs.items()}
 
 out = {"rounds": int(rounds), "median_of": int(rounds), "same_host": {}, "tcp_netns": None}
 print("(a) same host, protocol auto, %s x 4 KiB (median of %s)" % (same_descs, rounds))
-print("%-6s %16s %16s %10s %10s %12s %18s %8s" % (
+print("%-6s %16s %16s %10s %10s %12s %18s %8s %14s %8s" % (
     "op", "plugin descs/s", "+prep, descs/s", "GB/s", "prep_us", "post_us_p99",
-    "engine requests/s", "ratio"))
+    "engine requests/s", "ratio", "raw CMA /s", "vs raw"))
 for op in ("read", "write"):
     p, e = med["a_%s_plugin_descs_per_sec" % op], med["a_%s_engine_req_per_sec" % op]
     row = {"descs": int(same_descs), "block_size": 4096, "plugin_descs_per_sec": round(p),
@@ -208,11 +220,14 @@ for op in ("read", "write"):
            "plugin_gbps": med["a_%s_plugin_gbps" % op],
            "plugin_prep_us": med["a_%s_plugin_prep_us" % op],
            "plugin_post_us_p99": med["a_%s_plugin_post_us_p99" % op],
-           "engine_req_per_sec": round(e), "ratio": round(p / e, 4)}
+           "engine_req_per_sec": round(e), "ratio": round(p / e, 4),
+           "cma_iovecs_per_sec": round(med["a_%s_cma_per_sec" % op]),
+           "ratio_to_cma": round(p / med["a_%s_cma_per_sec" % op], 4)}
     out["same_host"][op] = row
-    print("%-6s %16.0f %16.0f %10.3f %10.1f %12.1f %18.0f %8.3f" % (
+    print("%-6s %16.0f %16.0f %10.3f %10.1f %12.1f %18.0f %8.3f %14.0f %8.3f" % (
         op, p, row["plugin_cycle_descs_per_sec"], row["plugin_gbps"], row["plugin_prep_us"],
-        row["plugin_post_us_p99"], e, row["ratio"]))
+        row["plugin_post_us_p99"], e, row["ratio"], row["cma_iovecs_per_sec"],
+        row["ratio_to_cma"]))
 if have_ns == "1":
     out["tcp_netns"] = {}
     print("(b) tcp between two namespaces, GB/s (median of %s)" % rounds)
