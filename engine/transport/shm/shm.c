@@ -747,8 +747,9 @@ static void cma_piece(void *arg, size_t p)
 /* A long run of CMA tasks from tasks[i] is cut into pieces of CMA_PIECE_TASKS requests or
  * CMA_PIECE_BYTES, which the helpers and this thread move side by side, each piece with one
  * call on a lane of its own (a thread copies 4 KiB pieces of another process's memory at about
- * 0.7 M/s here, two at 1.2 M/s). Returns the end of the run, every task in it moved, failed or
- * sent to another transport; i when the run is too short to share, or nobody would help. */
+ * 0.5 M/s on the project's VM, two at 1.0-1.1 M/s: mc-cma-bw --pattern random). Returns the end of
+ * the run, every task in it moved, failed or sent to another transport; i when the run is too short
+ * to share, or nobody would help. */
 static size_t cma_shared(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
 {
     shm_engine_t *se = shm_of(e);
