@@ -103,6 +103,39 @@ static inline shm_engine_t *shm_of(mc_engine_t *e)
     return e->tp[mc__shm_slot];
 }
 
+/* A buffer of an owner's that we mapped. */
+typedef struct shm_map {
+    uint64_t raddr, len;
+    uint8_t *local;
+} shm_map_t;
+
+/* Initiator side: what we hold of one owner (p->tp[mc__shm_slot]), connected on first use. */
+typedef struct shm_peer {
+    mc_peer_t *peer;
+    pthread_mutex_t open_lock; /* the first submit connects; others wait */
+    atomic_int state;          /* SP_NEW, SP_OPEN, SP_DEAD */
+    char addr[MC_NAME_MAX];    /* the owner's socket name */
+    pthread_mutex_t req_lock;  /* one MAP request at a time on req_fd */
+    int req_fd;
+    mc_pollable_t ev;         /* event socket, in the progress loop */
+    mc_pollable_t exit;       /* its pidfd, in the progress loop: the owner's death */
+    atomic_bool exit_watched; /* set by the connecting thread, cleared by progress */
+    int pidfd;
+    pthread_rwlock_t lock; /* read: copies; write: mapping changes */
+    shm_map_t *maps;
+    size_t n, cap;
+    mc_list_t link;      /* in peers_grave once closed */
+    mc_regtab_t *regtab; /* the owner's registrations, for CMA; NULL: no CMA */
+    int slot;
+    unsigned lanes;                            /* of the slot that the owner watches */
+    pthread_mutex_t cma_lock[MC_REGTAB_LANES]; /* one CMA call at a time per lane */
+    int pid;
+    atomic_bool cma_off; /* CMA refused (EPERM): said once, other transports from then on */
+    shm_tx_t tx;         /* messages to it (shm_msg.c), progress-owned */
+} shm_peer_t;
+
+enum { SP_NEW, SP_OPEN, SP_DEAD };
+
 /* What a task routed to shm goes by (mc_task_t.tp_hint). */
 enum { SHM_BY_MAP = 1, SHM_BY_CMA = 2 };
 
@@ -117,6 +150,12 @@ void mc__shm_regtab_publish(mc_engine_t *e);
 void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
 /* Engine destroy: nothing of ours in the table any more, and no CMA that saw it still running. */
 void mc__shm_regtab_withdraw(mc_engine_t *e);
+
+/* Initiator side (shm.c): a task moved; CMA (shm_cma.c): move the run of CMA tasks from
+ * tasks[i] (below n), shared out to the helpers when it is long; the end of what it took care
+ * of (moved, failed or sent to another transport), i when nothing could go. */
+void mc__shm_task_done(mc_engine_t *e, mc_task_t *d);
+size_t mc__shm_cma(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n);
 
 /* Peer side: whether [addr, addr+len) is inside one registered buffer of the table now. */
 bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len);
