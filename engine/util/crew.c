@@ -1,8 +1,10 @@
 /* Helper threads that run the pieces of a job next to its caller (see crew.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "util/crew.h"
 #include "util/list.h"
@@ -75,11 +77,20 @@ int mc__crew_create(unsigned helpers, mc_crew_t **crew_p)
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
     mc_list_init(&c->jobs);
+    /* On the CPUs of the process's main thread, not of whichever thread came first: a host
+     * often pins the threads that submit, and helpers pinned beside one would add no hands. */
+    pthread_attr_t attr;
+    cpu_set_t cpus;
+    bool have_attr = !pthread_attr_init(&attr);
+    bool pin = have_attr && !sched_getaffinity(getpid(), sizeof(cpus), &cpus) &&
+               !pthread_attr_setaffinity_np(&attr, sizeof(cpus), &cpus);
     for (; c->n_threads < helpers; c->n_threads++) {
-        rc = -pthread_create(&c->threads[c->n_threads], NULL, helper, c);
+        rc = -pthread_create(&c->threads[c->n_threads], pin ? &attr : NULL, helper, c);
         if (rc)
             break;
     }
+    if (have_attr)
+        pthread_attr_destroy(&attr);
     if (!c->n_threads) {
         mc__crew_destroy(c);
         return rc;

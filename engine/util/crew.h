@@ -15,7 +15,8 @@
 
 typedef struct mc_crew mc_crew_t;
 
-/* A crew of `helpers` threads (at least 1): 0, or a negative errno. */
+/* A crew of `helpers` threads (at least 1), on the CPUs the process's main thread may use: 0,
+ * or a negative errno. */
 int mc__crew_create(unsigned helpers, mc_crew_t **crew_p);
 /* Stop and join the helpers; no job may be running. NULL is fine. */
 void mc__crew_destroy(mc_crew_t *c);

@@ -1,7 +1,9 @@
 /* The crew (engine/util/crew.h): every piece of a job runs exactly once; pieces run side by side
  * (two pieces that each wait for the other finish); several threads' jobs share the helpers; a
- * job with no crew, one piece or none runs in the caller. */
+ * job with no crew, one piece or none runs in the caller; helpers are not pinned like the thread
+ * that started them. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -9,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "util/crew.h"
@@ -127,13 +130,71 @@ static void test_threads_share(void **state)
     mc__crew_destroy(shared);
 }
 
+/* Helpers run on the CPUs of the process's main thread, not pinned like the thread that happened
+ * to start them. */
+typedef struct where {
+    pthread_t caller;
+    cpu_set_t one;          /* the caller's CPU */
+    atomic_int helper_cpus; /* CPUs a piece run by a helper may use; 0: none ran there */
+} where_t;
+
+static void where_piece(void *arg, size_t i)
+{
+    where_t *w = arg;
+    cpu_set_t set;
+    struct timespec pause = {0, 20 * 1000 * 1000};
+
+    (void)i;
+    if (pthread_equal(pthread_self(), w->caller)) {
+        nanosleep(&pause, NULL); /* leave the other piece to the helper */
+        return;
+    }
+    assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+    atomic_store(&w->helper_cpus, CPU_COUNT(&set));
+}
+
+/* A thread pinned to one CPU starts a crew and runs jobs on it until a helper ran a piece. */
+static void *pinned_poster(void *arg)
+{
+    where_t *w = arg;
+    mc_crew_t *c;
+
+    w->caller = pthread_self();
+    if (pthread_setaffinity_np(pthread_self(), sizeof(w->one), &w->one) || mc__crew_create(1, &c))
+        return NULL;
+    for (int k = 0; k < 50 && !atomic_load(&w->helper_cpus); k++)
+        mc__crew_run(c, 2, where_piece, w);
+    mc__crew_destroy(c);
+    return NULL;
+}
+
+static void test_helpers_not_pinned(void **state)
+{
+    cpu_set_t all;
+    where_t w = {.helper_cpus = 0};
+    pthread_t t;
+    int cpu = -1;
+
+    (void)state;
+    assert_int_equal(sched_getaffinity(getpid(), sizeof(all), &all), 0);
+    if (CPU_COUNT(&all) < 2)
+        skip();
+    for (int i = 0; i < CPU_SETSIZE && cpu < 0; i++)
+        if (CPU_ISSET(i, &all))
+            cpu = i;
+    CPU_ZERO(&w.one);
+    CPU_SET(cpu, &w.one);
+    assert_int_equal(pthread_create(&t, NULL, pinned_poster, &w), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&w.helper_cpus), CPU_COUNT(&all));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_piece_once),
-        cmocka_unit_test(test_without_crew),
-        cmocka_unit_test(test_side_by_side),
-        cmocka_unit_test(test_threads_share),
+        cmocka_unit_test(test_each_piece_once),    cmocka_unit_test(test_without_crew),
+        cmocka_unit_test(test_side_by_side),       cmocka_unit_test(test_threads_share),
+        cmocka_unit_test(test_helpers_not_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

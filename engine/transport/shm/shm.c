@@ -664,7 +664,7 @@ static int parse_helpers(const char *value, uint64_t *num_p)
 
     if (!strcmp(value, "auto")) {
         cpu_set_t set;
-        int cpus = sched_getaffinity(0, sizeof(set), &set) ? 1 : CPU_COUNT(&set);
+        int cpus = sched_getaffinity(getpid(), sizeof(set), &set) ? 1 : CPU_COUNT(&set);
         *num_p = cpus <= 1                     ? 0
                  : cpus - 1 < CMA_HELPERS_AUTO ? (uint64_t)cpus - 1
                                                : CMA_HELPERS_AUTO;
