@@ -680,7 +680,7 @@ static int parse_helpers(const char *value, uint64_t *num_p)
 static const mc_setting_t shm_settings[] = {
     {"SHM_CMA_THREADS", "auto", 0, 0, parse_helpers,
      "helper threads that move a long run of same-host CMA requests next to the submitting "
-     "thread; auto: one less than the CPUs, at most 3; 0: none"},
+     "thread; auto: one less than the CPUs the process may use, at most 3; 0: none"},
     {0},
 };
 
