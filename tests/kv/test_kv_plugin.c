@@ -876,116 +876,121 @@ static void test_peer_process(void **state)
     free(mem);
 }
 
+/* A READ of the whole region of a peer process over tcp, prepared. */
+typedef struct peer_read {
+    mc_kv_backend_t *a;
+    uint8_t *mem;
+    mc_kv_md_t *md, *rmd;
+    mc_kv_xfer_t *x;
+    peer_t peer;
+} peer_read_t;
+
+static void peer_read_setup(peer_read_t *pr)
+{
+    mc_kv_desc_t l, r;
+
+    pr->a = agent_create("A", "tcp");
+    pr->mem = aligned_alloc(4096, PEER_SIZE);
+    pr->md = reg(pr->a, pr->mem, PEER_SIZE);
+    pr->rmd = NULL;
+    peer_spawn(&pr->peer, "tcp");
+    OK(pr->a, P->load_remote_conn_info(pr->a, "peer", pr->peer.info, pr->peer.info_len));
+    OK(pr->a, P->load_remote_md(pr->a, "peer", pr->peer.pub, pr->peer.pub_len, &pr->rmd));
+    l = (mc_kv_desc_t){(uintptr_t)pr->mem, PEER_SIZE, 0, pr->md};
+    memcpy(&r.addr, pr->peer.pub + 8, 8); /* the region's address, from its public data */
+    r = (mc_kv_desc_t){r.addr, PEER_SIZE, 0, pr->rmd};
+    OK(pr->a, P->prep_xfer(pr->a, MC_KV_READ, &l, &r, 1, "peer", &pr->x));
+}
+
+/* After the peer process is gone (peer_stop, or killed and reaped). */
+static void peer_read_teardown(peer_read_t *pr)
+{
+    OK(pr->a, P->release_xfer(pr->a, pr->x));
+    OK(pr->a, P->unload_md(pr->a, pr->rmd));
+    OK(pr->a, P->disconnect(pr->a, "peer"));
+    OK(pr->a, P->deregister_mem(pr->a, pr->md));
+    P->destroy(pr->a);
+    free(pr->mem);
+}
+
 /* A host spinning on check_xfer (no pause between checks) is made to wait for the transfer a
  * little at a time instead of taking a core from the engine threads that move it: with the peer
  * stopped mid-READ, the spinning checks all say IN_PROG, some of them only after a wait, none
  * blocks for long; the peer resumed, the transfer completes with the data. */
 static void test_spinning_check(void **state)
 {
-    mc_kv_backend_t *a = agent_create("A", "tcp");
-    size_t len = PEER_SIZE;
-    uint8_t *mem = aligned_alloc(4096, len);
-    mc_kv_md_t *md = reg(a, mem, len), *rmd = NULL;
-    mc_kv_desc_t l = {(uintptr_t)mem, len, 0, md}, r;
+    peer_read_t pr;
     mc_kv_status_t st = MC_KV_SUCCESS;
     int64_t longest_us = 0, t0 = now_ms();
-    mc_kv_xfer_t *x;
-    peer_t peer;
 
     (void)state;
-    peer_spawn(&peer, "tcp");
-    OK(a, P->load_remote_conn_info(a, "peer", peer.info, peer.info_len));
-    OK(a, P->load_remote_md(a, "peer", peer.pub, peer.pub_len, &rmd));
-    memcpy(&r.addr, peer.pub + 8, 8);
-    r = (mc_kv_desc_t){r.addr, len, 0, rmd};
-    OK(a, P->prep_xfer(a, MC_KV_READ, &l, &r, 1, "peer", &x));
+    peer_read_setup(&pr);
     for (int i = 0; i < 20 && st == MC_KV_SUCCESS; i++) { /* until one is caught in flight */
-        st = P->post_xfer(a, x, NULL, 0);
+        st = P->post_xfer(pr.a, pr.x, NULL, 0);
         if (st == MC_KV_IN_PROG) {
-            kill(peer.pid, SIGSTOP);
-            st = P->check_xfer(a, x);
+            kill(pr.peer.pid, SIGSTOP);
+            st = P->check_xfer(pr.a, pr.x);
             if (st == MC_KV_SUCCESS) /* it finished before the stop */
-                kill(peer.pid, SIGCONT);
+                kill(pr.peer.pid, SIGCONT);
         }
     }
     for (int i = 0; i < 200 && st == MC_KV_IN_PROG; i++) {
         struct timespec a0, a1;
         clock_gettime(CLOCK_MONOTONIC, &a0);
-        st = P->check_xfer(a, x);
+        st = P->check_xfer(pr.a, pr.x);
         clock_gettime(CLOCK_MONOTONIC, &a1);
         int64_t us = (a1.tv_sec - a0.tv_sec) * 1000000 + (a1.tv_nsec - a0.tv_nsec) / 1000;
         longest_us = us > longest_us ? us : longest_us;
     }
-    kill(peer.pid, SIGCONT); /* before any assertion: a failed one leaves the peer running */
+    kill(pr.peer.pid, SIGCONT); /* before any assertion: a failed one leaves the peer running */
     assert_int_equal(st, MC_KV_IN_PROG);
     assert_true(longest_us >= 500);    /* the spinning checks waited */
     assert_true(longest_us < 1000000); /* a little at a time */
-    while ((st = P->check_xfer(a, x)) == MC_KV_IN_PROG && now_ms() - t0 < 30000)
+    while ((st = P->check_xfer(pr.a, pr.x)) == MC_KV_IN_PROG && now_ms() - t0 < 30000)
         ;
     assert_int_equal(st, MC_KV_SUCCESS);
-    assert_int_equal(check(mem, len, PEER_SEED, 0), -1);
-    OK(a, P->release_xfer(a, x));
-    peer_stop(&peer);
-    OK(a, P->unload_md(a, rmd));
-    OK(a, P->disconnect(a, "peer"));
-    OK(a, P->deregister_mem(a, md));
-    P->destroy(a);
-    free(mem);
+    assert_int_equal(check(pr.mem, PEER_SIZE, PEER_SEED, 0), -1);
+    peer_stop(&pr.peer);
+    peer_read_teardown(&pr);
 }
 
 /* The peer is killed while a large READ from it is in flight: check says REMOTE_DISCONNECT
  * within seconds, with a message; new transfers to it fail the same way. */
 static void test_peer_death(void **state)
 {
-    mc_kv_backend_t *a = agent_create("A", "tcp");
-    size_t len = PEER_SIZE;
-    uint8_t *mem = aligned_alloc(4096, len);
-    mc_kv_md_t *md = reg(a, mem, len), *rmd = NULL;
-    mc_kv_desc_t l = {(uintptr_t)mem, len, 0, md}, r;
+    peer_read_t pr;
     mc_kv_status_t st = MC_KV_IN_PROG;
-    mc_kv_xfer_t *x;
-    peer_t peer;
     int64_t t0;
 
     (void)state;
-    peer_spawn(&peer, "tcp");
-    OK(a, P->load_remote_conn_info(a, "peer", peer.info, peer.info_len));
-    OK(a, P->load_remote_md(a, "peer", peer.pub, peer.pub_len, &rmd));
-    memcpy(&r.addr, peer.pub + 8, 8);
-    r = (mc_kv_desc_t){r.addr, len, 0, rmd};
-    OK(a, P->prep_xfer(a, MC_KV_READ, &l, &r, 1, "peer", &x));
+    peer_read_setup(&pr);
     /* Repeat until a post is caught in flight (256 MiB over loopback tcp takes ~0.1 s). */
     for (int i = 0; i < 20 && st != MC_KV_ERR_REMOTE_DISCONNECT; i++) {
-        st = P->post_xfer(a, x, NULL, 0);
+        st = P->post_xfer(pr.a, pr.x, NULL, 0);
         assert_true(st == MC_KV_IN_PROG || st == MC_KV_SUCCESS);
         if (st == MC_KV_SUCCESS)
             continue;
-        kill(peer.pid, SIGKILL);
+        kill(pr.peer.pid, SIGKILL);
         t0 = now_ms();
-        while ((st = P->check_xfer(a, x)) == MC_KV_IN_PROG && now_ms() - t0 < 20000)
+        while ((st = P->check_xfer(pr.a, pr.x)) == MC_KV_IN_PROG && now_ms() - t0 < 20000)
             sleep_ms(1);
         if (st == MC_KV_SUCCESS) /* it finished just before the kill */
             break;
         assert_int_equal(st, MC_KV_ERR_REMOTE_DISCONNECT);
         assert_true(now_ms() - t0 < 5000);
-        assert_non_null(strstr(P->last_error(a), "agent 'peer' failed"));
+        assert_non_null(strstr(P->last_error(pr.a), "agent 'peer' failed"));
     }
     if (st != MC_KV_ERR_REMOTE_DISCONNECT) { /* killed after completing: a new post sees it */
-        kill(peer.pid, SIGKILL);
+        kill(pr.peer.pid, SIGKILL);
         t0 = now_ms();
-        assert_int_equal(run(a, x, NULL), MC_KV_ERR_REMOTE_DISCONNECT);
+        assert_int_equal(run(pr.a, pr.x, NULL), MC_KV_ERR_REMOTE_DISCONNECT);
         assert_true(now_ms() - t0 < 5000);
     }
-    assert_int_equal(run(a, x, NULL), MC_KV_ERR_REMOTE_DISCONNECT);
-    OK(a, P->release_xfer(a, x));
-    waitpid(peer.pid, NULL, 0);
-    peer.pid = 0;
-    close(peer.sock);
-    OK(a, P->unload_md(a, rmd));
-    OK(a, P->disconnect(a, "peer"));
-    OK(a, P->deregister_mem(a, md));
-    P->destroy(a);
-    free(mem);
+    assert_int_equal(run(pr.a, pr.x, NULL), MC_KV_ERR_REMOTE_DISCONNECT);
+    waitpid(pr.peer.pid, NULL, 0);
+    pr.peer.pid = 0;
+    close(pr.peer.sock);
+    peer_read_teardown(&pr);
 }
 
 int main(int argc, char **argv)
