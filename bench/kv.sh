@@ -113,7 +113,7 @@ same_host() {
     record "a_${op}_plugin_gbps" "$gbps"
     record "a_${op}_plugin_prep_us" "$prep"
     record "a_${op}_plugin_post_us_p99" "$p99"
-    say "  (a) plugin $op 4 KiB x $SAME_DESCS: $dps descs/s ($cyc prepared each time)," \
+    say "  (a) plugin $op 4 KiB x $SAME_DESCS: $dps descs/s ($cyc in whole cycles)," \
         "$gbps GB/s, prep $prep us"
     run "$log" "$BENCH" --mode local --protocol auto --memory malloc --operation "$op" \
         --block_size 4096 --batch_size "$SAME_DESCS" --buffer_size $((SAME_DESCS * 4096)) \
@@ -211,7 +211,7 @@ med = {k: statistics.median(v) for k, v in runs.items()}
 out = {"rounds": int(rounds), "median_of": int(rounds), "same_host": {}, "tcp_netns": None}
 print("(a) same host, protocol auto, %s x 4 KiB (median of %s)" % (same_descs, rounds))
 print("%-6s %16s %16s %10s %10s %12s %18s %8s %14s %8s" % (
-    "op", "plugin descs/s", "+prep, descs/s", "GB/s", "prep_us", "post_us_p99",
+    "op", "plugin descs/s", "cycle descs/s", "GB/s", "prep_us", "post_us_p99",
     "engine requests/s", "ratio", "raw CMA /s", "vs raw"))
 for op in ("read", "write"):
     p, e = med["a_%s_plugin_descs_per_sec" % op], med["a_%s_engine_req_per_sec" % op]

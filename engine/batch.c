@@ -567,14 +567,16 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
         uint64_t now = mc__now_ns();
         if (now >= deadline)
             return mc__set_error(-MC_ETIMEOUT, "batch not final after %d ms", timeout_ms);
+        unsigned left_ms = (unsigned)((deadline - now + MC_MS - 1) / MC_MS);
         if (!e->has_thread) {
             struct pollfd pfd = {.fd = e->epfd, .events = POLLIN};
             if (!mc__progress_try(e) && mc__progress_may_sleep(e))
-                poll(&pfd, 1, 10);
+                poll(&pfd, 1, left_ms < 10 ? (int)left_ms : 10);
             continue;
         }
         struct timespec ts;
-        mc__abstime_in(&ts, 20); /* bounded: guards against a missed wake-up */
+        /* bounded: guards against a missed wake-up; and no later than the deadline */
+        mc__abstime_in(&ts, left_ms < 20 ? left_ms : 20);
         /* waited before the look at the batch, as mc__task_finish counts before it looks at
          * waited: one of the two sees the other. */
         atomic_fetch_add(&b->waited, 1);

@@ -46,10 +46,12 @@ struct mc_kv_backend {
     unsigned connect_timeout_ms;
     pthread_rwlock_t agents_lock; /* agents; exclusive calls write, transfers read */
     kv_agent_t *agents;
-    pthread_mutex_t lock;     /* error, xfers */
-    char error[512];          /* protected by lock */
-    struct mc_kv_xfer *xfers; /* protected by lock: live transfer handles, for destroy */
-    mc_notify_t *notif;       /* get_notif's buffer (an exclusive call) */
+    pthread_mutex_t lock;           /* error, xfers */
+    char error[512];                /* protected by lock */
+    struct mc_kv_xfer *xfers;       /* protected by lock: live transfer handles, for destroy */
+    mc_notify_t *notif;             /* get_notif's buffer (an exclusive call) */
+    _Atomic uint64_t xfer_ids;      /* the last transfer handle's id */
+    _Atomic uint64_t last_check_id; /* the handle checked last, by any thread */
 };
 
 struct mc_kv_xfer {
@@ -62,6 +64,7 @@ struct mc_kv_xfer {
     size_t n_mds;
     mc_batch_t *batch; /* of the latest post */
     enum { KV_X_PREPARED, KV_X_POSTED, KV_X_DONE, KV_X_FAILED } state;
+    uint64_t id;            /* in its backend, from 1 */
     uint64_t check_ns;      /* when check last found it in progress */
     unsigned fast_checks;   /* checks in a row that came soon after the one before */
     mc_kv_status_t failure; /* FAILED: what check says, and why */

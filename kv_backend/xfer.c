@@ -14,10 +14,11 @@
 #include "kv.h"
 
 /* A host that checks a transfer in a tight loop (NIXL's hosts spin on check_xfer) takes a core
- * from the engine threads that move its data: once SPIN_CHECKS checks in a row came less than
- * SPIN_GAP_NS after the one before, a check that finds the transfer in progress waits for it
- * (up to SPIN_WAIT_MS) instead of returning at once. A host that does other work between
- * checks, or checks many transfers in turn, never waits. */
+ * from the engine threads that move its data: once SPIN_CHECKS checks of it in a row, with no
+ * check of another transfer of the instance in between, came less than SPIN_GAP_NS after the
+ * one before, a check that finds it in progress waits for it (up to SPIN_WAIT_MS) instead of
+ * returning at once. A host that does other work between checks, or checks several transfers
+ * in turn, never waits. */
 #define SPIN_GAP_NS  20000
 #define SPIN_CHECKS  64
 #define SPIN_WAIT_MS 1
@@ -154,6 +155,7 @@ mc_kv_status_t kv__prep_xfer(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc
     }
     x->op = op;
     x->agent = a;
+    x->id = atomic_fetch_add(&b->xfer_ids, 1) + 1;
     if ((st = xfer_build(b, x, local, remote, count))) {
         xfer_free(x);
         return st;
@@ -222,7 +224,8 @@ static mc_kv_status_t xfer_check(mc_kv_backend_t *b, mc_kv_xfer_t *x)
     if (st != MC_KV_IN_PROG)
         return st;
     now = now_ns();
-    x->fast_checks = now - x->check_ns < SPIN_GAP_NS ? x->fast_checks + 1 : 0;
+    bool same = atomic_exchange(&b->last_check_id, x->id) == x->id;
+    x->fast_checks = same && now - x->check_ns < SPIN_GAP_NS ? x->fast_checks + 1 : 0;
     if (x->fast_checks >= SPIN_CHECKS) {
         mc_batch_wait(x->batch, SPIN_WAIT_MS);
         st = xfer_poll(b, x);
@@ -296,6 +299,7 @@ mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *no
         return kv__fail_engine(b, rc, "post_xfer");
     }
     x->state = KV_X_POSTED;
+    x->fast_checks = 0; /* a new post: spinning is told anew */
     return xfer_poll(b, x);
 }
 

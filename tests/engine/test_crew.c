@@ -149,8 +149,8 @@ static void where_piece(void *arg, size_t i)
         nanosleep(&pause, NULL); /* leave the other piece to the helper */
         return;
     }
-    assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
-    atomic_store(&w->helper_cpus, CPU_COUNT(&set));
+    /* (no assertion here: cmocka reports only from the test's own thread) */
+    atomic_store(&w->helper_cpus, sched_getaffinity(0, sizeof(set), &set) ? -1 : CPU_COUNT(&set));
 }
 
 /* A thread pinned to one CPU starts a crew and runs jobs on it until a helper ran a piece. */

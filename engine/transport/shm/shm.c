@@ -357,7 +357,7 @@ static void get_regtab(shm_peer_t *s)
 
     if (send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) != sizeof(m) ||
         msg_recv(s->req_fd, &m, &fd, 0) || m.type != SHM_REGTAB_OK || fd < 0 ||
-        m.arg >= MC_REGTAB_SLOTS || m.len > MC_REGTAB_LANES) { /* slots of another size */
+        m.arg >= MC_REGTAB_SLOTS || (m.len && m.len != MC_REGTAB_LANES)) { /* another size */
         if (fd >= 0)
             close(fd);
         return;

@@ -163,6 +163,25 @@ typedef struct cma_job {
     cma_call_t *call;
 } cma_job_t;
 
+/* Cut tasks [i, end) into pieces of CMA_PIECE_TASKS requests or CMA_PIECE_BYTES: how many; the
+ * first task of each in start[] (NULL: count only). */
+static size_t cut(const mc_task_t *tasks, size_t i, size_t end, size_t *start)
+{
+    size_t pieces = 0, in_piece = 0, bytes = 0;
+
+    for (size_t x = i; x < end; x++) {
+        if (in_piece++ == 0) {
+            if (start)
+                start[pieces] = x;
+            pieces++;
+        }
+        bytes += tasks[x].req.length;
+        if (in_piece == CMA_PIECE_TASKS || bytes >= CMA_PIECE_BYTES)
+            in_piece = bytes = 0;
+    }
+    return pieces;
+}
+
 static void cma_piece(void *arg, size_t p)
 {
     cma_job_t *j = arg;
@@ -178,20 +197,16 @@ static void cma_piece(void *arg, size_t p)
  * to share, or nobody would help. */
 static size_t cma_shared(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
 {
-    shm_engine_t *se = shm_of(e);
-    size_t end = i, pieces = 0, in_piece = 0, bytes = 0;
+    size_t end = i, pieces;
     cma_job_t job = {.s = s, .tasks = tasks};
+    mc_crew_t *crew;
 
-    if (s->lanes < 2 || !se->cma_helpers || tasks[i].ordered) /* ORDERED: one call, in order */
+    if (s->lanes < 2 || !shm_of(e)->cma_helpers || tasks[i].ordered) /* ORDERED: one call */
         return i;
-    for (; end < n && cma_like(&tasks[i], &tasks[end]) && !tasks[end].ordered; end++) {
-        if (!in_piece++)
-            pieces++;
-        bytes += tasks[end].req.length;
-        if (in_piece == CMA_PIECE_TASKS || bytes >= CMA_PIECE_BYTES)
-            in_piece = bytes = 0;
-    }
-    if (pieces < 2 || !cma_crew(se))
+    while (end < n && cma_like(&tasks[i], &tasks[end]) && !tasks[end].ordered)
+        end++;
+    pieces = cut(tasks, i, end, NULL);
+    if (pieces < 2 || !(crew = cma_crew(shm_of(e))))
         return i;
     job.start = malloc((pieces + 1) * sizeof(*job.start));
     job.call = malloc(pieces * sizeof(*job.call));
@@ -200,16 +215,9 @@ static size_t cma_shared(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t
         free(job.call);
         return i;
     }
-    pieces = in_piece = bytes = 0;
-    for (size_t x = i; x < end; x++) {
-        if (!in_piece++)
-            job.start[pieces++] = x;
-        bytes += tasks[x].req.length;
-        if (in_piece == CMA_PIECE_TASKS || bytes >= CMA_PIECE_BYTES)
-            in_piece = bytes = 0;
-    }
+    cut(tasks, i, end, job.start);
     job.start[pieces] = end;
-    mc__crew_run(se->crew, pieces, cma_piece, &job);
+    mc__crew_run(crew, pieces, cma_piece, &job);
     /* In order; what a piece left (a request outside the owner's table, CMA refused) goes
      * alone, or over another transport. */
     for (size_t p = 0; p < pieces; p++) {
