@@ -118,12 +118,16 @@ void mc__crew_destroy(mc_crew_t *c)
 void mc__crew_run(mc_crew_t *c, size_t n, void (*fn)(void *arg, size_t i), void *arg)
 {
     crew_job_t j = {.fn = fn, .arg = arg, .n = n};
+    int cancel;
 
     if (!c || n < 2) {
         for (size_t i = 0; i < n; i++)
             fn(arg, i);
         return;
     }
+    /* The job lives on this stack until every helper is done with it: no cancellation in
+     * between (the waits below are cancellation points). */
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
     pthread_mutex_lock(&c->lock);
     mc_list_push_back(&c->jobs, &j.link);
     if (n - 1 < c->n_threads) /* a helper per piece past the caller's first */
@@ -136,4 +140,5 @@ void mc__crew_run(mc_crew_t *c, size_t n, void (*fn)(void *arg, size_t i), void 
     while (j.done < j.n)
         pthread_cond_wait(&c->done, &c->lock);
     pthread_mutex_unlock(&c->lock);
+    pthread_setcancelstate(cancel, NULL);
 }
