@@ -22,6 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define MC_CMA_THREADS_MAX 64
+
 typedef struct mc_cma_opts {
     int write; /* 0: process_vm_readv, 1: process_vm_writev */
     size_t batch;
@@ -59,7 +61,7 @@ static int mc_cma_opt(void *ctx, const char *name, const char *value)
     }
     if (strcmp(name, "threads") == 0) {
         v = strtoul(value, &end, 0);
-        if (end == value || *end != '\0' || v == 0 || v > 64) {
+        if (end == value || *end != '\0' || v == 0 || v > MC_CMA_THREADS_MAX) {
             return -EINVAL;
         }
         co->threads = (unsigned)v;
@@ -207,8 +209,8 @@ static int mc_cma_run(const mc_bench_opts_t *opts, const mc_cma_opts_t *co,
                       const mc_cma_peer_t *peer, char *lbuf, uint64_t *bytes_p, double *seconds_p)
 {
     size_t n_blocks = opts->buffer_size / opts->block_size;
-    mc_cma_worker_t w[64];
-    pthread_t tid[64];
+    mc_cma_worker_t w[MC_CMA_THREADS_MAX];
+    pthread_t tid[MC_CMA_THREADS_MAX];
     double start = mc_bench_now();
     unsigned started = 0;
     int rc = 0;

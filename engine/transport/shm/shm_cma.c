@@ -191,17 +191,18 @@ static void cma_piece(void *arg, size_t p)
 
 /* A long run of CMA tasks from tasks[i] is cut into pieces of CMA_PIECE_TASKS requests or
  * CMA_PIECE_BYTES, which the helpers and this thread move side by side, each piece with one
- * call on a lane of its own (a thread copies 4 KiB pieces of another process's memory at about
- * 0.5 M/s on the project's VM, two at 1.0-1.1 M/s: mc-cma-bw --pattern random). Returns the end of
- * the run, every task in it moved, failed or sent to another transport; i when the run is too short
- * to share, or nobody would help. */
+ * call on a lane of its own (a thread copies 4 KiB pieces of another process's memory at
+ * 0.4-0.6 M/s on the project's VM, two at 0.8-1.1 M/s: mc-cma-bw --pattern random). Returns the
+ * end of the run, every task in it moved, failed or sent to another transport; i when the run is
+ * too short to share, or nobody would help. An ORDERED task ends the run (it is not shared: its
+ * writes land in order). */
 static size_t cma_shared(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n)
 {
     size_t end = i, pieces;
     cma_job_t job = {.s = s, .tasks = tasks};
     mc_crew_t *crew;
 
-    if (s->lanes < 2 || !shm_of(e)->cma_helpers || tasks[i].ordered) /* ORDERED: one call */
+    if (s->lanes < 2 || !shm_of(e)->cma_helpers)
         return i;
     while (end < n && cma_like(&tasks[i], &tasks[end]) && !tasks[end].ordered)
         end++;
