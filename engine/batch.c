@@ -474,6 +474,7 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
     pthread_mutex_lock(&e->sub_lock);
     for (i = 0; i < count; i++)
         mc_list_push_back(&e->subq, &tasks[i].qlink);
+    mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
     mc__progress_implicit(e);
@@ -540,6 +541,7 @@ int mc_batch_cancel(mc_batch_t *b)
     if (!atomic_exchange(&b->cancel_kick, true)) {
         atomic_fetch_add(&b->busy, 1);
         mc_list_push_back(&e->cancelq, &b->cancel_link);
+        mc__sub_mark(e);
     }
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);

@@ -8,7 +8,9 @@
 #include "engine_int.h"
 #include "task.h"
 
-enum { HELD_MSG, HELD_EVENT, HELD_DONE };
+enum { HELD_MSG, HELD_EVENT, HELD_DONE, HELD_DROPPED };
+
+#define SPARE_MAX 256 /* records without payload kept for reuse */
 
 typedef struct held {
     mc_list_t link;
@@ -18,23 +20,39 @@ typedef struct held {
     int event, error;
     mc_done_cb done;
     void *done_arg;
-    char sender[MC_NAME_MAX];
+    const char *from;     /* the message's sender: sender[], or in the ring that lent it */
+    const void *msg;      /* the message: data[], in the ring that lent it, or copy */
+    mc_ring_lend_t *lend; /* that ring's loans, or NULL */
+    uint64_t end;         /* where its record ends in that ring */
+    void *copy;           /* taken out of a ring that went away */
     size_t len;
-    char data[]; /* the message, or the event's reason (NUL-terminated) */
+    bool spare; /* no room for a payload: reusable */
+    char sender[MC_NAME_MAX];
+    char data[]; /* a copied message, or the event's reason (NUL-terminated) */
 } held_t;
 
+static const char *const kind_name[] = {"message", "peer event", "completion"};
+
+/* A record for len bytes of payload (none: a reused one when there is). */
 static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
 {
-    held_t *h = malloc(sizeof(*h) + len + 1);
+    held_t *h = NULL;
 
-    if (!h) {
-        mc_error("a %s was dropped: out of memory", kind == HELD_MSG     ? "message"
-                                                    : kind == HELD_EVENT ? "peer event"
-                                                                         : "completion");
+    if (!len && e->n_held_spare) {
+        h = mc_container_of(mc_list_pop_front(&e->held_spare), held_t, link);
+        e->n_held_spare--;
+    } else if ((h = malloc(sizeof(*h) + len + 1))) {
+        h->spare = !len;
+    } else {
+        mc_error("a %s was dropped: out of memory", kind_name[kind]);
         return NULL;
     }
     h->kind = kind;
     h->len = len;
+    h->from = h->sender;
+    h->msg = h->data;
+    h->lend = NULL;
+    h->copy = NULL;
     if (len)
         memcpy(h->data, data, len);
     h->data[len] = 0;
@@ -42,19 +60,69 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
     return h;
 }
 
-int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len)
+/* Done with h: the ring that lent its message gets the record back. */
+static void held_free(mc_engine_t *e, held_t *h)
+{
+    if (h->lend) {
+        h->lend->returned = h->end;
+        h->lend->n--;
+    }
+    free(h->copy);
+    if (h->spare && e->n_held_spare < SPARE_MAX) {
+        mc_list_push_back(&e->held_spare, &h->link);
+        e->n_held_spare++;
+    } else {
+        free(h);
+    }
+}
+
+int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len,
+                    mc_ring_lend_t *lend, uint64_t end)
 {
     if (e->n_held_msgs >= MC_MSG_WINDOW) {
         e->rx_held_full = true;
         return -EAGAIN;
     }
-    held_t *h = held_new(e, HELD_MSG, data, len);
+    held_t *h = held_new(e, HELD_MSG, data, lend ? 0 : len);
     if (!h)
         return -EAGAIN;
     h->msg_id = id;
-    mc__copy_name(h->sender, sender);
+    if (lend) {
+        h->len = len;
+        h->msg = data;
+        h->from = sender;
+        h->lend = lend;
+        h->end = end;
+        lend->n++;
+    } else {
+        mc__copy_name(h->sender, sender);
+    }
     e->n_held_msgs++;
     return 0;
+}
+
+void mc__cb_unlend(mc_engine_t *e, mc_ring_lend_t *lend)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &e->heldq)
+    {
+        held_t *h = mc_container_of(pos, held_t, link);
+        if (h->lend != lend)
+            continue;
+        h->lend = NULL;
+        lend->n--;
+        mc__copy_name(h->sender, h->from);
+        h->from = h->sender;
+        if (h->len && !(h->copy = malloc(h->len))) { /* (it may be the one running) */
+            mc_error("message id %u from %s dropped: out of memory", h->msg_id, h->sender);
+            h->kind = HELD_DROPPED;
+            continue;
+        }
+        if (h->len)
+            memcpy(h->copy, h->msg, h->len);
+        h->msg = h->copy;
+    }
 }
 
 void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)
@@ -85,6 +153,8 @@ static void run_one(mc_engine_t *e, held_t *h)
         h->done(h->done_arg, h->error);
         return;
     }
+    if (h->kind == HELD_DROPPED)
+        return;
     pthread_mutex_lock(&e->handlers_lock);
     mc_msg_cb mcb = h->kind == HELD_MSG ? e->handlers[h->msg_id] : NULL;
     void *marg = h->kind == HELD_MSG ? e->handler_args[h->msg_id] : NULL;
@@ -92,24 +162,24 @@ static void run_one(mc_engine_t *e, held_t *h)
     void *parg = e->peer_cb_arg;
     pthread_mutex_unlock(&e->handlers_lock);
     if (h->kind == HELD_MSG && mcb)
-        mcb(marg, h->sender, h->msg_id, h->data, h->len);
+        mcb(marg, h->from, h->msg_id, h->msg, h->len);
     else if (h->kind == HELD_MSG)
-        mc_warn("message id %u from %s dropped: no handler", h->msg_id, h->sender);
+        mc_warn("message id %u from %s dropped: no handler", h->msg_id, h->from);
     else if (pcb)
         pcb(parg, h->peer, (mc_peer_event_t)h->event, h->error, h->len ? h->data : NULL);
 }
 
 void mc__callbacks_run(mc_engine_t *e)
 {
-    mc_list_t *n;
-
     mc__tasks_release(e);
-    while ((n = mc_list_pop_front(&e->heldq))) {
-        held_t *h = mc_container_of(n, held_t, link);
-        if (h->kind == HELD_MSG)
-            e->n_held_msgs--;
+    while (!mc_list_empty(&e->heldq)) {
+        /* queued while it runs, so that a ring going away meanwhile finds it (mc__cb_unlend) */
+        held_t *h = mc_container_of(e->heldq.next, held_t, link);
         run_one(e, h);
-        free(h);
+        if (h->kind == HELD_MSG || h->kind == HELD_DROPPED)
+            e->n_held_msgs--;
+        mc_list_del(&h->link);
+        held_free(e, h);
     }
     if (e->rx_held_full) { /* there is room again: take what waits */
         e->rx_held_full = false;
@@ -130,6 +200,11 @@ void mc__callbacks_fini(mc_engine_t *e)
         held_t *h = mc_container_of(n, held_t, link);
         if (h->kind == HELD_DONE) /* a send or flush: its owner may be waiting for it */
             h->done(h->done_arg, h->error);
+        h->lend = NULL; /* its ring went with the transports */
+        free(h->copy);
         free(h);
     }
+    while ((n = mc_list_pop_front(&e->held_spare)))
+        free(mc_container_of(n, held_t, link));
+    e->n_held_spare = 0;
 }

@@ -69,6 +69,7 @@ struct mc_engine {
     mc_list_t flushq_in;      /* mc_flush_t.link */
     mc_list_t cancelq;        /* mc_batch_t.cancel_link */
     mc_list_t descq;          /* peers with work from other threads (mc__peer_kicked): desc_link */
+    atomic_bool sub_any; /* one of them may hold something: set with every push (mc__sub_mark) */
 
     pthread_mutex_t done_lock; /* with done_cond: mc_batch_wait sleepers */
     pthread_cond_t done_cond;
@@ -91,6 +92,8 @@ struct mc_engine {
     mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
+    mc_list_t held_spare; /* records without payload, kept for reuse (callbacks.c) */
+    unsigned n_held_spare;
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
     mc_slice_t *slice_free;           /* free list */
     mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */
@@ -160,6 +163,14 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
 
 /* Copy a segment name into a buffer of MC_NAME_MAX bytes (cut if longer; no printf per
  * message). */
+/* After a push onto one of the submission queues, under e->sub_lock: a pass finds the queues
+ * empty without taking the lock until the next push (the pusher then rings the doorbell, or
+ * runs progress, as it did already). */
+static inline void mc__sub_mark(mc_engine_t *e)
+{
+    atomic_store_explicit(&e->sub_any, true, memory_order_release);
+}
+
 static inline void mc__copy_name(char *dst, const char *src)
 {
     size_t n = strnlen(src, MC_NAME_MAX - 1);

@@ -2,6 +2,8 @@
 #ifndef MC_FWD_H
 #define MC_FWD_H
 
+#include <stdint.h>
+
 #include <mooncake/engine.h>
 
 #define MC_TP_MAX    8  /* transports one engine may have (transport/table.c) */
@@ -22,5 +24,11 @@ typedef struct mc_task mc_task_t;
 typedef struct mc_slice mc_slice_t;
 typedef struct mc_link mc_link_t;
 typedef struct mc_transport_ops mc_transport_ops_t;
+
+/* A message ring's records lent to the held queue, not copied (msg_ring.h). */
+typedef struct mc_ring_lend {
+    unsigned n;        /* records lent whose handlers did not run yet */
+    uint64_t returned; /* the ring position after the last one given back */
+} mc_ring_lend_t;
 
 #endif

@@ -111,6 +111,7 @@ static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const 
     }
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->msgq_in, &m->link);
+    mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
     if (!mc__progress_send(e))
         mc__doorbell(e);
@@ -381,7 +382,7 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
 }
 
 int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t stream, uint64_t seq,
-                    uint8_t id, const void *data, size_t len)
+                    uint8_t id, const void *data, size_t len, mc_ring_lend_t *lend, uint64_t end)
 {
     rx_stream_t *s = rx_find(e, stream, seq);
     int rc;
@@ -392,7 +393,8 @@ int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t st
         return 0; /* a duplicate: it was delivered already */
     if (seq > s->next)
         return -EAGAIN; /* one before it is missing: the sender goes back to it */
-    rc = id == 0 ? notify_push(e, sender, data, len) : mc__cb_hold_msg(e, sender, id, data, len);
+    rc = id == 0 ? notify_push(e, sender, data, len)
+                 : mc__cb_hold_msg(e, sender, id, data, len, lend, end);
     if (!rc) {
         s->next = seq + 1;
         mc__count(&e->c[tp][MC_CNT_MSGS_RECEIVED], 1);
@@ -452,6 +454,7 @@ int mc_peer_flush(mc_engine_t *e, mc_segment_id_t target, mc_done_cb cb, void *a
     f->cb_arg = arg;
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->flushq_in, &f->link);
+    mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
     mc__progress_implicit(e);

@@ -76,9 +76,11 @@ void mc__msg_put(mc_msg_t *m);
 
 /* A message arrived from sender (its stream and sequence number) over transport tp: delivered
  * (or a duplicate) 0, or -EAGAIN when it cannot be taken now (the queue it goes to is full: a
- * progress pass comes once there is room; or it is not the next one of its stream). */
+ * progress pass comes once there is room; or it is not the next one of its stream). lend: the
+ * ring it sits in lends it to its handler (mc__cb_hold_msg), its record ending at end; NULL:
+ * it is copied. */
 int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t stream, uint64_t seq,
-                    uint8_t id, const void *data, size_t len);
+                    uint8_t id, const void *data, size_t len, mc_ring_lend_t *lend, uint64_t end);
 
 /* Peers: fail everything p will not deliver (err, the reason), with its flushes; returns how
  * many messages that was. peer_fini: drop what p still holds (it goes away). */

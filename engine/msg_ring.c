@@ -39,7 +39,7 @@ int mc__ring_put(uint8_t *data, uint64_t bytes, uint64_t *head, uint64_t tail, c
 
 int mc__ring_take(mc_engine_t *e, unsigned tp, const uint8_t *data, uint64_t bytes, uint64_t head,
                   uint64_t *tail, const char *sender, uint64_t stream, unsigned budget,
-                  bool *blocked)
+                  bool *blocked, mc_ring_lend_t *lend)
 {
     unsigned n = 0;
 
@@ -55,7 +55,10 @@ int mc__ring_take(mc_engine_t *e, unsigned tp, const uint8_t *data, uint64_t byt
         if (len > MC_MSG_MAX || at + mc__ring_rec_bytes(len) > bytes || head - *tail > bytes ||
             head - *tail < mc__ring_rec_bytes(len))
             return -EIO;
-        if (mc__msg_deliver(e, tp, sender, stream, h->seq, h->id, h + 1, len)) {
+        if (lend && !lend->n) /* nothing lent before it: what precedes it is given back */
+            lend->returned = *tail;
+        if (mc__msg_deliver(e, tp, sender, stream, h->seq, h->id, h + 1, len, lend,
+                            *tail + mc__ring_rec_bytes(len))) {
             *blocked = true; /* full, or the control link still has the ones before it */
             return 0;
         }

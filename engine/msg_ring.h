@@ -36,10 +36,18 @@ int mc__ring_put(uint8_t *data, uint64_t bytes, uint64_t *head, uint64_t tail, c
 /* Deliver the records in [*tail, head) of the ring data[0, bytes), from sender's stream, in
  * order, at most budget of them, through transport tp: *tail moves past each one taken. Stops
  * at one the receiver cannot take now (*blocked set: a later pass tries it again). -EIO: a
- * record that cannot be one (the ring is corrupt), 0 otherwise. */
+ * record that cannot be one (the ring is corrupt), 0 otherwise.
+ * lend (NULL: messages are copied): messages go to their handlers where they are, lent until
+ * the handlers ran; the reader gives the sender back no more than mc__ring_given(). */
 int mc__ring_take(mc_engine_t *e, unsigned tp, const uint8_t *data, uint64_t bytes, uint64_t head,
                   uint64_t *tail, const char *sender, uint64_t stream, unsigned budget,
-                  bool *blocked);
+                  bool *blocked, mc_ring_lend_t *lend);
+
+/* How far a reader that took up to tail may let its sender write again. */
+static inline uint64_t mc__ring_given(const mc_ring_lend_t *lend, uint64_t tail)
+{
+    return lend->n ? lend->returned : tail;
+}
 
 /* The sender's records not consumed yet, oldest first (a circle of cap entries). */
 typedef struct mc_ring_fifo {

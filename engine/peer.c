@@ -283,6 +283,7 @@ static void kick_locked(mc_engine_t *e, mc_peer_t *p)
     if (!p->desc_kick) {
         p->desc_kick = true;
         mc_list_push_back(&e->descq, &p->desc_link);
+        mc__sub_mark(e);
     }
 }
 

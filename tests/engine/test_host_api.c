@@ -1005,6 +1005,90 @@ static void test_engine_arm_send(void **state)
     }
 }
 
+/* Messages taken from a same-host ring go to their handlers where they are in the ring (the
+ * ring lends them). A serving thread takes them for a host that does not progress; the sender
+ * then goes and its ring with it: the messages the ring lent are copied out of it first, and
+ * the host's handlers still get every one, once, in order, bytes right. */
+#define LENT_N 64
+
+static size_t lent_len(int i)
+{
+    return (size_t)(i * 1237) % 6000; /* 0 (the first) to 5999 */
+}
+
+static struct {
+    atomic_int got, bad;
+} lent;
+
+static void on_lent_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    const uint8_t *b = data;
+    int i = atomic_load(&lent.got);
+
+    (void)arg, (void)sender, (void)id;
+    bool ok = i < LENT_N && len == lent_len(i);
+    for (size_t j = 0; ok && j < len; j++)
+        ok = b[j] == (uint8_t)(i * 31 + (int)j);
+    if (!ok)
+        atomic_fetch_add(&lent.bad, 1);
+    atomic_fetch_add(&lent.got, 1);
+}
+
+/* The message rings mapped into this process. */
+static int rings_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, "mooncake-msg-ring") != NULL;
+    fclose(f);
+    return n;
+}
+
+static void test_lent_ring_closed(void **state)
+{
+    static uint8_t buf[6000];
+    mc_engine_t *snd, *host;
+    mc_segment_id_t seg;
+    mc_counters_t c = {0};
+    int fd;
+
+    (void)state;
+    atomic_store(&lent.got, 0);
+    atomic_store(&lent.bad, 0);
+    arm_pair("shm", 100, &snd, &host, &fd);
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_lent_msg, NULL), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
+    for (int i = 0; i < LENT_N; i++) {
+        for (size_t j = 0; j < lent_len(i); j++)
+            buf[j] = (uint8_t)(i * 31 + (int)j);
+        assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, buf, lent_len(i)), 0);
+    }
+    /* the serving thread takes them all over the ring; the host's handlers wait */
+    int64_t dl = th_now_ms() + 10000;
+    while (c.msgs_received < LENT_N && th_now_ms() < dl) {
+        assert_int_equal(mc_stats_transport(host, "shm", &c), 0);
+        usleep(1000);
+    }
+    assert_int_equal(c.msgs_received, LENT_N);
+    assert_int_equal(atomic_load(&lent.got), 0);
+    assert_int_equal(rings_mapped(), 2); /* the sender's end and the host's */
+    /* the sender goes; the serving thread sees the ring's connection close and unmaps it */
+    mc_engine_destroy(snd);
+    g.e[0] = NULL;
+    while (rings_mapped() > 0 && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(rings_mapped(), 0);
+    while (atomic_load(&lent.got) < LENT_N && th_now_ms() < dl)
+        mc_engine_progress(host);
+    assert_int_equal(atomic_load(&lent.got), LENT_N);
+    assert_int_equal(atomic_load(&lent.bad), 0);
+    arm_pair_destroy();
+}
+
 /* ---- registrations --------------------------------------------------------------------------- */
 
 /* The same pages registered twice by two layers, and a smaller range inside a larger one: a
@@ -1474,6 +1558,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_caller_serve, teardown),
         cmocka_unit_test_teardown(test_engine_arm, teardown),
         cmocka_unit_test_teardown(test_engine_arm_send, teardown),
+        cmocka_unit_test_teardown(test_lent_ring_closed, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),

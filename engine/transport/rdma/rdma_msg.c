@@ -369,7 +369,7 @@ static void rx_update(mc_engine_t *e, rdma_msg_rx_t *rx)
 static void rx_poll(mc_engine_t *e, rdma_msg_rx_t *rx)
 {
     if (mc__ring_take(e, mc__rdma_slot, rx->area, RING_BYTES, rx->head, &rx->tail, rx->sender,
-                      rx->stream, RX_BUDGET, &rx->blocked)) {
+                      rx->stream, RX_BUDGET, &rx->blocked, NULL)) {
         mc__set_error(-MC_EPROTO, "the message ring from %s is corrupt", rx->sender);
         msg_qp_failed(e, rx->qp);
         return;

@@ -648,6 +648,7 @@ static void shm_reap(mc_engine_t *e)
     shm_engine_t *se = shm_of(e);
     mc_list_t *n;
 
+    mc__shm_msg_give(e);
     while ((n = mc_list_pop_front(&se->grave)))
         free(mc_container_of(n, shm_conn_t, link));
     while ((n = mc_list_pop_front(&se->peers_grave)))

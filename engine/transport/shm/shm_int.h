@@ -175,6 +175,8 @@ void mc__shm_tx_init(shm_tx_t *tx, mc_peer_t *p);
 void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx);
 shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd);
 void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx);
+/* After the pass's handlers ran: the rings get back the records they lent them. */
+void mc__shm_msg_give(mc_engine_t *e);
 
 /* shm_desc.c: its part of descriptors (our socket name; which buffers may be mapped) */
 extern const mc_desc_codec_t mc__shm_codec;

@@ -9,6 +9,10 @@
  * later pass (a pop, or handlers run, make room and wake it), so a full ring stops the sender,
  * whose window then fills.
  *
+ * The receiver runs handlers on the records where they are (msg_ring.h's loans): its tail, and
+ * so the sender's answers, moves past a record once its handler ran; a ring that goes away
+ * first has what it lent copied out.
+ *
  * Wake-ups: a side about to sleep (transport idle op) sets its flag in the ring and looks once
  * more; the other side, after moving head (or tail), sends one SHM_KICK datagram on the
  * connection if it finds the flag set, clearing it. The flags sit on both sides of a
@@ -34,6 +38,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../callbacks.h"
 #include "shm_int.h"
 
 #define RING_BYTES (512u << 10)
@@ -57,7 +62,9 @@ struct shm_rx {
     mc_list_t link; /* in shm_engine_t.rx_rings */
     int fd;         /* the connection (the conn owns it) */
     shm_ring_t *ring;
-    uint64_t tail;
+    uint64_t tail;       /* records taken up to here */
+    uint64_t given;      /* the ring's tail: records given back (their handlers ran) */
+    mc_ring_lend_t lend; /* records taken and lent to their handlers */
     uint64_t stream;
     char sender[MC_NAME_MAX];
     bool blocked; /* the head record was refused: the next pass tries it again */
@@ -268,11 +275,23 @@ shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd)
     }
     rx->fd = fd;
     rx->ring = r;
-    rx->tail = atomic_load(&r->tail);
+    rx->tail = rx->given = atomic_load(&r->tail);
     rx->stream = r->stream; /* read once: the sender cannot change who it is */
     memcpy(rx->sender, r->sender, sizeof(rx->sender));
     mc_list_push_back(&shm_of(e)->rx_rings, &rx->link);
     return rx;
+}
+
+/* Let the sender write over what was taken and is no longer lent. */
+static void rx_give(shm_rx_t *rx)
+{
+    uint64_t given = mc__ring_given(&rx->lend, rx->tail);
+
+    if (given == rx->given)
+        return;
+    rx->given = given;
+    atomic_store_explicit(&rx->ring->tail, given, memory_order_release);
+    kick_if_armed(&rx->ring->tx_armed, rx->fd);
 }
 
 /* Take what the ring holds, in order, up to RX_BUDGET records. -EIO: a record that cannot be
@@ -280,20 +299,25 @@ shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd)
 static int rx_poll(mc_engine_t *e, shm_rx_t *rx)
 {
     shm_ring_t *r = rx->ring;
-    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire), start = rx->tail;
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
     int rc = mc__ring_take(e, mc__shm_slot, r->data, RING_BYTES, head, &rx->tail, rx->sender,
-                           rx->stream, RX_BUDGET, &rx->blocked);
+                           rx->stream, RX_BUDGET, &rx->blocked, &rx->lend);
 
-    if (rx->tail != start) {
-        atomic_store_explicit(&r->tail, rx->tail, memory_order_release);
-        kick_if_armed(&r->tx_armed, rx->fd);
-    }
+    rx_give(rx);
     return rc;
+}
+
+void mc__shm_msg_give(mc_engine_t *e)
+{
+    mc_list_t *pos;
+
+    for (pos = shm_of(e)->rx_rings.next; pos != &shm_of(e)->rx_rings; pos = pos->next)
+        rx_give(mc_container_of(pos, shm_rx_t, link));
 }
 
 void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx)
 {
-    (void)e;
+    mc__cb_unlend(e, &rx->lend);
     mc_list_del(&rx->link);
     munmap(rx->ring, ring_size());
     free(rx);

@@ -93,7 +93,7 @@ void mc__tcp_msgs_send(mc_engine_t *e, mc_peer_t *p)
 void mc__tcp_msg_in(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     int rc = mc__msg_deliver(e, e->ctrl, c->remote_name, c->fr.aux, c->fr.addr,
-                             (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len);
+                             (uint8_t)c->fr.flags, c->ctrl, c->ctrl_len, NULL, 0);
     static const char full[] = "the receiver's queue is full";
     mc_frame_t f = {.type = MC_FR_MSG_ACK,
                     .id = c->fr.id,
