@@ -199,8 +199,9 @@ bool mc__progress_implicit(mc_engine_t *e);
 /* mc__progress_implicit for a host thread's message: only what sends it (what is queued goes to
  * its carrier, the transports flush), not a whole pass (no epoll, timers or callbacks: the
  * host's next progress call has them, and the doorbell says so when callbacks wait), unless no
- * whole pass ran for a while (a host that only sends). */
-bool mc__progress_send(mc_engine_t *e);
+ * whole pass ran for a while (a host that only sends). m: the message, routed after what was
+ * queued before it. False: nothing ran, m is the caller's still. */
+bool mc__progress_send(mc_engine_t *e, mc_msg_t *m);
 
 /* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the
  * last one seen (segment_cache.c, kept current by a watch started on first use). cached_only:

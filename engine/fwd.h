@@ -23,6 +23,7 @@ typedef struct mc_rail mc_rail_t;
 typedef struct mc_task mc_task_t;
 typedef struct mc_slice mc_slice_t;
 typedef struct mc_link mc_link_t;
+typedef struct mc_msg mc_msg_t;
 typedef struct mc_transport_ops mc_transport_ops_t;
 
 /* A message ring's records lent to the held queue, not copied (msg_ring.h). */

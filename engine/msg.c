@@ -29,12 +29,15 @@ int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 
 /* ---- sending ---- */
 
-/* Take a place in the target's window (queued or unacknowledged messages). */
+/* Take a place in the target's window (queued or unacknowledged messages). The peer table's
+ * lock is for other threads: a pass's own callbacks hold e->lock, under which peers go. */
 static int window_take(mc_engine_t *e, mc_segment_id_t target)
 {
+    bool own = mc__in_pass_of(e);
     int rc = 0;
 
-    pthread_rwlock_rdlock(&e->peers_lock);
+    if (!own)
+        pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, target);
     if (!p)
         rc = mc__set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
@@ -45,7 +48,8 @@ static int window_take(mc_engine_t *e, mc_segment_id_t target)
         rc = mc__set_error(-EAGAIN, "%d messages to segment %u are queued or unacknowledged",
                            MC_MSG_WINDOW, target);
     }
-    pthread_rwlock_unlock(&e->peers_lock);
+    if (!own)
+        pthread_rwlock_unlock(&e->peers_lock);
     return rc;
 }
 
@@ -109,12 +113,13 @@ static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const 
         mc__msg_route(e, m);
         return 0;
     }
+    if (mc__progress_send(e, m))
+        return 0;
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->msgq_in, &m->link);
     mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
-    if (!mc__progress_send(e))
-        mc__doorbell(e);
+    mc__doorbell(e);
     return 0;
 }
 

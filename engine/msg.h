@@ -23,7 +23,7 @@
 #include "fwd.h"
 #include "util/list.h"
 
-typedef struct mc_msg {
+struct mc_msg {
     mc_list_t link; /* in e->msgq_in, then its peer's msgq or msg_unacked */
     mc_segment_id_t target;
     uint8_t id;    /* 0: a notification */
@@ -36,7 +36,7 @@ typedef struct mc_msg {
     mc_done_cb cb;
     void *cb_arg;
     char data[];
-} mc_msg_t;
+};
 
 typedef struct mc_notify_item {
     mc_list_t link;
