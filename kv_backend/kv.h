@@ -46,9 +46,11 @@ struct mc_kv_backend {
     unsigned connect_timeout_ms;
     pthread_rwlock_t agents_lock; /* agents; exclusive calls write, transfers read */
     kv_agent_t *agents;
-    pthread_mutex_t lock;           /* error, xfers */
-    char error[512];                /* protected by lock */
-    struct mc_kv_xfer *xfers;       /* protected by lock: live transfer handles, for destroy */
+    pthread_mutex_t lock;     /* error, xfers */
+    char error[512];          /* protected by lock */
+    struct mc_kv_xfer *xfers; /* protected by lock: live transfer handles, for destroy */
+    struct mc_kv_xfer *spare; /* protected by lock: released handles kept for reuse */
+    unsigned n_spare;
     mc_notify_t *notif;             /* get_notif's buffer (an exclusive call) */
     _Atomic uint64_t xfer_ids;      /* the last transfer handle's id */
     _Atomic uint64_t last_check_id; /* the handle checked last, by any thread */
@@ -59,10 +61,11 @@ struct mc_kv_xfer {
     mc_kv_op_t op;
     kv_agent_t *agent;
     mc_request_t *reqs; /* the descriptors, merged */
-    size_t n_reqs;
+    size_t n_reqs, reqs_cap;
     mc_kv_md_t **mds; /* regions this transfer holds (users counted), each once in a row */
     size_t n_mds;
     mc_batch_t *batch; /* of the latest post */
+    size_t batch_cap;  /* the tasks it has room for */
     enum { KV_X_PREPARED, KV_X_POSTED, KV_X_DONE, KV_X_FAILED } state;
     uint64_t id;            /* in its backend, from 1 */
     uint64_t check_ns;      /* when check last found it in progress */
@@ -109,6 +112,7 @@ mc_kv_status_t kv__prep_xfer(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc
 mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *notif, size_t len);
 mc_kv_status_t kv__check_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x);
 mc_kv_status_t kv__release_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x);
+/* Destroy: release every handle still live, and free the spare ones. */
 void kv__xfers_release_all(mc_kv_backend_t *b);
 
 /* Notifications travel as [u8 sender agent length][sender agent][message] (notif.c). */

@@ -4,6 +4,12 @@
  * Preparing does all the per-descriptor work once (checks, merging, the request array), so that
  * a post is one submit of an array the engine takes as it is, and posting the same handle again
  * costs no more than that submit.
+ *
+ * A host that prepares every transfer it posts (vLLM's connector does) would otherwise map
+ * fresh memory for each one: the request array and the batch's tasks, some 25 MB for 10^5
+ * descriptors, whose first touches cost more than the merging itself (a page fault is about
+ * 10 us on a virtual machine). Released handles whose batch the engine let go of are kept
+ * instead (SPARE_XFERS of them), and a prepare of no more descriptors than one has takes it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -22,6 +28,7 @@
 #define SPIN_GAP_NS  20000
 #define SPIN_CHECKS  64
 #define SPIN_WAIT_MS 1
+#define SPARE_XFERS  4
 
 static bool desc_inside(const mc_kv_desc_t *d)
 {
@@ -71,13 +78,70 @@ static int md_hold(mc_kv_xfer_t *x, mc_kv_md_t *md, size_t *room)
     return 0;
 }
 
-static void xfer_free(mc_kv_xfer_t *x)
+/* Let go of the regions x holds. */
+static void xfer_unhold(mc_kv_xfer_t *x)
 {
     for (size_t i = 0; i < x->n_mds; i++)
         atomic_fetch_sub(&x->mds[i]->users, 1);
+    x->n_mds = 0;
+}
+
+static void xfer_free(mc_kv_xfer_t *x)
+{
+    xfer_unhold(x);
+    mc_batch_release(x->batch); /* cancels what has not finished; never blocks */
     free(x->mds);
     free(x->reqs);
     free(x);
+}
+
+/* A handle for count descriptors: a spare one with room for them, or a new one. */
+static mc_kv_xfer_t *xfer_new(mc_kv_backend_t *b, size_t count)
+{
+    mc_kv_xfer_t *x, **pp;
+
+    pthread_mutex_lock(&b->lock);
+    for (pp = &b->spare; *pp && (*pp)->reqs_cap < count; pp = &(*pp)->next)
+        ;
+    if ((x = *pp)) {
+        *pp = x->next;
+        b->n_spare--;
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (x) {
+        mc_kv_xfer_t keep = *x; /* its memory; the rest starts anew */
+        *x = (mc_kv_xfer_t){.reqs = keep.reqs,
+                            .reqs_cap = keep.reqs_cap,
+                            .mds = keep.mds,
+                            .batch = keep.batch,
+                            .batch_cap = keep.batch_cap};
+        return x;
+    }
+    if (!(x = calloc(1, sizeof(*x))) || !(x->reqs = malloc(count * sizeof(*x->reqs)))) {
+        free(x);
+        return NULL;
+    }
+    x->reqs_cap = count;
+    return x;
+}
+
+/* Keep a released x for a later prepare if its batch is idle and there is room: true. */
+static bool xfer_spare(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    bool kept = false;
+
+    if (x->batch && mc_batch_reset(x->batch) < 0)
+        return false; /* in flight: the release cancels it */
+    xfer_unhold(x);
+    pthread_mutex_lock(&b->lock);
+    if (b->n_spare < SPARE_XFERS) {
+        x->next = b->spare;
+        b->spare = x;
+        b->n_spare++;
+        kept = true;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return kept;
 }
 
 /* Build x->reqs: one request per run of descriptors contiguous on both sides in one pair of
@@ -148,11 +212,9 @@ mc_kv_status_t kv__prep_xfer(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc
     if (!a)
         return kv__fail(b, MC_KV_ERR_NOT_FOUND, "prep_xfer: agent '%s' is not loaded", agent);
     /* The agent stays: its regions named here are held, so it cannot be disconnected. */
-    if (!(x = calloc(1, sizeof(*x))) || !(x->reqs = malloc(count * sizeof(*x->reqs)))) {
-        free(x);
+    if (!(x = xfer_new(b, count)))
         return kv__fail(b, MC_KV_ERR_BACKEND, "prep_xfer: out of memory for %zu descriptors",
                         count);
-    }
     x->op = op;
     x->agent = a;
     x->id = atomic_fetch_add(&b->xfer_ids, 1) + 1;
@@ -259,12 +321,18 @@ static mc_kv_status_t xfer_batch(mc_kv_backend_t *b, mc_kv_xfer_t *x)
     if (x->state == KV_X_POSTED && xfer_poll(b, x) == MC_KV_IN_PROG)
         return kv__fail(b, MC_KV_ERR_REPOST_ACTIVE,
                         "post_xfer: the previous post of this transfer is still in progress");
-    if (x->batch && mc_batch_reset(x->batch) < 0) {
-        mc_batch_release(x->batch); /* failed, and the engine still holds a task of it */
+    /* (a reset that fails: the batch failed, and the engine still holds a task of it) */
+    if (x->batch && (mc_batch_reset(x->batch) < 0 || x->batch_cap < x->n_reqs)) {
+        mc_batch_release(x->batch);
         x->batch = NULL;
     }
-    if (!x->batch && (rc = mc_batch_create(b->engine, x->n_reqs ? x->n_reqs : 1, &x->batch)) < 0)
-        return kv__fail_engine(b, rc, "post_xfer: batch");
+    if (!x->batch) {
+        x->batch_cap = x->n_reqs ? x->n_reqs : 1;
+        if ((rc = mc_batch_create(b->engine, x->batch_cap, &x->batch)) < 0) {
+            x->batch = NULL;
+            return kv__fail_engine(b, rc, "post_xfer: batch");
+        }
+    }
     return MC_KV_SUCCESS;
 }
 
@@ -315,8 +383,8 @@ mc_kv_status_t kv__release_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x)
     if (x->next)
         x->next->prev = x->prev;
     pthread_mutex_unlock(&b->lock);
-    mc_batch_release(x->batch); /* cancels what has not finished; never blocks */
-    xfer_free(x);
+    if (!xfer_spare(b, x))
+        xfer_free(x);
     return MC_KV_SUCCESS;
 }
 
@@ -324,4 +392,10 @@ void kv__xfers_release_all(mc_kv_backend_t *b)
 {
     while (b->xfers)
         kv__release_xfer(b, b->xfers);
+    while (b->spare) {
+        mc_kv_xfer_t *x = b->spare;
+        b->spare = x->next;
+        xfer_free(x);
+    }
+    b->n_spare = 0;
 }

@@ -833,6 +833,63 @@ static void test_repost_and_release(void **state)
     free(n);
 }
 
+/* Every block of a transfer moved: l[i] holds what r[i] had (READ: B's pattern), or r[i] what
+ * l[i] had (WRITE: A's). */
+static void check_moved(const pair_t *p, mc_kv_op_t op, const mc_kv_desc_t *l,
+                        const mc_kv_desc_t *r, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        const uint8_t *dst = (const uint8_t *)(uintptr_t)(op == MC_KV_READ ? l[i].addr : r[i].addr);
+        uint64_t src =
+            op == MC_KV_READ ? r[i].addr - (uintptr_t)p->mb : l[i].addr - (uintptr_t)p->ma;
+
+        if (check(dst, l[i].len, op == MC_KV_READ ? 2 : 1, src) >= 0)
+            fail_msg("block %zu of %zu wrong", i, count);
+    }
+}
+
+/* A released handle whose batch is idle is kept, and the next prepare of no more descriptors
+ * takes it (a host that prepares every transfer maps no fresh memory for each): it comes back
+ * as new (another op, other regions, fewer descriptors), it holds none of the regions it used
+ * before (they deregister), and a larger prepare gets a handle of its own. */
+static void test_spare_handles(void **state)
+{
+    enum { N = 1000, B = 16 };
+    mc_kv_desc_t *l = malloc(2 * N * sizeof(*l)), *r = malloc(2 * N * sizeof(*r));
+    mc_kv_region_t extra = {.addr = 0, .len = N * B, .type = MC_KV_DRAM};
+    mc_kv_md_t *h;
+    mc_kv_xfer_t *x, *y;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    extra.addr = (uintptr_t)p.ma + SZ / 2;
+    OK(p.a, P->register_mem(p.a, &extra, &h));
+    scatter(l, r, N, B, p.ma + SZ / 2, h, (uintptr_t)p.mb, p.rb, 3);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, N, "B", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    check_moved(&p, MC_KV_READ, l, r, N);
+    OK(p.a, P->release_xfer(p.a, x));
+    OK(p.a, P->deregister_mem(p.a, h)); /* the kept handle holds it no more */
+
+    scatter(l, r, 8, 4096, p.ma, p.mda, (uintptr_t)p.mb + SZ / 2, p.rb, 4);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, 8, "B", &y));
+    assert_ptr_equal(y, x); /* the spare */
+    assert_int_equal(run(p.a, y, NULL), MC_KV_SUCCESS);
+    check_moved(&p, MC_KV_WRITE, l, r, 8);
+    OK(p.a, P->release_xfer(p.a, y));
+
+    scatter(l, r, 2 * N, B, p.ma, p.mda, (uintptr_t)p.mb + SZ / 4, p.rb, 5);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, 2 * N, "B", &y));
+    assert_ptr_not_equal(y, x); /* no spare has room for 2N */
+    assert_int_equal(run(p.a, y, NULL), MC_KV_SUCCESS);
+    check_moved(&p, MC_KV_WRITE, l, r, 2 * N);
+    OK(p.a, P->release_xfer(p.a, y));
+    pair_down(&p);
+    free(l);
+    free(r);
+}
+
 /* A peer in another process: data both ways; the notification reaches it although this side
  * never checks the transfer again after posting. */
 static void test_peer_process(void **state)
@@ -1035,6 +1092,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_notif_order),
         cmocka_unit_test(test_concurrent_handles),
         cmocka_unit_test(test_repost_and_release),
+        cmocka_unit_test(test_spare_handles),
         cmocka_unit_test(test_peer_process),
         cmocka_unit_test(test_spinning_check),
         cmocka_unit_test(test_peer_death),
