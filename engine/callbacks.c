@@ -8,7 +8,7 @@
 #include "engine_int.h"
 #include "task.h"
 
-enum { HELD_MSG, HELD_EVENT, HELD_DONE, HELD_DROPPED };
+enum { HELD_MSG, HELD_EVENT, HELD_DONE };
 
 #define SPARE_MAX 256 /* records without payload kept for reuse */
 
@@ -21,10 +21,9 @@ typedef struct held {
     mc_done_cb done;
     void *done_arg;
     const char *from;     /* the message's sender: sender[], or in the ring that lent it */
-    const void *msg;      /* the message: data[], in the ring that lent it, or copy */
+    const void *msg;      /* the message: data[], or in the ring that lent it */
     mc_ring_lend_t *lend; /* that ring's loans, or NULL */
     uint64_t end;         /* where its record ends in that ring */
-    void *copy;           /* taken out of a ring that went away */
     size_t len;
     bool spare; /* no room for a payload: reusable */
     char sender[MC_NAME_MAX];
@@ -52,7 +51,6 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
     h->from = h->sender;
     h->msg = h->data;
     h->lend = NULL;
-    h->copy = NULL;
     if (len)
         memcpy(h->data, data, len);
     h->data[len] = 0;
@@ -67,7 +65,6 @@ static void held_free(mc_engine_t *e, held_t *h)
         h->lend->returned = h->end;
         h->lend->n--;
     }
-    free(h->copy);
     if (h->spare && e->n_held_spare < SPARE_MAX) {
         mc_list_push_back(&e->held_spare, &h->link);
         e->n_held_spare++;
@@ -101,30 +98,6 @@ int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *
     return 0;
 }
 
-void mc__cb_unlend(mc_engine_t *e, mc_ring_lend_t *lend)
-{
-    mc_list_t *pos, *tmp;
-
-    mc_list_for_each_safe(pos, tmp, &e->heldq)
-    {
-        held_t *h = mc_container_of(pos, held_t, link);
-        if (h->lend != lend)
-            continue;
-        h->lend = NULL;
-        lend->n--;
-        mc__copy_name(h->sender, h->from);
-        h->from = h->sender;
-        if (h->len && !(h->copy = malloc(h->len))) { /* (it may be the one running) */
-            mc_error("message id %u from %s dropped: out of memory", h->msg_id, h->sender);
-            h->kind = HELD_DROPPED;
-            continue;
-        }
-        if (h->len)
-            memcpy(h->copy, h->msg, h->len);
-        h->msg = h->copy;
-    }
-}
-
 void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)
 {
     held_t *h = held_new(e, HELD_DONE, NULL, 0);
@@ -153,8 +126,6 @@ static void run_one(mc_engine_t *e, held_t *h)
         h->done(h->done_arg, h->error);
         return;
     }
-    if (h->kind == HELD_DROPPED)
-        return;
     pthread_mutex_lock(&e->handlers_lock);
     mc_msg_cb mcb = h->kind == HELD_MSG ? e->handlers[h->msg_id] : NULL;
     void *marg = h->kind == HELD_MSG ? e->handler_args[h->msg_id] : NULL;
@@ -171,14 +142,14 @@ static void run_one(mc_engine_t *e, held_t *h)
 
 void mc__callbacks_run(mc_engine_t *e)
 {
+    mc_list_t *n;
+
     mc__tasks_release(e);
-    while (!mc_list_empty(&e->heldq)) {
-        /* queued while it runs, so that a ring going away meanwhile finds it (mc__cb_unlend) */
-        held_t *h = mc_container_of(e->heldq.next, held_t, link);
-        run_one(e, h);
-        if (h->kind == HELD_MSG || h->kind == HELD_DROPPED)
+    while ((n = mc_list_pop_front(&e->heldq))) {
+        held_t *h = mc_container_of(n, held_t, link);
+        if (h->kind == HELD_MSG)
             e->n_held_msgs--;
-        mc_list_del(&h->link);
+        run_one(e, h);
         held_free(e, h);
     }
     if (e->rx_held_full) { /* there is room again: take what waits */
@@ -200,9 +171,7 @@ void mc__callbacks_fini(mc_engine_t *e)
         held_t *h = mc_container_of(n, held_t, link);
         if (h->kind == HELD_DONE) /* a send or flush: its owner may be waiting for it */
             h->done(h->done_arg, h->error);
-        h->lend = NULL; /* its ring went with the transports */
-        free(h->copy);
-        free(h);
+        free(h); /* (a ring it was lent from is freed by its transport's fini) */
     }
     while ((n = mc_list_pop_front(&e->held_spare)))
         free(mc_container_of(n, held_t, link));

@@ -19,14 +19,12 @@
 /* Hold a message for its handler (id 1..255): 0, or -EAGAIN when MC_MSG_WINDOW are held
  * already (the sender keeps it); a peer event for the peer handler; a completion (a send, a
  * flush). Progress context.
- * A message from a ring that lends its records (lend not NULL) is not copied: the handler gets
- * data and sender where they are, and the record, which ends at ring position end, counts in
- * lend until the handler ran (lend->returned then moves to end). */
+ * A message from a ring that lends its records (lend not NULL: only in a pass that runs the
+ * callbacks, so that nothing stays lent after it) is not copied: the handler gets data and
+ * sender where they are, and the record, which ends at ring position end, counts in lend until
+ * the handler ran (lend->returned then moves to end). */
 int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len,
                     mc_ring_lend_t *lend, uint64_t end);
-/* The ring behind lend goes away: the messages it lent are copied out of it (dropped, with an
- * error in the log, if there is no memory for the copy). */
-void mc__cb_unlend(mc_engine_t *e, mc_ring_lend_t *lend);
 void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error, const char *why);
 void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
 /* Run everything held, in the order it came (tasks let go of first). */

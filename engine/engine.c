@@ -188,6 +188,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
 {
     in_pass = true;
     pass_engine = e;
+    e->pass_callbacks = callbacks;
     if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)
         e->resumed_ns = now;
     e->last_pass_ns = now;
@@ -228,6 +229,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
     if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
         mc__doorbell(e);
     arm_timer(e);
+    e->pass_callbacks = false;
     in_pass = false;
     if (atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
         pthread_mutex_lock(&e->done_lock);

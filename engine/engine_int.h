@@ -94,6 +94,7 @@ struct mc_engine {
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
     mc_list_t held_spare; /* records without payload, kept for reuse (callbacks.c) */
     unsigned n_held_spare;
+    bool pass_callbacks; /* the pass under way runs them at its end: rings may lend records */
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
     mc_slice_t *slice_free;           /* free list */
     mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */
@@ -161,8 +162,6 @@ int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
 int mc__epoll_mod(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
 void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
 
-/* Copy a segment name into a buffer of MC_NAME_MAX bytes (cut if longer; no printf per
- * message). */
 /* After a push onto one of the submission queues, under e->sub_lock: a pass finds the queues
  * empty without taking the lock until the next push (the pusher then rings the doorbell, or
  * runs progress, as it did already). */
@@ -171,6 +170,8 @@ static inline void mc__sub_mark(mc_engine_t *e)
     atomic_store_explicit(&e->sub_any, true, memory_order_release);
 }
 
+/* Copy a segment name into a buffer of MC_NAME_MAX bytes (cut if longer; no printf per
+ * message). */
 static inline void mc__copy_name(char *dst, const char *src)
 {
     size_t n = strnlen(src, MC_NAME_MAX - 1);

@@ -29,7 +29,7 @@ typedef struct mc_transport_ops mc_transport_ops_t;
 /* A message ring's records lent to the held queue, not copied (msg_ring.h). */
 typedef struct mc_ring_lend {
     unsigned n;        /* records lent whose handlers did not run yet */
-    uint64_t returned; /* the ring position after the last one given back */
+    uint64_t returned; /* while n: the ring position up to which every record was given back */
 } mc_ring_lend_t;
 
 #endif

@@ -98,13 +98,15 @@ static void xfer_free(mc_kv_xfer_t *x)
 /* A handle for count descriptors: a spare one with room for them, or a new one. */
 static mc_kv_xfer_t *xfer_new(mc_kv_backend_t *b, size_t count)
 {
-    mc_kv_xfer_t *x, **pp;
+    mc_kv_xfer_t *x = NULL, **best = NULL;
 
     pthread_mutex_lock(&b->lock);
-    for (pp = &b->spare; *pp && (*pp)->reqs_cap < count; pp = &(*pp)->next)
-        ;
-    if ((x = *pp)) {
-        *pp = x->next;
+    for (mc_kv_xfer_t **q = &b->spare; *q; q = &(*q)->next) /* the smallest with room */
+        if ((*q)->reqs_cap >= count && (!best || (*q)->reqs_cap < (*best)->reqs_cap))
+            best = q;
+    if (best) {
+        x = *best;
+        *best = x->next;
         b->n_spare--;
     }
     pthread_mutex_unlock(&b->lock);

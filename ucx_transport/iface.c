@@ -106,9 +106,10 @@ void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *dat
     uct_mc_iface_t *iface;
     uct_mc_am_t *am;
     unsigned iid;
+    uint8_t am_id; /* read once: a same-host message is read where the sender wrote it */
 
     (void)id;
-    if (len < UCT_MC_AM_HDR || len - UCT_MC_AM_HDR > AM_LARGE || p[6] >= UCT_AM_ID_MAX) {
+    if (len < UCT_MC_AM_HDR || len - UCT_MC_AM_HDR > AM_LARGE || (am_id = p[6]) >= UCT_AM_ID_MAX) {
         ucs_error("mooncake: a malformed active message (%zu bytes) from %s", len, sender);
         return;
     }
@@ -120,14 +121,14 @@ void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *dat
     am = iface ? am_get(iface, len - UCT_MC_AM_HDR) : NULL;
     if (am) {
         am->ev.kind = EV_AM;
-        am->id = p[6];
+        am->id = am_id;
         am->len = (unsigned)(len - UCT_MC_AM_HDR);
         memcpy(am->data, p + UCT_MC_AM_HDR, am->len);
         uct_mc_iface_queue(iface, &am->ev);
     }
     pthread_mutex_unlock(&md->lock);
     if (!iface)
-        ucs_debug("mooncake: active message %u from %s for interface %u, which is closed", p[6],
+        ucs_debug("mooncake: active message %u from %s for interface %u, which is closed", am_id,
                   sender, iid);
     else if (!am)
         ucs_error("mooncake: no memory for an active message of %zu bytes from %s", len, sender);

@@ -470,7 +470,9 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
  * it never drops). If the peer dies, the ones it did not acknowledge fail: their completion
  * callbacks get -MC_EPEERDEAD and the peer event says how many. */
 
-/* Handler for messages with id 1..255, called from progress with the sender's segment name. */
+/* Handler for messages with id 1..255, called from progress with the sender's segment name.
+ * data and sender are valid during the call only (a same-host message is read where its sender
+ * wrote it, in shared memory). */
 typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
 
 /* Set (or clear with cb == NULL) the handler of message id (1..255; 0 is notifications). */

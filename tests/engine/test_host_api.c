@@ -1005,33 +1005,40 @@ static void test_engine_arm_send(void **state)
     }
 }
 
-/* Messages taken from a same-host ring go to their handlers where they are in the ring (the
- * ring lends them). A serving thread takes them for a host that does not progress; the sender
- * then goes and its ring with it: the messages the ring lent are copied out of it first, and
+/* Same-host messages that a serving thread takes for a host that does not progress: the
+ * sender hears at once that they are taken (its flush completes; in a pass that runs the
+ * handlers they are read in place, and answered once they ran), and its ring may then go:
  * the host's handlers still get every one, once, in order, bytes right. */
-#define LENT_N 64
+#define SERVED_N 64
 
-static size_t lent_len(int i)
+static size_t served_len(int i)
 {
     return (size_t)(i * 1237) % 6000; /* 0 (the first) to 5999 */
 }
 
 static struct {
-    atomic_int got, bad;
-} lent;
+    atomic_int got, bad, flushed;
+} served;
 
-static void on_lent_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+static void on_served_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
 {
     const uint8_t *b = data;
-    int i = atomic_load(&lent.got);
+    int i = atomic_load(&served.got);
 
     (void)arg, (void)sender, (void)id;
-    bool ok = i < LENT_N && len == lent_len(i);
+    bool ok = i < SERVED_N && len == served_len(i) && (len == 0 || data);
     for (size_t j = 0; ok && j < len; j++)
         ok = b[j] == (uint8_t)(i * 31 + (int)j);
     if (!ok)
-        atomic_fetch_add(&lent.bad, 1);
-    atomic_fetch_add(&lent.got, 1);
+        atomic_fetch_add(&served.bad, 1);
+    atomic_fetch_add(&served.got, 1);
+}
+
+static void on_served_flush(void *arg, int status)
+{
+    (void)arg;
+    if (status == 0)
+        atomic_fetch_add(&served.flushed, 1);
 }
 
 /* The message rings mapped into this process. */
@@ -1048,7 +1055,7 @@ static int rings_mapped(void)
     return n;
 }
 
-static void test_lent_ring_closed(void **state)
+static void test_served_messages(void **state)
 {
     static uint8_t buf[6000];
     mc_engine_t *snd, *host;
@@ -1057,24 +1064,26 @@ static void test_lent_ring_closed(void **state)
     int fd;
 
     (void)state;
-    atomic_store(&lent.got, 0);
-    atomic_store(&lent.bad, 0);
+    atomic_store(&served.got, 0);
+    atomic_store(&served.bad, 0);
+    atomic_store(&served.flushed, 0);
     arm_pair("shm", 100, &snd, &host, &fd);
-    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_lent_msg, NULL), 0);
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_served_msg, NULL), 0);
     assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
-    for (int i = 0; i < LENT_N; i++) {
-        for (size_t j = 0; j < lent_len(i); j++)
+    for (int i = 0; i < SERVED_N; i++) {
+        for (size_t j = 0; j < served_len(i); j++)
             buf[j] = (uint8_t)(i * 31 + (int)j);
-        assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, buf, lent_len(i)), 0);
+        assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, buf, served_len(i)), 0);
     }
-    /* the serving thread takes them all over the ring; the host's handlers wait */
+    assert_int_equal(mc_peer_flush(snd, seg, on_served_flush, NULL), 0);
+    /* the serving thread takes them all over the ring and the sender hears so; no handler ran */
     int64_t dl = th_now_ms() + 10000;
-    while (c.msgs_received < LENT_N && th_now_ms() < dl) {
-        assert_int_equal(mc_stats_transport(host, "shm", &c), 0);
+    while (atomic_load(&served.flushed) == 0 && th_now_ms() < dl)
         usleep(1000);
-    }
-    assert_int_equal(c.msgs_received, LENT_N);
-    assert_int_equal(atomic_load(&lent.got), 0);
+    assert_int_equal(atomic_load(&served.flushed), 1);
+    assert_int_equal(mc_stats_transport(host, "shm", &c), 0);
+    assert_int_equal(c.msgs_received, SERVED_N);
+    assert_int_equal(atomic_load(&served.got), 0);
     assert_int_equal(rings_mapped(), 2); /* the sender's end and the host's */
     /* the sender goes; the serving thread sees the ring's connection close and unmaps it */
     mc_engine_destroy(snd);
@@ -1082,10 +1091,10 @@ static void test_lent_ring_closed(void **state)
     while (rings_mapped() > 0 && th_now_ms() < dl)
         usleep(1000);
     assert_int_equal(rings_mapped(), 0);
-    while (atomic_load(&lent.got) < LENT_N && th_now_ms() < dl)
+    while (atomic_load(&served.got) < SERVED_N && th_now_ms() < dl)
         mc_engine_progress(host);
-    assert_int_equal(atomic_load(&lent.got), LENT_N);
-    assert_int_equal(atomic_load(&lent.bad), 0);
+    assert_int_equal(atomic_load(&served.got), SERVED_N);
+    assert_int_equal(atomic_load(&served.bad), 0);
     arm_pair_destroy();
 }
 
@@ -1558,7 +1567,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_caller_serve, teardown),
         cmocka_unit_test_teardown(test_engine_arm, teardown),
         cmocka_unit_test_teardown(test_engine_arm_send, teardown),
-        cmocka_unit_test_teardown(test_lent_ring_closed, teardown),
+        cmocka_unit_test_teardown(test_served_messages, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),

@@ -649,6 +649,7 @@ static void shm_reap(mc_engine_t *e)
     mc_list_t *n;
 
     mc__shm_msg_give(e);
+    mc__shm_rx_lent_free(e, false);
     while ((n = mc_list_pop_front(&se->grave)))
         free(mc_container_of(n, shm_conn_t, link));
     while ((n = mc_list_pop_front(&se->peers_grave)))
@@ -703,6 +704,7 @@ static int shm_init(mc_engine_t *e)
     mc_list_init(&se->grave);
     mc_list_init(&se->peers_grave);
     mc_list_init(&se->rx_rings);
+    mc_list_init(&se->rx_lent);
     mc_list_init(&se->tx_busy);
     pthread_mutex_init(&se->revoke_mutex, NULL);
     pthread_mutex_init(&se->crew_lock, NULL);
@@ -746,6 +748,7 @@ static void shm_fini(mc_engine_t *e)
     shm_engine_t *se = shm_of(e);
 
     shm_reap(e);
+    mc__shm_rx_lent_free(e, true);
     mc__crew_destroy(se->crew);
     mc__shm_regtab_destroy(e);
     pthread_mutex_destroy(&se->revoke_mutex);

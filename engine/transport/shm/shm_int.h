@@ -91,6 +91,7 @@ typedef struct shm_engine {
     bool regtab_used[MC_REGTAB_SLOTS]; /* peer slots in regtab, progress-owned */
     bool regtab_withdrawn;             /* the engine is going: regtab stays empty */
     mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
+    mc_list_t rx_lent;                 /* detached rings whose records are still lent */
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
     unsigned cma_helpers;              /* MC_SHM_CMA_THREADS, resolved */
     pthread_mutex_t crew_lock;         /* the helpers start with the first long CMA run */
@@ -177,6 +178,9 @@ shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd);
 void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx);
 /* After the pass's handlers ran: the rings get back the records they lent them. */
 void mc__shm_msg_give(mc_engine_t *e);
+/* Free the detached rings whose records are all given back (all: every one; the transport
+ * goes, after the held callbacks were dropped). */
+void mc__shm_rx_lent_free(mc_engine_t *e, bool all);
 
 /* shm_desc.c: its part of descriptors (our socket name; which buffers may be mapped) */
 extern const mc_desc_codec_t mc__shm_codec;

@@ -9,9 +9,11 @@
  * later pass (a pop, or handlers run, make room and wake it), so a full ring stops the sender,
  * whose window then fills.
  *
- * The receiver runs handlers on the records where they are (msg_ring.h's loans): its tail, and
- * so the sender's answers, moves past a record once its handler ran; a ring that goes away
- * first has what it lent copied out.
+ * In a pass that runs the host's callbacks the receiver runs handlers on the records where they
+ * are (msg_ring.h's loans), and moves its tail, and so the sender's answers, past them once
+ * they ran, at the end of that pass. A pass that keeps the callbacks for the host (a quiet one,
+ * a serving thread's) copies what it takes: the sender hears at once that it was taken, as
+ * over the other carriers, and the ring does not wait for a host that is away.
  *
  * Wake-ups: a side about to sleep (transport idle op) sets its flag in the ring and looks once
  * more; the other side, after moving head (or tail), sends one SHM_KICK datagram on the
@@ -38,7 +40,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../callbacks.h"
 #include "shm_int.h"
 
 #define RING_BYTES (512u << 10)
@@ -300,8 +301,9 @@ static int rx_poll(mc_engine_t *e, shm_rx_t *rx)
 {
     shm_ring_t *r = rx->ring;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    int rc = mc__ring_take(e, mc__shm_slot, r->data, RING_BYTES, head, &rx->tail, rx->sender,
-                           rx->stream, RX_BUDGET, &rx->blocked, &rx->lend);
+    int rc =
+        mc__ring_take(e, mc__shm_slot, r->data, RING_BYTES, head, &rx->tail, rx->sender, rx->stream,
+                      RX_BUDGET, &rx->blocked, e->pass_callbacks ? &rx->lend : NULL);
 
     rx_give(rx);
     return rc;
@@ -315,12 +317,35 @@ void mc__shm_msg_give(mc_engine_t *e)
         rx_give(mc_container_of(pos, shm_rx_t, link));
 }
 
-void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx)
+static void rx_free(shm_rx_t *rx)
 {
-    mc__cb_unlend(e, &rx->lend);
-    mc_list_del(&rx->link);
     munmap(rx->ring, ring_size());
     free(rx);
+}
+
+/* Records lent stay lent until the end of the pass: a ring closed before then (nothing closes
+ * one from a callback today) stays mapped until they ran, or the transport goes. */
+void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx)
+{
+    mc_list_del(&rx->link);
+    if (rx->lend.n)
+        mc_list_push_back(&shm_of(e)->rx_lent, &rx->link);
+    else
+        rx_free(rx);
+}
+
+void mc__shm_rx_lent_free(mc_engine_t *e, bool all)
+{
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &shm_of(e)->rx_lent)
+    {
+        shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
+        if (all || !rx->lend.n) {
+            mc_list_del(&rx->link);
+            rx_free(rx);
+        }
+    }
 }
 
 /* ---- both ---- */
