@@ -342,21 +342,24 @@ int mc__progress_try(mc_engine_t *e)
  * SEND_PASS_NS: they connect, take the answers that free its window, and run the timers. With
  * MC_PROGRESS_IMPLICIT=0 only the send's own part runs, never a pass or a callback: the host
  * drives those (a doorbell, an epoll_wait and a read per message otherwise, UCX's am_short). */
-bool mc__progress_send(mc_engine_t *e, mc_msg_t *m)
+bool mc__send_begin(mc_engine_t *e)
 {
     if (e->has_thread || in_pass || pthread_mutex_trylock(&e->lock))
         return false;
-    MC_LOG_SCOPE(e->cfg.log_level);
     in_pass = true;
     pass_engine = e;
-    drain_submissions(e); /* what this thread queued before m goes first */
-    mc__msg_route(e, m);
+    drain_submissions(e); /* what this thread queued before goes first */
+    return true;
+}
+
+void mc__send_end(mc_engine_t *e)
+{
     uint64_t now = e->implicit_progress ? mc__now_ns() : 0;
     if (now && now - e->last_pass_ns >= SEND_PASS_NS) {
         in_pass = false;
         progress_locked(e, true, now);
         pthread_mutex_unlock(&e->lock);
-        return true;
+        return;
     }
     mc__sched_run(e);
     transports_reap(e);
@@ -368,7 +371,6 @@ bool mc__progress_send(mc_engine_t *e, mc_msg_t *m)
         mc__doorbell(e);
     arm_for_host(e);
     pthread_mutex_unlock(&e->lock);
-    return true;
 }
 
 bool mc__progress_implicit(mc_engine_t *e)
@@ -539,6 +541,7 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->sentq);
     mc_list_init(&e->heldq);
     mc_list_init(&e->held_spare);
+    mc_list_init(&e->msg_spare);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
     e->armed_ms = -2;

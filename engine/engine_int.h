@@ -93,6 +93,8 @@ struct mc_engine {
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
     mc_list_t held_spare; /* records without payload, kept for reuse (callbacks.c) */
+    mc_list_t msg_spare;  /* message records kept for reuse (msg.c), with n_msg_spare */
+    unsigned n_msg_spare;
     unsigned n_held_spare;
     bool pass_callbacks; /* the pass under way runs them at its end: rings may lend records */
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
@@ -200,9 +202,11 @@ bool mc__progress_implicit(mc_engine_t *e);
 /* mc__progress_implicit for a host thread's message: only what sends it (what is queued goes to
  * its carrier, the transports flush), not a whole pass (no epoll, timers or callbacks: the
  * host's next progress call has them, and the doorbell says so when callbacks wait), unless no
- * whole pass ran for a while (a host that only sends). m: the message, routed after what was
- * queued before it. False: nothing ran, m is the caller's still. */
-bool mc__progress_send(mc_engine_t *e, mc_msg_t *m);
+ * whole pass ran for a while (a host that only sends). begin: e->lock taken (false: another
+ * thread has it, or a progress thread runs the passes) and what was queued routed, so that the
+ * caller makes and routes its message as a callback would (mc__in_pass_of); end: it goes. */
+bool mc__send_begin(mc_engine_t *e);
+void mc__send_end(mc_engine_t *e);
 
 /* Look a segment's descriptor up in metadata; if the service does not answer, fall back to the
  * last one seen (segment_cache.c, kept current by a watch started on first use). cached_only:

@@ -15,6 +15,12 @@
 #define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
 #define RESEND_DELAY_NS (1 * MC_MS) /* after a receiver said -EAGAIN */
 #define RX_STREAMS_MAX  65536       /* streams remembered; the least recently used go first */
+/* Messages up to SPARE_LEN bytes get records that are kept for reuse (SPARE_MAX of them), taken
+ * again by sends made under e->lock: a host's own (mc__send_begin) and callbacks'. A stream of
+ * small messages otherwise grew and trimmed the heap over and over (a page fault per page
+ * after each trim). */
+#define SPARE_LEN 256
+#define SPARE_MAX 1024
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -76,7 +82,13 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     rc = window_take(e, target);
     if (rc)
         return rc;
-    m = malloc(sizeof(*m) + len);
+    bool small = len <= SPARE_LEN;
+    if (small && e->n_msg_spare && mc__in_pass_of(e)) {
+        m = mc_container_of(mc_list_pop_front(&e->msg_spare), mc_msg_t, link);
+        e->n_msg_spare--;
+    } else {
+        m = malloc(sizeof(*m) + (small ? SPARE_LEN : len));
+    }
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));
@@ -84,6 +96,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
         return mc__set_error(-ENOMEM, "out of memory");
     }
     memset(m, 0, sizeof(*m)); /* the header: the payload is copied over */
+    m->spare = small;
     m->target = target;
     m->id = id;
     m->len = (uint32_t)len;
@@ -96,31 +109,50 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     return 0;
 }
 
-static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
-                      size_t len, const mc_msg_opts_t *opts)
+/* Make m and hand it to progress: routed at once where this thread may (a callback, whose
+ * message goes out at the end of the pass; a host's send section), else queued. */
+static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
+                    size_t len, const mc_msg_opts_t *opts)
 {
     mc_msg_t *m = NULL;
     int rc;
 
-    if (!e)
-        return mc__set_error(-EINVAL, "NULL engine");
+    if (mc__in_pass_of(e)) {
+        rc = msg_new(e, target, id, data, len, opts, &m);
+        if (!rc)
+            mc__msg_route(e, m);
+        return rc;
+    }
+    if (mc__send_begin(e)) {
+        rc = msg_new(e, target, id, data, len, opts, &m);
+        if (!rc)
+            mc__msg_route(e, m);
+        mc__send_end(e);
+        return rc;
+    }
     rc = msg_new(e, target, id, data, len, opts, &m);
-    if (rc == -EAGAIN && !mc__in_pass_of(e) && mc__progress_implicit(e))
-        rc = msg_new(e, target, id, data, len, opts, &m); /* the pass took answers in */
     if (rc)
         return rc;
-    if (mc__in_pass_of(e)) { /* a callback: it goes out at the end of this pass */
-        mc__msg_route(e, m);
-        return 0;
-    }
-    if (mc__progress_send(e, m))
-        return 0;
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->msgq_in, &m->link);
     mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
     return 0;
+}
+
+static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
+                      size_t len, const mc_msg_opts_t *opts)
+{
+    int rc;
+
+    if (!e)
+        return mc__set_error(-EINVAL, "NULL engine");
+    MC_LOG_SCOPE(e->cfg.log_level);
+    rc = msg_make(e, target, id, data, len, opts);
+    if (rc == -EAGAIN && !mc__in_pass_of(e) && mc__progress_implicit(e))
+        rc = msg_make(e, target, id, data, len, opts); /* the pass took answers in */
+    return rc;
 }
 
 int mc_msg_send_ex(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
@@ -152,10 +184,16 @@ int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
     return rc;
 }
 
-void mc__msg_put(mc_msg_t *m)
+void mc__msg_put(mc_engine_t *e, mc_msg_t *m)
 {
-    if (--m->refs == 0)
+    if (--m->refs)
+        return;
+    if (m->spare && e->n_msg_spare < SPARE_MAX) {
+        mc_list_push_back(&e->msg_spare, &m->link);
+        e->n_msg_spare++;
+    } else {
         free(m);
+    }
 }
 
 /* m leaves its peer's window: delivered (status 0) or never will be. */
@@ -166,7 +204,7 @@ static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
     if (p)
         window_give(p);
     m->inflight = false;
-    mc__msg_put(m);
+    mc__msg_put(e, m);
 }
 
 /* A transport faster than the control link (same-host shared memory, rdma) carries p's
@@ -577,6 +615,9 @@ void mc__msgs_fini(mc_engine_t *e)
         free(mc_container_of(n, mc_notify_item_t, link));
     while ((n = mc_list_pop_front(&e->msgq_in)))
         free(mc_container_of(n, mc_msg_t, link));
+    while ((n = mc_list_pop_front(&e->msg_spare)))
+        free(mc_container_of(n, mc_msg_t, link));
+    e->n_msg_spare = SPARE_MAX; /* what the transports let go of later is freed at once */
     while ((n = mc_list_pop_front(&e->flushq_in)))
         free(mc_container_of(n, mc_flush_t, link));
     if (e->rx_streams)

@@ -29,6 +29,7 @@ struct mc_msg {
     uint8_t id;    /* 0: a notification */
     uint8_t tp;    /* the transport that took it last */
     bool inflight; /* taken by the transport, not answered yet */
+    bool spare;    /* room for SPARE_LEN bytes: kept for reuse when let go of (msg.c) */
     uint32_t len;
     uint64_t seq;  /* in its peer's stream, from 1 (progress numbers it) */
     uint32_t tx;   /* times taken: an answer to an earlier take is stale */
@@ -72,7 +73,7 @@ mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp);
 mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status);
 void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp);
-void mc__msg_put(mc_msg_t *m);
+void mc__msg_put(mc_engine_t *e, mc_msg_t *m);
 
 /* A message arrived from sender (its stream and sequence number) over transport tp: delivered
  * (or a duplicate) 0, or -EAGAIN when it cannot be taken now (the queue it goes to is full: a

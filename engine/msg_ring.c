@@ -88,7 +88,7 @@ unsigned mc__ring_fifo_answer(mc_engine_t *e, mc_peer_t *p, mc_ring_fifo_t *f, u
     while (f->n && f->v[f->first].end <= tail) {
         struct mc_ring_rec *r = &f->v[f->first];
         mc__msg_answered(e, p, r->m, r->tx, 0);
-        mc__msg_put(r->m);
+        mc__msg_put(e, r->m);
         f->first = (f->first + 1) % f->cap;
         f->n--;
         n++;
@@ -96,10 +96,10 @@ unsigned mc__ring_fifo_answer(mc_engine_t *e, mc_peer_t *p, mc_ring_fifo_t *f, u
     return n;
 }
 
-void mc__ring_fifo_free(mc_ring_fifo_t *f)
+void mc__ring_fifo_free(mc_engine_t *e, mc_ring_fifo_t *f)
 {
     for (; f->n; f->n--, f->first = (f->first + 1) % f->cap)
-        mc__msg_put(f->v[f->first].m);
+        mc__msg_put(e, f->v[f->first].m);
     free(f->v);
     memset(f, 0, sizeof(*f));
 }

@@ -65,6 +65,6 @@ void mc__ring_fifo_push(mc_ring_fifo_t *f, mc_msg_t *m, uint64_t end);
 /* Answer (delivered) every record of p that ends at or before tail; how many. */
 unsigned mc__ring_fifo_answer(mc_engine_t *e, mc_peer_t *p, mc_ring_fifo_t *f, uint64_t tail);
 /* Drop every record (their messages go back through mc__msg_link_lost) and free the fifo. */
-void mc__ring_fifo_free(mc_ring_fifo_t *f);
+void mc__ring_fifo_free(mc_engine_t *e, mc_ring_fifo_t *f);
 
 #endif

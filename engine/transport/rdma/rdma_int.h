@@ -249,7 +249,7 @@ int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
  * back to the control link; a receiving ring stops. */
 void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp);
 /* qp is destroyed: free its message state. */
-void mc__rdma_msg_free(mc_rdma_qp_t *qp);
+void mc__rdma_msg_free(mc_engine_t *e, mc_rdma_qp_t *qp);
 void mc__rdma_msg_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc);
 bool mc__rdma_msg_open(mc_engine_t *e, mc_peer_t *p);
 /* Whether qp has no message of ours in flight (it may be closed to make room for another). */

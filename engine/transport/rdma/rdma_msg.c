@@ -179,7 +179,7 @@ fail:
     if (rc == -ENOMEM)
         mc__set_error(rc, "out of memory");
     if (tx) {
-        mc__ring_fifo_free(&tx->fifo);
+        mc__ring_fifo_free(e, &tx->fifo);
         free(tx->area);
     }
     free(tx);
@@ -472,7 +472,7 @@ void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp)
     rdma_peer_t *rp = rdma_peer(p);
     if (tx->up)
         tx_poll(e, tx);
-    mc__ring_fifo_free(&tx->fifo); /* the rest is sent again from p's queue */
+    mc__ring_fifo_free(e, &tx->fifo); /* the rest is sent again from p's queue */
     tx->peer = NULL;
     tx->up = false;
     if (rp && rp->msg_qp == qp)
@@ -486,12 +486,12 @@ void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp)
     }
 }
 
-void mc__rdma_msg_free(mc_rdma_qp_t *qp)
+void mc__rdma_msg_free(mc_engine_t *e, mc_rdma_qp_t *qp)
 {
     if (qp->mtx) {
         if (qp->mtx->mr)
             ibv_dereg_mr(qp->mtx->mr);
-        mc__ring_fifo_free(&qp->mtx->fifo);
+        mc__ring_fifo_free(e, &qp->mtx->fifo);
         free(qp->mtx->area);
         free(qp->mtx);
         qp->mtx = NULL;

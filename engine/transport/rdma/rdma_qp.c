@@ -138,7 +138,7 @@ void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp)
         qp->rail->qp = NULL;
     if (ibv_destroy_qp(qp->qp))
         mc_warn("rdma: destroying QP %u: %s", qp->qp->qp_num, strerror(errno));
-    mc__rdma_msg_free(qp);
+    mc__rdma_msg_free(e, qp);
     free(qp);
 }
 

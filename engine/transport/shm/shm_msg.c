@@ -212,7 +212,7 @@ fail:
     if (tx->ring)
         munmap(tx->ring, ring_size());
     tx->ring = NULL;
-    mc__ring_fifo_free(&tx->fifo);
+    mc__ring_fifo_free(e, &tx->fifo);
     tx->state = TX_OFF;
     return false;
 }
@@ -247,7 +247,7 @@ void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p)
 void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx)
 {
     tx_stop(e, tx);
-    mc__ring_fifo_free(&tx->fifo);
+    mc__ring_fifo_free(e, &tx->fifo);
     mc_list_del(&tx->busy_link);
     if (tx->ring)
         munmap(tx->ring, ring_size());

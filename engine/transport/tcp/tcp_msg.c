@@ -66,7 +66,7 @@ void mc__tcp_msgs_send(mc_engine_t *e, mc_peer_t *p)
         mc_slice_t *s = mc__slice_alloc(e);
         if (!s) { /* it goes back to the queue, for a later pass */
             mc__msg_answered(e, p, m, m->tx, -EAGAIN);
-            mc__msg_put(m);
+            mc__msg_put(e, m);
             break;
         }
         mc_frame_t f = {.type = MC_FR_MSG,
@@ -144,7 +144,7 @@ void mc__tcp_msg_acked(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     /* its peer, unless closed since (then m is no longer in flight and the answer is dropped) */
     mc__msg_answered(e, mc__peer_get(e, m->target), m, (uint32_t)s->offset,
                      (int)(int64_t)c->fr.aux);
-    mc__msg_put(m);
+    mc__msg_put(e, m);
     mc__slice_free(e, s);
 }
 
@@ -161,7 +161,7 @@ void mc__tcp_msgs_lost(mc_engine_t *e, mc_tcp_conn_t *c, mc_list_t *slices)
         mc_msg_t *m = s->ctx;
         p = mc__peer_get(e, m->target); /* one peer's: they ride its connection only */
         mc_list_del(&s->link);
-        mc__msg_put(m);
+        mc__msg_put(e, m);
         mc__slice_free(e, s);
     }
     c->msgs_out = 0;
