@@ -722,6 +722,7 @@ void mc_engine_destroy(mc_engine_t *e)
     mc__meta_cache_stop(e);
     pthread_mutex_lock(&e->lock);
     in_pass = true;
+    pass_engine = e;
     engine_abort_tasks(e);
     transports_stop(e);
     for (size_t i = 0; i < e->n_peers; i++)
@@ -737,9 +738,9 @@ void mc_engine_destroy(mc_engine_t *e)
     in_pass = false;
     pthread_mutex_unlock(&e->lock);
     mc__peers_fini(e);
-    mc__msgs_fini(e);
     mc__memtab_fini(e);
     transports_fini(e); /* after the peers and the memory registrations are gone */
+    mc__msgs_fini(e);   /* after the transports let go of their messages */
     if (e->meta)
         mc__meta_close(e->meta);
     mc__epwatch_fini(&e->epwatch);

@@ -65,6 +65,17 @@ static void window_give(mc_peer_t *p)
     atomic_fetch_sub(&p->queued_msgs, 1);
 }
 
+static int msg_check(const void *data, size_t len, const mc_msg_opts_t *opts)
+{
+    if (len > MC_MSG_MAX || (len && !data))
+        return mc__set_error(-EINVAL, "message of %zu bytes (max %d)", len, MC_MSG_MAX);
+    if (opts && (opts->size < sizeof(size_t) || opts->size > sizeof(*opts)))
+        return mc__set_error(-EINVAL, "mc_msg_opts_t.size is %zu, expected %zu", opts->size,
+                             sizeof(*opts));
+    return 0;
+}
+
+/* A message that passed msg_check, in the target's window. */
 static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
                    const mc_msg_opts_t *opts, mc_msg_t **m_p)
 {
@@ -72,11 +83,6 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     mc_msg_t *m;
     int rc;
 
-    if (len > MC_MSG_MAX || (len && !data))
-        return mc__set_error(-EINVAL, "message of %zu bytes (max %d)", len, MC_MSG_MAX);
-    if (opts && (opts->size < sizeof(size_t) || opts->size > sizeof(o)))
-        return mc__set_error(-EINVAL, "mc_msg_opts_t.size is %zu, expected %zu", opts->size,
-                             sizeof(o));
     if (opts)
         memcpy(&o, opts, opts->size);
     rc = window_take(e, target);
@@ -116,19 +122,22 @@ static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
 {
     mc_msg_t *m = NULL;
     int rc;
+    bool section = !mc__in_pass_of(e) && mc__send_begin(e);
 
-    if (mc__in_pass_of(e)) {
+    if (section || mc__in_pass_of(e)) {
         rc = msg_new(e, target, id, data, len, opts, &m);
         if (!rc)
             mc__msg_route(e, m);
-        return rc;
-    }
-    if (mc__send_begin(e)) {
-        rc = msg_new(e, target, id, data, len, opts, &m);
-        if (!rc)
-            mc__msg_route(e, m);
+        if (!section)
+            return rc;
+        if (!rc) {
+            mc__send_end(e);
+            return 0;
+        }
+        char why[512]; /* the pass that may end the section must not replace it */
+        snprintf(why, sizeof(why), "%s", mc_last_error());
         mc__send_end(e);
-        return rc;
+        return mc__set_error(rc, "%s", why);
     }
     rc = msg_new(e, target, id, data, len, opts, &m);
     if (rc)
@@ -149,6 +158,8 @@ static int msg_submit(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const 
     if (!e)
         return mc__set_error(-EINVAL, "NULL engine");
     MC_LOG_SCOPE(e->cfg.log_level);
+    if ((rc = msg_check(data, len, opts)))
+        return rc;
     rc = msg_make(e, target, id, data, len, opts);
     if (rc == -EAGAIN && !mc__in_pass_of(e) && mc__progress_implicit(e))
         rc = msg_make(e, target, id, data, len, opts); /* the pass took answers in */
@@ -177,8 +188,10 @@ int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
                     size_t len)
 {
     mc_msg_t *m = NULL;
-    int rc = msg_new(e, target, id, data, len, NULL, &m);
+    int rc = msg_check(data, len, NULL);
 
+    if (!rc)
+        rc = msg_new(e, target, id, data, len, NULL, &m);
     if (!rc)
         mc__msg_route(e, m);
     return rc;
@@ -617,7 +630,6 @@ void mc__msgs_fini(mc_engine_t *e)
         free(mc_container_of(n, mc_msg_t, link));
     while ((n = mc_list_pop_front(&e->msg_spare)))
         free(mc_container_of(n, mc_msg_t, link));
-    e->n_msg_spare = SPARE_MAX; /* what the transports let go of later is freed at once */
     while ((n = mc_list_pop_front(&e->flushq_in)))
         free(mc_container_of(n, mc_flush_t, link));
     if (e->rx_streams)
