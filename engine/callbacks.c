@@ -35,11 +35,11 @@ static const char *const kind_name[] = {"message", "peer event", "completion"};
 /* A record for len bytes of payload (none: a reused one when there is). */
 static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
 {
+    mc_list_t *kept = len ? NULL : mc_stash_take(&e->held_spare);
     held_t *h = NULL;
 
-    if (!len && e->n_held_spare) {
-        h = mc_container_of(mc_list_pop_front(&e->held_spare), held_t, link);
-        e->n_held_spare--;
+    if (kept) {
+        h = mc_container_of(kept, held_t, link);
     } else if ((h = malloc(sizeof(*h) + len + 1))) {
         h->spare = !len;
     } else {
@@ -65,12 +65,8 @@ static void held_free(mc_engine_t *e, held_t *h)
         h->lend->returned = h->end;
         h->lend->n--;
     }
-    if (h->spare && e->n_held_spare < SPARE_MAX) {
-        mc_list_push_back(&e->held_spare, &h->link);
-        e->n_held_spare++;
-    } else {
+    if (!h->spare || !mc_stash_keep(&e->held_spare, &h->link, SPARE_MAX))
         free(h);
-    }
 }
 
 int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len,
@@ -173,7 +169,6 @@ void mc__callbacks_fini(mc_engine_t *e)
             h->done(h->done_arg, h->error);
         free(h); /* (a ring it was lent from is freed by its transport's fini) */
     }
-    while ((n = mc_list_pop_front(&e->held_spare)))
+    while ((n = mc_stash_take(&e->held_spare)))
         free(mc_container_of(n, held_t, link));
-    e->n_held_spare = 0;
 }

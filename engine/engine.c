@@ -540,8 +540,8 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->releaseq);
     mc_list_init(&e->sentq);
     mc_list_init(&e->heldq);
-    mc_list_init(&e->held_spare);
-    mc_list_init(&e->msg_spare);
+    mc_stash_init(&e->held_spare);
+    mc_stash_init(&e->msg_spare);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
     e->armed_ms = -2;

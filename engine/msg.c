@@ -89,12 +89,9 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     if (rc)
         return rc;
     bool small = len <= SPARE_LEN;
-    if (small && e->n_msg_spare && mc__in_pass_of(e)) {
-        m = mc_container_of(mc_list_pop_front(&e->msg_spare), mc_msg_t, link);
-        e->n_msg_spare--;
-    } else {
-        m = malloc(sizeof(*m) + (small ? SPARE_LEN : len));
-    }
+    mc_list_t *kept = small && mc__in_pass_of(e) ? mc_stash_take(&e->msg_spare) : NULL;
+    m = kept ? mc_container_of(kept, mc_msg_t, link)
+             : malloc(sizeof(*m) + (small ? SPARE_LEN : len));
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));
@@ -201,12 +198,8 @@ void mc__msg_put(mc_engine_t *e, mc_msg_t *m)
 {
     if (--m->refs)
         return;
-    if (m->spare && e->n_msg_spare < SPARE_MAX) {
-        mc_list_push_back(&e->msg_spare, &m->link);
-        e->n_msg_spare++;
-    } else {
+    if (!m->spare || !mc_stash_keep(&e->msg_spare, &m->link, SPARE_MAX))
         free(m);
-    }
 }
 
 /* m leaves its peer's window: delivered (status 0) or never will be. */
@@ -628,7 +621,7 @@ void mc__msgs_fini(mc_engine_t *e)
         free(mc_container_of(n, mc_notify_item_t, link));
     while ((n = mc_list_pop_front(&e->msgq_in)))
         free(mc_container_of(n, mc_msg_t, link));
-    while ((n = mc_list_pop_front(&e->msg_spare)))
+    while ((n = mc_stash_take(&e->msg_spare)))
         free(mc_container_of(n, mc_msg_t, link));
     while ((n = mc_list_pop_front(&e->flushq_in)))
         free(mc_container_of(n, mc_flush_t, link));

@@ -2,6 +2,7 @@
 #ifndef MC_UTIL_LIST_H
 #define MC_UTIL_LIST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct mc_list {
@@ -65,6 +66,37 @@ static inline mc_list_t *mc_list_pop_front(mc_list_t *h)
         return NULL;
     mc_list_del(n);
     return n;
+}
+
+/* Spare records kept for reuse instead of freed, at most max of them (the caller's bound). */
+typedef struct mc_stash {
+    mc_list_t list;
+    unsigned n;
+} mc_stash_t;
+
+static inline void mc_stash_init(mc_stash_t *s)
+{
+    mc_list_init(&s->list);
+    s->n = 0;
+}
+
+/* A kept record's link, or NULL when none is. */
+static inline mc_list_t *mc_stash_take(mc_stash_t *s)
+{
+    mc_list_t *n = mc_list_pop_front(&s->list);
+
+    s->n -= n != NULL;
+    return n;
+}
+
+/* Keep n unless max are kept already (false: the caller frees it). */
+static inline bool mc_stash_keep(mc_stash_t *s, mc_list_t *n, unsigned max)
+{
+    if (s->n >= max)
+        return false;
+    mc_list_push_back(&s->list, n);
+    s->n++;
+    return true;
 }
 
 #define mc_list_for_each_safe(pos, tmp, head)                                                      \
