@@ -52,17 +52,21 @@ typedef struct mc_memtab {
 int mc__memtab_init(mc_memtab_t *t);
 void mc__memtab_fini(mc_engine_t *e);
 
-/* Find the buffer holding [addr, addr+len) and take a reference; NULL if none. The _locked
- * form is for callers that hold e->mem.lock already (for a batch of lookups). */
+/* Find the memory buffer holding [addr, addr+len) and take a reference; NULL if none. */
 mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len);
-mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
-void mc__mem_put(mc_engine_t *e, mc_buffer_t *b);
+/* Let go of n references (one: mc__mem_put). */
+void mc__mem_put_n(mc_engine_t *e, mc_buffer_t *b, unsigned n);
+static inline void mc__mem_put(mc_engine_t *e, mc_buffer_t *b)
+{
+    mc__mem_put_n(e, b, 1);
+}
 
 /* The opaque buffer of transport slot holding [addr, addr+len), referenced; NULL if none. */
 mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uint64_t len);
-/* The local end of a request: memory, else an opaque buffer of any owner. Caller holds
- * e->mem.lock. */
-mc_buffer_t *mc__mem_get_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
+/* The local end of a request: memory, else an opaque buffer of any owner; NULL if none. No
+ * reference is taken: the caller holds e->mem.lock (a batch of lookups takes its references
+ * before it lets go). */
+mc_buffer_t *mc__mem_find_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
 
 /* Register len bytes that are not memory (a file) as an opaque buffer of transport slot, at a
  * fresh address of the opaque range, with location (its kind, e.g. "file"). priv becomes

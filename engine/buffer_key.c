@@ -63,7 +63,7 @@ int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
     if (!e || !out)
         return mc__set_error(-EINVAL, "mc_buffer_key_pack: NULL argument");
     pthread_rwlock_rdlock(&e->mem.lock);
-    b = mc__mem_get_any_locked(e, (uint64_t)(uintptr_t)addr, 1);
+    b = mc__mem_find_any_locked(e, (uint64_t)(uintptr_t)addr, 1);
     if (!b) {
         pthread_rwlock_unlock(&e->mem.lock);
         return mc__set_error(-ENOENT, "mc_buffer_key_pack: %p is in no registered buffer", addr);
@@ -83,7 +83,6 @@ int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
         mc__put64(key + 24, b->len);
         memcpy(key + 32, b->location, strlen(b->location));
     }
-    mc__mem_put(e, b);
     pthread_rwlock_unlock(&e->mem.lock);
     if (!rc)
         memcpy(out, key, sizeof(key));

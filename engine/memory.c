@@ -109,46 +109,47 @@ static ssize_t memtab_floor(const mc_memtab_t *t, uint64_t a)
     return vec_floor(t->v, t->n, a);
 }
 
-mc_buffer_t *mc__mem_get_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
+/* The nearest memory buffer below addr that holds [addr, addr+len) (overlapping ones start
+ * further back), or NULL. Caller holds t->lock. */
+static mc_buffer_t *mem_find(const mc_memtab_t *t, uint64_t addr, uint64_t len)
 {
-    mc_memtab_t *t = &e->mem;
-
-    /* The nearest buffer below that holds the range: overlapping ones start further back. */
     for (ssize_t i = memtab_floor(t, addr); i >= 0 && addr - t->v[i]->addr < t->max_len; i--) {
         mc_buffer_t *b = t->v[i];
-        if (len <= b->len && addr - b->addr <= b->len - len) {
-            atomic_fetch_add(&b->refs, 1);
+        if (len <= b->len && addr - b->addr <= b->len - len)
             return b;
-        }
     }
     return NULL;
+}
+
+/* The opaque buffer holding [addr, addr+len), or NULL. Caller holds t->lock. Opaque buffers
+ * never overlap: the one starting at or below addr is the only candidate. */
+static mc_buffer_t *opaque_find(const mc_memtab_t *t, uint64_t addr, uint64_t len)
+{
+    ssize_t i = vec_floor(t->ov, t->on, addr);
+    mc_buffer_t *b = i >= 0 ? t->ov[i] : NULL;
+
+    return b && len <= b->len && addr - b->addr <= b->len - len ? b : NULL;
+}
+
+static mc_buffer_t *ref(mc_buffer_t *b)
+{
+    if (b)
+        atomic_fetch_add(&b->refs, 1);
+    return b;
 }
 
 mc_buffer_t *mc__mem_get(mc_engine_t *e, uint64_t addr, uint64_t len)
 {
     pthread_rwlock_rdlock(&e->mem.lock);
-    mc_buffer_t *b = mc__mem_get_locked(e, addr, len);
+    mc_buffer_t *b = ref(mem_find(&e->mem, addr, len));
     pthread_rwlock_unlock(&e->mem.lock);
-    return b;
-}
-
-/* The opaque buffer holding [addr, addr+len), referenced, or NULL. Caller holds t->lock.
- * Opaque buffers never overlap: the one starting at or below addr is the only candidate. */
-static mc_buffer_t *opaque_get_locked(mc_memtab_t *t, uint64_t addr, uint64_t len)
-{
-    ssize_t i = vec_floor(t->ov, t->on, addr);
-    mc_buffer_t *b = i >= 0 ? t->ov[i] : NULL;
-
-    if (!b || len > b->len || addr - b->addr > b->len - len)
-        return NULL;
-    atomic_fetch_add(&b->refs, 1);
     return b;
 }
 
 mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uint64_t len)
 {
     pthread_rwlock_rdlock(&e->mem.lock);
-    mc_buffer_t *b = opaque_get_locked(&e->mem, addr, len);
+    mc_buffer_t *b = ref(opaque_find(&e->mem, addr, len));
     pthread_rwlock_unlock(&e->mem.lock);
     if (b && b->owner != slot + 1) {
         mc__mem_put(e, b);
@@ -157,10 +158,9 @@ mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uin
     return b;
 }
 
-mc_buffer_t *mc__mem_get_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
+mc_buffer_t *mc__mem_find_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
 {
-    return addr >= MC_OPAQUE_BASE ? opaque_get_locked(&e->mem, addr, len)
-                                  : mc__mem_get_locked(e, addr, len);
+    return addr >= MC_OPAQUE_BASE ? opaque_find(&e->mem, addr, len) : mem_find(&e->mem, addr, len);
 }
 
 void mc__mem_wake(mc_engine_t *e)
@@ -170,9 +170,9 @@ void mc__mem_wake(mc_engine_t *e)
     pthread_mutex_unlock(&e->mem.drain_lock);
 }
 
-void mc__mem_put(mc_engine_t *e, mc_buffer_t *b)
+void mc__mem_put_n(mc_engine_t *e, mc_buffer_t *b, unsigned n)
 {
-    if (atomic_fetch_sub(&b->refs, 1) == 1 && atomic_load(&b->dead))
+    if (atomic_fetch_sub(&b->refs, n) == n && atomic_load(&b->dead))
         mc__mem_wake(e);
 }
 

@@ -310,12 +310,18 @@ void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b)
 {
     size_t n = atomic_load(&b->n);
 
+    /* Cleared first: a cancel that ends tasks after this look queues the batch again, rather
+     * than find it still queued and leave a task it ended (one finishing while the progress
+     * thread routed it) to nobody. */
+    atomic_store(&b->cancel_kick, false);
+    /* Those it routed (in e->active_tasks): what is still in the submission queue is seen
+     * there, and what its submitter let go of is not ours. */
     for (size_t i = 0; i < n; i++) {
         mc_task_t *t = &b->tasks[i];
-        if (!t->released && atomic_load(&t->state) >= MC_TASK_COMPLETED)
+        if (!mc_list_empty(&t->alink) && !t->released &&
+            atomic_load(&t->state) >= MC_TASK_COMPLETED)
             task_dequeue(e, t);
     }
-    atomic_store(&b->cancel_kick, false);
     mc__batch_unbusy(b);
 }
 

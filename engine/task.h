@@ -126,7 +126,11 @@ void mc__tasks_release(mc_engine_t *e);
 
 /* The engine lets go of one reference to b (a task, a cancel kick); a released batch is freed
  * with its last one. */
-void mc__batch_unbusy(mc_batch_t *b);
+void mc__batch_unbusy_n(mc_batch_t *b, size_t n);
+static inline void mc__batch_unbusy(mc_batch_t *b)
+{
+    mc__batch_unbusy_n(b, 1);
+}
 /* The transport t was routed to cannot take it after all: route it to the next one that
  * reaches its peer and accepts it, or fail it with the reasons. Submitting thread. */
 void mc__task_reroute(mc_engine_t *e, mc_task_t *t);

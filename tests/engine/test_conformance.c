@@ -5,6 +5,8 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -434,6 +436,94 @@ static void test_cancel(void **state)
     assert_int_equal(th_xfer(fx->e, MC_WRITE, src, fx->seg, tbuf(fx, 0), sz, why, sizeof(why)),
                      MC_TASK_COMPLETED);
     assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), sz, 31337, 0), -1);
+    free(reqs);
+}
+
+/* ---- cancel while another thread submits to the batch ------------------------------------ */
+
+typedef struct canceler {
+    mc_batch_t *b;
+    atomic_bool stop;
+    atomic_uint calls;
+    atomic_int rc; /* the first failed cancel's (cmocka asserts on the test's thread only) */
+} canceler_t;
+
+static void *cancel_loop(void *arg)
+{
+    canceler_t *c = arg;
+
+    while (!atomic_load(&c->stop)) {
+        int rc = mc_batch_cancel(c->b), none = 0;
+        if (rc)
+            atomic_compare_exchange_strong(&c->rc, &none, rc);
+        atomic_fetch_add(&c->calls, 1);
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* A thread cancels the batch over and over while this one submits READs to it, chunk after
+ * chunk: tasks end while their submit still routes, moves and hands them over. Every task ends
+ * COMPLETED with its bytes or CANCELED, the engine lets go of the batch, and every block a
+ * completed task read holds the target's bytes. */
+static void test_cancel_racing_submit(void **state)
+{
+    fx_t *fx = *state;
+    /* chunk <= span: no two tasks of one submit read into the same block at once */
+    const size_t chunk = 256, rounds = 80, n = chunk * rounds, sz = 4096, span = 256;
+    uint8_t *dst = fx_buf(fx, span * sz);
+    mc_request_t *reqs = calloc(chunk, sizeof(*reqs));
+    bool *read = calloc(span, sizeof(*read));
+    canceler_t c = {0};
+    size_t canceled = 0, completed = 0;
+    mc_batch_status_t bs;
+    pthread_t th;
+
+    assert_non_null(reqs);
+    assert_non_null(read);
+    assert_int_equal(mc_batch_create(fx->e, n, &c.b), 0);
+    assert_int_equal(pthread_create(&th, NULL, cancel_loop, &c), 0);
+    while (!atomic_load(&c.calls))
+        sched_yield();
+    for (size_t r = 0; r < rounds; r++) {
+        for (size_t i = 0; i < chunk; i++) {
+            size_t k = (r * chunk + i) % span;
+            reqs[i] = (mc_request_t){.opcode = MC_READ,
+                                     .local = dst + k * sz,
+                                     .target = fx->seg,
+                                     .target_offset = tbuf(fx, 0) + k * sz,
+                                     .length = sz};
+        }
+        assert_int_equal(mc_batch_submit(c.b, reqs, chunk, NULL), 0);
+    }
+    atomic_store(&c.stop, true);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(atomic_load(&c.rc), 0);
+    assert_int_equal(mc_batch_wait(c.b, 20000), 0);
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(c.b, i, &ts), 0);
+        if (ts.state == MC_TASK_CANCELED) {
+            canceled++;
+            assert_true(th_contains(ts.reason, "cancel"));
+        } else {
+            assert_int_equal(ts.state, MC_TASK_COMPLETED);
+            assert_int_equal(ts.bytes, sz);
+            read[i % span] = true;
+            completed++;
+        }
+    }
+    assert_int_equal(mc_batch_status(c.b, &bs), 0);
+    assert_int_equal(bs.tasks, n);
+    assert_int_equal(bs.completed, completed);
+    assert_int_equal(bs.failed, canceled);
+    print_message("  %zu tasks: %zu completed, %zu canceled, %u cancels\n", n, completed, canceled,
+                  atomic_load(&c.calls));
+    th_batch_destroy(fx->e, c.b); /* fails the test if the engine never lets go */
+    for (size_t k = 0; k < span; k++)
+        if (read[k])
+            assert_int_equal(th_check_at(dst + k * sz, sz, target_seed(0), k * sz), -1);
+    free(read);
     free(reqs);
 }
 
@@ -930,6 +1020,8 @@ static const conf_case_t cases[] = {
     {"callbacks_caller", test_callbacks, 2u << 20, 1, 0, 0},
     {"cancel", test_cancel, 8u << 20, 1, 1, CASE_ASYNC},
     {"cancel_caller", test_cancel, 8u << 20, 1, 0, CASE_ASYNC},
+    {"cancel_racing_submit", test_cancel_racing_submit, 1u << 20, 1, 1, 0},
+    {"cancel_racing_submit_caller", test_cancel_racing_submit, 1u << 20, 1, 0, 0},
     {"dead_peer", test_dead_peer, 8u << 20, 1, 1, CASE_ASYNC},
     {"dead_peer_caller", test_dead_peer, 8u << 20, 1, 0, CASE_ASYNC},
     {"dead_peer_idle", test_dead_peer_idle, 1u << 20, 1, 1, 0},
