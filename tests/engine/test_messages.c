@@ -32,9 +32,17 @@ static struct {
     th_target_t t;
 } g;
 
+/* The killer (connections killed, the target stopped, while messages flow) running now, if
+ * any: the teardown stops it when its test failed, since an assertion leaves the test before
+ * the test's own stop. Killers are static: one outlives its test's stack frame. */
+typedef struct killer killer_t;
+static killer_t *running_killer;
+static void killer_stop(killer_t *k);
+
 static int teardown(void **state)
 {
     (void)state;
+    killer_stop(running_killer);
     th_kill_all();
     if (g.e)
         mc_engine_destroy(g.e);
@@ -161,7 +169,7 @@ static int send_msg(mc_engine_t *e, mc_segment_id_t id, uint8_t mid, const void 
 
 /* ---- exactly once while connections die ----------------------------------------------------- */
 
-typedef struct killer {
+struct killer {
     pthread_t thr;
     unsigned port;   /* 0: no connections to kill */
     unsigned port2;  /* and those to or from this one too (0: none) */
@@ -169,7 +177,7 @@ typedef struct killer {
     const char *ctl; /* rdma: the software device's fault file (both processes use it) */
     atomic_bool stop;
     unsigned rounds, killed, stops, downs, drops;
-} killer_t;
+};
 
 /* Set the software RDMA device's fault state (in one go: a rename). */
 static void sv_fault(const char *ctl, const char *state)
@@ -229,6 +237,23 @@ static void *killer_main(void *arg)
     return NULL;
 }
 
+static void killer_start(killer_t *k)
+{
+    assert_true(k->pid > 0);
+    atomic_store(&k->stop, false);
+    assert_int_equal(pthread_create(&k->thr, NULL, killer_main, k), 0);
+    running_killer = k;
+}
+
+static void killer_stop(killer_t *k)
+{
+    if (!k || k != running_killer)
+        return;
+    atomic_store(&k->stop, true);
+    pthread_join(k->thr, NULL);
+    running_killer = NULL;
+}
+
 static unsigned n_messages(void)
 {
     const char *v = getenv("TH_MESSAGES");
@@ -267,7 +292,8 @@ static void test_exactly_once(void **state)
     const unsigned n = n_messages();
     static uint8_t buf[MC_MSG_MAX];
     static done_t d;
-    killer_t k = {0};
+    static killer_t k;
+    memset(&k, 0, sizeof(k));
     th_reply_t r;
     th_target_t *t;
     unsigned rnd = 777;
@@ -292,7 +318,7 @@ static void test_exactly_once(void **state)
         snprintf(ctl, sizeof(ctl), "%s/softverbs0", getenv("SOFTVERBS_CTL_DIR"));
         k.ctl = ctl;
     }
-    assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
+    killer_start(&k);
     int64_t t0 = th_now_ms();
     mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
     for (uint32_t i = 0; i < n; i++) {
@@ -309,8 +335,7 @@ static void test_exactly_once(void **state)
     int64_t dl = th_now_ms() + 30000;
     while (atomic_load(&d.ok) + atomic_load(&d.failed) < n && th_now_ms() < dl)
         th_sleep_ms(1);
-    atomic_store(&k.stop, true);
-    pthread_join(k.thr, NULL);
+    killer_stop(&k);
     if (k.ctl) {
         print_message("  the first RDMA port went down %u times, dropped packets %u times\n",
                       k.downs, k.drops);
@@ -375,7 +400,8 @@ static void test_both_ways(void **state)
 {
     const unsigned n = n_messages() / 10, window = 256;
     static uint8_t buf[MC_MSG_MAX];
-    killer_t k = {0};
+    static killer_t k;
+    memset(&k, 0, sizeof(k));
     th_reply_t r;
     th_target_t *t;
     unsigned rnd = 4242;
@@ -395,7 +421,7 @@ static void test_both_ways(void **state)
         k.port2 = th_listen_port(getpid());
     }
     k.pid = t->pid;
-    assert_int_equal(pthread_create(&k.thr, NULL, killer_main, &k), 0);
+    killer_start(&k);
     int64_t t0 = th_now_ms();
     for (uint32_t i = 0; i < n; i++) {
         size_t len = msg_len(&rnd, i);
@@ -410,8 +436,7 @@ static void test_both_ways(void **state)
     int64_t dl = th_now_ms() + 60000;
     while (atomic_load(&echoes.received) < n && th_now_ms() < dl)
         th_sleep_ms(1);
-    atomic_store(&k.stop, true);
-    pthread_join(k.thr, NULL);
+    killer_stop(&k);
     print_message("  %u messages each way in %lld ms, %u connections killed, %u stops, over "
                   "tcp %llu\n",
                   n, (long long)(th_now_ms() - t0), k.killed, k.stops,

@@ -35,6 +35,25 @@ void mc__tcp_sockopts(mc_engine_t *e, int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
+/* A failure of rail r, counted as rail.c does; but a peer's last rail that may connect is not
+ * paused. A pause steers the traffic to the peer's other rails; with none left it only stops
+ * its messages and control for up to 30 s, while the connect backoff (50 ms doubling to 1.6 s)
+ * already spaces the attempts. */
+static void rail_failed(tcp_peer_t *tp, tcp_rail_t *r, bool connecting)
+{
+    uint64_t now = mc__now_ns();
+    bool others = false;
+
+    for (unsigned i = 0; i < tp->n_rails; i++)
+        others = others || (&tp->rails[i] != r && mc__rail_usable(&tp->rails[i].base, now));
+    mc__rail_failed(&r->base, now, connecting);
+    if (!others && r->base.state == MC_RAIL_PAUSED) {
+        unsigned k = r->base.connect_failures < 5 ? r->base.connect_failures : 5;
+        r->base.state = MC_RAIL_ACTIVE;
+        r->base.next_connect_ns = now + (50 * MC_MS << k);
+    }
+}
+
 static int conn_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
 {
     tcp_engine_t *t = tcp_of(e);
@@ -265,7 +284,7 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     tcp_of(e)->n_outbound--;
     mc__tcp_msgs_lost(e, c, &failed); /* sent again, in order, on the next connection */
     if (reason)
-        mc__rail_failed(&r->base, mc__now_ns(), connecting);
+        rail_failed(tp, r, connecting);
     if (had_data) {
         retire_remember(tp, c->id);
         mc_list_t *pos;
@@ -550,7 +569,7 @@ static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
     if (rc) {
         r->refused = rc == -ECONNREFUSED;
         mc_warn("%s", mc_last_error());
-        mc__rail_failed(&r->base, mc__now_ns(), true);
+        rail_failed(tcp_peer(p), r, true);
         connect_failed(e, p, -MC_EPEERDEAD, mc_last_error());
     }
 }
