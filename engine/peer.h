@@ -175,8 +175,10 @@ int mc__rail_rank(mc_engine_t *e, mc_rail_t *r, const char *location);
 /* A rail may get new connections: active, or paused and due for a re-probe. */
 bool mc__rail_usable(const mc_rail_t *r, uint64_t now);
 /* A connection (or queue pair) of the rail failed; connecting: before it was ready. Three
- * failures within 10 s pause the rail, 1 s doubling to 30 s. */
-void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting);
+ * failures within 10 s pause the rail, 1 s doubling to 30 s, unless it is the last: the last
+ * rail of its peer that may connect, which nothing else would carry the traffic of (then only
+ * the connect backoff, 50 ms doubling to 1.6 s, spaces its tries). */
+void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting, bool last);
 /* A connection of the rail became ready: the rail (re)joins. */
 void mc__rail_ready(mc_rail_t *r);
 /* Moved bytes of one slice over r. */

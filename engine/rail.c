@@ -67,7 +67,13 @@ bool mc__rail_usable(const mc_rail_t *r, uint64_t now)
     return r->state == MC_RAIL_ACTIVE || now >= r->next_connect_ns;
 }
 
-void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting)
+/* How long a rail waits before the next connect after failed ones: 50 ms doubling to 1.6 s. */
+static uint64_t connect_backoff_ns(const mc_rail_t *r)
+{
+    return 50 * MC_MS << (r->connect_failures < 5 ? r->connect_failures : 5);
+}
+
+void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting, bool last)
 {
     atomic_fetch_add_explicit(&r->errors, 1, memory_order_relaxed);
     if (connecting)
@@ -76,19 +82,26 @@ void mc__rail_failed(mc_rail_t *r, uint64_t now, bool connecting)
         r->backoff_ns = 0; /* healthy for long: the next pause starts short again */
     memmove(r->fail_at, r->fail_at + 1, sizeof(r->fail_at) - sizeof(r->fail_at[0]));
     r->fail_at[2] = now;
-    if (r->fail_at[0] && now - r->fail_at[0] < RAIL_FAIL_WINDOW_NS) {
+    bool pause = r->fail_at[0] && now - r->fail_at[0] < RAIL_FAIL_WINDOW_NS;
+    if (pause) {
         r->backoff_ns = r->backoff_ns ? r->backoff_ns * 2 : RAIL_PAUSE_MIN_NS;
         if (r->backoff_ns > RAIL_PAUSE_MAX_NS)
             r->backoff_ns = RAIL_PAUSE_MAX_NS;
+        memset(r->fail_at, 0, sizeof(r->fail_at));
+    }
+    /* A pause steers the traffic to the peer's other rails; its last one is not paused, since
+     * that would only stop its traffic (for up to 30 s): the connect backoff spaces its tries. */
+    if (last && (pause || connecting || r->state == MC_RAIL_PAUSED)) {
+        r->state = MC_RAIL_ACTIVE;
+        r->next_connect_ns = now + connect_backoff_ns(r);
+    } else if (pause) {
         if (r->state != MC_RAIL_PAUSED)
             mc_warn("rail %s paused for %llu ms after repeated failures", r->name,
                     (unsigned long long)(r->backoff_ns / MC_MS));
         r->state = MC_RAIL_PAUSED;
         r->next_connect_ns = now + r->backoff_ns;
-        memset(r->fail_at, 0, sizeof(r->fail_at));
     } else if (connecting) {
-        r->next_connect_ns =
-            now + (50 * MC_MS << (r->connect_failures < 5 ? r->connect_failures : 5));
+        r->next_connect_ns = now + connect_backoff_ns(r);
     }
 }
 

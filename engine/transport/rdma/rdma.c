@@ -220,7 +220,8 @@ static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
         if (qp->dev != d || (only && qp->qp != only) || qp->state == QP_DRAINING)
             continue;
-        mc__rail_failed(&qp->rail->base, now, false); /* its flushed requests won't charge it */
+        mc__rail_failed(&qp->rail->base, now, false,
+                        false); /* its flushed requests won't charge it */
         mc__rdma_qp_drain(e, qp);
     }
 }

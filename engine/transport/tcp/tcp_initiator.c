@@ -35,10 +35,7 @@ void mc__tcp_sockopts(mc_engine_t *e, int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-/* A failure of rail r, counted as rail.c does; but a peer's last rail that may connect is not
- * paused. A pause steers the traffic to the peer's other rails; with none left it only stops
- * its messages and control for up to 30 s, while the connect backoff (50 ms doubling to 1.6 s)
- * already spaces the attempts. */
+/* A failure of rail r (mc__rail_failed), the last if no other rail of the peer may connect. */
 static void rail_failed(tcp_peer_t *tp, tcp_rail_t *r, bool connecting)
 {
     uint64_t now = mc__now_ns();
@@ -46,12 +43,7 @@ static void rail_failed(tcp_peer_t *tp, tcp_rail_t *r, bool connecting)
 
     for (unsigned i = 0; i < tp->n_rails; i++)
         others = others || (&tp->rails[i] != r && mc__rail_usable(&tp->rails[i].base, now));
-    mc__rail_failed(&r->base, now, connecting);
-    if (!others && r->base.state == MC_RAIL_PAUSED) {
-        unsigned k = r->base.connect_failures < 5 ? r->base.connect_failures : 5;
-        r->base.state = MC_RAIL_ACTIVE;
-        r->base.next_connect_ns = now + (50 * MC_MS << k);
-    }
+    mc__rail_failed(&r->base, now, connecting, !others);
 }
 
 static int conn_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
