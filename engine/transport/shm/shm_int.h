@@ -69,8 +69,12 @@ typedef struct shm_tx {
     int state;          /* TX_NONE, TX_UP, TX_OFF */
     shm_ring_t *ring;
     uint64_t head;       /* bytes written */
-    mc_ring_fifo_t fifo; /* records not consumed yet */
+    mc_ring_fifo_t fifo; /* records not answered yet */
     mc_list_t busy_link; /* in shm_engine_t.tx_busy while fifo.n */
+    uint64_t tail;       /* the receiver's tail as last read: answered up to there (shm_msg.c) */
+    uint64_t wait_end;   /* head after the last record whose sender waits for its answer */
+    uint64_t polled_ns;  /* the pass that last read the tail */
+    bool due;            /* read it at the next pass: the ring or fifo is full, or idle */
     mc_peer_t *peer;
 } shm_tx_t;
 /* The receiving end of one ring, on an accepted message connection. */
