@@ -192,6 +192,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
     if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)
         e->resumed_ns = now;
     e->last_pass_ns = now;
+    e->sends_since_pass = 0;
     for (int i = 0; i < n; i++) {
         mc_pollable_t *p = evs[i].data.ptr;
         if (p == NULL)
@@ -231,7 +232,8 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
     arm_timer(e);
     e->pass_callbacks = false;
     in_pass = false;
-    if (atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
+    if (atomic_load_explicit(&e->finished_any, memory_order_relaxed) && /* no locked op per pass */
+        atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
         pthread_mutex_lock(&e->done_lock);
         pthread_cond_broadcast(&e->done_cond);
         pthread_mutex_unlock(&e->done_lock);
@@ -339,7 +341,9 @@ int mc__progress_try(mc_engine_t *e)
 
 /* A ping-pong's sender otherwise pays a whole pass per message (UCX's sends write straight
  * into the peer's FIFO). A host that only sends still gets whole passes, one every
- * SEND_PASS_NS: they connect, take the answers that free its window, and run the timers. With
+ * SEND_PASS_NS: they connect, take the answers that free its window, and run the timers (the
+ * clock is read from the second send after a pass on: a host that drives progress between its
+ * sends reads none per message). With
  * MC_PROGRESS_IMPLICIT=0 only the send's own part runs, never a pass or a callback: the host
  * drives those (a doorbell, an epoll_wait and a read per message otherwise, UCX's am_short). */
 bool mc__send_begin(mc_engine_t *e)
@@ -354,7 +358,7 @@ bool mc__send_begin(mc_engine_t *e)
 
 void mc__send_end(mc_engine_t *e)
 {
-    uint64_t now = e->implicit_progress ? mc__now_ns() : 0;
+    uint64_t now = e->implicit_progress && e->sends_since_pass++ ? mc__now_ns() : 0;
     if (now && now - e->last_pass_ns >= SEND_PASS_NS) {
         in_pass = false;
         progress_locked(e, true, now);

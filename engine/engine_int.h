@@ -99,13 +99,14 @@ struct mc_engine {
     mc_slice_t *slice_free;           /* free list */
     mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */
     uint64_t next_timer_ns;
-    uint64_t last_pass_ns; /* when the last progress pass started */
-    uint64_t resumed_ns;   /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:
-                              I/O timeouts count from here, not across our own absence */
-    int armed_ms;          /* current timerfd interval (caller-progress mode) */
-    bool pass_soon;        /* a transport's reap kept work for the next pass (tcp's held
-                              answers): in caller-progress mode the timer ticks in 1 ms until
-                              soon_until_ns, so the serve thread sends it if the host stops */
+    uint64_t last_pass_ns;     /* when the last progress pass started */
+    unsigned sends_since_pass; /* host send sections since (mc__send_end) */
+    uint64_t resumed_ns;       /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:
+                                  I/O timeouts count from here, not across our own absence */
+    int armed_ms;              /* current timerfd interval (caller-progress mode) */
+    bool pass_soon;            /* a transport's reap kept work for the next pass (tcp's held
+                                  answers): in caller-progress mode the timer ticks in 1 ms until
+                                  soon_until_ns, so the serve thread sends it if the host stops */
     uint64_t soon_until_ns;
     uint64_t epoll_ns; /* caller-progress mode: the last epoll_wait, and whether it found */
     bool epoll_found;  /* events (then the next pass asks again at once) */
