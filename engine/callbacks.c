@@ -10,8 +10,6 @@
 
 enum { HELD_MSG, HELD_EVENT, HELD_DONE };
 
-#define SPARE_MAX 256 /* records without payload kept for reuse */
-
 typedef struct held {
     mc_list_t link;
     int kind;
@@ -25,27 +23,23 @@ typedef struct held {
     mc_ring_lend_t *lend; /* that ring's loans, or NULL */
     uint64_t end;         /* where its record ends in that ring */
     size_t len;
-    bool spare; /* no room for a payload: reusable */
+    size_t size; /* as allocated (e->held_bufs) */
     char sender[MC_NAME_MAX];
     char data[]; /* a copied message, or the event's reason (NUL-terminated) */
 } held_t;
 
 static const char *const kind_name[] = {"message", "peer event", "completion"};
 
-/* A record for len bytes of payload (none: a reused one when there is). */
+/* A record for len bytes of payload. */
 static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
 {
-    mc_list_t *kept = len ? NULL : mc_stash_take(&e->held_spare);
-    held_t *h = NULL;
+    held_t *h = mc_buf_alloc(&e->held_bufs, sizeof(*h) + len + 1, true);
 
-    if (kept) {
-        h = mc_container_of(kept, held_t, link);
-    } else if ((h = malloc(sizeof(*h) + len + 1))) {
-        h->spare = !len;
-    } else {
+    if (!h) {
         mc_error("a %s was dropped: out of memory", kind_name[kind]);
         return NULL;
     }
+    h->size = sizeof(*h) + len + 1;
     h->kind = kind;
     h->len = len;
     h->from = h->sender;
@@ -65,8 +59,7 @@ static void held_free(mc_engine_t *e, held_t *h)
         h->lend->returned = h->end;
         h->lend->n--;
     }
-    if (!h->spare || !mc_stash_keep(&e->held_spare, &h->link, SPARE_MAX))
-        free(h);
+    mc_buf_free(&e->held_bufs, h, h->size);
 }
 
 int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len,
@@ -169,6 +162,10 @@ void mc__callbacks_fini(mc_engine_t *e)
             h->done(h->done_arg, h->error);
         free(h); /* (a ring it was lent from is freed by its transport's fini) */
     }
-    while ((n = mc_stash_take(&e->held_spare)))
-        free(mc_container_of(n, held_t, link));
+    mc_buf_fini(&e->held_bufs);
+}
+
+void mc__callbacks_init(mc_engine_t *e)
+{
+    mc_buf_init(&e->held_bufs, sizeof(held_t) + MC_MSG_MAX + 1);
 }

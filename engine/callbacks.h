@@ -31,6 +31,8 @@ void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
 void mc__callbacks_run(mc_engine_t *e);
 /* Whether anything is held. */
 bool mc__callbacks_pending(const mc_engine_t *e);
+/* Engine creation: the held records' cache. */
+void mc__callbacks_init(mc_engine_t *e);
 /* Engine destroy, after the last pass: run the completions of sends and flushes held, drop
  * the rest (messages, peer events). */
 void mc__callbacks_fini(mc_engine_t *e);

@@ -544,8 +544,8 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->releaseq);
     mc_list_init(&e->sentq);
     mc_list_init(&e->heldq);
-    mc_stash_init(&e->held_spare);
-    mc_stash_init(&e->msg_spare);
+    mc__callbacks_init(e);
+    mc_buf_init(&e->msg_bufs, sizeof(mc_msg_t) + MC_MSG_MAX);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
     e->armed_ms = -2;

@@ -31,6 +31,7 @@
 #include "metadata/meta.h"
 #include "peer.h"
 #include "sys/epwatch.h"
+#include "util/bufcache.h"
 #include "util/list.h"
 #include "util/log.h"
 #include "topology/topology.h"
@@ -92,9 +93,9 @@ struct mc_engine {
     mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
-    mc_stash_t held_spare; /* held records without payload, kept for reuse (callbacks.c) */
-    mc_stash_t msg_spare;  /* records of small messages, kept for reuse (msg.c) */
-    bool pass_callbacks;   /* the pass under way runs them at its end: rings may lend records */
+    mc_bufcache_t held_bufs; /* held records kept for reuse (callbacks.c) */
+    mc_bufcache_t msg_bufs;  /* message records kept for reuse (msg.c) */
+    bool pass_callbacks;     /* the pass under way runs them at its end: rings may lend records */
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
     mc_slice_t *slice_free;           /* free list */
     mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */

@@ -15,12 +15,8 @@
 #define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
 #define RESEND_DELAY_NS (1 * MC_MS) /* after a receiver said -EAGAIN */
 #define RX_STREAMS_MAX  65536       /* streams remembered; the least recently used go first */
-/* Messages up to SPARE_LEN bytes get records that are kept for reuse (SPARE_MAX of them), taken
- * again by sends made under e->lock: a host's own (mc__send_begin) and callbacks'. A stream of
- * small messages otherwise grew and trimmed the heap over and over (a page fault per page
- * after each trim). */
-#define SPARE_LEN 256
-#define SPARE_MAX 1024
+/* Message records are kept for reuse (e->msg_bufs), taken again by sends made under e->lock: a
+ * host's own (mc__send_begin) and callbacks'. */
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -88,10 +84,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     rc = window_take(e, target);
     if (rc)
         return rc;
-    bool small = len <= SPARE_LEN;
-    mc_list_t *kept = small && mc__in_pass_of(e) ? mc_stash_take(&e->msg_spare) : NULL;
-    m = kept ? mc_container_of(kept, mc_msg_t, link)
-             : malloc(sizeof(*m) + (small ? SPARE_LEN : len));
+    m = mc_buf_alloc(&e->msg_bufs, sizeof(*m) + len, mc__in_pass_of(e));
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));
@@ -99,7 +92,6 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
         return mc__set_error(-ENOMEM, "out of memory");
     }
     memset(m, 0, sizeof(*m)); /* the header: the payload is copied over */
-    m->spare = small;
     m->target = target;
     m->id = id;
     m->len = (uint32_t)len;
@@ -198,8 +190,7 @@ void mc__msg_put(mc_engine_t *e, mc_msg_t *m)
 {
     if (--m->refs)
         return;
-    if (!m->spare || !mc_stash_keep(&e->msg_spare, &m->link, SPARE_MAX))
-        free(m);
+    mc_buf_free(&e->msg_bufs, m, sizeof(*m) + m->len);
 }
 
 /* m leaves its peer's window: delivered (status 0) or never will be. */
@@ -621,8 +612,7 @@ void mc__msgs_fini(mc_engine_t *e)
         free(mc_container_of(n, mc_notify_item_t, link));
     while ((n = mc_list_pop_front(&e->msgq_in)))
         free(mc_container_of(n, mc_msg_t, link));
-    while ((n = mc_stash_take(&e->msg_spare)))
-        free(mc_container_of(n, mc_msg_t, link));
+    mc_buf_fini(&e->msg_bufs);
     while ((n = mc_list_pop_front(&e->flushq_in)))
         free(mc_container_of(n, mc_flush_t, link));
     if (e->rx_streams)

@@ -29,7 +29,6 @@ struct mc_msg {
     uint8_t id;    /* 0: a notification */
     uint8_t tp;    /* the transport that took it last */
     bool inflight; /* taken by the transport, not answered yet */
-    bool spare;    /* room for SPARE_LEN bytes: kept for reuse when let go of (msg.c) */
     uint32_t len;
     uint64_t seq;  /* in its peer's stream, from 1 (progress numbers it) */
     uint32_t tx;   /* times taken: an answer to an earlier take is stale */
