@@ -380,12 +380,21 @@ static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
     rc = c->outbound ? mc__tcp_out_header(e, c) : mc__tcp_in_header(e, c);
     if (rc)
         return rc;
+    if (c->dst_kind == DST_CTRL && c->fr.type == MC_FR_MSG &&
+        c->rx_end - c->rx_start >= c->fr.length) { /* staged whole: delivered where it lies */
+        c->msg = c->rx + c->rx_start;
+        c->rx_start += c->fr.length;
+        c->left = 0;
+        frame_done(e, c);
+        return 0;
+    }
     if (c->dst_kind == DST_CTRL && mc__tcp_conn_ctrl_reserve(e, c, c->fr.length)) {
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory for a %u-byte frame", c->fr.length);
         return -ENOMEM;
     }
     if (c->dst_kind == DST_CTRL)
         c->dst = c->ctrl;
+    c->msg = c->ctrl;
     if (c->left == 0)
         frame_done(e, c);
     return 0;

@@ -167,6 +167,7 @@ typedef struct mc_tcp_conn {
     uint64_t left; /* payload bytes of the current frame still to come */
     uint8_t *ctrl; /* control payload (hello, message, reason) */
     uint32_t ctrl_cap, ctrl_len;
+    const uint8_t *msg;  /* a MSG frame's payload: in ctrl, or where it lies staged */
     mc_buffer_t *rx_ref; /* inbound WRITE: buffer being written */
     int rx_status;       /* inbound WRITE: refusal code, payload discarded */
 } mc_tcp_conn_t;
