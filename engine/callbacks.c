@@ -33,7 +33,7 @@ static const char *const kind_name[] = {"message", "peer event", "completion"};
 /* A record for len bytes of payload. */
 static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
 {
-    held_t *h = mc_buf_alloc(&e->held_bufs, sizeof(*h) + len + 1, true);
+    held_t *h = mc_buf_alloc(&e->held_bufs, sizeof(*h) + len + 1);
 
     if (!h) {
         mc_error("a %s was dropped: out of memory", kind_name[kind]);
@@ -167,5 +167,5 @@ void mc__callbacks_fini(mc_engine_t *e)
 
 void mc__callbacks_init(mc_engine_t *e)
 {
-    mc_buf_init(&e->held_bufs, sizeof(held_t) + MC_MSG_MAX + 1);
+    mc_buf_init(&e->held_bufs, sizeof(held_t) + MC_MSG_MAX + 1, false);
 }

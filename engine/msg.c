@@ -15,8 +15,8 @@
 #define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
 #define RESEND_DELAY_NS (1 * MC_MS) /* after a receiver said -EAGAIN */
 #define RX_STREAMS_MAX  65536       /* streams remembered; the least recently used go first */
-/* Message records are kept for reuse (e->msg_bufs), taken again by sends made under e->lock: a
- * host's own (mc__send_begin) and callbacks'. */
+/* Message records are kept for reuse (e->msg_bufs, shared: a host thread makes them, progress
+ * lets go of them). */
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -84,7 +84,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     rc = window_take(e, target);
     if (rc)
         return rc;
-    m = mc_buf_alloc(&e->msg_bufs, sizeof(*m) + len, mc__in_pass_of(e));
+    m = mc_buf_alloc(&e->msg_bufs, sizeof(*m) + len);
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));
