@@ -15,8 +15,6 @@
 #define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
 #define RESEND_DELAY_NS (1 * MC_MS) /* after a receiver said -EAGAIN */
 #define RX_STREAMS_MAX  65536       /* streams remembered; the least recently used go first */
-/* Message records are kept for reuse (e->msg_bufs, shared: a host thread makes them, progress
- * lets go of them). */
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -71,7 +69,8 @@ static int msg_check(const void *data, size_t len, const mc_msg_opts_t *opts)
     return 0;
 }
 
-/* A message that passed msg_check, in the target's window. */
+/* A message that passed msg_check, in the target's window. Its record comes from e->msg_bufs
+ * (shared: a host thread makes it, progress lets go of it). */
 static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
                    const mc_msg_opts_t *opts, mc_msg_t **m_p)
 {

@@ -50,12 +50,10 @@ static mc_tcp_conn_t *msg_conn(mc_engine_t *e, mc_peer_t *p)
     if (c &&
         (!mc_list_empty(&p->msg_unacked) || !c->outbound || tp->msg_gen == tcp_of(e)->inbound_gen))
         return c;
-    uint64_t instance = p->desc.instance;
-    own = instance ? NULL : mc__tcp_ctrl_conn(e, p);
-    if (!instance && !own)
-        return NULL; /* which side's connection carries both is not known yet */
+    own = p->desc.instance ? NULL : mc__tcp_ctrl_conn(e, p);
+    uint64_t instance = p->desc.instance ? p->desc.instance : own ? own->link.instance : 0;
     if (!instance)
-        instance = own->link.instance;
+        return NULL; /* which side's connection carries both is not known yet */
     c = instance < e->instance ? inbound_from(e, p, instance) : NULL;
     if (!c)
         c = own ? own : mc__tcp_ctrl_conn(e, p);
