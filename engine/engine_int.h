@@ -43,6 +43,10 @@
 typedef struct mc_pollable {
     int fd;
     void (*handler)(mc_engine_t *e, struct mc_pollable *p, uint32_t events);
+    /* Optional: read fd as if epoll had said it is readable (it may have nothing); whether it
+     * found anything. A host spinning on progress calls this instead of epoll_wait while fd is
+     * the one busy descriptor (engine.c, progress_locked). */
+    bool (*poll)(mc_engine_t *e, struct mc_pollable *p);
 } mc_pollable_t;
 
 struct mc_engine {
@@ -109,8 +113,10 @@ struct mc_engine {
                                   answers): in caller-progress mode the timer ticks in 1 ms until
                                   soon_until_ns, so the serve thread sends it if the host stops */
     uint64_t soon_until_ns;
-    uint64_t epoll_ns; /* caller-progress mode: the last epoll_wait, and whether it found */
-    bool epoll_found;  /* events (then the next pass asks again at once) */
+    uint64_t epoll_ns;   /* caller-progress mode: the last epoll_wait, and whether it found */
+    bool epoll_found;    /* events (then the next pass asks again at once) */
+    mc_pollable_t *solo; /* the one descriptor with a poll that epoll found busy last, and */
+    uint64_t solo_ns;    /* when it last had something (engine.c, progress_locked) */
 
     /* The last epoll_wait that found events; the watch asked instead of epoll while none did
      * for a while (engine.c, epoll_due). */

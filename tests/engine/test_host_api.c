@@ -835,6 +835,107 @@ static void test_caller_idle(void **state)
     th_buf_free(e, buf, 4 * len);
 }
 
+/* Sends message i of a stream (4 bytes of i, then pattern 1000 + i, as the children check),
+ * driving progress while the window is full. */
+static void send_seq(mc_engine_t *e, mc_segment_id_t seg, uint32_t i, int64_t dl)
+{
+    uint8_t buf[4 + 60];
+    size_t len = 4 + i % 60;
+    int rc;
+
+    memcpy(buf, &i, 4);
+    th_fill(buf + 4, len - 4, 1000 + i);
+    while ((rc = mc_msg_send(e, seg, TH_MSG_ID, buf, len)) == -EAGAIN && th_now_ms() < dl)
+        mc_engine_progress(e);
+    assert_int_equal(rc, 0);
+}
+
+static atomic_uint solo_echoes, solo_bad;
+
+static void on_solo_echo(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    uint32_t n = atomic_load(&solo_echoes);
+
+    (void)arg, (void)sender, (void)id;
+    if (len != 4 + n % 60 || memcmp(data, &n, 4) ||
+        th_check((const uint8_t *)data + 4, len - 4, 1000 + n) != -1)
+        atomic_fetch_add(&solo_bad, 1);
+    atomic_store(&solo_echoes, n + 1);
+}
+
+/* A caller-progress host reads the one connection that keeps busy without asking epoll
+ * (engine.c, progress_locked); what its other connections bring still comes. It streams
+ * messages to one peer over tcp, which sends each back (the echoes and the answers keep that
+ * connection busy alone), until 20 READs from a second peer, issued one after the other
+ * meanwhile, are in (a host that read only the busy connection would not see one before the
+ * stream stopped), and sends the second peer a message with each: every message and echo
+ * arrives once, in order and intact, and every READ brings the second peer's bytes. */
+static void test_caller_solo(void **state)
+{
+    const size_t len = 256 * 1024;
+    uint32_t sent = 0, to_other = 0, reads = 0;
+    mc_batch_t *b = NULL;
+    th_cfg_t cfg;
+    th_reply_t r;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_target_t *busy = spawn(0, &cfg, 4096, 0), *other = spawn(1, &cfg, len, 0);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t sb = th_open(e, busy, 0), so = th_open(e, other, 0);
+    uint8_t *buf = th_buf(e, len);
+    th_cmd_t c = {.op = TH_CMD_ECHO, .a0 = 1};
+    assert_int_equal(th_target_cmd(busy, &c, &r, 10000), 0);
+    atomic_store(&solo_echoes, 0);
+    atomic_store(&solo_bad, 0);
+    assert_int_equal(mc_msg_handler_set(e, TH_ECHO_ID, on_solo_echo, NULL), 0);
+    mc_request_t req = {.opcode = MC_READ,
+                        .local = buf,
+                        .target = so,
+                        .target_offset = other->eng[0].buf[0],
+                        .length = len};
+    th_remote_fill(other, 0, other->eng[0].buf[0], len, 77, 0);
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    int64_t dl = th_now_ms() + 60000;
+    while (reads < 20 && th_now_ms() < dl) {
+        mc_batch_status_t bs = {.state = MC_TASK_COMPLETED};
+        if (sent || to_other)
+            assert_int_equal(mc_batch_status(b, &bs), 0);
+        if (bs.state == MC_TASK_COMPLETED) {
+            if (to_other) { /* the last READ is in: check it, then the next one */
+                assert_int_equal(th_check(buf, len, 77), -1);
+                reads++;
+                assert_int_equal(mc_batch_reset(b), 0);
+            }
+            memset(buf, 0, len);
+            assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+            send_seq(e, so, to_other++, dl);
+        }
+        assert_true(bs.state <= MC_TASK_COMPLETED); /* waiting, moving or in */
+        if (sent - atomic_load(&solo_echoes) < 64)
+            send_seq(e, sb, sent++, dl);
+        mc_engine_progress(e);
+    }
+    assert_int_equal(reads, 20);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    th_batch_destroy(e, b);
+    while (atomic_load(&solo_echoes) < sent && th_now_ms() < dl)
+        mc_engine_progress(e);
+    assert_int_equal(atomic_load(&solo_echoes), sent);
+    assert_int_equal(atomic_load(&solo_bad), 0);
+    c = (th_cmd_t){.op = TH_CMD_MSGS, .a0 = sent, .a3 = 20000};
+    assert_int_equal(th_target_cmd(busy, &c, &r, 30000), 0);
+    assert_int_equal(r.v[0], sent);
+    assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+    c.a0 = to_other;
+    assert_int_equal(th_target_cmd(other, &c, &r, 30000), 0);
+    assert_int_equal(r.v[0], to_other);
+    assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+    th_buf_free(e, buf, len);
+}
+
 /* A caller-progress target whose host never calls in (the passive side of one-sided
  * transfers): without PROGRESS_SERVE_US a peer's READ over tcp gets nothing; with it the
  * serving thread moves the bytes, both ways, and the host's own callbacks still wait for it. */
@@ -1565,6 +1666,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_send_only, teardown),
         cmocka_unit_test_teardown(test_caller_idle, teardown),
         cmocka_unit_test_teardown(test_caller_serve, teardown),
+        cmocka_unit_test_teardown(test_caller_solo, teardown),
         cmocka_unit_test_teardown(test_engine_arm, teardown),
         cmocka_unit_test_teardown(test_engine_arm_send, teardown),
         cmocka_unit_test_teardown(test_served_messages, teardown),

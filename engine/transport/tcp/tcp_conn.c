@@ -15,6 +15,8 @@
 #define RX_READS   64 /* socket reads per connection per pass, so none starves the others */
 #define RX_SYSCALL 2  /* step result: progress made with a socket read */
 
+static bool conn_poll(mc_engine_t *e, mc_pollable_t *p);
+
 mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound)
 {
     mc_tcp_conn_t *c = calloc(1, sizeof(*c));
@@ -28,6 +30,7 @@ mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound)
     }
     c->pollable.fd = fd;
     c->pollable.handler = mc__tcp_conn_handler;
+    c->pollable.poll = conn_poll;
     c->outbound = outbound;
     c->state = outbound ? CS_CONNECTING : CS_HELLO;
     c->since_ns = c->last_io_ns = mc__now_ns();
@@ -442,8 +445,9 @@ static bool rx_staged(const mc_tcp_conn_t *c)
 }
 
 /* Parse what is staged and read the socket, at most RX_READS times. Stops early, with frames
- * still staged, only under back-pressure; the send path resumes it (see the handler). */
-static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
+ * still staged, only under back-pressure; the send path resumes it (see the handler). The
+ * reads that brought bytes. */
+static unsigned conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     unsigned reads = 0;
 
@@ -464,6 +468,7 @@ static void conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
             break;
         reads += rc == RX_SYSCALL;
     }
+    return reads;
 }
 
 void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
@@ -481,6 +486,19 @@ void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         conn_readable(e, c);
     if (!c->in_later) /* else at the end of the pass */
         flush_resume(e, c);
+}
+
+/* Read without epoll's word (engine.c, progress_locked): a recv that may find nothing. What
+ * waits to be sent waits for epoll's EPOLLOUT as before, unless what came needs answers. */
+static bool conn_poll(mc_engine_t *e, mc_pollable_t *p)
+{
+    mc_tcp_conn_t *c = (mc_tcp_conn_t *)p;
+
+    if (c->state == CS_DEAD || c->state == CS_CONNECTING || !conn_readable(e, c))
+        return false;
+    if (!c->in_later)
+        flush_resume(e, c);
+    return true;
 }
 
 /* Send what is queued; frames left staged by back-pressure get another go as responses drain
