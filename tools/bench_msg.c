@@ -1,11 +1,13 @@
 /*
  * mooncake-bench --operation msg: messages between two engines.
  *
- * Latency: the initiator sends PING, the target's handler sends it back as PONG, the next PING
- * leaves when the PONG is in; one-way latency is half a round trip (median and p99 over every
- * round trip, as ucx_perftest -t am_lat reports). Rate: the initiator sends DATA as fast as the
- * window lets it, then flushes (every message in the target's queue); messages/s counts up to
- * the flush. Last it asks the target (REPORT) how many DATA it received and how many were out of
+ * Latency: the initiator sends PING; the target's handler answers with a PONG of the same size
+ * from its own buffer, carrying the PING's number (the only bytes of the PING it reads, as
+ * ucx_perftest -t am_lat's responder), or with --verify the PING's own bytes (PING_ECHO); the
+ * next PING leaves when the PONG is in. One-way latency is half a round trip (median and p99
+ * over every round trip, as ucx_perftest -t am_lat reports). Rate: the initiator sends DATA as fast
+ * as the window lets it, then flushes (every message in the target's queue); messages/s counts up
+ * to the flush. Last it asks the target (REPORT) how many DATA it received and how many were out of
  * order or (with --verify) corrupt: all of them, once, in order, or the run fails.
  *
  * Message n carries n in its first 8 bytes (fewer for smaller messages); with --verify the rest
@@ -21,7 +23,15 @@
 
 #include "mooncake_bench.h"
 
-enum { MSG_PING = 1, MSG_PONG, MSG_DATA, MSG_DATA_CHECKED, MSG_REPORT, MSG_REPORT_ANSWER };
+enum {
+    MSG_PING = 1,
+    MSG_PONG,
+    MSG_DATA,
+    MSG_DATA_CHECKED,
+    MSG_REPORT,
+    MSG_REPORT_ANSWER,
+    MSG_PING_ECHO /* --verify: the PONG carries the PING's bytes back */
+};
 
 #define MAX_SAMPLES (1u << 20)
 
@@ -65,6 +75,7 @@ static struct {
     char sender[MC_NAME_MAX];
     mc_segment_id_t peer;
     uint64_t received, bad; /* DATA since the last REPORT */
+    uint8_t pong[MC_MSG_MAX];
 } tgt;
 
 /* The initiator, opened (without blocking) the first time it sends. */
@@ -88,7 +99,12 @@ static void on_target_msg(void *arg, const char *sender, uint8_t id, const void 
 
     (void)arg;
     switch (id) {
-    case MSG_PING:
+    case MSG_PING: /* as ucx_perftest's am_lat: a message of the same size from our own buffer,
+                    * with the PING's number, the only bytes of it read here */
+        memcpy(tgt.pong, data, len < 8 ? len : 8);
+        data = tgt.pong;
+        /* fall through */
+    case MSG_PING_ECHO:
         rc = mc_msg_send(tgt.e, reply_to(sender), MSG_PONG, data, len);
         break;
     case MSG_DATA:
@@ -110,8 +126,9 @@ static void on_target_msg(void *arg, const char *sender, uint8_t id, const void 
 void msg_target_setup(mc_engine_t *e)
 {
     tgt.e = e;
-    for (uint8_t id = MSG_PING; id <= MSG_REPORT; id++)
-        mc_msg_handler_set(e, id, on_target_msg, NULL);
+    for (uint8_t id = MSG_PING; id <= MSG_PING_ECHO; id++)
+        if (id != MSG_PONG && id != MSG_REPORT_ANSWER)
+            mc_msg_handler_set(e, id, on_target_msg, NULL);
 }
 
 /* ---- initiator ---- */
@@ -213,7 +230,7 @@ static uint64_t run_latency(mc_segment_id_t seg, uint8_t *buf, double secs, doub
         double t0 = t;
         fill_msg(buf, o.block_size, i, o.verify);
         ini.ping_seq = i;
-        int rc = send_msg(seg, MSG_PING, buf, o.block_size);
+        int rc = send_msg(seg, o.verify ? MSG_PING_ECHO : MSG_PING, buf, o.block_size);
         if (rc)
             die("mc_msg_send", rc);
         if (!wait_for(pongs_reached, &want)) {
