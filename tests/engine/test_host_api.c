@@ -867,8 +867,7 @@ static void on_solo_echo(void *arg, const char *sender, uint8_t id, const void *
  * (engine.c, progress_locked); what its other connections bring still comes. It streams
  * messages to one peer over tcp, which sends each back (the echoes and the answers keep that
  * connection busy alone), until 20 READs from a second peer, issued one after the other
- * meanwhile, are in (a host that read only the busy connection would not see one before the
- * stream stopped), and sends the second peer a message with each: every message and echo
+ * meanwhile, are in, and sends the second peer a message with each: every message and echo
  * arrives once, in order and intact, and every READ brings the second peer's bytes. */
 static void test_caller_solo(void **state)
 {
