@@ -76,6 +76,8 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p)
 {
     if (e->solo == p)
         e->solo = NULL;
+    if (e->solo_next == p)
+        e->solo_next = NULL;
     epoll_ctl(e->epfd, EPOLL_CTL_DEL, p->fd, NULL);
 }
 
@@ -205,8 +207,10 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         else
             p->handler(e, p, evs[i].events);
     }
-    if (direct && direct == e->solo && direct->poll(e, direct))
+    if (direct && direct == e->solo && direct->poll(e, direct)) {
         e->solo_ns = now;
+        n++; /* handled as if epoll had reported it: the caller looks again at once */
+    }
     drain_submissions(e);
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
@@ -297,24 +301,36 @@ static bool epoll_due(mc_engine_t *e, uint64_t now)
     return since >= EPOLL_SPIN_NS;
 }
 
-/* Which descriptor epoll found busy alone, among those with a poll (progress_locked). */
+/* Which descriptor is read without asking epoll (progress_locked): one with a poll that two
+ * asks in a row found readable and alone among those with one. Another one busy ends it, and
+ * so does a result that may be cut short. */
 static void solo_pick(mc_engine_t *e, const struct epoll_event *evs, int n, uint64_t now)
 {
     mc_pollable_t *one = NULL;
+    uint32_t events = 0;
+    int busy = 0;
 
     for (int i = 0; i < n; i++) {
         mc_pollable_t *p = evs[i].data.ptr;
-        if (!p || p == (mc_pollable_t *)&e->timerfd || !p->poll)
-            continue;
-        if (one) { /* two busy: epoll serves them */
-            e->solo = NULL;
-            return;
+        if (p && p != (mc_pollable_t *)&e->timerfd && p->poll) {
+            one = p;
+            events = evs[i].events;
+            busy++;
         }
-        one = p;
     }
-    if (one) {
+    if (!busy)
+        return;
+    if (busy > 1 || n == MAX_EVENTS) {
+        e->solo = e->solo_next = NULL;
+    } else if (!(events & (EPOLLIN | EPOLLERR | EPOLLHUP))) { /* only writable again */
+        if (one != e->solo)
+            e->solo = e->solo_next = NULL;
+    } else if (one == e->solo || one == e->solo_next) {
         e->solo = one;
         e->solo_ns = now;
+    } else {
+        e->solo = NULL;
+        e->solo_next = one;
     }
 }
 
@@ -323,10 +339,11 @@ static void solo_pick(mc_engine_t *e, const struct epoll_event *evs, int n, uint
  * A host spinning on progress asks epoll only when it may have something (epoll_due): what
  * arrives through shared memory is seen without a syscall per pass. With one busy socket (a
  * ping-pong, a stream on one connection) each arrival still took two syscalls, epoll_wait and
- * the read, about a microsecond each on a VM. While epoll finds one descriptor busy alone (and
- * it can be read without epoll's word: mc_pollable_t.poll), each pass reads it instead, and
- * epoll is asked every EPOLL_SOLO_NS for the others; this ends once it had nothing for
- * EPOLL_QUIET_NS, or once epoll finds a second one busy. */
+ * the read, about a microsecond each on a VM. Once two asks in a row found one socket readable
+ * and no other one busy (solo_pick; a socket is one with a mc_pollable_t.poll), each pass reads
+ * it instead, and epoll is asked every EPOLL_SOLO_NS for the rest; this ends once it brought
+ * nothing for EPOLL_QUIET_NS, once an ask finds another socket busy, and when the host arms to
+ * sleep. */
 static int progress_locked(mc_engine_t *e, bool callbacks, uint64_t now)
 {
     struct epoll_event evs[MAX_EVENTS];

@@ -113,10 +113,12 @@ struct mc_engine {
                                   answers): in caller-progress mode the timer ticks in 1 ms until
                                   soon_until_ns, so the serve thread sends it if the host stops */
     uint64_t soon_until_ns;
-    uint64_t epoll_ns;   /* caller-progress mode: the last epoll_wait, and whether it found */
-    bool epoll_found;    /* events (then the next pass asks again at once) */
-    mc_pollable_t *solo; /* the one descriptor with a poll that epoll found busy last, and */
-    uint64_t solo_ns;    /* when it last had something (engine.c, progress_locked) */
+    uint64_t epoll_ns;        /* caller-progress mode: the last epoll_wait, and whether it found */
+    bool epoll_found;         /* events (then the next pass asks again at once) */
+    mc_pollable_t *solo;      /* the socket read without asking epoll, and when it last */
+    uint64_t solo_ns;         /* brought something (engine.c, progress_locked, solo_pick) */
+    mc_pollable_t *solo_next; /* the last ask that found a socket found it readable alone: */
+                              /* it is solo if the next one does too */
 
     /* The last epoll_wait that found events; the watch asked instead of epoll while none did
      * for a while (engine.c, epoll_due). */

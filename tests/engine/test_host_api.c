@@ -908,9 +908,11 @@ static void test_caller_solo(void **state)
                 reads++;
                 assert_int_equal(mc_batch_reset(b), 0);
             }
-            memset(buf, 0, len);
-            assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
-            send_seq(e, so, to_other++, dl);
+            if (reads < 20) {
+                memset(buf, 0, len);
+                assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+                send_seq(e, so, to_other++, dl);
+            }
         }
         assert_true(bs.state <= MC_TASK_COMPLETED); /* waiting, moving or in */
         if (sent - atomic_load(&solo_echoes) < 64)
@@ -918,7 +920,6 @@ static void test_caller_solo(void **state)
         mc_engine_progress(e);
     }
     assert_int_equal(reads, 20);
-    assert_int_equal(mc_batch_wait(b, 30000), 0);
     th_batch_destroy(e, b);
     while (atomic_load(&solo_echoes) < sent && th_now_ms() < dl)
         mc_engine_progress(e);

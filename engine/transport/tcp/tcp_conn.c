@@ -444,15 +444,17 @@ static bool rx_staged(const mc_tcp_conn_t *c)
     return c->rx_end - c->rx_start >= (c->have_hdr ? 1u : MC_FRAME_HDR_LEN);
 }
 
-/* Parse what is staged and read the socket, at most RX_READS times. Stops early, with frames
- * still staged, only under back-pressure; the send path resumes it (see the handler). The
- * reads that brought bytes. */
-static unsigned conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
+/* Parse what is staged and read the socket, at most RX_READS times; what is staged after the
+ * last read is parsed all the same (the socket may be empty by then: epoll would not call us
+ * for it). Stops early, with frames still staged, only under back-pressure; the send path
+ * resumes it (see the handler). Whether anything was read or parsed. */
+static bool conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     unsigned reads = 0;
+    bool moved = false;
 
     c->rx_drained = false;
-    while (c->state != CS_DEAD && reads < RX_READS) {
+    while (c->state != CS_DEAD && (reads < RX_READS || rx_staged(c))) {
         int rc;
         if (c->have_hdr)
             rc = rx_payload(e, c);
@@ -466,9 +468,10 @@ static unsigned conn_readable(mc_engine_t *e, mc_tcp_conn_t *c)
             rc = rx_fill(e, c);
         if (rc <= 0)
             break;
+        moved = true;
         reads += rc == RX_SYSCALL;
     }
-    return reads;
+    return moved;
 }
 
 void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
@@ -489,7 +492,8 @@ void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 }
 
 /* Read without epoll's word (engine.c, progress_locked): a recv that may find nothing. What
- * waits to be sent waits for epoll's EPOLLOUT as before, unless what came needs answers. */
+ * waits to be sent waits for epoll's EPOLLOUT as before, unless what came (or was parsed)
+ * needs answers. */
 static bool conn_poll(mc_engine_t *e, mc_pollable_t *p)
 {
     mc_tcp_conn_t *c = (mc_tcp_conn_t *)p;
@@ -505,10 +509,10 @@ static bool conn_poll(mc_engine_t *e, mc_pollable_t *p)
  * (epoll would not report them, since they are no longer in the socket). */
 static void flush_resume(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    for (int i = 0; i < 16 && c->state != CS_DEAD; i++) {
+    for (int i = 0; c->state != CS_DEAD; i++) { /* ends on a flush */
         unsigned before = c->n_resp;
         mc__tcp_conn_flush(e, c);
-        if (!rx_staged(c) || c->n_resp >= MC_TCP_RESP_MAX || c->n_resp == before)
+        if (i == 15 || !rx_staged(c) || c->n_resp >= MC_TCP_RESP_MAX || c->n_resp == before)
             break;
         conn_readable(e, c);
     }
