@@ -302,8 +302,8 @@ static bool epoll_due(mc_engine_t *e, uint64_t now)
 }
 
 /* Which descriptor is read without asking epoll (progress_locked): one with a poll that two
- * asks in a row found readable and alone among those with one. Another one busy ends it, and
- * so does a result that may be cut short. */
+ * asks that found such descriptors busy (one after the other) found readable and alone.
+ * Another one busy ends it, and so does a result that may be cut short. */
 static void solo_pick(mc_engine_t *e, const struct epoll_event *evs, int n, uint64_t now)
 {
     mc_pollable_t *one = NULL;
@@ -318,10 +318,10 @@ static void solo_pick(mc_engine_t *e, const struct epoll_event *evs, int n, uint
             busy++;
         }
     }
-    if (!busy)
-        return;
     if (busy > 1 || n == MAX_EVENTS) {
         e->solo = e->solo_next = NULL;
+    } else if (!busy) {
+        return;
     } else if (!(events & (EPOLLIN | EPOLLERR | EPOLLHUP))) { /* only writable again */
         if (one != e->solo)
             e->solo = e->solo_next = NULL;
@@ -339,8 +339,8 @@ static void solo_pick(mc_engine_t *e, const struct epoll_event *evs, int n, uint
  * A host spinning on progress asks epoll only when it may have something (epoll_due): what
  * arrives through shared memory is seen without a syscall per pass. With one busy socket (a
  * ping-pong, a stream on one connection) each arrival still took two syscalls, epoll_wait and
- * the read, about a microsecond each on a VM. Once two asks in a row found one socket readable
- * and no other one busy (solo_pick; a socket is one with a mc_pollable_t.poll), each pass reads
+ * the read, about a microsecond each on a VM. Once two asks that found sockets busy found one
+ * readable and no other (solo_pick; a socket is one with a mc_pollable_t.poll), each pass reads
  * it instead, and epoll is asked every EPOLL_SOLO_NS for the rest; this ends once it brought
  * nothing for EPOLL_QUIET_NS, once an ask finds another socket busy, and when the host arms to
  * sleep. */
@@ -488,7 +488,7 @@ int mc_engine_arm(mc_engine_t *e)
     /* callbacks a serving pass held for the host are work too */
     ok = !mc__callbacks_pending(e) && idle_arm(e);
     if (ok) /* it sleeps on epoll: no descriptor read without it (progress_locked) */
-        e->solo = NULL;
+        e->solo = e->solo_next = NULL;
     /* until the host calls in again, what arrives is its to handle: the serving thread would
      * take the wake-up from under it and hold the callbacks */
     atomic_store(&e->host_armed, ok);

@@ -493,13 +493,15 @@ void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 
 /* Read without epoll's word (engine.c, progress_locked): a recv that may find nothing. What
  * waits to be sent waits for epoll's EPOLLOUT as before, unless what came (or was parsed)
- * needs answers. */
+ * needs answers. Whether anything happened: bytes, frames, or the connection's end. */
 static bool conn_poll(mc_engine_t *e, mc_pollable_t *p)
 {
     mc_tcp_conn_t *c = (mc_tcp_conn_t *)p;
 
-    if (c->state == CS_DEAD || c->state == CS_CONNECTING || !conn_readable(e, c))
+    if (c->state == CS_DEAD || c->state == CS_CONNECTING)
         return false;
+    if (!conn_readable(e, c))
+        return c->state == CS_DEAD; /* the peer closed or reset it: its tasks ended */
     if (!c->in_later)
         flush_resume(e, c);
     return true;
