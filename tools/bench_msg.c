@@ -126,9 +126,8 @@ static void on_target_msg(void *arg, const char *sender, uint8_t id, const void 
 void msg_target_setup(mc_engine_t *e)
 {
     tgt.e = e;
-    for (uint8_t id = MSG_PING; id <= MSG_PING_ECHO; id++)
-        if (id != MSG_PONG && id != MSG_REPORT_ANSWER)
-            mc_msg_handler_set(e, id, on_target_msg, NULL);
+    for (uint8_t id = MSG_PING; id <= MSG_PING_ECHO; id++) /* those it does not expect: ignored */
+        mc_msg_handler_set(e, id, on_target_msg, NULL);
 }
 
 /* ---- initiator ---- */

@@ -719,6 +719,13 @@ static void test_progress_explicit(void **state)
     th_buf_free(e, src, MIB);
 }
 
+/* Message i of a stream, as the children check it: 4 bytes of i, then pattern 1000 + i. */
+static void seq_msg(uint8_t *buf, uint32_t i, size_t len)
+{
+    memcpy(buf, &i, 4);
+    th_fill(buf + 4, len - 4, 1000 + i);
+}
+
 /* A caller-progress host with implicit progress that only sends, never calling
  * mc_engine_progress: its sends alone connect to the peer, take in the answers that free its
  * window (4096 messages) and deliver every message once, in order; over shm, then over tcp. */
@@ -742,8 +749,7 @@ static void test_send_only(void **state)
         for (uint32_t i = 0; i < n; i++) {
             size_t len = 4 + i % 64;
             int rc;
-            memcpy(buf, &i, 4);
-            th_fill(buf + 4, len - 4, 1000 + i);
+            seq_msg(buf, i, len);
             while ((rc = mc_msg_send(e, seg, TH_MSG_ID, buf, len)) == -EAGAIN && th_now_ms() < dl)
                 th_sleep_ms(1);
             assert_int_equal(rc, 0);
@@ -835,16 +841,14 @@ static void test_caller_idle(void **state)
     th_buf_free(e, buf, 4 * len);
 }
 
-/* Sends message i of a stream (4 bytes of i, then pattern 1000 + i, as the children check),
- * driving progress while the window is full. */
+/* Sends message i of a stream (seq_msg), driving progress while the window is full. */
 static void send_seq(mc_engine_t *e, mc_segment_id_t seg, uint32_t i, int64_t dl)
 {
     uint8_t buf[4 + 60];
     size_t len = 4 + i % 60;
     int rc;
 
-    memcpy(buf, &i, 4);
-    th_fill(buf + 4, len - 4, 1000 + i);
+    seq_msg(buf, i, len);
     while ((rc = mc_msg_send(e, seg, TH_MSG_ID, buf, len)) == -EAGAIN && th_now_ms() < dl)
         mc_engine_progress(e);
     assert_int_equal(rc, 0);
