@@ -109,24 +109,51 @@ void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error,
     }
 }
 
+void mc__handler_set(mc_engine_t *e, unsigned id, mc_msg_cb mcb, mc_peer_cb pcb, void *arg)
+{
+    pthread_mutex_lock(&e->handlers_lock); /* one setter at a time */
+    unsigned seq = atomic_load_explicit(&e->handlers_seq, memory_order_relaxed);
+    atomic_store_explicit(&e->handlers_seq, seq + 1, memory_order_relaxed); /* odd: writing */
+    atomic_thread_fence(memory_order_release);
+    if (id) {
+        atomic_store_explicit(&e->handlers[id], mcb, memory_order_relaxed);
+        atomic_store_explicit(&e->handler_args[id], arg, memory_order_relaxed);
+    } else {
+        atomic_store_explicit(&e->peer_cb, pcb, memory_order_relaxed);
+        atomic_store_explicit(&e->peer_cb_arg, arg, memory_order_relaxed);
+    }
+    atomic_store_explicit(&e->handlers_seq, seq + 2, memory_order_release);
+    pthread_mutex_unlock(&e->handlers_lock);
+}
+
 static void run_one(mc_engine_t *e, held_t *h)
 {
+    mc_msg_cb mcb = NULL;
+    mc_peer_cb pcb = NULL;
+    void *arg;
+    unsigned seq;
+
     if (h->kind == HELD_DONE) {
         h->done(h->done_arg, h->error);
         return;
     }
-    pthread_mutex_lock(&e->handlers_lock);
-    mc_msg_cb mcb = h->kind == HELD_MSG ? e->handlers[h->msg_id] : NULL;
-    void *marg = h->kind == HELD_MSG ? e->handler_args[h->msg_id] : NULL;
-    mc_peer_cb pcb = e->peer_cb;
-    void *parg = e->peer_cb_arg;
-    pthread_mutex_unlock(&e->handlers_lock);
+    do { /* a pair a setter is writing, or wrote meanwhile, is read again */
+        seq = atomic_load_explicit(&e->handlers_seq, memory_order_acquire);
+        if (h->kind == HELD_MSG) {
+            mcb = atomic_load_explicit(&e->handlers[h->msg_id], memory_order_relaxed);
+            arg = atomic_load_explicit(&e->handler_args[h->msg_id], memory_order_relaxed);
+        } else {
+            pcb = atomic_load_explicit(&e->peer_cb, memory_order_relaxed);
+            arg = atomic_load_explicit(&e->peer_cb_arg, memory_order_relaxed);
+        }
+        atomic_thread_fence(memory_order_acquire);
+    } while ((seq & 1) || seq != atomic_load_explicit(&e->handlers_seq, memory_order_relaxed));
     if (h->kind == HELD_MSG && mcb)
-        mcb(marg, h->from, h->msg_id, h->msg, h->len);
+        mcb(arg, h->from, h->msg_id, h->msg, h->len);
     else if (h->kind == HELD_MSG)
         mc_warn("message id %u from %s dropped: no handler", h->msg_id, h->from);
     else if (pcb)
-        pcb(parg, h->peer, (mc_peer_event_t)h->event, h->error, h->len ? h->data : NULL);
+        pcb(arg, h->peer, (mc_peer_event_t)h->event, h->error, h->len ? h->data : NULL);
 }
 
 void mc__callbacks_run(mc_engine_t *e)

@@ -31,6 +31,10 @@ void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
 void mc__callbacks_run(mc_engine_t *e);
 /* Whether anything is held. */
 bool mc__callbacks_pending(const mc_engine_t *e);
+/* Set the handler of message id (1..255, mcb) or the peer handler (id 0, pcb), from any thread.
+ * Passes read them without a lock (a sequence lock: a handler and its argument are read as one
+ * pair), so a message's path has no locked instruction for it. */
+void mc__handler_set(mc_engine_t *e, unsigned id, mc_msg_cb mcb, mc_peer_cb pcb, void *arg);
 /* Engine creation: the held records' cache. */
 void mc__callbacks_init(mc_engine_t *e);
 /* Engine destroy, after the last pass: run the completions of sends and flushes held, drop

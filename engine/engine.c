@@ -602,6 +602,7 @@ static void engine_init_state(mc_engine_t *e)
     mc_list_init(&e->heldq);
     mc__callbacks_init(e);
     mc_buf_init(&e->msg_bufs, sizeof(mc_msg_t) + MC_MSG_MAX, true);
+    mc_buf_init(&e->msg_bufs_pass, sizeof(mc_msg_t) + MC_MSG_MAX, false);
     mc_list_init(&e->notifyq);
     e->epfd = e->doorbell = e->timerfd = -1;
     e->armed_ms = -2;

@@ -97,9 +97,10 @@ struct mc_engine {
     mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
-    mc_bufcache_t held_bufs; /* held records kept for reuse (callbacks.c) */
-    mc_bufcache_t msg_bufs;  /* message records kept for reuse (msg.c) */
-    bool pass_callbacks;     /* the pass under way runs them at its end: rings may lend records */
+    mc_bufcache_t held_bufs;     /* held records kept for reuse (callbacks.c) */
+    mc_bufcache_t msg_bufs;      /* message records kept for reuse (msg.c): a host thread's */
+    mc_bufcache_t msg_bufs_pass; /* and those made under e->lock (a pass, a send section) */
+    bool pass_callbacks; /* the pass under way runs them at its end: rings may lend records */
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
     mc_slice_t *slice_free;           /* free list */
     mc_slice_t *slice_chunks;         /* allocations, linked through their first slot */
@@ -136,11 +137,14 @@ struct mc_engine {
     _Atomic uint64_t c[MC_TP_MAX][MC_CNT_N]; /* counters per transport (mc_counters_t order) */
 
     /* messages and notifications */
-    pthread_mutex_t handlers_lock; /* handlers, peer_cb */
-    mc_peer_cb peer_cb;
-    void *peer_cb_arg;
-    mc_msg_cb handlers[256];
-    void *handler_args[256];
+    /* Handlers: set under handlers_lock, read by passes without it (mc__handlers_read):
+     * handlers_seq is odd while a setter writes. */
+    pthread_mutex_t handlers_lock;
+    atomic_uint handlers_seq;
+    _Atomic(mc_peer_cb) peer_cb;
+    _Atomic(void *) peer_cb_arg;
+    _Atomic(mc_msg_cb) handlers[256];
+    _Atomic(void *) handler_args[256];
     pthread_mutex_t notify_lock;
     mc_list_t notifyq;
     size_t n_notify;
@@ -166,6 +170,14 @@ struct mc_engine {
 static inline void mc__count(_Atomic uint64_t *c, uint64_t v)
 {
     atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+/* A counter that only passes write (under e->lock): a plain add, no locked instruction on a
+ * message's path; readers still see whole values. */
+static inline void mc__count_pass(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+                          memory_order_relaxed);
 }
 
 int mc__epoll_add(mc_engine_t *e, mc_pollable_t *p, uint32_t events);

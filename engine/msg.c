@@ -20,10 +20,7 @@ int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
     if (!e || id == 0)
         return mc__set_error(-EINVAL, "mc_msg_handler_set: id 0 is reserved for notifications");
-    pthread_mutex_lock(&e->handlers_lock);
-    e->handlers[id] = cb;
-    e->handler_args[id] = arg;
-    pthread_mutex_unlock(&e->handlers_lock);
+    mc__handler_set(e, id, cb, NULL, arg);
     return 0;
 }
 
@@ -69,8 +66,10 @@ static int msg_check(const void *data, size_t len, const mc_msg_opts_t *opts)
     return 0;
 }
 
-/* A message that passed msg_check, in the target's window. Its record comes from e->msg_bufs
- * (shared: a host thread makes it, progress lets go of it). */
+/* A message that passed msg_check, in the target's window. Its record comes from
+ * e->msg_bufs_pass when this thread holds e->lock (a pass, a host's send section: no lock of
+ * its own on a message's path), else from e->msg_bufs (shared: a host thread makes it,
+ * progress lets go of it). Both are given back under e->lock, each to its own. */
 static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data, size_t len,
                    const mc_msg_opts_t *opts, mc_msg_t **m_p)
 {
@@ -83,7 +82,8 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     rc = window_take(e, target);
     if (rc)
         return rc;
-    m = mc_buf_alloc(&e->msg_bufs, sizeof(*m) + len);
+    bool pass = mc__in_pass_of(e);
+    m = mc_buf_alloc(pass ? &e->msg_bufs_pass : &e->msg_bufs, sizeof(*m) + len);
     if (!m) {
         pthread_rwlock_rdlock(&e->peers_lock);
         window_give(mc__peer_get(e, target));
@@ -95,6 +95,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     m->id = id;
     m->len = (uint32_t)len;
     m->refs = 1;
+    m->pass_buf = pass;
     m->cb = o.cb;
     m->cb_arg = o.cb_arg;
     if (len)
@@ -189,7 +190,7 @@ void mc__msg_put(mc_engine_t *e, mc_msg_t *m)
 {
     if (--m->refs)
         return;
-    mc_buf_free(&e->msg_bufs, m, sizeof(*m) + m->len);
+    mc_buf_free(m->pass_buf ? &e->msg_bufs_pass : &e->msg_bufs, m, sizeof(*m) + m->len);
 }
 
 /* m leaves its peer's window: delivered (status 0) or never will be. */
@@ -301,8 +302,8 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
         mc_msg_t *x = mc_container_of(n, mc_msg_t, link);
         p->msg_acked = x->seq;
         if (!status || x != m) {
-            mc__count(&p->c[MC_CNT_MSGS_SENT], 1);
-            mc__count(&e->c[x->tp][MC_CNT_MSGS_SENT], 1);
+            mc__count_pass(&p->c[MC_CNT_MSGS_SENT], 1);
+            mc__count_pass(&e->c[x->tp][MC_CNT_MSGS_SENT], 1);
         }
         msg_done(e, p, x, x == m ? status : 0);
         if (x == m)
@@ -436,7 +437,7 @@ int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t st
                  : mc__cb_hold_msg(e, sender, id, data, len, lend, end);
     if (!rc) {
         s->next = seq + 1;
-        mc__count(&e->c[tp][MC_CNT_MSGS_RECEIVED], 1);
+        mc__count_pass(&e->c[tp][MC_CNT_MSGS_RECEIVED], 1);
     }
     return rc;
 }
@@ -612,6 +613,7 @@ void mc__msgs_fini(mc_engine_t *e)
     while ((n = mc_list_pop_front(&e->msgq_in)))
         free(mc_container_of(n, mc_msg_t, link));
     mc_buf_fini(&e->msg_bufs);
+    mc_buf_fini(&e->msg_bufs_pass);
     while ((n = mc_list_pop_front(&e->flushq_in)))
         free(mc_container_of(n, mc_flush_t, link));
     if (e->rx_streams)

@@ -512,10 +512,7 @@ int mc_peer_handler_set(mc_engine_t *e, mc_peer_cb cb, void *arg)
 {
     if (!e)
         return mc__set_error(-EINVAL, "mc_peer_handler_set: NULL engine");
-    pthread_mutex_lock(&e->handlers_lock);
-    e->peer_cb = cb;
-    e->peer_cb_arg = arg;
-    pthread_mutex_unlock(&e->handlers_lock);
+    mc__handler_set(e, 0, NULL, cb, arg);
     return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1219,6 +1220,93 @@ static void test_served_messages(void **state)
     arm_pair_destroy();
 }
 
+/* ---- handlers set while messages arrive ------------------------------------------------------ */
+
+#define SWAP_N 20000
+
+static struct {
+    int tag[2];             /* each handler's argument */
+    atomic_ulong calls[2];  /* messages each handler took */
+    atomic_ulong next, bad; /* the next message's number; a wrong argument or number */
+    atomic_bool stop;
+    mc_engine_t *host;
+} swap;
+
+static void on_swap(int k, void *arg, const void *data, size_t len)
+{
+    uint64_t n;
+
+    if (arg != &swap.tag[k] || len != sizeof(n))
+        atomic_fetch_add(&swap.bad, 1);
+    memcpy(&n, data, sizeof(n));
+    if (n != atomic_load(&swap.next))
+        atomic_fetch_add(&swap.bad, 1);
+    atomic_store(&swap.next, n + 1);
+    atomic_fetch_add(&swap.calls[k], 1);
+}
+
+static void on_swap_a(void *arg, const char *from, uint8_t id, const void *data, size_t len)
+{
+    (void)from;
+    (void)id;
+    on_swap(0, arg, data, len);
+}
+
+static void on_swap_b(void *arg, const char *from, uint8_t id, const void *data, size_t len)
+{
+    (void)from;
+    (void)id;
+    on_swap(1, arg, data, len);
+}
+
+static void *swapper(void *arg)
+{
+    (void)arg;
+    for (unsigned i = 0; !atomic_load(&swap.stop); i++)
+        mc_msg_handler_set(swap.host, TH_MSG_ID, i % 2 ? on_swap_b : on_swap_a, &swap.tag[i % 2]);
+    return NULL;
+}
+
+/* Handlers are read by progress without a lock (a sequence lock): a thread that swaps the
+ * handler and its argument as fast as it can while 2*10^4 messages arrive over the same-host
+ * ring never lets a handler run with the other's argument, every message runs one handler,
+ * once, in order, and both handlers get some. */
+static void test_handler_swap(void **state)
+{
+    mc_segment_id_t seg;
+    pthread_t t;
+    th_cfg_t cfg;
+
+    (void)state;
+    memset(&swap, 0, sizeof(swap));
+    th_config(&cfg);
+    th_set(&cfg, "PROTOCOL", "shm");
+    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+    swap.host = g.e[1] = th_engine(&cfg);
+    assert_int_equal(mc_msg_handler_set(swap.host, TH_MSG_ID, on_swap_a, &swap.tag[0]), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(swap.host), &seg), 0);
+    assert_int_equal(pthread_create(&t, NULL, swapper, NULL), 0);
+    int64_t dl = th_now_ms() + 30000;
+    for (uint64_t n = 0; n < SWAP_N && th_now_ms() < dl;) {
+        int rc = mc_msg_send(snd, seg, TH_MSG_ID, &n, sizeof(n));
+        if (rc == -EAGAIN) {
+            sched_yield();
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        n++;
+    }
+    while (atomic_load(&swap.next) < SWAP_N && th_now_ms() < dl)
+        usleep(1000);
+    atomic_store(&swap.stop, true);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&swap.next), SWAP_N);
+    assert_int_equal(atomic_load(&swap.calls[0]) + atomic_load(&swap.calls[1]), SWAP_N);
+    assert_int_equal(atomic_load(&swap.bad), 0);
+    assert_true(atomic_load(&swap.calls[0]) > 0 && atomic_load(&swap.calls[1]) > 0);
+    arm_pair_destroy();
+}
+
 /* ---- registrations --------------------------------------------------------------------------- */
 
 /* The same pages registered twice by two layers, and a smaller range inside a larger one: a
@@ -1690,6 +1778,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_engine_arm, teardown),
         cmocka_unit_test_teardown(test_engine_arm_send, teardown),
         cmocka_unit_test_teardown(test_served_messages, teardown),
+        cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),
