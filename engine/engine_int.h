@@ -137,7 +137,7 @@ struct mc_engine {
     _Atomic uint64_t c[MC_TP_MAX][MC_CNT_N]; /* counters per transport (mc_counters_t order) */
 
     /* messages and notifications */
-    /* Handlers: set under handlers_lock, read by passes without it (mc__handlers_read):
+    /* Handlers: set under handlers_lock, read by passes without it (run_one, callbacks.c):
      * handlers_seq is odd while a setter writes. */
     pthread_mutex_t handlers_lock;
     atomic_uint handlers_seq;

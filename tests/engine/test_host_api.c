@@ -1236,8 +1236,10 @@ static void on_swap(int k, void *arg, const void *data, size_t len)
 {
     uint64_t n;
 
-    if (arg != &swap.tag[k] || len != sizeof(n))
+    if (arg != &swap.tag[k] || len != sizeof(n)) {
         atomic_fetch_add(&swap.bad, 1);
+        return;
+    }
     memcpy(&n, data, sizeof(n));
     if (n != atomic_load(&swap.next))
         atomic_fetch_add(&swap.bad, 1);
@@ -1287,19 +1289,19 @@ static void test_handler_swap(void **state)
     assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(swap.host), &seg), 0);
     assert_int_equal(pthread_create(&t, NULL, swapper, NULL), 0);
     int64_t dl = th_now_ms() + 30000;
-    for (uint64_t n = 0; n < SWAP_N && th_now_ms() < dl;) {
-        int rc = mc_msg_send(snd, seg, TH_MSG_ID, &n, sizeof(n));
-        if (rc == -EAGAIN) {
+    int rc = 0;
+    for (uint64_t n = 0; n < SWAP_N && th_now_ms() < dl && (!rc || rc == -EAGAIN);) {
+        rc = mc_msg_send(snd, seg, TH_MSG_ID, &n, sizeof(n));
+        if (rc == -EAGAIN)
             sched_yield();
-            continue;
-        }
-        assert_int_equal(rc, 0);
-        n++;
+        else if (!rc)
+            n++;
     }
-    while (atomic_load(&swap.next) < SWAP_N && th_now_ms() < dl)
+    while (!rc && atomic_load(&swap.next) < SWAP_N && th_now_ms() < dl)
         usleep(1000);
-    atomic_store(&swap.stop, true);
+    atomic_store(&swap.stop, true); /* before any assert: teardown destroys its engine */
     pthread_join(t, NULL);
+    assert_int_equal(rc, 0);
     assert_int_equal(atomic_load(&swap.next), SWAP_N);
     assert_int_equal(atomic_load(&swap.calls[0]) + atomic_load(&swap.calls[1]), SWAP_N);
     assert_int_equal(atomic_load(&swap.bad), 0);
