@@ -814,8 +814,8 @@ static void test_remote(void **state)
     mc_file_info_t fi;
     int64_t served;
 
-    /* shm connects from a host thread only (never inside progress, where our staged transfers
-     * start): a transfer of memory brings it up, as any host's first one does. */
+    /* A transfer of memory first: every transport is up before the file's pieces go, so that
+     * all of them count below (file tasks alone bring shm up too: test_remote_shm_first). */
     xfer_ok(fx->e, MC_READ, ptr(fx->mem), fx->seg, fx->ow.mem, 4096);
     before = moved(fx->e, fx->tr->counter);
 
@@ -852,6 +852,31 @@ static void test_remote(void **state)
     assert_true(over >= 16 * MIB);
     assert_int_equal(owner_cmd(&fx->ow, FT_STATS, 0, &served), 0);
     assert_true(served >= 10 * MIB); /* staged by the owner's file transport */
+}
+
+/* A same-host peer whose first and only traffic is its file: our staged pieces start in
+ * progress, which connects shm without waiting for the owner; the first pieces go over tcp
+ * meanwhile, and once the owner answered, whole READs go over shm. Every byte checked. */
+static void test_remote_shm_first(void **state)
+{
+    rfx_t *fx = *state;
+    uint64_t f = fx->ow.file, before = moved(fx->e, "shm");
+    int64_t dl = th_now_ms() + 10000;
+    unsigned reads = 0;
+
+    do { /* until shm carries a piece */
+        memset(fx->mem, 0, MIB);
+        xfer_ok(fx->e, MC_READ, ptr(fx->mem), fx->seg, f + MIB, MIB);
+        assert_int_equal(th_check_at(fx->mem, MIB, SEED_FILE, MIB), -1);
+        reads++;
+    } while (moved(fx->e, "shm") == before && th_now_ms() < dl);
+    assert_true(moved(fx->e, "shm") > before);
+    print_message("  shm carried a piece from READ %u on\n", reads);
+    before = moved(fx->e, "shm");
+    memset(fx->mem, 0, 8 * MIB);
+    xfer_ok(fx->e, MC_READ, ptr(fx->mem), fx->seg, f, 8 * MIB);
+    assert_int_equal(th_check(fx->mem, 8 * MIB, SEED_FILE), -1);
+    assert_true(moved(fx->e, "shm") - before >= 8 * MIB);
 }
 
 static void on_flushed(void *arg, int status)
@@ -1022,7 +1047,8 @@ int main(int argc, char **argv)
             REMOTE(test_remote, tr_small),         REMOTE(test_remote_msgs, tr_tcp),
         };
         rc |= cmocka_run_group_tests_name("file, remote over tcp", tcp, NULL, NULL);
-        const struct CMUnitTest shm[] = {REMOTE(test_remote, tr_shm)};
+        const struct CMUnitTest shm[] = {REMOTE(test_remote, tr_shm),
+                                         REMOTE(test_remote_shm_first, tr_shm)};
         rc |= cmocka_run_group_tests_name("file, remote over shm", shm, NULL, NULL);
     } else if (th_listed(only, "rdma")) {
         if (!rdma_ready())

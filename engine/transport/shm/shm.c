@@ -22,6 +22,7 @@
  * when the owner exits, the peer is DEAD for every transport (mc__peer_dead).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stddef.h>
@@ -284,6 +285,14 @@ static void peer_unmap_all(shm_peer_t *s)
     pthread_rwlock_unlock(&s->lock);
 }
 
+/* A connection made from progress stops waiting for the owner's table. */
+static void regtab_wait_stop(mc_engine_t *e, shm_peer_t *s)
+{
+    if (s->regtab_wait.fd >= 0)
+        mc__epoll_del(e, &s->regtab_wait);
+    s->regtab_wait.fd = -1;
+}
+
 static bool owner_exited(shm_peer_t *s)
 {
     struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
@@ -315,6 +324,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     if (rc != -EAGAIN) { /* the owner went away, or misbehaved: forget it */
         atomic_store(&s->state, SP_DEAD);
         mc__epoll_del(e, &s->ev);
+        regtab_wait_stop(e, s);
         peer_unmap_all(s);
     }
 }
@@ -350,14 +360,18 @@ int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, bool non
 }
 
 /* Ask the owner for its registration table and our slot in it (CMA needs both). */
-static void get_regtab(shm_peer_t *s)
+static bool regtab_ask(shm_peer_t *s)
 {
     shm_msg_t m = {.type = SHM_REGTAB};
-    int fd = -1;
 
-    if (send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) != sizeof(m) ||
-        msg_recv(s->req_fd, &m, &fd, 0) || m.type != SHM_REGTAB_OK || fd < 0 ||
-        m.arg >= MC_REGTAB_SLOTS || (m.len && m.len != MC_REGTAB_LANES)) { /* another size */
+    return send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) == sizeof(m);
+}
+
+/* The owner's answer m (with fd): the table, mapped; none if it sent something else. */
+static void regtab_take(shm_peer_t *s, const shm_msg_t *m, int fd)
+{
+    if (m->type != SHM_REGTAB_OK || fd < 0 || m->arg >= MC_REGTAB_SLOTS ||
+        (m->len && m->len != MC_REGTAB_LANES)) { /* another size */
         if (fd >= 0)
             close(fd);
         return;
@@ -366,21 +380,47 @@ static void get_regtab(shm_peer_t *s)
     close(fd);
     if (t != MAP_FAILED) {
         s->regtab = t;
-        s->slot = (int)m.arg;
-        s->lanes = m.len ? (unsigned)m.len : 1; /* an owner that says none watches one */
+        s->slot = (int)m->arg;
+        s->lanes = m->len ? (unsigned)m->len : 1; /* an owner that says none watches one */
     }
 }
 
-/* Connect to the owner: request and event sockets, its pidfd, its registration table. */
-static int peer_connect(mc_engine_t *e, shm_peer_t *s)
+/* Progress: the owner answered the table request of a connection made from progress. */
+static void peer_on_regtab(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
+{
+    shm_peer_t *s = mc_container_of(p, shm_peer_t, regtab_wait);
+    shm_msg_t m;
+    int fd = -1, rc;
+
+    (void)events;
+    if (!s->peer || atomic_load(&s->state) != SP_OPENING) /* closed since epoll reported it */
+        return;
+    rc = msg_recv(s->req_fd, &m, &fd, MSG_DONTWAIT);
+    if (rc == -EAGAIN)
+        return;
+    regtab_wait_stop(e, s);
+    if (!rc)
+        regtab_take(s, &m, fd);
+    else
+        mc_info("shm to %s unavailable (no answer to the table request): other transports "
+                "carry its tasks",
+                s->peer->name);
+    /* release: a host thread that sees SP_OPEN finds req_fd its own and the table set */
+    atomic_store_explicit(&s->state, rc ? SP_DEAD : SP_OPEN, memory_order_release);
+}
+
+/* Connect to the owner: request and event sockets, its pidfd, its registration table. Without
+ * wait (progress), the connections are made without blocking and the table's answer is taken
+ * by progress (peer_on_regtab), which opens the peer. */
+static int peer_connect(mc_engine_t *e, shm_peer_t *s, bool wait)
 {
     struct timeval tv = {.tv_sec = e->cfg.io_timeout_ms / 1000,
                          .tv_usec = (e->cfg.io_timeout_ms % 1000) * 1000};
     struct ucred cred = {0};
     socklen_t cl = sizeof(cred);
 
-    s->req_fd = mc__shm_connect(s->addr, ROLE_REQUEST, e->instance, false);
-    s->ev.fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, false);
+    s->req_fd = mc__shm_connect(s->addr, ROLE_REQUEST, e->instance, !wait);
+    s->ev.fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, !wait);
     /* The owner's pid as our pid namespace sees it (0: not at all; the descriptor's is in its
      * own namespace): CMA and the death watch need the process itself. */
     if (s->req_fd >= 0 && getsockopt(s->req_fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
@@ -391,35 +431,60 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s)
         return s->req_fd < 0 ? s->req_fd : s->ev.fd;
     if (s->pidfd < 0)
         return s->pid > 0 ? -errno : -ESRCH; /* its process is not in our pid namespace */
-    if (setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+    /* blocking from here on, as a host thread's requests and the owner's events expect */
+    if ((!wait && (fcntl(s->req_fd, F_SETFL, 0) < 0 || fcntl(s->ev.fd, F_SETFL, 0) < 0)) ||
+        setsockopt(s->req_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
         mc__epoll_add(e, &s->ev, EPOLLIN))
         return -errno;
     s->exit.fd = s->pidfd;
     s->exit.handler = peer_on_exit;
     s->exit_watched = mc__epoll_add(e, &s->exit, EPOLLIN) == 0;
-    get_regtab(s);
+    if (!regtab_ask(s))
+        return 0; /* no table: no CMA */
+    if (wait) {
+        shm_msg_t m;
+        int fd = -1;
+        if (!msg_recv(s->req_fd, &m, &fd, 0))
+            regtab_take(s, &m, fd);
+        else if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    s->regtab_wait.fd = s->req_fd;
+    s->regtab_wait.handler = peer_on_regtab;
+    if (mc__epoll_add(e, &s->regtab_wait, EPOLLIN)) {
+        s->regtab_wait.fd = -1;
+        return -errno;
+    }
     return 0;
 }
 
 /* p's shm state, connected on first use (any submitting thread); NULL when it is unusable, or
- * not connected yet and the caller may not block (the progress context: connecting waits for
- * the owner's progress, which may be waiting for ours). */
+ * not open yet. The progress context may not wait for the owner (whose progress may be waiting
+ * for ours): there the first use starts the connection, and tasks take other transports until
+ * progress has the owner's answer (SP_OPENING); so do a host thread's meanwhile. */
 static shm_peer_t *peer_ready(mc_engine_t *e, mc_peer_t *p, bool may_block)
 {
     shm_peer_t *s = p->tp[mc__shm_slot];
     int st = s ? atomic_load_explicit(&s->state, memory_order_acquire) : SP_DEAD;
 
-    if (st == SP_NEW && may_block) {
-        pthread_mutex_lock(&s->open_lock);
+    if (st == SP_NEW &&
+        (may_block ? !pthread_mutex_lock(&s->open_lock) : !pthread_mutex_trylock(&s->open_lock))) {
         if (atomic_load(&s->state) == SP_NEW) {
-            int rc = peer_connect(e, s);
-            if (rc)
+            int rc = peer_connect(e, s, may_block);
+            if (rc) {
                 mc_info("shm to %s unavailable (%s): other transports carry its tasks", p->name,
                         strerror(-rc));
-            atomic_store_explicit(&s->state, rc ? SP_DEAD : SP_OPEN, memory_order_release);
+                regtab_wait_stop(e, s);
+            }
+            atomic_store_explicit(&s->state,
+                                  rc          ? SP_DEAD
+                                  : may_block ? SP_OPEN
+                                              : SP_OPENING,
+                                  memory_order_release);
         }
         pthread_mutex_unlock(&s->open_lock);
-        st = atomic_load(&s->state);
+        st = atomic_load_explicit(&s->state, memory_order_acquire);
     }
     return st == SP_OPEN ? s : NULL;
 }
@@ -602,7 +667,7 @@ static int shm_peer_update(mc_engine_t *e, mc_peer_t *p)
     snprintf(s->addr, sizeof(s->addr), "%s", addr);
     s->peer = p;
     s->pid = p->desc.pid;
-    s->req_fd = s->ev.fd = s->pidfd = -1;
+    s->req_fd = s->ev.fd = s->pidfd = s->regtab_wait.fd = -1;
     pthread_mutex_init(&s->open_lock, NULL);
     pthread_mutex_init(&s->req_lock, NULL);
     for (unsigned l = 0; l < MC_REGTAB_LANES; l++)
@@ -620,8 +685,10 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
 {
     shm_peer_t *s = p->tp[mc__shm_slot];
 
-    if (atomic_exchange(&s->state, SP_DEAD) == SP_OPEN)
+    int st = atomic_exchange(&s->state, SP_DEAD);
+    if (st == SP_OPEN || st == SP_OPENING)
         mc__epoll_del(e, &s->ev);
+    regtab_wait_stop(e, s);
     if (s->exit_watched)
         mc__epoll_del(e, &s->exit);
     s->exit_watched = false;

@@ -118,13 +118,14 @@ typedef struct shm_map {
 typedef struct shm_peer {
     mc_peer_t *peer;
     pthread_mutex_t open_lock; /* the first submit connects; others wait */
-    atomic_int state;          /* SP_NEW, SP_OPEN, SP_DEAD */
+    atomic_int state;          /* SP_NEW, SP_OPENING, SP_OPEN, SP_DEAD */
     char addr[MC_NAME_MAX];    /* the owner's socket name */
     pthread_mutex_t req_lock;  /* one MAP request at a time on req_fd */
     int req_fd;
-    mc_pollable_t ev;         /* event socket, in the progress loop */
-    mc_pollable_t exit;       /* its pidfd, in the progress loop: the owner's death */
-    atomic_bool exit_watched; /* set by the connecting thread, cleared by progress */
+    mc_pollable_t regtab_wait; /* SP_OPENING: req_fd in the progress loop, for the table's answer */
+    mc_pollable_t ev;          /* event socket, in the progress loop */
+    mc_pollable_t exit;        /* its pidfd, in the progress loop: the owner's death */
+    atomic_bool exit_watched;  /* set by the connecting thread, cleared by progress */
     int pidfd;
     pthread_rwlock_t lock; /* read: copies; write: mapping changes */
     shm_map_t *maps;
@@ -139,7 +140,9 @@ typedef struct shm_peer {
     shm_tx_t tx;         /* messages to it (shm_msg.c), progress-owned */
 } shm_peer_t;
 
-enum { SP_NEW, SP_OPEN, SP_DEAD };
+/* SP_OPENING: connected from progress, which may not wait for the owner; the registration
+ * table's answer, taken by progress, opens it. Meanwhile tasks go over other transports. */
+enum { SP_NEW, SP_OPENING, SP_OPEN, SP_DEAD };
 
 /* What a task routed to shm goes by (mc_task_t.tp_hint). */
 enum { SHM_BY_MAP = 1, SHM_BY_CMA = 2 };
