@@ -393,15 +393,21 @@ static void peer_on_regtab(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     int fd = -1, rc;
 
     (void)events;
-    if (!s->peer || atomic_load(&s->state) != SP_OPENING) /* closed since epoll reported it */
+    if (!s->peer) /* closed since epoll reported it */
         return;
+    if (atomic_load(&s->state) != SP_OPENING) { /* its owner went meanwhile */
+        regtab_wait_stop(e, s);
+        return;
+    }
     rc = msg_recv(s->req_fd, &m, &fd, MSG_DONTWAIT);
     if (rc == -EAGAIN)
         return;
     regtab_wait_stop(e, s);
     if (!rc)
         regtab_take(s, &m, fd);
-    else
+    else if (fd >= 0)
+        close(fd);
+    if (rc)
         mc_info("shm to %s unavailable (no answer to the table request): other transports "
                 "carry its tasks",
                 s->peer->name);
@@ -421,6 +427,14 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s, bool wait)
 
     s->req_fd = mc__shm_connect(s->addr, ROLE_REQUEST, e->instance, !wait);
     s->ev.fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, !wait);
+    if (s->req_fd == -EAGAIN || s->ev.fd == -EAGAIN) { /* its accept queue is full: later */
+        if (s->req_fd >= 0)
+            close(s->req_fd);
+        if (s->ev.fd >= 0)
+            close(s->ev.fd);
+        s->req_fd = s->ev.fd = -1;
+        return -EAGAIN;
+    }
     /* The owner's pid as our pid namespace sees it (0: not at all; the descriptor's is in its
      * own namespace): CMA and the death watch need the process itself. */
     if (s->req_fd >= 0 && getsockopt(s->req_fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
@@ -470,19 +484,15 @@ static shm_peer_t *peer_ready(mc_engine_t *e, mc_peer_t *p, bool may_block)
 
     if (st == SP_NEW &&
         (may_block ? !pthread_mutex_lock(&s->open_lock) : !pthread_mutex_trylock(&s->open_lock))) {
-        if (atomic_load(&s->state) == SP_NEW) {
-            int rc = peer_connect(e, s, may_block);
-            if (rc) {
-                mc_info("shm to %s unavailable (%s): other transports carry its tasks", p->name,
-                        strerror(-rc));
-                regtab_wait_stop(e, s);
-            }
-            atomic_store_explicit(&s->state,
-                                  rc          ? SP_DEAD
-                                  : may_block ? SP_OPEN
-                                              : SP_OPENING,
-                                  memory_order_release);
-        }
+        int rc = atomic_load(&s->state) == SP_NEW ? peer_connect(e, s, may_block) : -EALREADY;
+        if (rc && rc != -EAGAIN && rc != -EALREADY)
+            mc_info("shm to %s unavailable (%s): other transports carry its tasks", p->name,
+                    strerror(-rc));
+        /* from SP_NEW only: the owner's socket may have closed meanwhile (SP_DEAD) */
+        int was = SP_NEW, next = rc ? SP_DEAD : s->regtab_wait.fd >= 0 ? SP_OPENING : SP_OPEN;
+        if (rc != -EAGAIN && rc != -EALREADY)
+            atomic_compare_exchange_strong_explicit(&s->state, &was, next, memory_order_release,
+                                                    memory_order_relaxed);
         pthread_mutex_unlock(&s->open_lock);
         st = atomic_load_explicit(&s->state, memory_order_acquire);
     }
