@@ -105,6 +105,20 @@ static void peer_free(mc_engine_t *e, mc_peer_t *p)
     free(p);
 }
 
+/* A peer that never went into the table (its install failed, or another thread opened the name
+ * meanwhile), from any thread: its transports let go of it under e->lock, which guards what
+ * they share with progress (shm's list of peers to free at the end of a pass). */
+static void peer_discard(mc_engine_t *e, mc_peer_t *p)
+{
+    bool lock = !mc__in_pass_of(e);
+
+    if (lock)
+        pthread_mutex_lock(&e->lock);
+    peer_free(e, p);
+    if (lock)
+        pthread_mutex_unlock(&e->lock);
+}
+
 int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
 {
     mc_peer_t *p = calloc(1, sizeof(*p));
@@ -131,7 +145,7 @@ int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
     mc_list_init(&p->active_link);
     rc = d->tp[e->ctrl] ? peer_install(e, p, d) : (p->desc = *d, 0);
     if (rc) {
-        peer_free(e, p);
+        peer_discard(e, p);
         return rc;
     }
     *p_p = p;
@@ -203,7 +217,7 @@ int mc__peer_insert(mc_engine_t *e, mc_peer_t *p, uint64_t instance, mc_segment_
     if (old) { /* opened meanwhile by another thread */
         *id_p = old->id;
         pthread_rwlock_unlock(&e->peers_lock);
-        peer_free(e, p);
+        peer_discard(e, p);
         return 0;
     }
     rc = peers_grow(e);
@@ -216,7 +230,7 @@ int mc__peer_insert(mc_engine_t *e, mc_peer_t *p, uint64_t instance, mc_segment_
     }
     pthread_rwlock_unlock(&e->peers_lock);
     if (rc)
-        peer_free(e, p);
+        peer_discard(e, p);
     else if (p->state == MC_SEGMENT_OPENING)
         mc__peer_want_desc_async(e, p);
     return rc;

@@ -1489,6 +1489,71 @@ static void test_open_by_name_later(void **state)
     th_buf_free(e, src, 65536);
 }
 
+#define RACE_THREADS 4
+#define RACE_ROUNDS  100
+
+static struct {
+    mc_engine_t *e;
+    pthread_barrier_t go;
+    mc_segment_id_t id[RACE_THREADS];
+    int rc[RACE_THREADS];
+} race;
+
+static void *race_open(void *arg)
+{
+    int k = (int)(intptr_t)arg;
+
+    pthread_barrier_wait(&race.go);
+    race.rc[k] = mc_segment_open(race.e, "racy-open", &race.id[k]);
+    if (race.rc[k])
+        print_error("open %d: %s\n", k, mc_last_error());
+    return NULL;
+}
+
+/* Threads that open one same-host segment at once: one peer wins, the others' copies (with
+ * their shm state) are let go of under the engine's lock while progress frees the peers
+ * closed the round before. Every thread gets the same id, every round; the peer still moves
+ * bytes after 100 rounds. */
+static void test_open_race(void **state)
+{
+    pthread_t t[RACE_THREADS];
+    mc_segment_id_t id;
+    th_cfg_t cfg;
+    char url[128];
+
+    (void)state;
+    th_tmpdir(g.dir, sizeof(g.dir)); /* teardown removes it */
+    snprintf(url, sizeof(url), "file://%s", g.dir);
+    th_config(&cfg);
+    th_set(&cfg, "METADATA", "%s", url);
+    race.e = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "SEGMENT_NAME", "racy-open");
+    mc_engine_t *owner = g.e[1] = th_engine(&cfg);
+    uint8_t *dst = th_buf(owner, 65536), *src = th_buf(race.e, 65536);
+    for (int r = 0; r < RACE_ROUNDS; r++) {
+        pthread_barrier_init(&race.go, NULL, RACE_THREADS);
+        for (int k = 0; k < RACE_THREADS; k++)
+            assert_int_equal(pthread_create(&t[k], NULL, race_open, (void *)(intptr_t)k), 0);
+        for (int k = 0; k < RACE_THREADS; k++)
+            pthread_join(t[k], NULL);
+        pthread_barrier_destroy(&race.go);
+        for (int k = 0; k < RACE_THREADS; k++) {
+            assert_int_equal(race.rc[k], 0);
+            assert_int_equal(race.id[k], race.id[0]);
+        }
+        for (int k = 0; k < RACE_THREADS; k++)
+            assert_int_equal(mc_segment_close(race.e, race.id[k]), 0);
+    }
+    assert_int_equal(mc_segment_open(race.e, "racy-open", &id), 0);
+    th_fill(src, 65536, 5150);
+    mc_task_status_t ts = xfer_opts(race.e, MC_WRITE, src, id, (uint64_t)(uintptr_t)dst, 65536, 0);
+    assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, 65536, 5150), -1);
+    assert_int_equal(mc_segment_close(race.e, id), 0);
+    th_buf_free(owner, dst, 65536);
+    th_buf_free(race.e, src, 65536);
+}
+
 static uint8_t *export_blob(mc_engine_t *e, size_t *len_p)
 {
     size_t len = 0;
@@ -1785,6 +1850,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
         cmocka_unit_test_teardown(test_open_by_name_later, teardown),
         cmocka_unit_test_teardown(test_open_self, teardown),
+        cmocka_unit_test_teardown(test_open_race, teardown),
         cmocka_unit_test_teardown(test_open_blob_refresh, teardown),
         cmocka_unit_test_teardown(test_inbound_flood, teardown),
     };
