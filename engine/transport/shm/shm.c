@@ -403,14 +403,15 @@ static void peer_on_regtab(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     if (rc == -EAGAIN)
         return;
     regtab_wait_stop(e, s);
-    if (!rc)
+    if (!rc) {
         regtab_take(s, &m, fd);
-    else if (fd >= 0)
-        close(fd);
-    if (rc)
+    } else {
+        if (fd >= 0)
+            close(fd);
         mc_info("shm to %s unavailable (no answer to the table request): other transports "
                 "carry its tasks",
                 s->peer->name);
+    }
     /* release: a host thread that sees SP_OPEN finds req_fd its own and the table set */
     atomic_store_explicit(&s->state, rc ? SP_DEAD : SP_OPEN, memory_order_release);
 }
@@ -484,13 +485,13 @@ static shm_peer_t *peer_ready(mc_engine_t *e, mc_peer_t *p, bool may_block)
 
     if (st == SP_NEW &&
         (may_block ? !pthread_mutex_lock(&s->open_lock) : !pthread_mutex_trylock(&s->open_lock))) {
-        int rc = atomic_load(&s->state) == SP_NEW ? peer_connect(e, s, may_block) : -EALREADY;
-        if (rc && rc != -EAGAIN && rc != -EALREADY)
+        int rc = atomic_load(&s->state) == SP_NEW ? peer_connect(e, s, may_block) : -EAGAIN;
+        if (rc && rc != -EAGAIN) /* -EAGAIN: its accept queue was full, a later use tries again */
             mc_info("shm to %s unavailable (%s): other transports carry its tasks", p->name,
                     strerror(-rc));
         /* from SP_NEW only: the owner's socket may have closed meanwhile (SP_DEAD) */
         int was = SP_NEW, next = rc ? SP_DEAD : s->regtab_wait.fd >= 0 ? SP_OPENING : SP_OPEN;
-        if (rc != -EAGAIN && rc != -EALREADY)
+        if (rc != -EAGAIN)
             atomic_compare_exchange_strong_explicit(&s->state, &was, next, memory_order_release,
                                                     memory_order_relaxed);
         pthread_mutex_unlock(&s->open_lock);
