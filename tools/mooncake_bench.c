@@ -11,8 +11,9 @@
  * requests, --batch_size per batch, from --threads threads, for --duration seconds; with
  * --reuse each thread resets and resubmits one batch instead of creating one per round.
  * --memory is the buffer of the side that runs it (the target's, or the initiator's local one):
- * engine memory, malloc'ed memory, or file:PATH, a file or block device registered as a buffer
- * (created or extended to --buffer_size). In local mode the spawned target gets
+ * engine memory, malloc'ed memory, file:PATH, a file or block device registered as a buffer
+ * (created or extended to --buffer_size), or cuda:N, VRAM of GPU N. In local mode the spawned
+ * target gets
  * --target_memory; in self mode one engine is both sides, its target buffer --target_memory:
  * file:PATH there measures the engine's own file <-> memory path. --operation msg measures
  * messages instead (bench_msg.c). With --json the last stdout line is the initiator's summary
@@ -20,6 +21,9 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#if MC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -75,7 +79,7 @@ static void usage(int code)
             "usage: mooncake-bench [--mode target|initiator|local|self] [--segment_id NAME]\n"
             "  [--operation read|write|msg] [--protocol tcp|shm|rdma|auto] [--block_size B]\n"
             "  [--batch_size N] [--threads N] [--duration S] [--buffer_size B]\n"
-            "  [--memory engine|malloc|file:PATH] [--target_memory engine|malloc|file:PATH]\n"
+            "  [--memory engine|malloc|file:PATH|cuda:N] [--target_memory (the same)]\n"
             "  [--pattern seq|random] [--metadata URL]\n"
             "  [--progress thread|caller] [--interval S] [--reuse] [--verify] [--json]\n");
     exit(code);
@@ -115,7 +119,8 @@ bad:
 
 static bool memory_ok(const char *m)
 {
-    return !strcmp(m, "engine") || !strcmp(m, "malloc") || (!strncmp(m, "file:", 5) && m[5]);
+    return !strcmp(m, "engine") || !strcmp(m, "malloc") || (!strncmp(m, "file:", 5) && m[5]) ||
+           (!strncmp(m, "cuda:", 5) && m[5] >= '0' && m[5] <= '9');
 }
 
 static void parse_args(int argc, char **argv)
@@ -198,7 +203,7 @@ static void parse_args(int argc, char **argv)
     if (strcmp(o.operation, "read") && strcmp(o.operation, "write") && strcmp(o.operation, "msg"))
         usage(2);
     if (!memory_ok(o.memory) || (o.target_memory && !memory_ok(o.target_memory))) {
-        fprintf(stderr, "mooncake-bench: memory is engine, malloc or file:PATH\n");
+        fprintf(stderr, "mooncake-bench: memory is engine, malloc, file:PATH or cuda:N\n");
         exit(2);
     }
     if (!o.target_memory) /* a file is one side's: the other gets engine memory */
@@ -241,19 +246,81 @@ mc_engine_t *make_engine(int progress_thread)
     return e;
 }
 
-/* One side's buffer. A file's address in the segment is no pointer: its bytes are filled and
- * checked through the file itself (fd). */
+/* One side's buffer. A file's address in the segment is no pointer, nor is VRAM's to the CPU:
+ * their bytes are filled and checked through the file itself (fd) or the GPU's copies. */
 typedef struct bench_buf {
     uint8_t *p; /* what requests use */
     const char *memory;
-    int fd; /* file:PATH, else -1 */
+    int fd;   /* file:PATH, else -1 */
+    int cuda; /* cuda:N: N, else -1 */
 } bench_buf_t;
+
+static bool buf_host(const bench_buf_t *b)
+{
+    return b->fd < 0 && b->cuda < 0;
+}
+
+#if MC_HAVE_CUDA
+static void cuda_check(cudaError_t err, const char *what)
+{
+    if (err != cudaSuccess) {
+        fprintf(stderr, "mooncake-bench: %s: %s\n", what, cudaGetErrorString(err));
+        exit(1);
+    }
+}
+
+static void *vram_alloc(int dev, uint64_t len)
+{
+    void *p = NULL;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+
+    if (err != cudaSuccess || dev >= n) {
+        fprintf(stderr, "mooncake-bench: cuda:%d: no such CUDA device (%s)\n", dev,
+                err != cudaSuccess ? cudaGetErrorString(err) : "fewer devices");
+        exit(1);
+    }
+    cuda_check(cudaSetDevice(dev), "cudaSetDevice");
+    cuda_check(cudaMalloc(&p, len), "cudaMalloc");
+    return p;
+}
+
+static void vram_copy(void *dst, const void *src, uint64_t len)
+{
+    cuda_check(cudaMemcpy(dst, src, len, cudaMemcpyDefault), "cudaMemcpy");
+}
+#else
+static void *vram_alloc(int dev, uint64_t len)
+{
+    (void)dev;
+    (void)len;
+    fprintf(stderr, "mooncake-bench: cuda memory: built without CUDA\n");
+    exit(1);
+}
+
+static void vram_copy(void *dst, const void *src, uint64_t len)
+{
+    (void)dst;
+    (void)src;
+    (void)len;
+}
+#define cudaFree(p) ((void)(p))
+#endif
 
 static bench_buf_t buf_alloc(mc_engine_t *e, const char *memory, uint64_t len)
 {
-    bench_buf_t b = {.memory = memory, .fd = -1};
+    bench_buf_t b = {.memory = memory, .fd = -1, .cuda = -1};
     void *p;
     int rc;
+
+    if (!strncmp(memory, "cuda:", 5)) {
+        b.cuda = atoi(memory + 5);
+        b.p = vram_alloc(b.cuda, len);
+        rc = mc_mem_register(e, b.p, len, memory);
+        if (rc)
+            die("mc_mem_register", rc);
+        return b;
+    }
 
     if (!strncmp(memory, "file:", 5)) {
         mc_file_opts_t fo = {.size = sizeof(fo), .length = len, .flags = MC_FILE_CREATE};
@@ -298,6 +365,9 @@ static void buf_free(mc_engine_t *e, bench_buf_t *b)
         close(b->fd);
     } else if (!strcmp(b->memory, "engine")) {
         mc_mem_free(e, b->p);
+    } else if (b->cuda >= 0) {
+        mc_mem_unregister(e, b->p);
+        cudaFree(b->p);
     } else {
         mc_mem_unregister(e, b->p);
         free(b->p);
@@ -308,6 +378,10 @@ static void buf_free(mc_engine_t *e, bench_buf_t *b)
 /* Copy [off, off+len) of b out to dst, or in from src. */
 static void buf_io(bench_buf_t *b, uint64_t off, void *mem, uint64_t len, bool in)
 {
+    if (b->cuda >= 0) {
+        vram_copy(in ? b->p + off : mem, in ? mem : b->p + off, len);
+        return;
+    }
     if (b->fd < 0) {
         if (in)
             memcpy(b->p + off, mem, len);
@@ -687,7 +761,7 @@ static int run_initiator(const char *target)
 {
     mc_engine_t *e = make_engine(o.progress_thread < 0 ? 1 : o.progress_thread);
     mc_segment_id_t seg;
-    bench_buf_t self = {.fd = -1};
+    bench_buf_t self = {.fd = -1, .cuda = -1};
     uint64_t remote = 0, bytes = 0, requests = 0;
     int rc, failed = 0;
 
@@ -708,9 +782,9 @@ static int run_initiator(const char *target)
     bench_buf_t lb = buf_alloc(e, o.memory, o.buffer_size);
     uint8_t *local = lb.p;
     uint8_t *expect = o.verify ? malloc(o.buffer_size) : NULL;
-    if (lb.fd < 0) /* a file's contents matter only to --verify */
+    if (buf_host(&lb)) /* a file's or VRAM's contents matter only to --verify */
         pattern_fill(local, o.buffer_size, (uint64_t)getpid());
-    if (expect && lb.fd < 0) {
+    if (expect && buf_host(&lb)) {
         memcpy(expect, local, o.buffer_size);
     } else if (expect) {
         pattern_fill(expect, o.buffer_size, (uint64_t)getpid());

@@ -9,12 +9,14 @@
  * Prints NUMA nodes, network and RDMA devices, GPUs, the NIC priority matrix (honouring
  * MC_DEVICES and MC_NIC_PRIORITY_MATRIX), the transports of this build (file: whether io_uring
  * works here, honouring MC_FILE_IO), the ports of the RDMA devices (state, link layer, MTU, LID,
- * GIDs) and the version; with --config, every MC_* setting with its value here (defaults and
- * environment), its default and what it does; with --segment, the buffers a segment publishes
- * (opened through MC_METADATA, or by handshake at ip:port), its file buffers with their path,
- * offset, O_DIRECT alignment and the owner's I/O (io_uring or threads); with --file, the same
- * for a file registered here for a moment, read-only. The first thing to run when something is
- * wrong. Exit status: 0, 1 on a bad configuration or a failed look-up, 2 on bad usage.
+ * GIDs), the path each GPU's memory takes (GPUDirect over rdma, or staged through host memory:
+ * an engine registers a little of it to see) and the version; with --config, every MC_* setting
+ * with its value here (defaults and environment), its default and what it does; with --segment, the
+ * buffers a segment publishes (opened through MC_METADATA, or by handshake at ip:port), its file
+ * buffers with their path, offset, O_DIRECT alignment and the owner's I/O (io_uring or threads);
+ * with --file, the same for a file registered here for a moment, read-only. The first thing to run
+ * when something is wrong. Exit status: 0, 1 on a bad configuration or a failed look-up, 2 on bad
+ * usage.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -25,6 +27,11 @@
 #include <infiniband/verbs.h>
 #include <jansson.h>
 
+#if MC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "buffer.h"
 #include "mooncake/engine.h"
 #include "mooncake/error.h"
 #include "sys/verbs.h"
@@ -266,6 +273,73 @@ static const char *file_note(void)
     return note;
 }
 
+/* An engine of this process, just to look (no listening beyond loopback, no publishing). */
+static mc_engine_t *probe_engine(const char *metadata);
+
+/* Whether rdma gives VRAM of GPU dev a memory region (GPUDirect: dmabuf or peer memory): an
+ * engine registers 2 MiB of it as a host would. 1 or 0; -1 with the reason in why. */
+static int vram_gpudirect(mc_engine_t *e, int dev, char *why, size_t size)
+{
+#if MC_HAVE_CUDA
+    int rdma = mc__transport_find("rdma"), direct = -1;
+    char loc[16];
+    void *p = NULL;
+    cudaError_t err = cudaSetDevice(dev);
+
+    if (err == cudaSuccess)
+        err = cudaMalloc(&p, 2u << 20);
+    if (err != cudaSuccess) {
+        snprintf(why, size, "%s", cudaGetErrorString(err));
+        return -1;
+    }
+    snprintf(loc, sizeof(loc), "cuda:%d", dev);
+    if (mc_mem_register(e, p, 2u << 20, loc) == 0) {
+        mc_buffer_t *b = mc__mem_get(e, (uint64_t)(uintptr_t)p, 1);
+        direct = b && rdma >= 0 && e->tp[rdma] && b->tp[rdma];
+        if (b)
+            mc__mem_put(e, b);
+        mc_mem_unregister(e, p);
+    } else {
+        snprintf(why, size, "%s", mc_last_error());
+    }
+    cudaFree(p);
+    return direct;
+#else
+    (void)e;
+    (void)dev;
+    snprintf(why, size, "built without CUDA");
+    return -1;
+#endif
+}
+
+/* [{"gpu", "gpudirect", "path"}] for every GPU. */
+static json_t *vram_paths(const mc_topo_t *t)
+{
+    json_t *arr = json_array();
+    mc_engine_t *e = mc__topo_count(t, MC_DEV_GPU) ? probe_engine(NULL) : NULL;
+
+    for (size_t i = 0; e && i < t->n_devs; i++) {
+        char why[300] = "", path[400];
+        int gpu = t->devs[i].gpu_index, direct;
+        if (t->devs[i].kind != MC_DEV_GPU)
+            continue;
+        direct = vram_gpudirect(e, gpu, why, sizeof(why));
+        if (direct < 0)
+            snprintf(path, sizeof(path), "cannot tell: %s", why);
+        else
+            snprintf(path, sizeof(path),
+                     "%sstaged through pinned host memory by the file transport "
+                     "(over shm to this host, tcp or rdma beyond)",
+                     direct ? "rdma with GPUDirect to peers whose end a NIC reaches too; otherwise "
+                            : "");
+        json_array_append_new(
+            arr, json_pack("{s:i,s:b,s:s}", "gpu", gpu, "gpudirect", direct > 0, "path", path));
+    }
+    if (e)
+        mc_engine_destroy(e);
+    return arr;
+}
+
 static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
 {
     printf("mooncake-info %s (CUDA %s)\n", MC_VERSION_STRING,
@@ -291,6 +365,17 @@ static void print_table(const mc_topo_t *t, const rdma_probe_t *r)
            r->n > 0 ? "" : "no (", r->note, r->n > 0 ? ": " : ")", r->names);
     printf("  file: yes, %s\n", file_note());
     print_ports(r->ports);
+    json_t *vram = vram_paths(t), *v;
+    size_t i;
+    printf("\nVRAM paths\n");
+    if (!json_array_size(vram))
+        printf("  none: %s\n", mc__topo_count(t, MC_DEV_GPU) ? "no engine" : t->gpu_note);
+    json_array_foreach(vram, i, v)
+    {
+        printf("  cuda:%-3d %s\n", (int)json_integer_value(json_object_get(v, "gpu")),
+               json_string_value(json_object_get(v, "path")));
+    }
+    json_decref(vram);
 }
 
 static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
@@ -309,6 +394,7 @@ static int print_json(const mc_topo_t *t, const rdma_probe_t *r)
                      r->n < 0 ? 0 : r->n, "names", r->names, "note", r->note, "ports", r->ports);
     json_object_set_new(root, "version", json_string(MC_VERSION_STRING));
     json_object_set_new(root, "cuda_built", json_boolean(MC_HAVE_CUDA));
+    json_object_set_new(root, "vram", vram_paths(t));
     char why[256] = "";
     const char *io = file_io_mode(why, sizeof(why));
     json_object_set_new(root, "transports",
@@ -369,7 +455,6 @@ static void print_file(const mc_file_info_t *fi)
            fi->io);
 }
 
-/* An engine of this process, just to look (no listening beyond loopback, no publishing). */
 static mc_engine_t *probe_engine(const char *metadata)
 {
     mc_config_t *cfg;

@@ -11,7 +11,6 @@
 
 #include <cuda_runtime_api.h>
 
-
 #define MC_HIDDEN __attribute__((visibility("hidden")))
 #ifndef MC_CUDART_SONAME
 #define MC_CUDART_SONAME "libcudart.so"
@@ -22,10 +21,22 @@
     X(cudaGetDeviceCount, (int *n), (n))                                                           \
     X(cudaPointerGetAttributes, (struct cudaPointerAttributes * a, const void *p), (a, p))         \
     X(cudaDeviceGetPCIBusId, (char *id, int len, int dev), (id, len, dev))                         \
-    X(cudaHostAlloc, (void **p, size_t len, unsigned int flags), (p, len, flags))                  \
-    X(cudaFreeHost, (void *p), (p))                                                                \
-    X(cudaMemcpy, (void *dst, const void *src, size_t len, enum cudaMemcpyKind kind),              \
-      (dst, src, len, kind))                                                                       \
+    X(cudaMalloc, (void **p, size_t len), (p, len))                                                \
+    X(cudaFree, (void *p), (p))                                                                    \
+    X(cudaGetDevice, (int *dev), (dev))                                                            \
+    X(cudaSetDevice, (int dev), (dev))                                                             \
+    X(cudaStreamCreateWithFlags, (cudaStream_t * s, unsigned int flags), (s, flags))               \
+    X(cudaStreamDestroy, (cudaStream_t s), (s))                                                    \
+    X(cudaEventCreateWithFlags, (cudaEvent_t * ev, unsigned int flags), (ev, flags))               \
+    X(cudaEventDestroy, (cudaEvent_t ev), (ev))                                                    \
+    X(cudaEventRecord, (cudaEvent_t ev, cudaStream_t s), (ev, s))                                  \
+    X(cudaEventQuery, (cudaEvent_t ev), (ev))                                                      \
+    X(cudaEventSynchronize, (cudaEvent_t ev), (ev))                                                \
+    X(cudaMemcpyAsync,                                                                             \
+      (void *dst, const void *src, size_t len, enum cudaMemcpyKind kind, cudaStream_t s),          \
+      (dst, src, len, kind, s))                                                                    \
+    X(cudaHostRegister, (void *p, size_t len, unsigned int flags), (p, len, flags))                \
+    X(cudaHostUnregister, (void *p), (p))                                                          \
     X(cudaGetDriverEntryPointByVersion,                                                            \
       (const char *sym, void **fp, unsigned int version, unsigned long long flags,                 \
        enum cudaDriverEntryPointQueryResult *status),                                              \

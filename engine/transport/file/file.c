@@ -60,6 +60,7 @@ static int file_init(mc_engine_t *e)
     pthread_mutex_init(&fe->io.lock, NULL);
     pthread_cond_init(&fe->io.cond, NULL);
     fe->io.ev.fd = -1;
+    mc__file_copy_init(&fe->copy, fe->depth);
     mc_list_init(&fe->free_local);
     mc_list_init(&fe->free_lend);
     mc_list_init(&fe->quarantine);
@@ -132,6 +133,31 @@ int mc__file_setup(mc_engine_t *e)
     return rc;
 }
 
+/* On the first registration of VRAM: the chunks as for a file, page-locked so that the device's
+ * copies to and from them run asynchronously, and the copier on the CUDA runtime (registering
+ * VRAM succeeded, so the runtime is there). */
+static int vram_setup(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+    char why[256];
+    int rc = mc__file_setup(e);
+
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&fe->setup_lock);
+    if (!fe->copy.ops) {
+        fe->pinned =
+            !mc__file_cuda_pin(fe->pool, (uint64_t)fe->n_chunks * fe->chunk, why, sizeof(why));
+        if (!fe->pinned)
+            mc_warn("file: the bounce chunks are not page-locked (%s): VRAM copies through them "
+                    "do not overlap",
+                    why);
+        fe->copy.ops = mc__file_copy_cuda;
+    }
+    pthread_mutex_unlock(&fe->setup_lock);
+    return 0;
+}
+
 /* Engine teardown (progress context, links closed already): what waits ends, the I/O in flight
  * is waited for. */
 static void file_stop(mc_engine_t *e)
@@ -142,6 +168,7 @@ static void file_stop(mc_engine_t *e)
     mc__file_ops_stop(e);
     mc__file_pool_stop(e);
     mc__file_io_stop(e, &fe->io);
+    mc__file_copy_stop(e, &fe->copy);
     mc__file_ops_stop(e);
     mc__file_pool_stop(e);
 }
@@ -152,6 +179,8 @@ static void file_fini(mc_engine_t *e)
 
     mc__file_ops_fini(e);
     mc__file_pool_fini(e);
+    if (fe->pinned)
+        mc__file_cuda_unpin(fe->pool);
     free(fe->pool); /* its registration went with the others (mc__memtab_fini) */
     pthread_mutex_destroy(&fe->io.ftab_lock);
     pthread_mutex_destroy(&fe->io.lock);
@@ -215,6 +244,8 @@ static int file_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, siz
 
 static int file_mem_register(mc_engine_t *e, mc_buffer_t *b)
 {
+    if (b->vram) /* staged here when no NIC reaches it */
+        return vram_setup(e);
     if (file_owned(b))
         mc__file_io_add_file(&file_of(e)->io, file_buf(b));
     return 0;
@@ -237,7 +268,9 @@ static void file_mem_deregister(mc_engine_t *e, mc_buffer_t *b)
 
 /* ---- peers and tasks ---- */
 
-/* Every peer: a task to it with a file at either end is ours (the others refuse those). */
+/* Every peer: a task to it with a file at either end is ours (the others refuse those), and one
+ * with VRAM at an end that no transport before us took (rdma takes what GPUDirect registered):
+ * last in every peer's order. */
 static int file_peer_update(mc_engine_t *e, mc_peer_t *p)
 {
     file_peer_t *fp = p->tp[mc__file_slot];
@@ -252,7 +285,7 @@ static int file_peer_update(mc_engine_t *e, mc_peer_t *p)
         p->tp[mc__file_slot] = fp;
     }
     p->rails[mc__file_slot].n = 0;
-    return 40;
+    return 5;
 }
 
 static void file_peer_close(mc_engine_t *e, mc_peer_t *p)
@@ -265,10 +298,8 @@ static void file_peer_close(mc_engine_t *e, mc_peer_t *p)
 static const char *file_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
 {
     (void)e;
-    if (!file_owned(t->lbuf) && rb->owner != mc__file_slot + 1)
-        return "neither end is a file";
-    if (t->vram)
-        return "files move to and from host memory only";
+    if (!file_staged(t->lbuf) && !file_desc_staged(rb))
+        return "neither end is a file or VRAM";
     return NULL;
 }
 
@@ -296,7 +327,15 @@ static void file_work(mc_engine_t *e)
 static void file_progress(mc_engine_t *e)
 {
     mc__file_io_reap(e);
+    mc__file_copy_reap(e, &file_of(e)->copy);
     file_work(e);
+}
+
+/* A device's copies signal nothing the loop can sleep on: it keeps polling while any is in
+ * flight. */
+static bool file_idle(mc_engine_t *e)
+{
+    return mc__file_copy_busy(&file_of(e)->copy);
 }
 
 static void file_timers(mc_engine_t *e, uint64_t now)
@@ -362,4 +401,5 @@ const mc_transport_ops_t mc__file_ops = {
     .link_lost = file_link_lost,
     .key_pack = file_key_pack,
     .slice_max = file_slice_max,
+    .idle = file_idle,
 };

@@ -41,17 +41,21 @@ typedef struct file_buf {
     char path[];
 } file_buf_t;
 
-/* One piece of I/O between a file buffer and memory. */
+/* One piece of I/O between a file buffer (or VRAM) and memory. */
 typedef struct file_io {
     mc_list_t link; /* queued for room in the ring, or for a thread; then done (threads) */
-    file_buf_t *f;
+    file_buf_t *f;  /* NULL for VRAM */
     uint8_t *mem;
-    uint64_t pos;  /* in the file */
+    uint64_t pos;  /* in the file; VRAM: its address */
     uint32_t len;  /* bytes */
     uint32_t done; /* bytes moved so far */
-    bool write;
-    bool direct; /* the current attempt goes through fd_direct */
-    int res;     /* threads: the outcome of the attempt */
+    bool write;    /* memory to the file (or VRAM) */
+    bool direct;   /* the current attempt goes through fd_direct */
+    bool vram;     /* a copy on CUDA device dev (file_copy.c), not file I/O */
+    int dev;
+    int res;       /* threads: the outcome of the attempt; a copy: of its start */
+    void *ev;      /* a copy: the event recorded after it */
+    char why[160]; /* a copy that failed: the runtime's reason */
     /* 0: every byte moved; -ENODATA: the file ends before (read); else a negative errno. */
     void (*cb)(mc_engine_t *e, struct file_io *io, int err);
 } file_io_t;
@@ -81,6 +85,43 @@ typedef struct file_ioe {
     bool stop;
     char why[256]; /* why not io_uring */
 } file_ioe_t;
+
+/* Copies between VRAM and host memory (file_copy.c): what the copier asks of a device runtime
+ * (the CUDA runtime; unit tests bring their own). Each returns 0 or a negative errno, with the
+ * reason in why. */
+typedef struct file_copy_ops {
+    int (*stream_create)(int dev, void **s_p, char *why, size_t size);
+    void (*stream_destroy)(int dev, void *s);
+    int (*event_create)(int dev, void **ev_p, char *why, size_t size);
+    void (*event_destroy)(int dev, void *ev);
+    /* Queue a copy of len bytes on stream s of device dev, then record ev behind it. */
+    int (*copy)(int dev, void *s, void *ev, void *dst, const void *src, size_t len, char *why,
+                size_t size);
+    /* 0: the copy before ev is done; -EAGAIN: not yet; else it failed. */
+    int (*query)(int dev, void *ev, char *why, size_t size);
+    /* As query, but waits (teardown): never -EAGAIN. */
+    int (*wait)(int dev, void *ev, char *why, size_t size);
+} file_copy_ops_t;
+
+#define FILE_COPY_DEVS 64
+
+/* One device's stream: copies run on it in the order queued, so they finish in that order. */
+typedef struct file_copy_dev {
+    void *stream;   /* created on its first copy */
+    mc_list_t fifo; /* file_io_t queued on it, oldest first */
+    void **spare;   /* events ready for reuse (depth of them at most) */
+    unsigned n_spare;
+} file_copy_dev_t;
+
+/* The copier: at most depth copies in flight, the rest wait; completions found by polling
+ * each stream's oldest event from the progress loop (a device has no descriptor to wait on). */
+typedef struct file_copier {
+    const file_copy_ops_t *ops; /* NULL until VRAM is registered */
+    unsigned depth, inflight;
+    mc_list_t waiting; /* for room */
+    mc_list_t failed;  /* refused at start: their callbacks run from the next reap */
+    file_copy_dev_t dev[FILE_COPY_DEVS];
+} file_copier_t;
 
 /* A bounce chunk. Lend chunks serve peers (file_pool.c), the others stage our own transfers:
  * separate, so that a transfer holding one of ours and waiting for a peer's never waits on
@@ -180,6 +221,8 @@ typedef struct file_engine {
     pthread_mutex_t setup_lock; /* the first registration sets up what follows */
     atomic_bool ready;
     file_ioe_t io;
+    file_copier_t copy;
+    bool pinned;   /* the pool is page-locked for the device runtime (copies run asynchronously) */
     uint8_t *pool; /* MC_FILE_BOUNCE bytes of registered memory */
     file_chunk_t *chunks;
     unsigned n_chunks;
@@ -214,10 +257,25 @@ static inline bool file_owned(const mc_buffer_t *b)
     return b->owner == mc__file_slot + 1;
 }
 
+/* Whether the bytes of b go through a chunk to reach a peer: a file, or VRAM. */
+static inline bool file_staged(const mc_buffer_t *b)
+{
+    return file_owned(b) || b->vram;
+}
+
+/* Whether a peer's buffer is staged by its owner: a file, or VRAM. */
+static inline bool file_desc_staged(const mc_desc_buffer_t *rb)
+{
+    return rb->owner == mc__file_slot + 1 || !strncmp(rb->location, "cuda:", 5);
+}
+
 /* file.c: the I/O backend and the bounce chunks, on the first registration (any thread). */
 int mc__file_setup(mc_engine_t *e);
 
 /* file_io.c */
+/* Point io at [addr, addr+len) of b (a file, or VRAM), to or from mem. */
+void mc__file_io_prep(file_io_t *io, const mc_buffer_t *b, uint64_t addr, uint8_t *mem,
+                      uint32_t len, bool write);
 /* Start the backend of mode (or auto: io_uring, else threads, said once). */
 int mc__file_io_start(mc_engine_t *e, file_ioe_t *io, int mode, unsigned depth, unsigned threads);
 /* Cancel what waits, wait for what is in flight (its callbacks run with -ECANCELED), stop. */
@@ -237,6 +295,24 @@ int mc__file_io_probe(char *why, size_t size);
 const char *mc__file_io_name(const file_ioe_t *io);
 /* "file PATH: ..." for a failed piece. */
 void mc__file_io_reason(const file_io_t *io, int err, char *buf, size_t size);
+
+/* file_copy.c */
+void mc__file_copy_init(file_copier_t *c, unsigned depth);
+/* Queue a copy (io->vram; progress context); its callback runs from a later reap. */
+void mc__file_copy_submit(mc_engine_t *e, file_copier_t *c, file_io_t *io);
+/* Run the callbacks of the copies that finished, oldest first on each device, and start those
+ * that waited for room. */
+void mc__file_copy_reap(mc_engine_t *e, file_copier_t *c);
+/* Waiting copies fail (-ECANCELED); those in flight are waited for; streams and events go. */
+void mc__file_copy_stop(mc_engine_t *e, file_copier_t *c);
+static inline bool mc__file_copy_busy(const file_copier_t *c)
+{
+    return c->inflight || !mc_list_empty(&c->failed);
+}
+/* The CUDA runtime's copies (NULL in a build without CUDA); page-locking the bounce pool. */
+extern const file_copy_ops_t *const mc__file_copy_cuda;
+int mc__file_cuda_pin(void *mem, size_t len, char *why, size_t size);
+void mc__file_cuda_unpin(void *mem);
 
 /* file_pool.c: bounce chunks and the owner's side */
 file_chunk_t *mc__file_chunk_get(mc_engine_t *e, bool lend);

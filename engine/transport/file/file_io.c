@@ -154,6 +154,18 @@ void mc__file_io_add_buffer(file_ioe_t *io, uint8_t *base, uint64_t len)
 
 /* ---- pieces ---- */
 
+void mc__file_io_prep(file_io_t *io, const mc_buffer_t *b, uint64_t addr, uint8_t *mem,
+                      uint32_t len, bool write)
+{
+    io->vram = b->vram;
+    io->f = b->vram ? NULL : file_buf(b);
+    io->dev = b->vram ? atoi(b->location + 5) : -1;
+    io->pos = b->vram ? addr : io->f->offset + (addr - b->addr);
+    io->mem = mem;
+    io->len = len;
+    io->write = write;
+}
+
 static uint64_t io_pos(const file_io_t *io)
 {
     return io->pos + io->done;
@@ -274,6 +286,10 @@ void mc__file_io_submit(mc_engine_t *e, file_io_t *p)
 {
     file_ioe_t *io = &file_of(e)->io;
 
+    if (p->vram) {
+        mc__file_copy_submit(e, &file_of(e)->copy, p);
+        return;
+    }
     p->done = 0;
     if (io->inflight >= io->depth) {
         mc_list_push_back(&io->waiting, &p->link);
@@ -369,7 +385,13 @@ static void on_event(mc_engine_t *e, mc_pollable_t *pl, uint32_t events)
 
 void mc__file_io_reason(const file_io_t *p, int err, char *buf, size_t size)
 {
-    if (err == -ENODATA)
+    if (p->vram)
+        snprintf(buf, size, "cuda:%d: copy of %u bytes %s VRAM at 0x%llx: %s", p->dev, p->len,
+                 p->write ? "to" : "from", (unsigned long long)p->pos,
+                 err == -ECANCELED ? "canceled"
+                 : p->why[0]       ? p->why
+                                   : strerror(-err));
+    else if (err == -ENODATA)
         snprintf(buf, size,
                  "file %s: it ends before offset %llu (%u of %u bytes read): truncated since it "
                  "was registered",

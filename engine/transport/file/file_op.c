@@ -116,14 +116,10 @@ static void io_done(mc_engine_t *e, file_io_t *io, int err)
 static void io_start(mc_engine_t *e, file_op_t *op, int step)
 {
     bool local = step == ST_READ_L || step == ST_WRITE_L;
-    mc_buffer_t *b = local ? op->s->task->lbuf : op->rbuf;
-    file_buf_t *f = file_buf(b);
 
-    op->io.f = f;
-    op->io.mem = op->mem;
-    op->io.pos = f->offset + ((local ? local_addr(op) : remote_addr(op)) - b->addr);
-    op->io.len = op->s->len;
-    op->io.write = step == ST_WRITE_L || step == ST_WRITE_R;
+    mc__file_io_prep(&op->io, local ? op->s->task->lbuf : op->rbuf,
+                     local ? local_addr(op) : remote_addr(op), op->mem, op->s->len,
+                     step == ST_WRITE_L || step == ST_WRITE_R);
     op->io.cb = io_done;
     mc__file_io_submit(e, &op->io);
 }
@@ -374,8 +370,9 @@ static void release_queue(mc_engine_t *e, file_op_t *op)
 
 /* ---- starting ---- */
 
-/* What a slice takes, by where its ends are: our own segment moves straight between a file and
- * memory; a peer's file is staged by its owner; our file goes through a chunk of ours. */
+/* What a slice takes, by where its ends are (a staged end is a file or VRAM): our own segment
+ * moves straight between a staged end and memory; a peer's staged end is staged by its owner;
+ * ours goes through a chunk of ours. */
 static void plan(file_op_t *op, bool self, bool lf, bool rf)
 {
     static const uint8_t plans[2][3][2][4] = {
@@ -408,21 +405,18 @@ static void op_mem(file_op_t *op, bool lf)
         op->mem = (uint8_t *)(uintptr_t)remote_addr(op);
 }
 
-/* Our own segment: the far end is a buffer of ours, checked as a peer's request would be. */
-static int self_far_end(mc_engine_t *e, file_op_t *op, bool rf)
+/* Our own segment: the far end is a buffer of ours (a file if rfile), checked as a peer's
+ * request would be. */
+static int self_far_end(mc_engine_t *e, file_op_t *op, bool rfile)
 {
     uint64_t a = remote_addr(op);
 
     op->rbuf =
-        rf ? mc__mem_get_owned(e, mc__file_slot, a, op->s->len) : mc__mem_get(e, a, op->s->len);
-    if (op->rbuf && op->rbuf->vram) {
-        mc__mem_put(e, op->rbuf);
-        op->rbuf = NULL;
-    }
+        rfile ? mc__mem_get_owned(e, mc__file_slot, a, op->s->len) : mc__mem_get(e, a, op->s->len);
     if (!op->rbuf)
         return mc__set_error(-MC_EACCESS, "range 0x%llx+%u is not inside a registered buffer of %s",
                              (unsigned long long)a, op->s->len, e->name);
-    if (rf && op->s->opcode == MC_WRITE && (file_buf(op->rbuf)->flags & MC_FILE_READONLY))
+    if (rfile && op->s->opcode == MC_WRITE && (file_buf(op->rbuf)->flags & MC_FILE_READONLY))
         return mc__set_error(-MC_EACCESS, "file %s is registered read-only",
                              file_buf(op->rbuf)->path);
     return 0;
@@ -432,7 +426,7 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
 {
     mc_task_t *t = s->task;
     const mc_desc_buffer_t *rb = mc__desc_find(&p->desc, t->req.target_offset + s->offset, s->len);
-    bool lf = file_owned(t->lbuf), rf = rb && rb->owner == mc__file_slot + 1;
+    bool lf = file_staged(t->lbuf), rf = rb && file_desc_staged(rb);
     bool self = is_self(e, p);
     file_op_t *op = op_alloc(e);
 
@@ -448,11 +442,12 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
         return;
     }
     plan(op, self, lf, rf);
-    if (self && self_far_end(e, op, rf)) {
+    if (self && self_far_end(e, op, rb->owner == mc__file_slot + 1)) {
         op_end(e, op, -MC_EACCESS, false, "%s", mc_last_error());
         return;
     }
-    if (lf && s->opcode == MC_READ && (file_buf(t->lbuf)->flags & MC_FILE_READONLY)) {
+    if (file_owned(t->lbuf) && s->opcode == MC_READ &&
+        (file_buf(t->lbuf)->flags & MC_FILE_READONLY)) {
         op_end(e, op, -MC_EACCESS, false, "the local file %s is registered read-only",
                file_buf(t->lbuf)->path);
         return;

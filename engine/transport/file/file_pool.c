@@ -151,17 +151,11 @@ static void lend_write_done(mc_engine_t *e, file_io_t *io, int err)
     lend_free(e, l);
 }
 
-/* Move the bytes between l's chunk and the file. */
+/* Move the bytes between l's chunk and the file (or VRAM). */
 static void lend_io(mc_engine_t *e, file_lend_t *l, bool write)
 {
-    file_buf_t *f = file_buf(l->fb);
-
     l->state = write ? LEND_WRITING : LEND_READING;
-    l->io.f = f;
-    l->io.mem = l->chunk->mem;
-    l->io.pos = f->offset + (l->addr - l->fb->addr);
-    l->io.len = l->len;
-    l->io.write = write;
+    mc__file_io_prep(&l->io, l->fb, l->addr, l->chunk->mem, l->len, write);
     l->io.cb = write ? lend_write_done : lend_read_done;
     mc__file_io_submit(e, &l->io);
 }
@@ -183,6 +177,18 @@ static void lend_start(mc_engine_t *e, file_lend_t *l)
 
 /* ---- requests ---- */
 
+/* The buffer of ours a peer asks us to stage [addr, addr+n) of, referenced: a file, or VRAM. */
+static mc_buffer_t *staged_get(mc_engine_t *e, uint64_t addr, uint32_t n)
+{
+    mc_buffer_t *b = mc__mem_get_owned(e, mc__file_slot, addr, n);
+
+    if (!b && (b = mc__mem_get(e, addr, n)) && !b->vram) {
+        mc__mem_put(e, b);
+        b = NULL;
+    }
+    return b;
+}
+
 static int stage(mc_engine_t *e, mc_link_t *k, const uint8_t *req, size_t len, void *ans,
                  size_t *ans_len)
 {
@@ -195,16 +201,17 @@ static int stage(mc_engine_t *e, mc_link_t *k, const uint8_t *req, size_t len, v
 
     if (len != FREQ_HDR || opcode > MC_WRITE || !n)
         return mc__set_error(-MC_EPROTO, "file: malformed stage request");
-    b = mc__mem_get_owned(e, mc__file_slot, addr, n);
+    b = staged_get(e, addr, n);
     if (!b)
-        return mc__set_error(-MC_EACCESS, "range 0x%llx+%u is not inside a file buffer of %s",
+        return mc__set_error(-MC_EACCESS,
+                             "range 0x%llx+%u is not inside a file or VRAM buffer of %s",
                              (unsigned long long)addr, n, e->name);
-    if (n > fe->chunk) { /* it has a file, so its chunks are set up */
+    if (n > fe->chunk) { /* it has a file or VRAM, so its chunks are set up */
         mc__mem_put(e, b);
         return mc__set_error(-EINVAL, "file: %s stages at most %u bytes at a time, not %u", e->name,
                              fe->chunk, n);
     }
-    if (opcode == MC_WRITE && (file_buf(b)->flags & MC_FILE_READONLY)) {
+    if (opcode == MC_WRITE && file_owned(b) && (file_buf(b)->flags & MC_FILE_READONLY)) {
         mc__mem_put(e, b);
         return mc__set_error(-MC_EACCESS, "file %s is registered read-only by %s",
                              file_buf(b)->path, e->name);

@@ -4,6 +4,7 @@
 list(APPEND MC_TRANSPORT_SOURCES
   transport/file/file.c
   transport/file/file_api.c
+  transport/file/file_copy.c
   transport/file/file_desc.c
   transport/file/file_io.c
   transport/file/file_op.c

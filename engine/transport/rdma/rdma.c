@@ -200,7 +200,6 @@ static void rdma_fini(mc_engine_t *e)
 {
     mc_rdma_t *r = rdma_of(e);
 
-    mc__rdma_stage_destroy(e);
     for (unsigned i = 0; i < r->n_devs; i++)
         dev_close(e, &r->devs[i]);
     free(r);
@@ -302,9 +301,11 @@ int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
                 b->vram ? mc__rdma_vram_reg(&r->devs[d], b->addr + off, len, why, sizeof(why))
                         : ibv_reg_mr(r->devs[d].pd, (void *)(uintptr_t)(b->addr + off), len,
                                      r->devs[d].access);
-            if (!mr && b->vram) { /* no GPUDirect path: staged through host memory */
-                mc_info("rdma: VRAM %p+%llu (%s) is staged: %s with %s", (void *)(uintptr_t)b->addr,
-                        (unsigned long long)b->len, b->location, why, r->devs[d].name);
+            if (!mr && b->vram) { /* no GPUDirect path: the file transport stages it */
+                mc_info("rdma: VRAM %p+%llu (%s) has no GPUDirect registration (%s with %s): it "
+                        "is staged through host memory",
+                        (void *)(uintptr_t)b->addr, (unsigned long long)b->len, b->location, why,
+                        r->devs[d].name);
                 mrs_free(m);
                 return 0;
             }
@@ -358,7 +359,7 @@ static int rdma_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
     json_t *arr;
 
     (void)e;
-    if (!m) /* VRAM that is staged: not reachable by peers */
+    if (!m) /* VRAM without GPUDirect: staged by the file transport */
         return 0;
     arr = json_array();
     for (unsigned d = 0; arr && d < m->n_devs; d++) {
@@ -426,15 +427,17 @@ static void rdma_peer_close(mc_engine_t *e, mc_peer_t *p)
     p->tp[mc__rdma_slot] = NULL;
 }
 
-/* Both ends need memory regions (or our VRAM can be staged through registered host memory). */
+/* Both ends need memory regions (VRAM without GPUDirect has none: the file transport stages
+ * it). */
 static const char *rdma_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
 {
     (void)e;
     if (!mc__desc_part(&t->peer->desc, rb, mc__rdma_slot))
         return t->vram ? "the remote VRAM has no GPUDirect registration"
                        : "the remote buffer has no memory region";
-    if (!t->lbuf->tp[mc__rdma_slot] && !t->lbuf->vram)
-        return "the local buffer has no memory region";
+    if (!t->lbuf->tp[mc__rdma_slot])
+        return t->lbuf->vram ? "the local VRAM has no GPUDirect registration"
+                             : "the local buffer has no memory region";
     return NULL;
 }
 

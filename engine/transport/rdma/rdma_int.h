@@ -147,8 +147,7 @@ static inline bool mc__rdma_qp_busy(const mc_rdma_qp_t *qp)
 #define MC_RDMA_SCRATCH 512 /* work requests built per fill pass before posting */
 /* Send queue entries beyond MC_RDMA_QP_DEPTH: a slice may start while fewer than DEPTH requests
  * are out, and one crossing a memory-region boundary on each side needs three. */
-#define MC_RDMA_SQ_SLACK    2
-#define MC_RDMA_STAGE_SLOTS 64 /* staging slots of MC_SLICE_SIZE for VRAM without GPUDirect */
+#define MC_RDMA_SQ_SLACK 2
 
 /* e->tp[mc__rdma_slot] */
 typedef struct mc_rdma {
@@ -165,8 +164,7 @@ typedef struct mc_rdma {
     struct ibv_send_wr wr[MC_RDMA_SCRATCH];
     struct ibv_sge sge[MC_RDMA_SCRATCH];
     unsigned n_wr;
-    struct mc_rdma_stage *stage; /* created on first use (rdma_vram.c) */
-    mc_list_t msg_rx;            /* rdma_msg_rx_t of target QPs receiving messages */
+    mc_list_t msg_rx; /* rdma_msg_rx_t of target QPs receiving messages */
 } mc_rdma_t;
 
 /* The per-slice state of a slice on a QP. */
@@ -175,7 +173,6 @@ typedef struct rdma_slice {
     const char *wc_reason; /* the first completion error among its work requests */
     int wc_err;            /* ... as a code (negative), 0 if none */
     uint16_t wrs;          /* work requests not yet completed */
-    uint16_t stage;        /* staging slot + 1 (VRAM without GPUDirect), 0 if none */
 } rdma_slice_t;
 _Static_assert(sizeof(rdma_slice_t) <= MC_SLICE_PRIV, "rdma_slice_t does not fit in a slice");
 
@@ -265,9 +262,6 @@ void mc__rdma_link_lost(mc_engine_t *e, mc_link_bound_t *b);
 /* rdma_vram.c */
 struct ibv_mr *mc__rdma_vram_reg(mc_rdma_dev_t *d, uint64_t addr, uint64_t len, char *why,
                                  size_t size);
-int mc__rdma_stage_get(mc_engine_t *e, mc_slice_t *s, const mc_buffer_t **buf_p, uint64_t *addr_p);
-int mc__rdma_stage_put(mc_engine_t *e, mc_slice_t *s, bool ok);
-void mc__rdma_stage_destroy(mc_engine_t *e);
 
 /* rdma.c */
 int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b);

@@ -191,21 +191,8 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
     }
     const mc_buffer_t *lb = s->task->lbuf;
     uint64_t la = (uint64_t)(uintptr_t)s->task->req.local + s->offset;
-    if (!lb->tp[mc__rdma_slot]) { /* VRAM the NIC cannot reach: through a staging slot */
-        int rc = mc__rdma_stage_get(e, s, &lb, &la);
-        if (rc == -EAGAIN) {
-            mc_list_push_front(&p->q[mc__rdma_slot].retry, &s->link);
-            return false;
-        }
-        if (rc) {
-            mc__slice_failed(e, s, rc, false, mc_last_error());
-            return true;
-        }
-    }
     unsigned need = pieces(s, &rb, lb, la), most = rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK;
     if (need > most || !qp_room(e, r->qp, need)) {
-        if (rdma_sl(s)->stage)
-            mc__rdma_stage_put(e, s, false);
         if (need > most) { /* only when MC_SLICE_SIZE exceeds a memory region many times */
             mc__slice_failed(e, s, -EINVAL, false,
                              "slice crosses more memory regions than a QP's send queue holds "
@@ -287,10 +274,6 @@ static void slice_end(mc_engine_t *e, mc_slice_t *s, rdma_rail_t *r)
     mc_task_t *t = s->task;
     char why[512];
 
-    if (rs->stage && mc__rdma_stage_put(e, s, !rs->wc_err) && !rs->wc_err) {
-        mc__slice_failed(e, s, -EIO, false, mc_last_error()); /* the copy to the GPU failed */
-        return;
-    }
     if (!rs->wc_err) {
         mc__rail_moved(&r->base, s->len);
         mc__slice_done(e, s);

@@ -153,7 +153,7 @@ static const char *tcp_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer
 {
     (void)e;
     (void)rb;
-    return t->vram ? "host memory only (VRAM moves over rdma)" : NULL;
+    return t->vram ? "host memory only (VRAM is staged by the file transport)" : NULL;
 }
 
 /* How long c has moved nothing while we ran progress: a gap in our own progress calls (the

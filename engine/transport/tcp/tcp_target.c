@@ -44,8 +44,8 @@ static void respond(mc_engine_t *e, mc_tcp_conn_t *c, uint8_t type, int status, 
 static void refuse_reason(mc_engine_t *e, const mc_frame_t *f, uint64_t len, char *buf, size_t size)
 {
     snprintf(buf, size,
-             "range 0x%llx+%llu is not inside a registered host buffer of %s (VRAM is "
-             "reachable over rdma only)",
+             "range 0x%llx+%llu is not inside a registered host buffer of %s (its VRAM is "
+             "reached over rdma, or staged by the file transport)",
              (unsigned long long)f->addr, (unsigned long long)len, e->name);
 }
 
