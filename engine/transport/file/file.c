@@ -324,8 +324,18 @@ static void file_work(mc_engine_t *e)
         mc__file_pool_kick(e);
 }
 
+/* Nothing registered here that stages (no file, no VRAM: no chunks, I/O or copies) and no op of
+ * ours in flight or just ended: an engine that moves memory only pays one look per hook. */
+static bool file_quiet(const file_engine_t *fe)
+{
+    return !fe->n_ops && !fe->kicked && mc_list_empty(&fe->rel_peers) &&
+           !atomic_load_explicit(&fe->ready, memory_order_relaxed);
+}
+
 static void file_progress(mc_engine_t *e)
 {
+    if (file_quiet(file_of(e)))
+        return;
     mc__file_io_reap(e);
     mc__file_copy_reap(e, &file_of(e)->copy);
     file_work(e);
@@ -351,7 +361,7 @@ static void file_reap(mc_engine_t *e)
 {
     file_engine_t *fe = file_of(e);
 
-    if (fe->stopping)
+    if (fe->stopping || file_quiet(fe))
         return;
     file_work(e);
     mc__file_io_flush(e);
