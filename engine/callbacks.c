@@ -1,5 +1,6 @@
 /* Host callbacks held until the end of the progress pass (see callbacks.h). */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,7 +138,10 @@ static void run_one(mc_engine_t *e, held_t *h)
         h->done(h->done_arg, h->error);
         return;
     }
-    do { /* a pair a setter is writing, or wrote meanwhile, is read again */
+    /* A pair a setter is writing, or wrote meanwhile, is read again. */
+    for (unsigned tries = 0;; tries++) {
+        if (tries >= 64)
+            sched_yield(); /* its setter was descheduled between its two stores */
         seq = atomic_load_explicit(&e->handlers_seq, memory_order_acquire);
         if (h->kind == HELD_MSG) {
             mcb = atomic_load_explicit(&e->handlers[h->msg_id], memory_order_relaxed);
@@ -147,7 +151,9 @@ static void run_one(mc_engine_t *e, held_t *h)
             arg = atomic_load_explicit(&e->peer_cb_arg, memory_order_relaxed);
         }
         atomic_thread_fence(memory_order_acquire);
-    } while ((seq & 1) || seq != atomic_load_explicit(&e->handlers_seq, memory_order_relaxed));
+        if (!(seq & 1) && seq == atomic_load_explicit(&e->handlers_seq, memory_order_relaxed))
+            break;
+    }
     if (h->kind == HELD_MSG && mcb)
         mcb(arg, h->from, h->msg_id, h->msg, h->len);
     else if (h->kind == HELD_MSG)
