@@ -20,8 +20,8 @@
 
 #include "transport/transport.h"
 
-extern const mc_desc_codec_t mc__tcp_codec, mc__shm_codec, mc__rdma_codec;
-static unsigned slots[3];
+extern const mc_desc_codec_t mc__tcp_codec, mc__shm_codec, mc__rdma_codec, mc__file_codec;
+static unsigned slots[4];
 static const mc_transport_ops_t codecs[] = {
     {.size = sizeof(mc_transport_ops_t), .name = "tcp", .slot = &slots[0], .codec = &mc__tcp_codec},
     {.size = sizeof(mc_transport_ops_t), .name = "shm", .slot = &slots[1], .codec = &mc__shm_codec},
@@ -29,9 +29,13 @@ static const mc_transport_ops_t codecs[] = {
      .name = "rdma",
      .slot = &slots[2],
      .codec = &mc__rdma_codec},
+    {.size = sizeof(mc_transport_ops_t),
+     .name = "file",
+     .slot = &slots[3],
+     .codec = &mc__file_codec},
 };
-const mc_transport_ops_t *const mc__transports[] = {&codecs[0], &codecs[1], &codecs[2]};
-const unsigned mc__n_transports = 3;
+const mc_transport_ops_t *const mc__transports[] = {&codecs[0], &codecs[1], &codecs[2], &codecs[3]};
+const unsigned mc__n_transports = 4;
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
@@ -73,6 +77,11 @@ static void check_desc(const mc_desc_t *d, const uint8_t *data, size_t size)
         check_str(b->location, sizeof(b->location));
         for (unsigned t = 0; t < mc__n_transports; t++)
             CHECK(b->part[t] == 0 || b->part[t] - 1 + 1 <= d->parts_len);
+        /* opaque (not memory) exactly above MC_OPAQUE_BASE; one a codec claims (a file) is one
+         * whose part it stored */
+        CHECK((b->owner != 0) == (b->addr >= MC_OPAQUE_BASE));
+        CHECK(b->owner == 0 || b->owner == MC_OWNER_NONE ||
+              (b->owner <= mc__n_transports && b->part[b->owner - 1]));
     }
 }
 
