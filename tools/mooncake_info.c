@@ -273,7 +273,8 @@ static const char *file_note(void)
     return note;
 }
 
-/* An engine of this process, just to look (no listening beyond loopback, no publishing). */
+/* An engine of this process, just to look: metadata as given (NULL: MC_METADATA's); with
+ * metadata "none" it publishes nothing and listens on loopback only. */
 static mc_engine_t *probe_engine(const char *metadata);
 
 /* Whether rdma gives VRAM of GPU dev a memory region (GPUDirect: dmabuf or peer memory): an
@@ -316,7 +317,7 @@ static int vram_gpudirect(mc_engine_t *e, int dev, char *why, size_t size)
 static json_t *vram_paths(const mc_topo_t *t)
 {
     json_t *arr = json_array();
-    mc_engine_t *e = mc__topo_count(t, MC_DEV_GPU) ? probe_engine(NULL) : NULL;
+    mc_engine_t *e = mc__topo_count(t, MC_DEV_GPU) ? probe_engine("none") : NULL;
 
     for (size_t i = 0; e && i < t->n_devs; i++) {
         char why[300] = "", path[400];
@@ -463,6 +464,8 @@ static mc_engine_t *probe_engine(const char *metadata)
 
     if (!rc && metadata)
         rc = mc_config_set(cfg, "METADATA", metadata);
+    if (!rc && metadata && !strcmp(metadata, "none"))
+        rc = mc_config_set(cfg, "LISTEN", "127.0.0.1:0");
     if (!rc && !getenv("MC_LOG_LEVEL"))
         rc = mc_config_set(cfg, "LOG_LEVEL", "error");
     if (!rc)

@@ -27,6 +27,7 @@
     X(cudaSetDevice, (int dev), (dev))                                                             \
     X(cudaStreamCreateWithFlags, (cudaStream_t * s, unsigned int flags), (s, flags))               \
     X(cudaStreamDestroy, (cudaStream_t s), (s))                                                    \
+    X(cudaStreamSynchronize, (cudaStream_t s), (s))                                                \
     X(cudaEventCreateWithFlags, (cudaEvent_t * ev, unsigned int flags), (ev, flags))               \
     X(cudaEventDestroy, (cudaEvent_t ev), (ev))                                                    \
     X(cudaEventRecord, (cudaEvent_t ev, cudaStream_t s), (ev, s))                                  \

@@ -28,11 +28,13 @@ static int parse_io(const char *v, uint64_t *num_p)
 static const mc_setting_t file_settings[] = {
     {"FILE_IO", "auto", 0, 0, parse_io,
      "file I/O: auto (io_uring, else threads), uring (io_uring or fail), thread (pread/pwrite)"},
-    {"FILE_QUEUE_DEPTH", "64", 1, 4096, NULL, "file I/O in flight: the io_uring queue depth"},
+    {"FILE_QUEUE_DEPTH", "64", 1, 4096, NULL,
+     "file I/O in flight (the io_uring queue depth), and VRAM copies in flight"},
     {"FILE_SLICE_SIZE", "1048576", 4096, MC_SLICE_MAX, NULL,
-     "bytes per piece of file I/O and per bounce chunk"},
+     "bytes per piece of file I/O or VRAM copy, and per bounce chunk"},
     {"FILE_BOUNCE_SIZE", "67108864", 8192, 1ull << 34, NULL,
-     "bounce buffers once a file is registered: half serve peers, half stage our own transfers"},
+     "bounce buffers once a file or VRAM is registered: half serve peers, half stage our own "
+     "transfers"},
     {"FILE_THREADS", "4", 1, 256, NULL, "I/O threads where io_uring is unavailable"},
     {0},
 };
@@ -113,19 +115,21 @@ static int pool_setup(mc_engine_t *e, file_engine_t *fe)
     return 0;
 }
 
-/* On the first registration of a file: the I/O backend and the bounce chunks. Engines that
- * never register one pay for neither. */
-int mc__file_setup(mc_engine_t *e)
+/* On the first registration of a file: the I/O backend (io) and the bounce chunks; of VRAM: the
+ * chunks. Engines that never register either pay for neither. */
+int mc__file_setup(mc_engine_t *e, bool io)
 {
     file_engine_t *fe = file_of(e);
     int rc = 0;
 
     pthread_mutex_lock(&fe->setup_lock);
-    if (!atomic_load(&fe->ready)) {
-        rc = fe->io.ev.fd < 0 ? mc__file_io_start(e, &fe->io, fe->io_mode, fe->depth, fe->threads)
-                              : 0;
-        if (!rc)
-            rc = pool_setup(e, fe);
+    if (io && fe->io.ev.fd < 0) {
+        rc = mc__file_io_start(e, &fe->io, fe->io_mode, fe->depth, fe->threads);
+        if (!rc && fe->pool) /* set up for VRAM before: the ring gets it now */
+            mc__file_io_add_buffer(&fe->io, fe->pool, (uint64_t)fe->n_chunks * fe->chunk);
+    }
+    if (!rc && !atomic_load(&fe->ready)) {
+        rc = pool_setup(e, fe);
         if (!rc)
             atomic_store(&fe->ready, true);
     }
@@ -133,21 +137,26 @@ int mc__file_setup(mc_engine_t *e)
     return rc;
 }
 
-/* On the first registration of VRAM: the chunks as for a file, page-locked so that the device's
- * copies to and from them run asynchronously, and the copier on the CUDA runtime (registering
- * VRAM succeeded, so the runtime is there). */
-static int vram_setup(mc_engine_t *e)
+/* On the first registration of VRAM b: the chunks, page-locked so that the device's copies to
+ * and from them run asynchronously, and the copier on the CUDA runtime (registering VRAM
+ * succeeded, so the runtime is there). Without chunks the VRAM still registers: rdma moves it
+ * where GPUDirect reaches it, and this transport refuses its tasks (file_accept). */
+static void vram_setup(mc_engine_t *e, const mc_buffer_t *b)
 {
     file_engine_t *fe = file_of(e);
     char why[256];
-    int rc = mc__file_setup(e);
 
-    if (rc)
-        return rc;
+    if (mc__file_setup(e, false)) {
+        mc_warn("file: no bounce chunks to stage VRAM through (%s): %s moves over rdma with "
+                "GPUDirect only",
+                mc_last_error(), b->location);
+        return;
+    }
     pthread_mutex_lock(&fe->setup_lock);
     if (!fe->copy.ops) {
-        fe->pinned =
-            !mc__file_cuda_pin(fe->pool, (uint64_t)fe->n_chunks * fe->chunk, why, sizeof(why));
+        fe->pin_dev = atoi(b->location + 5);
+        fe->pinned = !mc__file_cuda_pin(fe->pool, (uint64_t)fe->n_chunks * fe->chunk, fe->pin_dev,
+                                        why, sizeof(why));
         if (!fe->pinned)
             mc_warn("file: the bounce chunks are not page-locked (%s): VRAM copies through them "
                     "do not overlap",
@@ -155,7 +164,6 @@ static int vram_setup(mc_engine_t *e)
         fe->copy.ops = mc__file_copy_cuda;
     }
     pthread_mutex_unlock(&fe->setup_lock);
-    return 0;
 }
 
 /* Engine teardown (progress context, links closed already): what waits ends, the I/O in flight
@@ -180,7 +188,7 @@ static void file_fini(mc_engine_t *e)
     mc__file_ops_fini(e);
     mc__file_pool_fini(e);
     if (fe->pinned)
-        mc__file_cuda_unpin(fe->pool);
+        mc__file_cuda_unpin(fe->pool, fe->pin_dev);
     free(fe->pool); /* its registration went with the others (mc__memtab_fini) */
     pthread_mutex_destroy(&fe->io.ftab_lock);
     pthread_mutex_destroy(&fe->io.lock);
@@ -244,8 +252,10 @@ static int file_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, siz
 
 static int file_mem_register(mc_engine_t *e, mc_buffer_t *b)
 {
-    if (b->vram) /* staged here when no NIC reaches it */
-        return vram_setup(e);
+    if (b->vram) { /* staged here when no NIC reaches it */
+        vram_setup(e, b);
+        return 0;
+    }
     if (file_owned(b))
         mc__file_io_add_file(&file_of(e)->io, file_buf(b));
     return 0;
@@ -297,9 +307,10 @@ static void file_peer_close(mc_engine_t *e, mc_peer_t *p)
 
 static const char *file_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
 {
-    (void)e;
     if (!file_staged(t->lbuf) && !file_desc_staged(rb))
         return "neither end is a file or VRAM";
+    if (t->lbuf->vram && !atomic_load(&file_of(e)->ready))
+        return "no bounce chunks here to stage VRAM through (see the log)";
     return NULL;
 }
 

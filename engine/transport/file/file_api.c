@@ -141,7 +141,7 @@ int mc_file_register(mc_engine_t *e, const char *path, const mc_file_opts_t *opt
     MC_LOG_SCOPE(e->cfg.log_level);
     if (!file_of(e))
         return mc__set_error(-MC_ENODEV, "the file transport does not run in this engine");
-    rc = mc__file_setup(e);
+    rc = mc__file_setup(e, true);
     if (!rc)
         rc = file_open(path, &o, &f, &len);
     if (rc)

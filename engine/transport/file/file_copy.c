@@ -167,6 +167,9 @@ void mc__file_copy_stop(mc_engine_t *e, file_copier_t *c)
 /* ---- the CUDA runtime ---- */
 
 #if MC_HAVE_CUDA
+#include <pthread.h>
+
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 static int cuda_fail(cudaError_t err, const char *what, char *why, size_t size)
@@ -175,79 +178,124 @@ static int cuda_fail(cudaError_t err, const char *what, char *why, size_t size)
     return -EIO;
 }
 
-/* Make dev current for the calls that follow; *old gets what was (restored by dev_leave): a
- * host thread that drives progress keeps its own current device. */
-static cudaError_t dev_enter(int dev, int *old)
-{
-    cudaError_t err = cudaGetDevice(old);
+/* The driver's current context, to give a thread back the one it had. */
+typedef CUresult (*ctx_get_fn)(CUcontext *);
+typedef CUresult (*ctx_set_fn)(CUcontext);
+static ctx_get_fn ctx_get;
+static ctx_set_fn ctx_set;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
 
-    if (err == cudaSuccess && *old != dev)
-        err = cudaSetDevice(dev);
-    return err;
+static void ctx_resolve(void)
+{
+    enum cudaDriverEntryPointQueryResult q;
+    void *g = NULL, *s = NULL;
+
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &g, 4000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &s, 4000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+        ctx_get = (ctx_get_fn)g;
+        ctx_set = (ctx_set_fn)s;
+    }
 }
 
-static void dev_leave(int dev, int old)
+/* Make dev's primary context current for the calls that follow; dev_leave gives the thread the
+ * context it had (none, often): a host thread that drives progress keeps its own, and no device
+ * gets a context nobody asked for (setting the old device back would create one on it). */
+static cudaError_t dev_enter(int dev, CUcontext *saved)
 {
-    if (old != dev)
-        cudaSetDevice(old);
+    pthread_once(&ctx_once, ctx_resolve);
+    *saved = NULL;
+    if (ctx_get && ctx_get(saved) != CUDA_SUCCESS)
+        *saved = NULL;
+    return cudaSetDevice(dev);
+}
+
+static void dev_leave(CUcontext saved)
+{
+    if (ctx_set)
+        ctx_set(saved);
 }
 
 static int cuda_stream_create(int dev, void **s_p, char *why, size_t size)
 {
-    int old = dev;
-    cudaError_t err = dev_enter(dev, &old);
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
+    const char *what = "cudaSetDevice";
 
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
+        what = "cudaStreamCreate";
         err = cudaStreamCreateWithFlags((cudaStream_t *)s_p, cudaStreamNonBlocking);
-    dev_leave(dev, old);
-    return err == cudaSuccess ? 0 : cuda_fail(err, "cudaStreamCreate", why, size);
+    }
+    dev_leave(saved);
+    return err == cudaSuccess ? 0 : cuda_fail(err, what, why, size);
 }
 
 static void cuda_stream_destroy(int dev, void *s)
 {
-    (void)dev;
-    cudaStreamDestroy(s);
+    CUcontext saved;
+
+    if (dev_enter(dev, &saved) == cudaSuccess)
+        cudaStreamDestroy(s);
+    dev_leave(saved);
 }
 
 static int cuda_event_create(int dev, void **ev_p, char *why, size_t size)
 {
-    int old = dev;
-    cudaError_t err = dev_enter(dev, &old);
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
+    const char *what = "cudaSetDevice";
 
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
+        what = "cudaEventCreate";
         err = cudaEventCreateWithFlags((cudaEvent_t *)ev_p, cudaEventDisableTiming);
-    dev_leave(dev, old);
-    return err == cudaSuccess ? 0 : cuda_fail(err, "cudaEventCreate", why, size);
+    }
+    dev_leave(saved);
+    return err == cudaSuccess ? 0 : cuda_fail(err, what, why, size);
 }
 
 static void cuda_event_destroy(int dev, void *ev)
 {
-    (void)dev;
-    cudaEventDestroy(ev);
+    CUcontext saved;
+
+    if (dev_enter(dev, &saved) == cudaSuccess)
+        cudaEventDestroy(ev);
+    dev_leave(saved);
 }
 
+/* A copy queued whose event could not be recorded behind it is waited for here: its piece is
+ * about to be reported failed, and its chunk reused. */
 static int cuda_copy(int dev, void *s, void *ev, void *dst, const void *src, size_t len, char *why,
                      size_t size)
 {
-    int old = dev;
-    cudaError_t err = dev_enter(dev, &old);
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
+    const char *what = "cudaSetDevice";
 
-    if (err == cudaSuccess &&
-        (err = cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, s)) != cudaSuccess) {
-        dev_leave(dev, old);
-        return cuda_fail(err, "cudaMemcpyAsync", why, size);
+    if (err == cudaSuccess) {
+        what = "cudaMemcpyAsync";
+        err = cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, s);
     }
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
+        what = "cudaEventRecord";
         err = cudaEventRecord(ev, s);
-    dev_leave(dev, old);
-    return err == cudaSuccess ? 0 : cuda_fail(err, "cudaEventRecord", why, size);
+        if (err != cudaSuccess)
+            cudaStreamSynchronize(s);
+    }
+    dev_leave(saved);
+    return err == cudaSuccess ? 0 : cuda_fail(err, what, why, size);
 }
 
 static int cuda_query(int dev, void *ev, char *why, size_t size)
 {
-    cudaError_t err = cudaEventQuery(ev);
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
 
-    (void)dev;
+    if (err == cudaSuccess)
+        err = cudaEventQuery(ev);
+    dev_leave(saved);
     if (err == cudaErrorNotReady)
         return -EAGAIN;
     return err == cudaSuccess ? 0 : cuda_fail(err, "copy", why, size);
@@ -255,9 +303,12 @@ static int cuda_query(int dev, void *ev, char *why, size_t size)
 
 static int cuda_wait(int dev, void *ev, char *why, size_t size)
 {
-    cudaError_t err = cudaEventSynchronize(ev);
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
 
-    (void)dev;
+    if (err == cudaSuccess)
+        err = cudaEventSynchronize(ev);
+    dev_leave(saved);
     return err == cudaSuccess ? 0 : cuda_fail(err, "copy", why, size);
 }
 
@@ -273,30 +324,40 @@ static const file_copy_ops_t cuda_ops = {
 
 const file_copy_ops_t *const mc__file_copy_cuda = &cuda_ops;
 
-int mc__file_cuda_pin(void *mem, size_t len, char *why, size_t size)
+int mc__file_cuda_pin(void *mem, size_t len, int dev, char *why, size_t size)
 {
-    cudaError_t err = cudaHostRegister(mem, len, cudaHostRegisterPortable);
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
 
+    if (err == cudaSuccess)
+        err = cudaHostRegister(mem, len, cudaHostRegisterPortable);
+    dev_leave(saved);
     return err == cudaSuccess ? 0 : cuda_fail(err, "cudaHostRegister", why, size);
 }
 
-void mc__file_cuda_unpin(void *mem)
+void mc__file_cuda_unpin(void *mem, int dev)
 {
-    cudaHostUnregister(mem);
+    CUcontext saved;
+
+    if (dev_enter(dev, &saved) == cudaSuccess)
+        cudaHostUnregister(mem);
+    dev_leave(saved);
 }
 #else
 const file_copy_ops_t *const mc__file_copy_cuda = NULL;
 
-int mc__file_cuda_pin(void *mem, size_t len, char *why, size_t size)
+int mc__file_cuda_pin(void *mem, size_t len, int dev, char *why, size_t size)
 {
     (void)mem;
     (void)len;
+    (void)dev;
     snprintf(why, size, "built without CUDA");
     return -ENOTSUP;
 }
 
-void mc__file_cuda_unpin(void *mem)
+void mc__file_cuda_unpin(void *mem, int dev)
 {
     (void)mem;
+    (void)dev;
 }
 #endif

@@ -223,6 +223,7 @@ typedef struct file_engine {
     file_ioe_t io;
     file_copier_t copy;
     bool pinned;   /* the pool is page-locked for the device runtime (copies run asynchronously) */
+    int pin_dev;   /* ... from this device's context */
     uint8_t *pool; /* MC_FILE_BOUNCE bytes of registered memory */
     file_chunk_t *chunks;
     unsigned n_chunks;
@@ -269,8 +270,9 @@ static inline bool file_desc_staged(const mc_desc_buffer_t *rb)
     return rb->owner == mc__file_slot + 1 || !strncmp(rb->location, "cuda:", 5);
 }
 
-/* file.c: the I/O backend and the bounce chunks, on the first registration (any thread). */
-int mc__file_setup(mc_engine_t *e);
+/* file.c: the bounce chunks (ready once they are there), and with io the I/O backend, on the
+ * first registration that needs them (any thread). */
+int mc__file_setup(mc_engine_t *e, bool io);
 
 /* file_io.c */
 /* Point io at [addr, addr+len) of b (a file, or VRAM), to or from mem. */
@@ -311,8 +313,9 @@ static inline bool mc__file_copy_busy(const file_copier_t *c)
 }
 /* The CUDA runtime's copies (NULL in a build without CUDA); page-locking the bounce pool. */
 extern const file_copy_ops_t *const mc__file_copy_cuda;
-int mc__file_cuda_pin(void *mem, size_t len, char *why, size_t size);
-void mc__file_cuda_unpin(void *mem);
+/* Page-lock [mem, mem+len) for every device, from device dev's context. */
+int mc__file_cuda_pin(void *mem, size_t len, int dev, char *why, size_t size);
+void mc__file_cuda_unpin(void *mem, int dev);
 
 /* file_pool.c: bounce chunks and the owner's side */
 file_chunk_t *mc__file_chunk_get(mc_engine_t *e, bool lend);

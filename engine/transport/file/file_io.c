@@ -95,6 +95,8 @@ int mc__file_io_probe(char *why, size_t size)
 
 const char *mc__file_io_name(const file_ioe_t *io)
 {
+    if (io->ev.fd < 0)
+        return "none"; /* VRAM only: no file I/O started */
     return io->mode == FILE_IO_URING ? "io_uring" : "thread";
 }
 

@@ -201,6 +201,8 @@ static int stage(mc_engine_t *e, mc_link_t *k, const uint8_t *req, size_t len, v
 
     if (len != FREQ_HDR || opcode > MC_WRITE || !n)
         return mc__set_error(-MC_EPROTO, "file: malformed stage request");
+    if (!atomic_load(&fe->ready)) /* VRAM registered without chunks (its setup failed) */
+        return mc__set_error(-MC_ENODEV, "file: %s has no bounce chunks to stage through", e->name);
     b = staged_get(e, addr, n);
     if (!b)
         return mc__set_error(-MC_EACCESS,

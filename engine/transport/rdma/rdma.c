@@ -433,8 +433,8 @@ static const char *rdma_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffe
 {
     (void)e;
     if (!mc__desc_part(&t->peer->desc, rb, mc__rdma_slot))
-        return t->vram ? "the remote VRAM has no GPUDirect registration"
-                       : "the remote buffer has no memory region";
+        return !strncmp(rb->location, "cuda:", 5) ? "the remote VRAM has no GPUDirect registration"
+                                                  : "the remote buffer has no memory region";
     if (!t->lbuf->tp[mc__rdma_slot])
         return t->lbuf->vram ? "the local VRAM has no GPUDirect registration"
                              : "the local buffer has no memory region";

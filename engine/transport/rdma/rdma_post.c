@@ -38,7 +38,7 @@ static uint64_t min3(uint64_t a, uint64_t b, uint64_t c)
 }
 
 /* Work requests a slice needs: one per piece between memory-region boundaries on either side.
- * The local side is lb at la (the task's buffer, or a staging slot). */
+ * The local side is lb (the task's buffer) at la. */
 static unsigned pieces(const mc_slice_t *s, const remote_t *rb, const mc_buffer_t *lb, uint64_t la)
 {
     const mc_rdma_mrs_t *m = lb->tp[mc__rdma_slot];

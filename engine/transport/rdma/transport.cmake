@@ -1,4 +1,4 @@
-# rdma: ibverbs RC over every device pair, VRAM by GPUDirect or staging.
+# rdma: ibverbs RC over every device pair, VRAM by GPUDirect (the file transport stages the rest).
 list(APPEND MC_TRANSPORT_SOURCES
   transport/rdma/rdma.c
   transport/rdma/rdma_desc.c
