@@ -774,8 +774,10 @@ void mc_engine_destroy(mc_engine_t *e)
     if (!e)
         return;
     MC_LOG_SCOPE(e->cfg.log_level);
+    /* From here messages and flushes are refused (a completion callback that runs during the
+     * teardown may try one): what they would queue could only be dropped. */
+    atomic_store(&e->stop, true);
     if (e->has_thread || e->has_serve_thread) {
-        atomic_store(&e->stop, true);
         mc__doorbell(e);
         pthread_join(e->has_thread ? e->progress_tid : e->serve_tid, NULL);
     }

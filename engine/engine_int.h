@@ -66,7 +66,7 @@ struct mc_engine {
     atomic_bool host_armed;        /* it sleeps on the event fd (mc_engine_arm said 0) */
     bool has_thread;
     bool implicit_progress; /* no thread, and API calls may drive progress (PROGRESS_IMPLICIT) */
-    atomic_bool stop;
+    atomic_bool stop; /* mc_engine_destroy began: threads end, sends and flushes are refused */
 
     pthread_mutex_t sub_lock; /* protects subq, msgq_in, flushq_in, cancelq, descq */
     mc_list_t subq;           /* mc_task_t.qlink */

@@ -111,6 +111,9 @@ static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
 {
     mc_msg_t *m = NULL;
     int rc;
+
+    if (atomic_load_explicit(&e->stop, memory_order_relaxed)) /* a callback during destroy */
+        return mc__set_error(-MC_ECANCELED, "the engine is being destroyed");
     bool section = !mc__in_pass_of(e) && mc__send_begin(e);
 
     if (section || mc__in_pass_of(e)) {
@@ -477,6 +480,8 @@ int mc_peer_flush(mc_engine_t *e, mc_segment_id_t target, mc_done_cb cb, void *a
 
     if (!e || !cb)
         return mc__set_error(-EINVAL, "mc_peer_flush: NULL argument");
+    if (atomic_load_explicit(&e->stop, memory_order_relaxed)) /* a callback during destroy */
+        return mc__set_error(-MC_ECANCELED, "the engine is being destroyed");
     pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, target);
     if (!p)

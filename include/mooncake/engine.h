@@ -492,8 +492,8 @@ typedef struct mc_msg_opts {
 } mc_msg_opts_t;
 
 /* Send a message to a peer. The data is copied. -EAGAIN if MC_MSG_WINDOW messages to that peer
- * are queued or unacknowledged; -EINVAL if len > MC_MSG_MAX; -MC_EPEERDEAD if the peer is dead.
- * opts may be NULL. */
+ * are queued or unacknowledged; -EINVAL if len > MC_MSG_MAX; -MC_EPEERDEAD if the peer is dead;
+ * -MC_ECANCELED from a callback that runs while the engine is destroyed. opts may be NULL. */
 MC_API int mc_msg_send_ex(mc_engine_t *engine, mc_segment_id_t target, uint8_t id, const void *data,
                           size_t len, const mc_msg_opts_t *opts);
 
@@ -508,7 +508,8 @@ MC_API int mc_notify_send(mc_engine_t *engine, mc_segment_id_t target, const voi
 /* Flush everything issued to a peer before this call: cb(arg, 0) once every task submitted to
  * it is remotely complete (final, with nothing of it in flight any more) and every message sent
  * to it is in its queue; cb(arg, error) if the peer dies or is closed first. cb runs from
- * progress, never inside this call. -MC_EPEERDEAD if the peer is dead already. */
+ * progress, never inside this call. -MC_EPEERDEAD if the peer is dead already; -MC_ECANCELED from
+ * a callback that runs while the engine is destroyed. */
 MC_API int mc_peer_flush(mc_engine_t *engine, mc_segment_id_t target, mc_done_cb cb, void *arg);
 
 typedef struct mc_notify {

@@ -1220,6 +1220,62 @@ static void test_served_messages(void **state)
     arm_pair_destroy();
 }
 
+/* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
+
+static struct {
+    mc_engine_t *e;
+    mc_segment_id_t seg;
+    atomic_int first, second, flushed; /* callbacks run */
+    int send_rc, flush_rc;             /* what the calls made from the first one returned */
+} late;
+
+static void on_late_second(void *arg, int status)
+{
+    (void)arg, (void)status;
+    atomic_fetch_add(&late.second, 1);
+}
+
+static void on_late_flush(void *arg, int status)
+{
+    (void)arg, (void)status;
+    atomic_fetch_add(&late.flushed, 1);
+}
+
+/* The first message's completion runs while its engine is destroyed, and sends and flushes
+ * from there: each call either fails or has its callback run, once, before destroy returns. */
+static void on_late_first(void *arg, int status)
+{
+    static const uint8_t b[8];
+    mc_msg_opts_t o = {.size = sizeof(o), .cb = on_late_second};
+
+    (void)arg, (void)status;
+    atomic_fetch_add(&late.first, 1);
+    late.send_rc = mc_msg_send_ex(late.e, late.seg, TH_MSG_ID, b, sizeof(b), &o);
+    late.flush_rc = mc_peer_flush(late.e, late.seg, on_late_flush, NULL);
+}
+
+static void test_send_during_destroy(void **state)
+{
+    static const uint8_t b[8];
+    mc_engine_t *snd, *host;
+    mc_msg_opts_t o = {.size = sizeof(o), .cb = on_late_first};
+    int fd;
+
+    (void)state;
+    memset(&late, 0, sizeof(late));
+    arm_pair("shm", 0, &host, &snd, &fd); /* snd: caller progress, never driven here */
+    late.e = snd;
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &late.seg), 0);
+    assert_int_equal(mc_msg_send_ex(snd, late.seg, TH_MSG_ID, b, sizeof(b), &o), 0);
+    mc_engine_destroy(snd);
+    g.e[1] = NULL;
+    assert_int_equal(atomic_load(&late.first), 1);
+    assert_int_equal(atomic_load(&late.second), late.send_rc ? 0 : 1);
+    assert_int_equal(atomic_load(&late.flushed), late.flush_rc ? 0 : 1);
+    print_message("  from the callback: send %d, flush %d\n", late.send_rc, late.flush_rc);
+    arm_pair_destroy();
+}
+
 /* ---- handlers set while messages arrive ------------------------------------------------------ */
 
 #define SWAP_N 20000
@@ -1835,6 +1891,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_address_reachable, teardown),
         cmocka_unit_test_teardown(test_release, teardown),
         cmocka_unit_test_teardown(test_destroy_race, teardown),
+        cmocka_unit_test_teardown(test_send_during_destroy, teardown),
         cmocka_unit_test_teardown(test_close_waiting_peer, teardown),
         cmocka_unit_test_teardown(test_restarted_peer, teardown),
         cmocka_unit_test_teardown(test_progress_explicit, teardown),
