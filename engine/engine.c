@@ -784,6 +784,9 @@ void mc_engine_destroy(mc_engine_t *e)
     mc__publish_stop(e);
     mc__meta_cache_stop(e);
     pthread_mutex_lock(&e->lock);
+    /* (this thread may be in a pass of another engine: a callback of it destroys this one) */
+    bool was_in_pass = in_pass;
+    const mc_engine_t *was_engine = pass_engine;
     in_pass = true;
     pass_engine = e;
     engine_abort_tasks(e);
@@ -798,7 +801,8 @@ void mc_engine_destroy(mc_engine_t *e)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);
     mc__sched_fini(e);
-    in_pass = false;
+    in_pass = was_in_pass;
+    pass_engine = was_engine;
     pthread_mutex_unlock(&e->lock);
     mc__peers_fini(e);
     mc__memtab_fini(e);

@@ -1276,6 +1276,50 @@ static void test_send_during_destroy(void **state)
     arm_pair_destroy();
 }
 
+/* ---- an engine destroyed from a callback of another ---------------------------------------- */
+
+bool mc__in_pass_of(const mc_engine_t *e); /* engine_int.h: the white-box check below */
+
+static struct {
+    mc_engine_t *victim, *host;
+    atomic_int ran;
+    bool in_pass_after; /* the host's pass, as this thread sees it once the victim is gone */
+} doom;
+
+static void on_doom_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    (void)arg, (void)sender, (void)id, (void)data, (void)len;
+    mc_engine_destroy(doom.victim);
+    doom.victim = NULL;
+    doom.in_pass_after = mc__in_pass_of(doom.host);
+    atomic_fetch_add(&doom.ran, 1);
+}
+
+/* A message handler of one engine destroys another: the handler's own pass goes on as a pass
+ * (destroy used to end it for this thread, so what the handler did next took the slow way). */
+static void test_destroy_from_callback(void **state)
+{
+    mc_engine_t *snd, *host;
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+    int fd;
+
+    (void)state;
+    memset(&doom, 0, sizeof(doom));
+    arm_pair("shm", 100, &snd, &host, &fd); /* its serving thread answers the handshake */
+    th_config(&cfg);
+    doom.victim = th_engine(&cfg);
+    doom.host = host;
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_doom_msg, NULL), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
+    assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, "x", 1), 0);
+    for (int64_t dl = th_now_ms() + 10000; !atomic_load(&doom.ran) && th_now_ms() < dl;)
+        mc_engine_progress(host);
+    assert_int_equal(atomic_load(&doom.ran), 1);
+    assert_true(doom.in_pass_after);
+    arm_pair_destroy();
+}
+
 /* ---- handlers set while messages arrive ------------------------------------------------------ */
 
 #define SWAP_N 20000
@@ -1892,6 +1936,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_release, teardown),
         cmocka_unit_test_teardown(test_destroy_race, teardown),
         cmocka_unit_test_teardown(test_send_during_destroy, teardown),
+        cmocka_unit_test_teardown(test_destroy_from_callback, teardown),
         cmocka_unit_test_teardown(test_close_waiting_peer, teardown),
         cmocka_unit_test_teardown(test_restarted_peer, teardown),
         cmocka_unit_test_teardown(test_progress_explicit, teardown),
