@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -323,6 +324,58 @@ static void test_cma_after_owner_destroy(void **state)
     th_batch_destroy(fx->e, b);
 }
 
+/* Mappings of length len of the owner's engine memory in this process. */
+static int owner_maps(size_t len)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    unsigned long lo, hi;
+    int n = 0;
+
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f))
+        if (strstr(line, "/memfd:mooncake") && sscanf(line, "%lx-%lx", &lo, &hi) == 2 &&
+            hi - lo == len)
+            n++;
+    fclose(f);
+    return n;
+}
+
+/* The owner stops (SIGSTOP) as our first transfer to it asks for its registration table and
+ * a mapping: both requests time out (the transfer goes over tcp, once the owner runs again),
+ * and their late answers are not taken for the answers of the next request: a buffer the owner
+ * registers then is mapped here (a mapping of its size appears), its bytes right. */
+static void test_late_answers(void **state)
+{
+    fx_t *fx = *state;
+    const size_t len = 65536, len2 = 3u << 20;
+    uint64_t b1 = fx->t.eng[0].buf[1];
+    mc_request_t q = {
+        .opcode = MC_READ, .local = fx->src, .target = fx->seg, .target_offset = b1, .length = len};
+    mc_batch_status_t st;
+    mc_batch_t *b;
+
+    th_remote_fill(&fx->t, 0, b1, len, 95, 0);
+    th_stop(fx->t.pid);
+    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &q, 1, NULL), 0); /* waits for the answers, in vain */
+    assert_int_equal(kill(fx->t.pid, SIGCONT), 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_batch_status(b, &st), 0);
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    assert_int_equal(th_check(fx->src, len, 95), -1);
+    th_batch_destroy(fx->e, b);
+
+    uint64_t b2 = th_register_keyed(&fx->t, fx->e, fx->seg, len2, 96);
+    assert_true(b2 != 0);
+    int before = owner_maps(len2);
+    memset(fx->src, 0, len2);
+    assert_int_equal(th_xfer(fx->e, MC_READ, fx->src, fx->seg, b2, len2, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(fx->src, len2, 96), -1);
+    assert_int_equal(owner_maps(len2), before + 1);
+}
+
 /* Target memory that is not engine memory, and two CMA helper threads. */
 static int setup_shared(void **state)
 {
@@ -531,6 +584,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_cma_unregister_during_traffic, setup_malloc, teardown),
         cmocka_unit_test_setup_teardown(test_owner_dies, setup_malloc, teardown),
         cmocka_unit_test_setup_teardown(test_unmapped_from_progress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_late_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cma_after_owner_destroy, setup_caller_malloc,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_cma_shared_run, setup_shared, teardown),

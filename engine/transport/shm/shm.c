@@ -127,10 +127,11 @@ static void conn_bury(mc_engine_t *e, shm_conn_t *c)
 static void on_map(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
 {
     mc_buffer_t *b = mc__mem_get(e, m->addr, m->len);
-    shm_msg_t r = {.type = SHM_MAP_ERR, .addr = m->addr};
+    shm_msg_t r = {.type = SHM_MAP_ERR, .addr = m->addr, .instance = m->instance};
 
     if (b && b->memfd >= 0) {
-        r = (shm_msg_t){.type = SHM_MAP_OK, .addr = b->addr, .len = b->len};
+        r = (shm_msg_t){
+            .type = SHM_MAP_OK, .addr = b->addr, .len = b->len, .instance = m->instance};
         if (mc__shm_send(c->p.fd, &r, b->memfd))
             conn_bury(e, c);
     } else if (mc__shm_send(c->p.fd, &r, -1)) {
@@ -164,7 +165,10 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             on_map(e, c, &m);
         } else if (m.type == SHM_REGTAB && c->role == ROLE_REQUEST && c->slot < 0 && se->regtab) {
             c->slot = mc__shm_regtab_slot_get(e);
-            shm_msg_t r = {.type = SHM_REGTAB_OK, .arg = (uint32_t)c->slot, .len = MC_REGTAB_LANES};
+            shm_msg_t r = {.type = SHM_REGTAB_OK,
+                           .arg = (uint32_t)c->slot,
+                           .len = MC_REGTAB_LANES,
+                           .instance = m.instance};
             if (c->slot < 0 || mc__shm_send(c->p.fd, &r, se->regtab_fd)) {
                 rc = -EIO;
                 break;
@@ -362,9 +366,24 @@ int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, bool non
 /* Ask the owner for its registration table and our slot in it (CMA needs both). */
 static bool regtab_ask(shm_peer_t *s)
 {
-    shm_msg_t m = {.type = SHM_REGTAB};
+    shm_msg_t m = {.type = SHM_REGTAB, .instance = ++s->req_id};
 
     return send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) == sizeof(m);
+}
+
+/* The answer to our last request on req_fd (flags: MSG_DONTWAIT, or 0 to wait up to the I/O
+ * timeout). An answer to an earlier request, late after it timed out, is dropped with the
+ * descriptor it brought, so that no request ever takes another's answer for its own. */
+static int req_answer(shm_peer_t *s, shm_msg_t *m, int *fd_p, int flags)
+{
+    int rc;
+
+    while (!(rc = msg_recv(s->req_fd, m, fd_p, flags)) && m->instance != s->req_id) {
+        if (*fd_p >= 0)
+            close(*fd_p);
+        *fd_p = -1;
+    }
+    return rc;
 }
 
 /* The owner's answer m (with fd): the table, mapped; none if it sent something else. */
@@ -399,7 +418,7 @@ static void peer_on_regtab(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         regtab_wait_stop(e, s);
         return;
     }
-    rc = msg_recv(s->req_fd, &m, &fd, MSG_DONTWAIT);
+    rc = req_answer(s, &m, &fd, MSG_DONTWAIT);
     if (rc == -EAGAIN)
         return;
     regtab_wait_stop(e, s);
@@ -459,7 +478,7 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s, bool wait)
     if (wait) {
         shm_msg_t m;
         int fd = -1;
-        if (!msg_recv(s->req_fd, &m, &fd, 0))
+        if (!req_answer(s, &m, &fd, 0))
             regtab_take(s, &m, fd);
         else if (fd >= 0)
             close(fd);
@@ -528,9 +547,10 @@ static int map_buffer(shm_peer_t *s, uint64_t addr, uint64_t len)
     void *p;
 
     pthread_mutex_lock(&s->req_lock);
+    m.instance = ++s->req_id;
     rc = send(s->req_fd, &m, sizeof(m), MSG_NOSIGNAL) == sizeof(m) ? 0 : -EIO;
     if (!rc)
-        rc = msg_recv(s->req_fd, &m, &fd, 0);
+        rc = req_answer(s, &m, &fd, 0);
     pthread_mutex_unlock(&s->req_lock);
     if (!rc && (m.type != SHM_MAP_OK || fd < 0))
         rc = -MC_EACCESS;

@@ -54,7 +54,8 @@ enum { ROLE_REQUEST = 1, ROLE_EVENT = 2, ROLE_MSG = 3 };
 
 typedef struct shm_msg {
     uint32_t type, arg; /* arg: role for HELLO */
-    uint64_t addr, len, instance;
+    uint64_t addr, len;
+    uint64_t instance; /* HELLO: the sender's engine; a request: its id, which the answer echoes */
 } shm_msg_t;
 
 /* One message on fd (without blocking), with a descriptor attached if pass_fd >= 0. */
@@ -122,6 +123,7 @@ typedef struct shm_peer {
     char addr[MC_NAME_MAX];    /* the owner's socket name */
     pthread_mutex_t req_lock;  /* one MAP request at a time on req_fd */
     int req_fd;
+    uint64_t req_id;           /* of the last request on req_fd (an answer to another is late) */
     mc_pollable_t regtab_wait; /* SP_OPENING: req_fd in the progress loop, for the table's answer */
     mc_pollable_t ev;          /* event socket, in the progress loop */
     mc_pollable_t exit;        /* its pidfd, in the progress loop: the owner's death */
