@@ -240,6 +240,51 @@ static int io_full(int fd, void *buf, size_t len, int writing, int64_t deadline)
     return 0;
 }
 
+int th_io_full(int fd, void *buf, size_t len, int writing, int timeout_ms)
+{
+    return io_full(fd, buf, len, writing,
+                   timeout_ms == INT32_MAX ? INT64_MAX : th_now_ms() + timeout_ms);
+}
+
+pid_t th_spawn_self(const char *flag, int *sock_p)
+{
+    char exe[4096], fdstr[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    pid_t parent = getpid(), pid;
+    int sv[2];
+
+    assert_true(n > 0);
+    exe[n] = 0;
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    snprintf(fdstr, sizeof(fdstr), "%d", sv[1]);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        fcntl(sv[1], F_SETFD, 0);
+        execl(exe, exe, flag, fdstr, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    *sock_p = sv[0];
+    return pid;
+}
+
+void th_child_reap(pid_t *pid_p, int *sock_p)
+{
+    if (*pid_p > 0) {
+        kill(*pid_p, SIGKILL);
+        while (waitpid(*pid_p, NULL, 0) < 0 && errno == EINTR)
+            ;
+        *pid_p = 0;
+    }
+    if (*sock_p >= 0)
+        close(*sock_p);
+    *sock_p = -1;
+}
+
 /* ---- the child ---------------------------------------------------------------------------- */
 
 typedef struct child_engine {

@@ -124,6 +124,16 @@ int th_target_send(th_target_t *t, const th_cmd_t *cmd);
 int th_target_recv(th_target_t *t, th_reply_t *rep, int timeout_ms);
 /* SIGKILL (if still running) and reap. Safe to call twice. */
 void th_target_kill(th_target_t *t);
+
+/* A child of a test's own making: this binary again, exec'ed with argv[1] = flag and argv[2] =
+ * the number of its end of a socket pair (killed if we die); the pid, our end in *sock_p. The
+ * test's main() recognizes the flag first thing. */
+pid_t th_spawn_self(const char *flag, int *sock_p);
+/* Kill such a child (SIGKILL), reap it, close our end; both set to "none" (0, -1). */
+void th_child_reap(pid_t *pid_p, int *sock_p);
+/* Send (writing) or receive exactly len bytes on fd within timeout_ms (INT32_MAX: no limit):
+ * 0, -ETIMEDOUT, -EPIPE (closed) or -errno. */
+int th_io_full(int fd, void *buf, size_t len, int writing, int timeout_ms);
 /* Ask the child to exit cleanly (destroying its engines); returns its exit status, or -1 if
  * it had to be killed after timeout_ms. */
 int th_target_stop(th_target_t *t, int timeout_ms);

@@ -16,7 +16,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -27,8 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -539,30 +536,6 @@ typedef struct ft_reply {
     int64_t rc, v[4];
 } ft_reply_t;
 
-static int full(int fd, void *buf, size_t len, int writing, int timeout_ms)
-{
-    uint8_t *p = buf;
-    int64_t dl = th_now_ms() + timeout_ms;
-
-    while (len) {
-        struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
-        if (th_now_ms() > dl)
-            return -ETIMEDOUT;
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        ssize_t n = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-        if (n == 0)
-            return -EPIPE;
-        if (n < 0 && errno != EINTR && errno != EAGAIN)
-            return -errno;
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-        }
-    }
-    return 0;
-}
-
 /* The child: an engine with one file buffer and one memory buffer, serving until told. */
 static void owner_main(int fd)
 {
@@ -574,7 +547,7 @@ static void owner_main(int fd)
     size_t blen = 0;
     int rc;
 
-    if (full(fd, &su, sizeof(su), 0, 30000))
+    if (th_io_full(fd, &su, sizeof(su), 0, 30000))
         _exit(2);
     th_set(&su.cfg, "PROGRESS_THREAD", "1");
     rc = mc_config_create(&conf);
@@ -604,17 +577,17 @@ static void owner_main(int fd)
     if (rc)
         snprintf(h.err, sizeof(h.err), "%s", mc_last_error());
     h.blob_len = (uint32_t)blen;
-    if (full(fd, &h, sizeof(h), 1, 30000) || rc || full(fd, blob, blen, 1, 30000))
+    if (th_io_full(fd, &h, sizeof(h), 1, 30000) || rc || th_io_full(fd, blob, blen, 1, 30000))
         _exit(3);
     for (;;) {
         ft_cmd_t c;
         ft_reply_t r = {0};
         mc_counters_t cnt;
-        if (full(fd, &c, sizeof(c), 0, INT32_MAX))
+        if (th_io_full(fd, &c, sizeof(c), 0, INT32_MAX))
             _exit(0);
         if (c.op == FT_EXIT) {
             mc_engine_destroy(e);
-            full(fd, &r, sizeof(r), 1, 5000);
+            th_io_full(fd, &r, sizeof(r), 1, 5000);
             _exit(0);
         }
         if (c.op == FT_UNREGISTER)
@@ -625,7 +598,7 @@ static void owner_main(int fd)
             r.v[1] = atomic_load(&ft_msgs.in_order);
             r.v[2] = atomic_load(&ft_msgs.bad);
         }
-        if (full(fd, &r, sizeof(r), 1, 10000))
+        if (th_io_full(fd, &r, sizeof(r), 1, 10000))
             _exit(4);
     }
 }
@@ -641,32 +614,13 @@ typedef struct owner {
 static void owner_spawn(owner_t *ow, const th_cfg_t *cfg, const char *path, uint64_t len,
                         unsigned flags)
 {
-    char exe[4096], fdstr[16];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    int sv[2];
     ft_setup_t su = {.cfg = *cfg, .len = len, .flags = flags};
     ft_hello_t h;
-    pid_t parent = getpid();
 
-    assert_true(n > 0);
-    exe[n] = 0;
     snprintf(su.path, sizeof(su.path), "%s", path);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    snprintf(fdstr, sizeof(fdstr), "%d", sv[1]);
-    ow->pid = fork();
-    assert_true(ow->pid >= 0);
-    if (ow->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        fcntl(sv[1], F_SETFD, 0);
-        execl(exe, exe, "--file-owner", fdstr, (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    ow->sock = sv[0];
-    assert_int_equal(full(ow->sock, &su, sizeof(su), 1, 30000), 0);
-    assert_int_equal(full(ow->sock, &h, sizeof(h), 0, 30000), 0);
+    ow->pid = th_spawn_self("--file-owner", &ow->sock);
+    assert_int_equal(th_io_full(ow->sock, &su, sizeof(su), 1, 30000), 0);
+    assert_int_equal(th_io_full(ow->sock, &h, sizeof(h), 0, 30000), 0);
     if (h.rc)
         print_error("owner: %s\n", h.err);
     assert_int_equal(h.rc, 0);
@@ -674,7 +628,7 @@ static void owner_spawn(owner_t *ow, const th_cfg_t *cfg, const char *path, uint
     ow->mem = h.mem;
     ow->blob_len = h.blob_len;
     ow->blob = malloc(h.blob_len);
-    assert_int_equal(full(ow->sock, ow->blob, h.blob_len, 0, 30000), 0);
+    assert_int_equal(th_io_full(ow->sock, ow->blob, h.blob_len, 0, 30000), 0);
 }
 
 /* A command to the owner: its status, its values in v (4, or NULL). */
@@ -683,8 +637,8 @@ static int64_t owner_cmd_v(owner_t *ow, uint32_t op, uint64_t a0, int64_t *v)
     ft_cmd_t c = {.op = op, .a0 = a0};
     ft_reply_t r;
 
-    assert_int_equal(full(ow->sock, &c, sizeof(c), 1, 10000), 0);
-    assert_int_equal(full(ow->sock, &r, sizeof(r), 0, 30000), 0);
+    assert_int_equal(th_io_full(ow->sock, &c, sizeof(c), 1, 10000), 0);
+    assert_int_equal(th_io_full(ow->sock, &r, sizeof(r), 0, 30000), 0);
     if (v)
         memcpy(v, r.v, sizeof(r.v));
     return r.rc;
@@ -702,14 +656,7 @@ static int64_t owner_cmd(owner_t *ow, uint32_t op, uint64_t a0, int64_t *v0)
 
 static void owner_kill(owner_t *ow)
 {
-    if (ow->pid > 0) {
-        kill(ow->pid, SIGKILL);
-        waitpid(ow->pid, NULL, 0);
-        ow->pid = 0;
-    }
-    if (ow->sock >= 0)
-        close(ow->sock);
-    ow->sock = -1;
+    th_child_reap(&ow->pid, &ow->sock);
     free(ow->blob);
     ow->blob = NULL;
 }

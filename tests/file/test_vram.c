@@ -9,8 +9,6 @@
  * Needs a CUDA device: exits 77 without one (CI; the lent GPU machine runs it).
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -52,30 +48,6 @@ typedef struct vt_cmd {
 static uint64_t ptr(const void *p)
 {
     return (uint64_t)(uintptr_t)p;
-}
-
-static int full(int fd, void *buf, size_t len, int writing, int timeout_ms)
-{
-    uint8_t *p = buf;
-    int64_t dl = th_now_ms() + timeout_ms;
-
-    while (len) {
-        struct pollfd pfd = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
-        if (th_now_ms() > dl)
-            return -ETIMEDOUT;
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        ssize_t n = writing ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
-        if (n == 0)
-            return -EPIPE;
-        if (n < 0 && errno != EINTR && errno != EAGAIN)
-            return -errno;
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-        }
-    }
-    return 0;
 }
 
 /* th_fill_at for VRAM: [vram, +len) := seed's pattern from stream offset off. */
@@ -113,7 +85,7 @@ static void owner_main(int fd)
     size_t blen = 0;
     int rc;
 
-    if (full(fd, &cfg, sizeof(cfg), 0, 30000))
+    if (th_io_full(fd, &cfg, sizeof(cfg), 0, 30000))
         _exit(2);
     th_set(&cfg, "PROGRESS_THREAD", "1");
     rc = mc_config_create(&conf);
@@ -145,13 +117,13 @@ static void owner_main(int fd)
     h.vram = ptr(vram);
     h.mem = ptr(mem);
     h.blob_len = (uint32_t)blen;
-    if (full(fd, &h, sizeof(h), 1, 30000) || rc || full(fd, blob, blen, 1, 30000))
+    if (th_io_full(fd, &h, sizeof(h), 1, 30000) || rc || th_io_full(fd, blob, blen, 1, 30000))
         _exit(3);
     for (;;) {
         vt_cmd_t c;
         int64_t r = 0;
         mc_counters_t cnt;
-        if (full(fd, &c, sizeof(c), 0, INT32_MAX))
+        if (th_io_full(fd, &c, sizeof(c), 0, INT32_MAX))
             _exit(0);
         uint8_t *at = (uint8_t *)(uintptr_t)c.addr;
         switch (c.op) {
@@ -169,10 +141,10 @@ static void owner_main(int fd)
             break;
         case VC_EXIT:
             mc_engine_destroy(e);
-            full(fd, &r, sizeof(r), 1, 5000);
+            th_io_full(fd, &r, sizeof(r), 1, 5000);
             _exit(0);
         }
-        if (full(fd, &r, sizeof(r), 1, 30000))
+        if (th_io_full(fd, &r, sizeof(r), 1, 30000))
             _exit(4);
     }
 }
@@ -187,30 +159,11 @@ typedef struct owner {
 
 static void owner_spawn(owner_t *ow, const th_cfg_t *cfg)
 {
-    char exe[4096], fdstr[16];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    int sv[2];
     vt_hello_t h;
-    pid_t parent = getpid();
 
-    assert_true(n > 0);
-    exe[n] = 0;
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    snprintf(fdstr, sizeof(fdstr), "%d", sv[1]);
-    ow->pid = fork();
-    assert_true(ow->pid >= 0);
-    if (ow->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        fcntl(sv[1], F_SETFD, 0);
-        execl(exe, exe, "--vram-owner", fdstr, (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    ow->sock = sv[0];
-    assert_int_equal(full(ow->sock, (void *)cfg, sizeof(*cfg), 1, 30000), 0);
-    assert_int_equal(full(ow->sock, &h, sizeof(h), 0, 60000), 0);
+    ow->pid = th_spawn_self("--vram-owner", &ow->sock);
+    assert_int_equal(th_io_full(ow->sock, (void *)cfg, sizeof(*cfg), 1, 30000), 0);
+    assert_int_equal(th_io_full(ow->sock, &h, sizeof(h), 0, 60000), 0);
     if (h.rc)
         print_error("owner: %s\n", h.err);
     assert_int_equal(h.rc, 0);
@@ -218,7 +171,7 @@ static void owner_spawn(owner_t *ow, const th_cfg_t *cfg)
     ow->mem = h.mem;
     ow->blob_len = h.blob_len;
     ow->blob = malloc(h.blob_len);
-    assert_int_equal(full(ow->sock, ow->blob, h.blob_len, 0, 30000), 0);
+    assert_int_equal(th_io_full(ow->sock, ow->blob, h.blob_len, 0, 30000), 0);
 }
 
 /* A command about [addr, addr+len) of the owner (the pattern's stream offset: addr - base). */
@@ -228,21 +181,14 @@ static int64_t owner_cmd(owner_t *ow, uint32_t op, uint64_t base, uint64_t addr,
     vt_cmd_t c = {.op = op, .addr = addr, .len = len, .seed = seed, .off = addr - base};
     int64_t r;
 
-    assert_int_equal(full(ow->sock, &c, sizeof(c), 1, 10000), 0);
-    assert_int_equal(full(ow->sock, &r, sizeof(r), 0, 60000), 0);
+    assert_int_equal(th_io_full(ow->sock, &c, sizeof(c), 1, 10000), 0);
+    assert_int_equal(th_io_full(ow->sock, &r, sizeof(r), 0, 60000), 0);
     return r;
 }
 
 static void owner_kill(owner_t *ow)
 {
-    if (ow->pid > 0) {
-        kill(ow->pid, SIGKILL);
-        waitpid(ow->pid, NULL, 0);
-        ow->pid = 0;
-    }
-    if (ow->sock >= 0)
-        close(ow->sock);
-    ow->sock = -1;
+    th_child_reap(&ow->pid, &ow->sock);
     free(ow->blob);
     ow->blob = NULL;
 }
