@@ -27,3 +27,7 @@ if(TARGET softverbs)
     LABELS "integration;rdma;gpu" ENVIRONMENT
     "VT_TRANSPORT=rdma;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_vram;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_vram")
 endif()
+# The same pipeline end to end without a device: two engines of this process, host memory taken
+# for VRAM, a test runtime's copies (white box).
+mc_unit_test(test_vram_staging SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vram_staging.c
+             ${PROJECT_SOURCE_DIR}/tests/engine/harness.c TIMEOUT 120 LABELS integration)
