@@ -221,14 +221,20 @@ static bool sent_for_good(const mc_task_t *t)
     return t->on_sent && t->sent == t->req.length;
 }
 
+void mc__peer_count(const mc_task_t *t, int cnt, uint64_t v)
+{
+    if (!t->batch->internal)
+        mc__count(&t->peer->c[cnt], v);
+}
+
 void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
 {
     mc_task_t *t = s->task;
     mc_peer_t *p = t->peer;
     int cnt = s->opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
 
-    mc__count(&p->c[cnt], s->len);
-    mc__count(&p->c[MC_CNT_REQUESTS], 1);
+    mc__peer_count(t, cnt, s->len);
+    mc__peer_count(t, MC_CNT_REQUESTS, 1);
     mc__tp_count(e, t->tp, cnt, s->len);
     mc__tp_count(e, t->tp, MC_CNT_REQUESTS, 1);
     p->last_done_ns[t->tp] = mc__now_ns();
@@ -256,7 +262,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     mc_task_t *t = s->task;
     mc_peer_t *p = t->peer;
 
-    mc__count(&p->c[MC_CNT_ERRORS], 1);
+    mc__peer_count(t, MC_CNT_ERRORS, 1);
     mc__tp_count(e, t->tp, MC_CNT_ERRORS, 1);
     if (retryable && sent_for_good(t)) {
         mc__task_finish(t, MC_TASK_FAILED, err,
@@ -272,7 +278,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     }
     if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable && s->attempts < e->cfg.retry_cnt) {
         s->attempts++;
-        mc__count(&p->c[MC_CNT_RETRIES], 1);
+        mc__peer_count(t, MC_CNT_RETRIES, 1);
         mc__tp_count(e, t->tp, MC_CNT_RETRIES, 1);
         mc_list_push_back(&p->q[t->tp].retry, &s->link);
         mc__peer_activate(e, p);

@@ -30,6 +30,9 @@ void mc__sched_unslice(mc_peer_t *p, unsigned tp, mc_slice_t *s);
 void mc__slice_sent(mc_engine_t *e, mc_slice_t *s);
 /* A slice's bytes are confirmed. */
 void mc__slice_done(mc_engine_t *e, mc_slice_t *s);
+/* Count v in counter cnt (MC_CNT_*) of t's peer, unless t is a transport's own task (a staged
+ * transfer's child, whose parent counts the same bytes). */
+void mc__peer_count(const mc_task_t *t, int cnt, uint64_t v);
 /* A slice failed. retryable: resend it elsewhere (after its connection was torn down). */
 void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, const char *reason);
 /* Fail every task queued to a peer (it cannot be reached). */

@@ -79,6 +79,7 @@ struct mc_batch {
     atomic_int waited;     /* mc_batch_wait callers asleep on it, or about to be */
     mc_list_t cancel_link; /* in e->cancelq (under sub_lock) */
     mc_task_t *tasks;
+    bool internal; /* a transport's own (a staged transfer's child): no per-peer counts */
 };
 
 /* MC_SL_DATA: a piece of a task. MC_SL_CTRL: a control request of transport tp to the same

@@ -768,9 +768,14 @@ static void test_remote(void **state)
 
     assert_int_equal(mc_file_info(fx->e, fx->seg, f + 5, &fi), 0);
     assert_string_equal(fi.path, fx->path);
-    /* READ its file into our memory: aligned, then not */
+    /* READ its file into our memory: aligned, then not; the peer's counters count it once
+     * (not its child task as well) */
+    mc_counters_t pc0, pc1;
+    assert_int_equal(mc_stats_peer(fx->e, fx->seg, &pc0), 0);
     xfer_ok(fx->e, MC_READ, ptr(fx->mem), fx->seg, f, 4 * MIB);
     assert_int_equal(th_check(fx->mem, 4 * MIB, SEED_FILE), -1);
+    assert_int_equal(mc_stats_peer(fx->e, fx->seg, &pc1), 0);
+    assert_int_equal(pc1.bytes_read - pc0.bytes_read, 4 * MIB);
     xfer_ok(fx->e, MC_READ, ptr(fx->mem) + 4 * MIB + 7, fx->seg, f + 1001, 2 * MIB + 99);
     assert_int_equal(th_check_at(fx->mem + 4 * MIB + 7, 2 * MIB + 99, SEED_FILE, 1001), -1);
     /* WRITE our memory into its file */

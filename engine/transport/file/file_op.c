@@ -203,8 +203,8 @@ static void child_start(mc_engine_t *e, file_op_t *op)
         mc_batch_release(op->child);
         op->child = NULL;
     }
-    if (!op->child)
-        rc = mc_batch_create(e, 1, &op->child);
+    if (!op->child && !(rc = mc_batch_create(e, 1, &op->child)))
+        op->child->internal = true; /* its parent counts these bytes for the peer */
     if (!rc)
         rc = mc_batch_submit_ex(op->child, &r, 1, &o);
     if (rc)

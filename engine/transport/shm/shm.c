@@ -628,8 +628,8 @@ void mc__shm_task_done(mc_engine_t *e, mc_task_t *d)
     int cnt = d->req.opcode == MC_READ ? MC_CNT_READ : MC_CNT_WRITTEN;
 
     mc__task_add_bytes(d, d->req.length);
-    mc__count(&d->peer->c[cnt], d->req.length);
-    mc__count(&d->peer->c[MC_CNT_REQUESTS], 1);
+    mc__peer_count(d, cnt, d->req.length);
+    mc__peer_count(d, MC_CNT_REQUESTS, 1);
     mc__tp_count(e, mc__shm_slot, cnt, d->req.length);
     mc__tp_count(e, mc__shm_slot, MC_CNT_REQUESTS, 1);
     mc__task_finish(d, MC_TASK_COMPLETED, 0, NULL);
