@@ -277,9 +277,10 @@ static const char *file_note(void)
  * metadata "none" it publishes nothing and listens on loopback only. */
 static mc_engine_t *probe_engine(const char *metadata);
 
-/* Whether rdma gives VRAM of GPU dev a memory region (GPUDirect: dmabuf or peer memory): an
- * engine registers 2 MiB of it as a host would. 1 or 0; -1 with the reason in why. */
-static int vram_gpudirect(mc_engine_t *e, int dev, char *why, size_t size)
+/* Whether rdma gives VRAM of GPU dev a memory region (GPUDirect: dmabuf or peer memory), and
+ * (*ipc_p) whether it exports a CUDA IPC handle for same-host peers: an engine registers 2 MiB
+ * of it as a host would. 1 or 0; -1 with the reason in why. */
+static int vram_gpudirect(mc_engine_t *e, int dev, bool *ipc_p, char *why, size_t size)
 {
 #if MC_HAVE_CUDA
     int rdma = mc__transport_find("rdma"), direct = -1;
@@ -297,6 +298,7 @@ static int vram_gpudirect(mc_engine_t *e, int dev, char *why, size_t size)
     if (mc_mem_register(e, p, 2u << 20, loc) == 0) {
         mc_buffer_t *b = mc__mem_get(e, (uint64_t)(uintptr_t)p, 1);
         direct = b && rdma >= 0 && e->tp[rdma] && b->tp[rdma];
+        *ipc_p = b && b->tp[mc__file_slot];
         if (b)
             mc__mem_put(e, b);
         mc_mem_unregister(e, p);
@@ -308,6 +310,7 @@ static int vram_gpudirect(mc_engine_t *e, int dev, char *why, size_t size)
 #else
     (void)e;
     (void)dev;
+    (void)ipc_p;
     snprintf(why, size, "built without CUDA");
     return -1;
 #endif
@@ -322,19 +325,21 @@ static json_t *vram_paths(const mc_topo_t *t)
     for (size_t i = 0; e && i < t->n_devs; i++) {
         char why[300] = "", path[400];
         int gpu = t->devs[i].gpu_index, direct;
+        bool ipc = false;
         if (t->devs[i].kind != MC_DEV_GPU)
             continue;
-        direct = vram_gpudirect(e, gpu, why, sizeof(why));
+        direct = vram_gpudirect(e, gpu, &ipc, why, sizeof(why));
         if (direct < 0)
             snprintf(path, sizeof(path), "cannot tell: %s", why);
         else
             snprintf(path, sizeof(path),
                      "%sstaged through pinned host memory by the file transport "
-                     "(over shm to this host, tcp or rdma beyond)",
+                     "(over shm to this host, tcp or rdma beyond)%s",
                      direct ? "rdma with GPUDirect to peers whose end a NIC reaches too; otherwise "
-                            : "");
-        json_array_append_new(
-            arr, json_pack("{s:i,s:b,s:s}", "gpu", gpu, "gpudirect", direct > 0, "path", path));
+                            : "",
+                     ipc ? "; same-host peers open it with CUDA IPC" : "");
+        json_array_append_new(arr, json_pack("{s:i,s:b,s:b,s:s}", "gpu", gpu, "gpudirect",
+                                             direct > 0, "cuda_ipc", ipc, "path", path));
     }
     if (e)
         mc_engine_destroy(e);

@@ -38,6 +38,9 @@
       (dst, src, len, kind, s))                                                                    \
     X(cudaHostRegister, (void *p, size_t len, unsigned int flags), (p, len, flags))                \
     X(cudaHostUnregister, (void *p), (p))                                                          \
+    X(cudaIpcGetMemHandle, (cudaIpcMemHandle_t * h, void *p), (h, p))                              \
+    X(cudaIpcOpenMemHandle, (void **p, cudaIpcMemHandle_t h, unsigned int flags), (p, h, flags))   \
+    X(cudaIpcCloseMemHandle, (void *p), (p))                                                       \
     X(cudaGetDriverEntryPointByVersion,                                                            \
       (const char *sym, void **fp, unsigned int version, unsigned long long flags,                 \
        enum cudaDriverEntryPointQueryResult *status),                                              \

@@ -107,6 +107,51 @@ static int t_wait(int dev, void *evp, char *why, size_t size)
     return t_done(evp, why, size);
 }
 
+/* CUDA IPC in one process: a handle is the allocation's address (one of the fake VRAM
+ * buffers), opening it gives that address back (or fails, when the test says so). */
+#define MAX_FAKE 8
+static struct {
+    uint8_t *base[MAX_FAKE];
+    size_t n;
+    atomic_int opens, closes;
+    bool refuse;
+} ipc;
+
+static int t_ipc_export(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDLE], uint64_t *off_p,
+                        char *why, size_t size)
+{
+    (void)dev;
+    for (size_t i = 0; i < ipc.n; i++)
+        if (addr >= (uint64_t)(uintptr_t)ipc.base[i] &&
+            addr < (uint64_t)(uintptr_t)ipc.base[i] + SIZE) {
+            memset(handle, 0, FILE_IPC_HANDLE);
+            memcpy(handle, &ipc.base[i], sizeof(ipc.base[i]));
+            *off_p = addr - (uint64_t)(uintptr_t)ipc.base[i];
+            return 0;
+        }
+    snprintf(why, size, "not an allocation of the test");
+    return -EINVAL;
+}
+
+static int t_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, char *why,
+                      size_t size)
+{
+    (void)dev;
+    atomic_fetch_add(&ipc.opens, 1);
+    if (ipc.refuse) {
+        snprintf(why, size, "cudaIpcOpenMemHandle: invalid resource handle (test)");
+        return -EIO;
+    }
+    memcpy(base_p, handle, sizeof(*base_p));
+    return 0;
+}
+
+static void t_ipc_close(int dev, void *base)
+{
+    (void)dev, (void)base;
+    atomic_fetch_add(&ipc.closes, 1);
+}
+
 static const file_copy_ops_t test_ops = {
     .stream_create = t_stream_create,
     .stream_destroy = t_stream_destroy,
@@ -117,13 +162,28 @@ static const file_copy_ops_t test_ops = {
     .wait = t_wait,
 };
 
+static const file_copy_ops_t test_ops_ipc = {
+    .stream_create = t_stream_create,
+    .stream_destroy = t_stream_destroy,
+    .event_create = t_event_create,
+    .event_destroy = t_event_destroy,
+    .copy = t_copy,
+    .query = t_query,
+    .wait = t_wait,
+    .ipc_export = t_ipc_export,
+    .ipc_open = t_ipc_open,
+    .ipc_close = t_ipc_close,
+};
+
+static const file_copy_ops_t *ops_now = &test_ops;
+
 /* ---- fixture ---- */
 
 /* e stages VRAM as an engine whose VRAM registered: its chunks, the copier on our runtime. */
 static void fake_gpu(mc_engine_t *e)
 {
     assert_int_equal(mc__file_setup(e, false), 0);
-    file_of(e)->copy.ops = &test_ops;
+    file_of(e)->copy.ops = ops_now;
 }
 
 /* Host memory of e, registered, then taken for VRAM of GPU 0 (before any peer sees it). */
@@ -135,6 +195,9 @@ static uint8_t *fake_vram(mc_engine_t *e)
     assert_non_null(b);
     b->vram = true;
     snprintf(b->location, sizeof(b->location), "cuda:0");
+    assert_true(ipc.n < MAX_FAKE);
+    ipc.base[ipc.n++] = p;
+    mc__file_vram_register(e, b); /* its IPC handle, as a registration of VRAM makes */
     mc__mem_put(e, b);
     return p;
 }
@@ -189,11 +252,21 @@ static int setup(void **state, const char *force_tcp)
 
 static int setup_tcp(void **state)
 {
+    ops_now = &test_ops;
     return setup(state, "1");
+}
+
+/* The runtime has CUDA IPC: a peer's VRAM on this host is opened here. */
+static int setup_ipc(void **state)
+{
+    memset(&ipc, 0, sizeof(ipc));
+    ops_now = &test_ops_ipc;
+    return setup(state, "0");
 }
 
 static int setup_shm(void **state)
 {
+    ops_now = &test_ops;
     return setup(state, "0");
 }
 
@@ -202,7 +275,9 @@ static int teardown(void **state)
     fx_t *fx = *state;
 
     poison = NULL;
-    th_close(fx->a, fx->seg);
+    ipc.n = 0;
+    if (fx->seg != MC_SEGMENT_INVALID)
+        th_close(fx->a, fx->seg);
     th_close(fx->a, fx->self);
     mc_engine_destroy(fx->a);
     mc_engine_destroy(fx->b);
@@ -346,6 +421,45 @@ static void test_copy_fails(void **state)
     assert_int_equal(th_check(fx->bvram + 4 * MIB, MIB, 36), -1);
 }
 
+/* A same-host peer's VRAM opened here (CUDA IPC): one copy each way, from our host memory and
+ * our VRAM, nothing staged by the owner, the buffer opened once for all of them and closed when
+ * the segment is. */
+static void test_ipc(void **state)
+{
+    fx_t *fx = *state;
+
+    th_fill(fx->mem, SIZE, 37);
+    xfer_ok(fx->a, MC_WRITE, fx->mem + 5, fx->seg, ptr(fx->bvram) + 5, 6 * MIB);
+    assert_int_equal(th_check_at(fx->bvram + 5, 6 * MIB, 37, 5), -1);
+    xfer_ok(fx->a, MC_READ, fx->vram + 9, fx->seg, ptr(fx->bvram) + 8 * MIB + 9, 4 * MIB);
+    assert_int_equal(th_check_at(fx->vram + 9, 4 * MIB, 71, 8 * MIB + 9), -1);
+    th_fill(fx->vram, SIZE, 38);
+    xfer_ok(fx->a, MC_WRITE, fx->vram, fx->seg, ptr(fx->bvram) + 12 * MIB, 4 * MIB);
+    assert_int_equal(th_check_at(fx->bvram + 12 * MIB, 4 * MIB, 38, 0), -1);
+    assert_int_equal(file_bytes(fx->b, true), 0);
+    assert_int_equal(atomic_load(&ipc.opens), 1);
+    assert_int_equal(atomic_load(&ipc.closes), 0);
+    th_close(fx->a, fx->seg);
+    fx->seg = MC_SEGMENT_INVALID;
+    assert_int_equal(atomic_load(&ipc.closes), 1);
+}
+
+/* The peer's VRAM cannot be opened here: its slices are staged by the owner instead, and the
+ * opening is not tried again. */
+static void test_ipc_refused(void **state)
+{
+    fx_t *fx = *state;
+
+    ipc.refuse = true;
+    xfer_ok(fx->a, MC_READ, fx->mem, fx->seg, ptr(fx->bvram), 4 * MIB);
+    assert_int_equal(th_check(fx->mem, 4 * MIB, 71), -1);
+    th_fill(fx->mem, SIZE, 39);
+    xfer_ok(fx->a, MC_WRITE, fx->mem, fx->seg, ptr(fx->bvram), 2 * MIB);
+    assert_int_equal(th_check(fx->bvram, 2 * MIB, 39), -1);
+    assert_true(file_bytes(fx->b, true) >= 6 * MIB);
+    assert_int_equal(atomic_load(&ipc.opens), 1);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -363,5 +477,11 @@ int main(int argc, char **argv)
     };
     int rc = cmocka_run_group_tests_name("VRAM staged, host bytes over tcp", tcp, NULL, NULL);
     rc |= cmocka_run_group_tests_name("VRAM staged, host bytes over shm", shm, NULL, NULL);
+    const struct CMUnitTest ipcs[] = {
+        cmocka_unit_test_setup_teardown(test_ipc, setup_ipc, teardown),
+        cmocka_unit_test_setup_teardown(test_ipc_refused, setup_ipc, teardown),
+    };
+    rc |= cmocka_run_group_tests_name("VRAM of a same-host peer opened here (CUDA IPC)", ipcs, NULL,
+                                      NULL);
     return rc;
 }

@@ -73,6 +73,7 @@ static int file_init(mc_engine_t *e)
     mc_list_init(&fe->rel_peers);
     mc_list_init(&fe->lend_wait);
     mc_list_init(&fe->lent);
+    mc_list_init(&fe->ipc_maps);
     e->tp[mc__file_slot] = fe;
     return 0;
 }
@@ -166,6 +167,23 @@ static void vram_setup(mc_engine_t *e, const mc_buffer_t *b)
     pthread_mutex_unlock(&fe->setup_lock);
 }
 
+void mc__file_vram_register(mc_engine_t *e, mc_buffer_t *b)
+{
+    const file_copy_ops_t *ops = file_of(e)->copy.ops;
+    file_vram_t *v;
+    char why[256];
+
+    if (!ops || !ops->ipc_export || !(v = calloc(1, sizeof(*v))))
+        return;
+    if (ops->ipc_export(atoi(b->location + 5), b->addr, v->handle, &v->off, why, sizeof(why))) {
+        mc_info("file: %s at 0x%llx has no CUDA IPC handle (%s): same-host peers stage it",
+                b->location, (unsigned long long)b->addr, why);
+        free(v);
+        return;
+    }
+    b->tp[mc__file_slot] = v;
+}
+
 /* Engine teardown (progress context, links closed already): what waits ends, the I/O in flight
  * is waited for. */
 static void file_stop(mc_engine_t *e)
@@ -179,6 +197,7 @@ static void file_stop(mc_engine_t *e)
     mc__file_copy_stop(e, &fe->copy);
     mc__file_ops_stop(e);
     mc__file_pool_stop(e);
+    mc__file_ipc_fini(e); /* no copy runs any more */
 }
 
 static void file_fini(mc_engine_t *e)
@@ -218,11 +237,26 @@ static unsigned direct_align(const file_buf_t *f)
     return f->fd_direct >= 0 && !atomic_load(&f->no_direct) ? f->align : 0;
 }
 
+/* Our VRAM's IPC handle: "cuda_ipc": {"handle": 128 hex digits, "offset"}. */
+static int encode_ipc(const file_vram_t *v, json_t *jb)
+{
+    char hex[2 * FILE_IPC_HANDLE + 1];
+
+    for (unsigned i = 0; i < FILE_IPC_HANDLE; i++)
+        snprintf(hex + 2 * i, 3, "%02x", v->handle[i]);
+    return json_object_set_new(jb, "cuda_ipc",
+                               json_pack("{s:s,s:I}", "handle", hex, "offset", (json_int_t)v->off))
+               ? -ENOMEM
+               : 0;
+}
+
 static int file_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
 {
     const file_buf_t *f = file_buf(b);
 
     (void)e;
+    if (b->vram && b->tp[mc__file_slot])
+        return encode_ipc(b->tp[mc__file_slot], jb);
     if (!file_owned(b))
         return 0;
     return json_object_set_new(jb, "file",
@@ -252,8 +286,9 @@ static int file_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, siz
 
 static int file_mem_register(mc_engine_t *e, mc_buffer_t *b)
 {
-    if (b->vram) { /* staged here when no NIC reaches it */
+    if (b->vram) { /* staged here when no NIC reaches it, opened by same-host peers */
         vram_setup(e, b);
+        mc__file_vram_register(e, b);
         return 0;
     }
     if (file_owned(b))
@@ -266,6 +301,11 @@ static void file_mem_deregister(mc_engine_t *e, mc_buffer_t *b)
 {
     file_buf_t *f = file_buf(b);
 
+    if (b->vram) { /* its IPC handle */
+        free(b->tp[mc__file_slot]);
+        b->tp[mc__file_slot] = NULL;
+        return;
+    }
     if (!file_owned(b) || !f)
         return;
     mc__file_io_remove_file(&file_of(e)->io, f);

@@ -312,6 +312,64 @@ static int cuda_wait(int dev, void *ev, char *why, size_t size)
     return err == cudaSuccess ? 0 : cuda_fail(err, "copy", why, size);
 }
 
+/* The allocation holding addr (the driver's cuMemGetAddressRange), for its IPC handle. */
+typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+
+static int cuda_ipc_export(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDLE], uint64_t *off_p,
+                           char *why, size_t size)
+{
+    static range_fn range;
+    enum cudaDriverEntryPointQueryResult q;
+    CUdeviceptr base = 0;
+    size_t len = 0;
+    cudaIpcMemHandle_t h;
+    CUcontext saved;
+    cudaError_t err;
+
+    _Static_assert(sizeof(h) == FILE_IPC_HANDLE, "an IPC handle is 64 bytes");
+    if (!range && (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&range, 3020,
+                                                    cudaEnableDefault, &q) != cudaSuccess ||
+                   q != cudaDriverEntryPointSuccess)) {
+        range = NULL;
+        snprintf(why, size, "the CUDA driver has no cuMemGetAddressRange");
+        return -ENOTSUP;
+    }
+    err = dev_enter(dev, &saved);
+    if (err == cudaSuccess && range(&base, &len, (CUdeviceptr)addr) != CUDA_SUCCESS)
+        err = cudaErrorInvalidValue;
+    if (err == cudaSuccess)
+        err = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
+    dev_leave(saved);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaIpcGetMemHandle", why, size);
+    memcpy(handle, &h, sizeof(h));
+    *off_p = addr - (uint64_t)base;
+    return 0;
+}
+
+static int cuda_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, char *why,
+                         size_t size)
+{
+    cudaIpcMemHandle_t h;
+    CUcontext saved;
+    cudaError_t err = dev_enter(dev, &saved);
+
+    memcpy(&h, handle, sizeof(h));
+    if (err == cudaSuccess)
+        err = cudaIpcOpenMemHandle(base_p, h, cudaIpcMemLazyEnablePeerAccess);
+    dev_leave(saved);
+    return err == cudaSuccess ? 0 : cuda_fail(err, "cudaIpcOpenMemHandle", why, size);
+}
+
+static void cuda_ipc_close(int dev, void *base)
+{
+    CUcontext saved;
+
+    if (dev_enter(dev, &saved) == cudaSuccess)
+        cudaIpcCloseMemHandle(base);
+    dev_leave(saved);
+}
+
 static const file_copy_ops_t cuda_ops = {
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
@@ -320,6 +378,9 @@ static const file_copy_ops_t cuda_ops = {
     .copy = cuda_copy,
     .query = cuda_query,
     .wait = cuda_wait,
+    .ipc_export = cuda_ipc_export,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
 };
 
 const file_copy_ops_t *const mc__file_copy_cuda = &cuda_ops;

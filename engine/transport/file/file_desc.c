@@ -72,13 +72,42 @@ static int part_add(mc_desc_t *d, unsigned slot, mc_desc_buffer_t *b, uint64_t o
     return rc;
 }
 
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* A VRAM buffer's "cuda_ipc": {"handle": 128 hex digits, "offset"}: its part (the buffer stays
+ * memory: owner 0). */
+static int ipc_decode(json_t *ipc, mc_desc_t *d, unsigned slot, mc_desc_buffer_t *b)
+{
+    const char *hex = json_string_value(json_object_get(ipc, "handle"));
+    json_t *off = json_object_get(ipc, "offset");
+    file_desc_ipc_t x;
+
+    if (!json_is_object(ipc) || !hex || strlen(hex) != 2 * FILE_IPC_HANDLE ||
+        !is_uint(off, INT64_MAX) || strncmp(b->location, "cuda:", 5))
+        return bad("a buffer's \"cuda_ipc\" is malformed, or not on VRAM");
+    for (unsigned i = 0; i < FILE_IPC_HANDLE; i++) {
+        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return bad("a buffer's \"cuda_ipc\" handle is not hex");
+        x.handle[i] = (uint8_t)(hi << 4 | lo);
+    }
+    x.off = (uint64_t)json_integer_value(off);
+    return mc__desc_part_add(d, b, slot, &x, sizeof(x));
+}
+
 static int file_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsigned slot,
                               mc_desc_buffer_t *b)
 {
     json_t *f = json_object_get(jb, "file"), *off, *flags, *align;
+    json_t *ipc = json_object_get(jb, "cuda_ipc");
     const char *path;
 
     (void)part;
+    if (ipc && !f)
+        return ipc_decode(ipc, d, slot, b);
     if (!f)
         return 0;
     path = json_string_value(json_object_get(f, "path"));

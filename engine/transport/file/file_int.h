@@ -86,6 +86,35 @@ typedef struct file_ioe {
     char why[256]; /* why not io_uring */
 } file_ioe_t;
 
+#define FILE_IPC_HANDLE 64 /* bytes of a CUDA IPC memory handle */
+
+/* b->tp[mc__file_slot] of our VRAM: what a same-host peer opens it by (CUDA IPC). */
+typedef struct file_vram {
+    uint8_t handle[FILE_IPC_HANDLE];
+    uint64_t off; /* of b->addr in the handle's allocation */
+} file_vram_t;
+
+/* A peer buffer's part when it is VRAM with an IPC handle (mc__desc_part; not a file: the
+ * buffer's owner stays 0). */
+typedef struct file_desc_ipc {
+    uint8_t handle[FILE_IPC_HANDLE];
+    uint64_t off;
+} file_desc_ipc_t;
+
+/* A peer's VRAM opened here (fe->ipc_maps): ops in flight hold it; closed once the peer went
+ * and none does. */
+typedef struct file_ipc_map {
+    mc_list_t link;
+    uint64_t instance; /* the peer engine's */
+    uint64_t addr;     /* its buffer's address */
+    uint8_t handle[FILE_IPC_HANDLE];
+    int dev;
+    uint64_t off; /* of the buffer in the allocation opened */
+    void *base;   /* NULL: opening failed (staged from then on) */
+    unsigned refs;
+    bool gone; /* its peer closed */
+} file_ipc_map_t;
+
 /* Copies between VRAM and host memory (file_copy.c): what the copier asks of a device runtime
  * (the CUDA runtime; unit tests bring their own). Each returns 0 or a negative errno, with the
  * reason in why. */
@@ -101,6 +130,14 @@ typedef struct file_copy_ops {
     int (*query)(int dev, void *ev, char *why, size_t size);
     /* As query, but waits (teardown): never -EAGAIN. */
     int (*wait)(int dev, void *ev, char *why, size_t size);
+    /* CUDA IPC (NULL where there is none). export: the handle of the allocation holding the
+     * VRAM at addr, and addr's offset in it. open (device dev, in this process): its base.
+     * close: let go of what open gave. */
+    int (*ipc_export)(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDLE], uint64_t *off_p,
+                      char *why, size_t size);
+    int (*ipc_open)(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, char *why,
+                    size_t size);
+    void (*ipc_close)(int dev, void *base);
 } file_copy_ops_t;
 
 #define FILE_COPY_DEVS 64
@@ -186,6 +223,7 @@ typedef struct file_op {
     uint64_t lend_addr;
     uint32_t lend_id;
     mc_batch_t *child;
+    file_ipc_map_t *ipc; /* the peer's VRAM, opened here: one copy, no staging */
     file_io_t io;
 } file_op_t;
 
@@ -240,6 +278,7 @@ typedef struct file_engine {
     mc_list_t rel_peers;  /* peers with chunks to release */
     mc_list_t lend_wait;  /* lends waiting for a chunk */
     mc_list_t lent;       /* lends handed out, oldest first */
+    mc_list_t ipc_maps;   /* file_ipc_map_t: peers' VRAM opened here */
     file_lend_t *lend_free;
 } file_engine_t;
 
@@ -311,6 +350,8 @@ static inline bool mc__file_copy_busy(const file_copier_t *c)
 {
     return c->inflight || !mc_list_empty(&c->failed);
 }
+/* b is VRAM being registered: what a same-host peer opens it by, if the runtime can say. */
+void mc__file_vram_register(mc_engine_t *e, mc_buffer_t *b);
 /* The CUDA runtime's copies (NULL in a build without CUDA); page-locking the bounce pool. */
 extern const file_copy_ops_t *const mc__file_copy_cuda;
 /* Page-lock [mem, mem+len) for every device, from device dev's context. */
@@ -338,6 +379,8 @@ void mc__file_op_lost(mc_engine_t *e, mc_link_bound_t *b);
 void mc__file_ops_kick(mc_engine_t *e);
 void mc__file_ops_timers(mc_engine_t *e, uint64_t now);
 void mc__file_peer_gone(mc_engine_t *e, mc_peer_t *p);
+/* Close every IPC mapping (teardown, after the copies). */
+void mc__file_ipc_fini(mc_engine_t *e);
 void mc__file_ops_stop(mc_engine_t *e);
 void mc__file_ops_fini(mc_engine_t *e);
 

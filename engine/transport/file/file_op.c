@@ -18,7 +18,17 @@
 #include "../../util/bytes.h"
 #include "file_int.h"
 
-enum { ST_READ_L, ST_WRITE_L, ST_READ_R, ST_WRITE_R, ST_STAGE, ST_CHILD, ST_RELEASE, ST_COMMIT };
+enum {
+    ST_READ_L,
+    ST_WRITE_L,
+    ST_READ_R,
+    ST_WRITE_R,
+    ST_STAGE,
+    ST_CHILD,
+    ST_RELEASE,
+    ST_COMMIT,
+    ST_IPC, /* one copy between our memory and a same-host peer's VRAM, opened here */
+};
 
 static file_peer_t *file_peer(mc_peer_t *p)
 {
@@ -63,6 +73,85 @@ static file_op_t *op_alloc(mc_engine_t *e)
 /* Give the owner's chunk back, with the next batch of releases to that peer. */
 static void release_queue(mc_engine_t *e, file_op_t *op);
 
+/* ---- a same-host peer's VRAM, opened here (CUDA IPC) ---- */
+
+static void ipc_close(mc_engine_t *e, file_ipc_map_t *m)
+{
+    if (m->base)
+        file_of(e)->copy.ops->ipc_close(m->dev, m->base);
+    mc_list_del(&m->link);
+    free(m);
+}
+
+static void ipc_put(mc_engine_t *e, file_ipc_map_t *m)
+{
+    if (!--m->refs && m->gone)
+        ipc_close(e, m);
+}
+
+/* The mapping of p's VRAM buffer rb (handle x), opened on first use, referenced; NULL when it
+ * cannot be (the slice is staged then; said once per buffer). */
+static file_ipc_map_t *ipc_get(mc_engine_t *e, mc_peer_t *p, const mc_desc_buffer_t *rb,
+                               const file_desc_ipc_t *x)
+{
+    file_engine_t *fe = file_of(e);
+    file_ipc_map_t *m;
+    char why[256];
+
+    for (mc_list_t *pos = fe->ipc_maps.next; pos != &fe->ipc_maps; pos = pos->next) {
+        m = mc_container_of(pos, file_ipc_map_t, link);
+        if (!m->gone && m->instance == p->desc.instance && m->addr == rb->addr &&
+            !memcmp(m->handle, x->handle, sizeof(m->handle)))
+            goto found;
+    }
+    m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->instance = p->desc.instance;
+    m->addr = rb->addr;
+    m->off = x->off;
+    m->dev = atoi(rb->location + 5);
+    memcpy(m->handle, x->handle, sizeof(m->handle));
+    mc_list_push_back(&fe->ipc_maps, &m->link);
+    if (fe->copy.ops->ipc_open(m->dev, m->handle, &m->base, why, sizeof(why))) {
+        m->base = NULL;
+        mc_info("file: %s's %s at 0x%llx cannot be opened here (%s): staged instead", p->name,
+                rb->location, (unsigned long long)rb->addr, why);
+    }
+found:
+    if (!m->base)
+        return NULL;
+    m->refs++;
+    return m;
+}
+
+static void io_done(mc_engine_t *e, file_io_t *io, int err);
+
+/* One copy between our memory (host or VRAM) and the peer's VRAM, as mapped here. */
+static void ipc_start(mc_engine_t *e, file_op_t *op)
+{
+    const mc_buffer_t *lb = op->s->task->lbuf;
+    file_ipc_map_t *m = op->ipc;
+
+    op->io.vram = true;
+    op->io.f = NULL;
+    op->io.dev = lb->vram ? atoi(lb->location + 5) : m->dev;
+    op->io.pos = (uint64_t)(uintptr_t)m->base + m->off + (remote_addr(op) - m->addr);
+    op->io.mem = (uint8_t *)(uintptr_t)local_addr(op);
+    op->io.len = op->s->len;
+    op->io.write = op->s->opcode == MC_WRITE;
+    op->io.cb = io_done;
+    mc__file_io_submit(e, &op->io);
+}
+
+void mc__file_ipc_fini(mc_engine_t *e)
+{
+    file_engine_t *fe = file_of(e);
+
+    while (!mc_list_empty(&fe->ipc_maps))
+        ipc_close(e, mc_container_of(fe->ipc_maps.next, file_ipc_map_t, link));
+}
+
 /* The op is over: its slice done (err 0) or failed, what it holds given back. */
 static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -89,6 +178,8 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
         mc__file_chunk_put(e, op->chunk);
     if (op->rbuf)
         mc__mem_put(e, op->rbuf);
+    if (op->ipc)
+        ipc_put(e, op->ipc);
     mc__peer_activate(e, op->p); /* its next slices may go */
     fe->n_ops--;
     fe->kicked = true;
@@ -247,6 +338,9 @@ static void op_run(mc_engine_t *e, file_op_t *op)
         case ST_RELEASE:
             release_queue(e, op);
             break;
+        case ST_IPC:
+            ipc_start(e, op);
+            return;
         }
     }
 }
@@ -441,6 +535,16 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
                (unsigned long long)remote_addr(op), s->len, p->name);
         return;
     }
+    const file_desc_ipc_t *x =
+        rb->owner ? NULL : mc__desc_part(&p->desc, rb, mc__file_slot); /* VRAM's IPC handle */
+    if (x && !self && !file_owned(t->lbuf) && !strcmp(p->desc.host_id, e->host_id) &&
+        file_of(e)->copy.ops && file_of(e)->copy.ops->ipc_open &&
+        (op->ipc = ipc_get(e, p, rb, x))) {
+        op->steps[0] = ST_IPC; /* same host: the peer's VRAM is opened here, no staging */
+        op->n_steps = 1;
+        op_run(e, op);
+        return;
+    }
     plan(op, self, lf, rf);
     if (self && self_far_end(e, op, rb->owner == mc__file_slot + 1)) {
         op_end(e, op, -MC_EACCESS, false, "%s", mc_last_error());
@@ -524,11 +628,21 @@ void mc__file_ops_timers(mc_engine_t *e, uint64_t now)
 
 void mc__file_peer_gone(mc_engine_t *e, mc_peer_t *p)
 {
+    file_engine_t *fe = file_of(e);
     file_peer_t *fp = file_peer(p);
+    mc_list_t *pos, *tmp;
 
-    (void)e;
     if (fp->n_release)
         mc_list_del(&fp->rel_link);
+    mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
+    {
+        file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
+        if (m->instance != p->desc.instance || m->gone)
+            continue;
+        m->gone = true; /* its VRAM may go: closed once no copy of ours uses it */
+        if (!m->refs)
+            ipc_close(e, m);
+    }
 }
 
 /* Engine teardown: what waits ends now; what is in flight ends as its I/O, answer or child
