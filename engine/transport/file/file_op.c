@@ -535,8 +535,11 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
                (unsigned long long)remote_addr(op), s->len, p->name);
         return;
     }
+    /* A same-host peer's VRAM with an IPC handle, unless MC_PROTOCOL asks for another path */
     const file_desc_ipc_t *x =
-        rb->owner ? NULL : mc__desc_part(&p->desc, rb, mc__file_slot); /* VRAM's IPC handle */
+        rb->owner || (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm"))
+            ? NULL
+            : mc__desc_part(&p->desc, rb, mc__file_slot);
     if (x && !self && !file_owned(t->lbuf) && !strcmp(p->desc.host_id, e->host_id) &&
         file_of(e)->copy.ops && file_of(e)->copy.ops->ipc_open &&
         (op->ipc = ipc_get(e, p, rb, x))) {
