@@ -331,7 +331,9 @@ static void test_self(void **state)
 
 /* The owner is killed while it stages: 256 MiB of READs and WRITEs of its VRAM to and from
  * ours, the kill once it has served some, with copies in flight at both ends. Every task ends
- * within the timeout, those cut short failed, none hangs. */
+ * within the timeout, those cut short failed, none hangs. With CUDA IPC (shm) nothing is
+ * staged: the kill comes with copies in flight into its VRAM, opened here (which keeps that
+ * memory alive: they may complete); every task ends, none hangs. */
 static void test_owner_killed(void **state)
 {
     fx_t *fx = *state;
@@ -349,14 +351,14 @@ static void test_owner_killed(void **state)
     assert_int_equal(mc_batch_create(fx->e, N, &b), 0);
     assert_int_equal(mc_batch_submit(b, r, N, NULL), 0);
     for (int64_t dl = th_now_ms() + 10000;
-         owner_cmd(&fx->ow, VC_SERVED, 0, 0, 0, 0) <= 0 && th_now_ms() < dl;)
+         !fx->ipc && owner_cmd(&fx->ow, VC_SERVED, 0, 0, 0, 0) <= 0 && th_now_ms() < dl;)
         th_sleep_ms(1);
     kill(fx->ow.pid, SIGKILL);
     assert_int_equal(mc_batch_wait(b, 30000), 0);
     assert_int_equal(mc_batch_status(b, &bs), 0);
     print_message("  %zu tasks: %zu completed before the kill, %zu failed\n", bs.tasks,
                   bs.completed, bs.failed);
-    assert_true(bs.failed > 0);
+    assert_true(fx->ipc || bs.failed > 0);
     assert_int_equal(bs.completed + bs.failed, N);
     free(r);
     th_batch_destroy(fx->e, b);

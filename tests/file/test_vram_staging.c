@@ -107,34 +107,38 @@ static int t_wait(int dev, void *evp, char *why, size_t size)
     return t_done(evp, why, size);
 }
 
-/* CUDA IPC in one process: a handle is the allocation's address (one of the fake VRAM
- * buffers), opening it gives that address back (or fails, when the test says so). */
-#define MAX_FAKE 8
+/* CUDA IPC in one process: each fake VRAM buffer sits ALLOC_PAD bytes into an "allocation"
+ * (so offsets are not 0); a handle is the allocation's address, and opening it gives that
+ * address back (or fails, or says the allocation is shorter than the buffer needs, when the
+ * test says so). */
+#define MAX_FAKE  8
+#define ALLOC_PAD 4096u
 static struct {
     uint8_t *base[MAX_FAKE];
     size_t n;
     atomic_int opens, closes;
-    bool refuse;
+    bool refuse, short_len;
 } ipc;
 
-static int t_ipc_export(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDLE], uint64_t *off_p,
-                        char *why, size_t size)
+static int t_ipc_export(int dev, uint64_t addr, uint64_t len, uint8_t handle[FILE_IPC_HANDLE],
+                        uint64_t *off_p, char *why, size_t size)
 {
     (void)dev;
-    for (size_t i = 0; i < ipc.n; i++)
-        if (addr >= (uint64_t)(uintptr_t)ipc.base[i] &&
-            addr < (uint64_t)(uintptr_t)ipc.base[i] + SIZE) {
+    for (size_t i = 0; i < ipc.n; i++) {
+        uint64_t alloc = (uint64_t)(uintptr_t)ipc.base[i] - ALLOC_PAD;
+        if (addr >= alloc && addr + len <= alloc + ALLOC_PAD + SIZE) {
             memset(handle, 0, FILE_IPC_HANDLE);
-            memcpy(handle, &ipc.base[i], sizeof(ipc.base[i]));
-            *off_p = addr - (uint64_t)(uintptr_t)ipc.base[i];
+            memcpy(handle, &alloc, sizeof(alloc));
+            *off_p = addr - alloc;
             return 0;
         }
+    }
     snprintf(why, size, "not an allocation of the test");
     return -EINVAL;
 }
 
-static int t_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, char *why,
-                      size_t size)
+static int t_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p,
+                      uint64_t *len_p, char *why, size_t size)
 {
     (void)dev;
     atomic_fetch_add(&ipc.opens, 1);
@@ -143,6 +147,7 @@ static int t_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **bas
         return -EIO;
     }
     memcpy(base_p, handle, sizeof(*base_p));
+    *len_p = ipc.short_len ? SIZE / 2 : ALLOC_PAD + SIZE;
     return 0;
 }
 
@@ -460,6 +465,20 @@ static void test_ipc_refused(void **state)
     assert_int_equal(atomic_load(&ipc.opens), 1);
 }
 
+/* The allocation a handle opens is shorter than the peer's buffer says (a wrong or hostile
+ * descriptor): the mapping is let go of at once and the slices staged, nothing copied past it. */
+static void test_ipc_does_not_fit(void **state)
+{
+    fx_t *fx = *state;
+
+    ipc.short_len = true;
+    xfer_ok(fx->a, MC_READ, fx->mem, fx->seg, ptr(fx->bvram), 4 * MIB);
+    assert_int_equal(th_check(fx->mem, 4 * MIB, 71), -1);
+    assert_true(file_bytes(fx->b, true) >= 4 * MIB);
+    assert_int_equal(atomic_load(&ipc.opens), 1);
+    assert_int_equal(atomic_load(&ipc.closes), 1);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -480,6 +499,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest ipcs[] = {
         cmocka_unit_test_setup_teardown(test_ipc, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_ipc_refused, setup_ipc, teardown),
+        cmocka_unit_test_setup_teardown(test_ipc_does_not_fit, setup_ipc, teardown),
     };
     rc |= cmocka_run_group_tests_name("VRAM of a same-host peer opened here (CUDA IPC)", ipcs, NULL,
                                       NULL);

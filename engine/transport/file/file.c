@@ -173,9 +173,11 @@ void mc__file_vram_register(mc_engine_t *e, mc_buffer_t *b)
     file_vram_t *v;
     char why[256];
 
-    if (!ops || !ops->ipc_export || !(v = calloc(1, sizeof(*v))))
+    /* (with MC_AUTH_TOKEN set, same-host peers authenticate no better than by uid: as shm, off) */
+    if (!ops || !ops->ipc_export || e->cfg.auth_token[0] || !(v = calloc(1, sizeof(*v))))
         return;
-    if (ops->ipc_export(atoi(b->location + 5), b->addr, v->handle, &v->off, why, sizeof(why))) {
+    if (ops->ipc_export(atoi(b->location + 5), b->addr, b->len, v->handle, &v->off, why,
+                        sizeof(why))) {
         mc_info("file: %s at 0x%llx has no CUDA IPC handle (%s): same-host peers stage it",
                 b->location, (unsigned long long)b->addr, why);
         free(v);

@@ -178,6 +178,10 @@ static int cuda_fail(cudaError_t err, const char *what, char *why, size_t size)
     return -EIO;
 }
 
+/* The allocation holding an address (the driver's cuMemGetAddressRange), for IPC. */
+typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+static range_fn range;
+
 /* The driver's current context, to give a thread back the one it had. */
 typedef CUresult (*ctx_get_fn)(CUcontext *);
 typedef CUresult (*ctx_set_fn)(CUcontext);
@@ -199,6 +203,10 @@ static void ctx_resolve(void)
         ctx_get = (ctx_get_fn)g;
         ctx_set = (ctx_set_fn)s;
     }
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &g, 3020, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        range = (range_fn)g;
 }
 
 /* Make dev's primary context current for the calls that follow; dev_leave gives the thread the
@@ -312,31 +320,28 @@ static int cuda_wait(int dev, void *ev, char *why, size_t size)
     return err == cudaSuccess ? 0 : cuda_fail(err, "copy", why, size);
 }
 
-/* The allocation holding addr (the driver's cuMemGetAddressRange), for its IPC handle. */
-typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
-
-static int cuda_ipc_export(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDLE], uint64_t *off_p,
-                           char *why, size_t size)
+static int cuda_ipc_export(int dev, uint64_t addr, uint64_t blen, uint8_t handle[FILE_IPC_HANDLE],
+                           uint64_t *off_p, char *why, size_t size)
 {
-    static range_fn range;
-    enum cudaDriverEntryPointQueryResult q;
     CUdeviceptr base = 0;
     size_t len = 0;
     cudaIpcMemHandle_t h;
     CUcontext saved;
-    cudaError_t err;
+    cudaError_t err = dev_enter(dev, &saved); /* (resolves range too) */
 
     _Static_assert(sizeof(h) == FILE_IPC_HANDLE, "an IPC handle is 64 bytes");
-    if (!range && (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&range, 3020,
-                                                    cudaEnableDefault, &q) != cudaSuccess ||
-                   q != cudaDriverEntryPointSuccess)) {
-        range = NULL;
+    if (!range) {
+        dev_leave(saved);
         snprintf(why, size, "the CUDA driver has no cuMemGetAddressRange");
         return -ENOTSUP;
     }
-    err = dev_enter(dev, &saved);
     if (err == cudaSuccess && range(&base, &len, (CUdeviceptr)addr) != CUDA_SUCCESS)
         err = cudaErrorInvalidValue;
+    if (err == cudaSuccess && addr - (uint64_t)base + blen > len) {
+        dev_leave(saved);
+        snprintf(why, size, "it spans more than one allocation");
+        return -EINVAL;
+    }
     if (err == cudaSuccess)
         err = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
     dev_leave(saved);
@@ -347,18 +352,28 @@ static int cuda_ipc_export(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDL
     return 0;
 }
 
-static int cuda_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, char *why,
-                         size_t size)
+static int cuda_ipc_open(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p,
+                         uint64_t *len_p, char *why, size_t size)
 {
     cudaIpcMemHandle_t h;
     CUcontext saved;
+    CUdeviceptr base = 0;
+    size_t len = 0;
     cudaError_t err = dev_enter(dev, &saved);
 
     memcpy(&h, handle, sizeof(h));
     if (err == cudaSuccess)
         err = cudaIpcOpenMemHandle(base_p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (err == cudaSuccess &&
+        (!range || range(&base, &len, (CUdeviceptr)(uintptr_t)*base_p) != CUDA_SUCCESS)) {
+        cudaIpcCloseMemHandle(*base_p); /* its length unknown: no copy could be bounded */
+        err = cudaErrorInvalidValue;
+    }
     dev_leave(saved);
-    return err == cudaSuccess ? 0 : cuda_fail(err, "cudaIpcOpenMemHandle", why, size);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaIpcOpenMemHandle", why, size);
+    *len_p = len;
+    return 0;
 }
 
 static void cuda_ipc_close(int dev, void *base)

@@ -108,9 +108,10 @@ typedef struct file_ipc_map {
     uint64_t instance; /* the peer engine's */
     uint64_t addr;     /* its buffer's address */
     uint8_t handle[FILE_IPC_HANDLE];
-    int dev;
+    int dev;      /* whose context opened it, and whose stream copies */
     uint64_t off; /* of the buffer in the allocation opened */
-    void *base;   /* NULL: opening failed (staged from then on) */
+    void *base;   /* NULL: opening failed, or the buffer does not fit (staged from then on) */
+    uint64_t len; /* of the allocation opened */
     unsigned refs;
     bool gone; /* its peer closed */
 } file_ipc_map_t;
@@ -131,12 +132,13 @@ typedef struct file_copy_ops {
     /* As query, but waits (teardown): never -EAGAIN. */
     int (*wait)(int dev, void *ev, char *why, size_t size);
     /* CUDA IPC (NULL where there is none). export: the handle of the allocation holding the
-     * VRAM at addr, and addr's offset in it. open (device dev, in this process): its base.
-     * close: let go of what open gave. */
-    int (*ipc_export)(int dev, uint64_t addr, uint8_t handle[FILE_IPC_HANDLE], uint64_t *off_p,
-                      char *why, size_t size);
-    int (*ipc_open)(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, char *why,
-                    size_t size);
+     * VRAM [addr, addr+len) (which must lie inside it), and addr's offset in it. open (from
+     * device dev's context, in this process): its base and length here. close: let go of what
+     * open gave. */
+    int (*ipc_export)(int dev, uint64_t addr, uint64_t len, uint8_t handle[FILE_IPC_HANDLE],
+                      uint64_t *off_p, char *why, size_t size);
+    int (*ipc_open)(int dev, const uint8_t handle[FILE_IPC_HANDLE], void **base_p, uint64_t *len_p,
+                    char *why, size_t size);
     void (*ipc_close)(int dev, void *base);
 } file_copy_ops_t;
 

@@ -89,20 +89,30 @@ static void ipc_put(mc_engine_t *e, file_ipc_map_t *m)
         ipc_close(e, m);
 }
 
-/* The mapping of p's VRAM buffer rb (handle x), opened on first use, referenced; NULL when it
- * cannot be (the slice is staged then; said once per buffer). */
+/* The mapping of p's VRAM buffer rb (handle x), opened on first use from device dev's context,
+ * referenced; NULL when it cannot be (the slice is staged then; said once per buffer). A
+ * mapping of the same address under another handle is the owner's earlier allocation there:
+ * let go of. */
 static file_ipc_map_t *ipc_get(mc_engine_t *e, mc_peer_t *p, const mc_desc_buffer_t *rb,
-                               const file_desc_ipc_t *x)
+                               const file_desc_ipc_t *x, int dev)
 {
     file_engine_t *fe = file_of(e);
     file_ipc_map_t *m;
+    mc_list_t *pos, *tmp;
     char why[256];
 
-    for (mc_list_t *pos = fe->ipc_maps.next; pos != &fe->ipc_maps; pos = pos->next) {
+    mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
+    {
         m = mc_container_of(pos, file_ipc_map_t, link);
-        if (!m->gone && m->instance == p->desc.instance && m->addr == rb->addr &&
-            !memcmp(m->handle, x->handle, sizeof(m->handle)))
+        if (m->gone || m->instance != p->desc.instance || m->addr != rb->addr)
+            continue;
+        if (memcmp(m->handle, x->handle, sizeof(m->handle))) { /* stale */
+            m->gone = true;
+            if (!m->refs)
+                ipc_close(e, m);
+        } else if (m->dev == dev) {
             goto found;
+        }
     }
     m = calloc(1, sizeof(*m));
     if (!m)
@@ -110,13 +120,19 @@ static file_ipc_map_t *ipc_get(mc_engine_t *e, mc_peer_t *p, const mc_desc_buffe
     m->instance = p->desc.instance;
     m->addr = rb->addr;
     m->off = x->off;
-    m->dev = atoi(rb->location + 5);
+    m->dev = dev;
     memcpy(m->handle, x->handle, sizeof(m->handle));
     mc_list_push_back(&fe->ipc_maps, &m->link);
-    if (fe->copy.ops->ipc_open(m->dev, m->handle, &m->base, why, sizeof(why))) {
+    if (fe->copy.ops->ipc_open(dev, m->handle, &m->base, &m->len, why, sizeof(why))) {
         m->base = NULL;
         mc_info("file: %s's %s at 0x%llx cannot be opened here (%s): staged instead", p->name,
                 rb->location, (unsigned long long)rb->addr, why);
+    } else if (m->off > m->len || rb->len > m->len - m->off) { /* the descriptor is wrong */
+        fe->copy.ops->ipc_close(dev, m->base);
+        m->base = NULL;
+        mc_warn("file: %s's %s at 0x%llx does not fit the allocation its handle opens: staged "
+                "instead",
+                p->name, rb->location, (unsigned long long)rb->addr);
     }
 found:
     if (!m->base)
@@ -130,12 +146,12 @@ static void io_done(mc_engine_t *e, file_io_t *io, int err);
 /* One copy between our memory (host or VRAM) and the peer's VRAM, as mapped here. */
 static void ipc_start(mc_engine_t *e, file_op_t *op)
 {
-    const mc_buffer_t *lb = op->s->task->lbuf;
     file_ipc_map_t *m = op->ipc;
 
     op->io.vram = true;
     op->io.f = NULL;
-    op->io.dev = lb->vram ? atoi(lb->location + 5) : m->dev;
+    op->io.dev = m->dev;
+    /* (inside the mapping: the slice lies in rb, and rb fits it: ipc_get) */
     op->io.pos = (uint64_t)(uintptr_t)m->base + m->off + (remote_addr(op) - m->addr);
     op->io.mem = (uint8_t *)(uintptr_t)local_addr(op);
     op->io.len = op->s->len;
@@ -536,13 +552,18 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
         return;
     }
     /* A same-host peer's VRAM with an IPC handle, unless MC_PROTOCOL asks for another path */
+    /* (and not with MC_AUTH_TOKEN set: as shm, same-host peers are trusted by uid only) */
     const file_desc_ipc_t *x =
-        rb->owner || (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm"))
+        rb->owner || e->cfg.auth_token[0] ||
+                (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm"))
             ? NULL
             : mc__desc_part(&p->desc, rb, mc__file_slot);
+    /* opened from our VRAM's device when that is an end (a peer copy), else by the peer's
+     * number for its GPU (the same where both see the same devices) */
+    int ipc_dev = t->lbuf->vram ? atoi(t->lbuf->location + 5) : x ? atoi(rb->location + 5) : 0;
     if (x && !self && !file_owned(t->lbuf) && !strcmp(p->desc.host_id, e->host_id) &&
         file_of(e)->copy.ops && file_of(e)->copy.ops->ipc_open &&
-        (op->ipc = ipc_get(e, p, rb, x))) {
+        (op->ipc = ipc_get(e, p, rb, x, ipc_dev))) {
         op->steps[0] = ST_IPC; /* same host: the peer's VRAM is opened here, no staging */
         op->n_steps = 1;
         op_run(e, op);
