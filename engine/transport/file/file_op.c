@@ -89,6 +89,14 @@ static void ipc_put(mc_engine_t *e, file_ipc_map_t *m)
         ipc_close(e, m);
 }
 
+/* m's VRAM may go (its peer went, or it was reallocated): closed once no copy of ours uses it. */
+static void ipc_let_go(mc_engine_t *e, file_ipc_map_t *m)
+{
+    m->gone = true;
+    if (!m->refs)
+        ipc_close(e, m);
+}
+
 /* The mapping of p's VRAM buffer rb (handle x), opened on first use from device dev's context,
  * referenced; NULL when it cannot be (the slice is staged then; said once per buffer). A
  * mapping of the same address under another handle is the owner's earlier allocation there:
@@ -106,13 +114,10 @@ static file_ipc_map_t *ipc_get(mc_engine_t *e, mc_peer_t *p, const mc_desc_buffe
         m = mc_container_of(pos, file_ipc_map_t, link);
         if (m->gone || m->instance != p->desc.instance || m->addr != rb->addr)
             continue;
-        if (memcmp(m->handle, x->handle, sizeof(m->handle))) { /* stale */
-            m->gone = true;
-            if (!m->refs)
-                ipc_close(e, m);
-        } else if (m->dev == dev) {
+        if (memcmp(m->handle, x->handle, sizeof(m->handle)))
+            ipc_let_go(e, m); /* stale */
+        else if (m->dev == dev)
             goto found;
-        }
     }
     m = calloc(1, sizeof(*m));
     if (!m)
@@ -139,6 +144,25 @@ found:
         return NULL;
     m->refs++;
     return m;
+}
+
+/* The mapping p's VRAM buffer rb is moved through for t, or NULL (staged): a same-host peer's
+ * VRAM with an IPC handle, an end of ours that is memory, unless MC_PROTOCOL asks for another
+ * path or MC_AUTH_TOKEN is set (as shm, same-host peers are trusted by uid only). It is opened
+ * from our VRAM's device when that is an end (a peer copy), else by the peer's number for its
+ * GPU (the same where both see the same devices). */
+static file_ipc_map_t *ipc_for(mc_engine_t *e, mc_peer_t *p, const mc_task_t *t,
+                               const mc_desc_buffer_t *rb, bool self)
+{
+    const file_copy_ops_t *ops = file_of(e)->copy.ops;
+    const file_desc_ipc_t *x;
+
+    if (self || rb->owner || file_owned(t->lbuf) || e->cfg.auth_token[0] || !ops ||
+        !ops->ipc_open || strcmp(p->desc.host_id, e->host_id) ||
+        (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm")) ||
+        !(x = mc__desc_part(&p->desc, rb, mc__file_slot)))
+        return NULL;
+    return ipc_get(e, p, rb, x, atoi((t->lbuf->vram ? t->lbuf->location : rb->location) + 5));
 }
 
 static void io_done(mc_engine_t *e, file_io_t *io, int err);
@@ -551,19 +575,7 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
                (unsigned long long)remote_addr(op), s->len, p->name);
         return;
     }
-    /* A same-host peer's VRAM with an IPC handle, unless MC_PROTOCOL asks for another path */
-    /* (and not with MC_AUTH_TOKEN set: as shm, same-host peers are trusted by uid only) */
-    const file_desc_ipc_t *x =
-        rb->owner || e->cfg.auth_token[0] ||
-                (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm"))
-            ? NULL
-            : mc__desc_part(&p->desc, rb, mc__file_slot);
-    /* opened from our VRAM's device when that is an end (a peer copy), else by the peer's
-     * number for its GPU (the same where both see the same devices) */
-    int ipc_dev = t->lbuf->vram ? atoi(t->lbuf->location + 5) : x ? atoi(rb->location + 5) : 0;
-    if (x && !self && !file_owned(t->lbuf) && !strcmp(p->desc.host_id, e->host_id) &&
-        file_of(e)->copy.ops && file_of(e)->copy.ops->ipc_open &&
-        (op->ipc = ipc_get(e, p, rb, x, ipc_dev))) {
+    if ((op->ipc = ipc_for(e, p, t, rb, self))) {
         op->steps[0] = ST_IPC; /* same host: the peer's VRAM is opened here, no staging */
         op->n_steps = 1;
         op_run(e, op);
@@ -661,11 +673,8 @@ void mc__file_peer_gone(mc_engine_t *e, mc_peer_t *p)
     mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
     {
         file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
-        if (m->instance != p->desc.instance || m->gone)
-            continue;
-        m->gone = true; /* its VRAM may go: closed once no copy of ours uses it */
-        if (!m->refs)
-            ipc_close(e, m);
+        if (m->instance == p->desc.instance && !m->gone)
+            ipc_let_go(e, m);
     }
 }
 
