@@ -40,6 +40,31 @@ bool mc__ctrl_ready(mc_engine_t *e, mc_peer_t *p)
     return mc__transports[e->ctrl]->ctrl_ready(e, p);
 }
 
+int mc__grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], grant_ask))
+            return mc__transports[i]->grant_ask(e, p, addr);
+    return -ENOTSUP;
+}
+
+void mc__grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], grant_answer))
+            mc__transports[i]->grant_answer(e, p, addr, ok);
+}
+
+unsigned mc__revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+{
+    unsigned busy = 0;
+
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], revoke))
+            busy += mc__transports[i]->revoke(e, p, addr);
+    return busy;
+}
+
 int mc__ctrl_request(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s, mc_link_t **link_p)
 {
     const mc_transport_ops_t *ctrl = mc__transports[e->ctrl];

@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "../engine/harness.h"
@@ -38,7 +40,8 @@ typedef struct tev {
 } tev_t;
 
 static atomic_int copies;
-static uint8_t *poison; /* copies touching [poison, poison + MIB) fail */
+static atomic_bool stall; /* copies are not done while set */
+static uint8_t *poison;   /* copies touching [poison, poison + MIB) fail */
 
 static int t_stream_create(int dev, void **s_p, char *why, size_t size)
 {
@@ -98,7 +101,7 @@ static int t_query(int dev, void *evp, char *why, size_t size)
     tev_t *ev = evp;
 
     (void)dev;
-    return ev->polls++ ? t_done(ev, why, size) : -EAGAIN;
+    return ev->polls++ && !atomic_load(&stall) ? t_done(ev, why, size) : -EAGAIN;
 }
 
 static int t_wait(int dev, void *evp, char *why, size_t size)
@@ -472,6 +475,112 @@ static void test_ipc_does_not_fit(void **state)
     assert_int_equal(atomic_load(&ipc.closes), 1);
 }
 
+/* Not completed: refused at submit, or failed; the reason, for the assertion's message. */
+static void xfer_refused(mc_engine_t *e, mc_opcode_t op, void *local, mc_segment_id_t seg,
+                         uint64_t remote, uint64_t len)
+{
+    mc_request_t r = {
+        .opcode = op, .local = local, .target = seg, .target_offset = remote, .length = len};
+    mc_task_status_t st = {0};
+    mc_batch_t *b;
+
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    if (mc_batch_submit(b, &r, 1, NULL) == 0) {
+        assert_int_equal(mc_batch_wait(b, 30000), 0);
+        assert_int_equal(mc_task_status(b, 0, &st), 0);
+        assert_int_equal(st.state, MC_TASK_FAILED);
+    }
+    th_batch_destroy(e, b);
+}
+
+/* The owner unregisters VRAM we opened: the mapping is closed before its unregister returns,
+ * not opened again, and what we send there afterwards fails instead of landing. */
+static void test_ipc_revoke(void **state)
+{
+    fx_t *fx = *state;
+
+    th_fill(fx->mem, SIZE, 40);
+    xfer_ok(fx->a, MC_WRITE, fx->mem, fx->seg, ptr(fx->bvram), 4 * MIB);
+    assert_int_equal(atomic_load(&ipc.opens), 1);
+    assert_int_equal(atomic_load(&ipc.closes), 0);
+    assert_int_equal(mc_mem_unregister(fx->b, fx->bvram), 0);
+    assert_int_equal(atomic_load(&ipc.closes), 1);
+    th_fill(fx->mem, SIZE, 41);
+    xfer_refused(fx->a, MC_WRITE, fx->mem, fx->seg, ptr(fx->bvram), 4 * MIB);
+    assert_int_equal(th_check(fx->bvram, 4 * MIB, 40), -1);
+    assert_int_equal(th_check_at(fx->bvram + 4 * MIB, 12 * MIB, 71, 4 * MIB), -1);
+    assert_int_equal(atomic_load(&ipc.opens), 1);
+}
+
+typedef struct unreg {
+    mc_engine_t *e;
+    void *addr;
+    int rc;
+    atomic_bool done;
+} unreg_t;
+
+static void *unregister_thread(void *arg)
+{
+    unreg_t *u = arg;
+
+    u->rc = mc_mem_unregister(u->e, u->addr);
+    atomic_store(&u->done, true);
+    return NULL;
+}
+
+/* The owner unregisters VRAM while our copy into it runs: its unregister waits for the copy
+ * (the acknowledgement does), and the bytes are there when it returns. */
+static void test_ipc_revoke_waits(void **state)
+{
+    fx_t *fx = *state;
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = fx->mem,
+                      .target = fx->seg,
+                      .target_offset = ptr(fx->bvram) + MIB,
+                      .length = 2 * MIB};
+    unreg_t u = {.e = fx->b, .addr = fx->bvram};
+    mc_task_status_t st;
+    pthread_t th;
+    mc_batch_t *b;
+
+    th_fill(fx->mem, SIZE, 42);
+    atomic_store(&stall, true);
+    assert_int_equal(mc_batch_create(fx->a, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
+    for (int i = 0; i < 5000 && atomic_load(&copies) < 2; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&copies), 2); /* a copy per MiB, both stalled */
+    assert_int_equal(pthread_create(&th, NULL, unregister_thread, &u), 0);
+    usleep(300 * 1000);
+    bool early = atomic_load(&u.done);
+    int closes = atomic_load(&ipc.closes);
+    atomic_store(&stall, false);
+    assert_false(early);
+    assert_int_equal(closes, 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(u.rc, 0);
+    assert_int_equal(atomic_load(&ipc.closes), 1);
+    assert_int_equal(th_check_at(fx->bvram + MIB, 2 * MIB, 42, 0), -1);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    th_batch_destroy(fx->a, b);
+    assert_int_equal(file_bytes(fx->b, true), 0);
+}
+
+/* VRAM the owner unregistered before we first used it: the owner does not grant it, so it is
+ * never opened here, whatever our copy of its descriptor still says. */
+static void test_ipc_not_granted(void **state)
+{
+    fx_t *fx = *state;
+
+    assert_int_equal(mc_mem_unregister(fx->b, fx->bvram), 0);
+    th_fill(fx->mem, SIZE, 43);
+    xfer_refused(fx->a, MC_WRITE, fx->mem, fx->seg, ptr(fx->bvram), 4 * MIB);
+    assert_int_equal(th_check(fx->bvram, 4 * MIB, 71), -1);
+    assert_int_equal(atomic_load(&ipc.opens), 0);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -493,6 +602,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_ipc, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_ipc_refused, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_ipc_does_not_fit, setup_ipc, teardown),
+        cmocka_unit_test_setup_teardown(test_ipc_revoke, setup_ipc, teardown),
+        cmocka_unit_test_setup_teardown(test_ipc_revoke_waits, setup_ipc, teardown),
+        cmocka_unit_test_setup_teardown(test_ipc_not_granted, setup_ipc, teardown),
     };
     rc |= cmocka_run_group_tests_name("VRAM of a same-host peer opened here (CUDA IPC)", ipcs, NULL,
                                       NULL);

@@ -183,6 +183,7 @@ void mc__file_vram_register(mc_engine_t *e, mc_buffer_t *b)
         free(v);
         return;
     }
+    v->gen = atomic_fetch_add(&file_of(e)->ipc_gen, 1) + 1;
     b->tp[mc__file_slot] = v;
 }
 
@@ -239,7 +240,7 @@ static unsigned direct_align(const file_buf_t *f)
     return f->fd_direct >= 0 && !atomic_load(&f->no_direct) ? f->align : 0;
 }
 
-/* Our VRAM's IPC handle: "cuda_ipc": {"handle": 128 hex digits, "offset"}. */
+/* Our VRAM's IPC handle: "cuda_ipc": {"handle": 128 hex digits, "offset", "gen"}. */
 static int encode_ipc(const file_vram_t *v, json_t *jb)
 {
     char hex[2 * FILE_IPC_HANDLE + 1];
@@ -247,7 +248,8 @@ static int encode_ipc(const file_vram_t *v, json_t *jb)
     for (unsigned i = 0; i < FILE_IPC_HANDLE; i++)
         snprintf(hex + 2 * i, 3, "%02x", v->handle[i]);
     return json_object_set_new(jb, "cuda_ipc",
-                               json_pack("{s:s,s:I}", "handle", hex, "offset", (json_int_t)v->off))
+                               json_pack("{s:s,s:I,s:I}", "handle", hex, "offset",
+                                         (json_int_t)v->off, "gen", (json_int_t)v->gen))
                ? -ENOMEM
                : 0;
 }
@@ -465,4 +467,6 @@ const mc_transport_ops_t mc__file_ops = {
     .key_pack = file_key_pack,
     .slice_max = file_slice_max,
     .idle = file_idle,
+    .grant_answer = mc__file_grant_answer,
+    .revoke = mc__file_revoke,
 };

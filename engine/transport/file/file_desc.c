@@ -77,16 +77,17 @@ static int hex_digit(char c)
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* A VRAM buffer's "cuda_ipc": {"handle": 128 hex digits, "offset"}: its part (the buffer stays
- * memory: owner 0). */
+/* A VRAM buffer's "cuda_ipc": {"handle": 128 hex digits, "offset", "gen" (optional)}: its part
+ * (the buffer stays memory: owner 0). */
 static int ipc_decode(json_t *ipc, mc_desc_t *d, unsigned slot, mc_desc_buffer_t *b)
 {
     const char *hex = json_string_value(json_object_get(ipc, "handle"));
-    json_t *off = json_object_get(ipc, "offset");
+    json_t *off = json_object_get(ipc, "offset"), *gen = json_object_get(ipc, "gen");
     file_desc_ipc_t x;
 
     if (!json_is_object(ipc) || !hex || strlen(hex) != 2 * FILE_IPC_HANDLE ||
-        !is_uint(off, INT64_MAX) || strncmp(b->location, "cuda:", 5))
+        !is_uint(off, INT64_MAX) || (gen && !is_uint(gen, INT64_MAX)) ||
+        strncmp(b->location, "cuda:", 5))
         return bad("a buffer's \"cuda_ipc\" is malformed, or not on VRAM");
     for (unsigned i = 0; i < FILE_IPC_HANDLE; i++) {
         int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
@@ -95,6 +96,7 @@ static int ipc_decode(json_t *ipc, mc_desc_t *d, unsigned slot, mc_desc_buffer_t
         x.handle[i] = (uint8_t)(hi << 4 | lo);
     }
     x.off = (uint64_t)json_integer_value(off);
+    x.gen = gen ? (uint64_t)json_integer_value(gen) : 0;
     return mc__desc_part_add(d, b, slot, &x, sizeof(x));
 }
 

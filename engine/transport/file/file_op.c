@@ -75,78 +75,136 @@ static void release_queue(mc_engine_t *e, file_op_t *op);
 
 /* ---- a same-host peer's VRAM, opened here (CUDA IPC) ---- */
 
-static void ipc_close(mc_engine_t *e, file_ipc_map_t *m)
+static void op_run(mc_engine_t *e, file_op_t *op);
+static void op_staged(mc_engine_t *e, file_op_t *op);
+
+/* The slice goes through m, as one copy: a reference held. */
+static void op_ipc(mc_engine_t *e, file_op_t *op, file_ipc_map_t *m)
+{
+    op->ipc = m;
+    m->refs++;
+    op->steps[0] = ST_IPC;
+    op->n_steps = 1;
+    op_run(e, op);
+}
+
+static bool ipc_usable(const file_ipc_map_t *m)
+{
+    return m->base && !m->revoked && !m->gone;
+}
+
+/* The ops waiting for m's grant go on: through m if it is open, else staged. */
+static void ipc_resume(mc_engine_t *e, file_ipc_map_t *m)
+{
+    mc_list_t *n;
+
+    m->asked = false;
+    while ((n = mc_list_pop_front(&m->asking))) {
+        file_op_t *op = mc_container_of(n, file_op_t, link);
+        op->waiting = false;
+        if (ipc_usable(m))
+            op_ipc(e, op, m);
+        else
+            op_staged(e, op);
+    }
+}
+
+static void ipc_unmap(mc_engine_t *e, file_ipc_map_t *m)
 {
     if (m->base)
         file_of(e)->copy.ops->ipc_close(m->dev, m->base);
+    m->base = NULL;
+}
+
+static void ipc_close(mc_engine_t *e, file_ipc_map_t *m)
+{
+    ipc_unmap(e, m);
     mc_list_del(&m->link);
     free(m);
 }
 
 static void ipc_put(mc_engine_t *e, file_ipc_map_t *m)
 {
-    if (!--m->refs && m->gone)
+    if (--m->refs)
+        return;
+    if (m->gone)
         ipc_close(e, m);
+    else if (m->revoked)
+        ipc_unmap(e, m); /* the entry stays: not opened again */
 }
 
-/* m's VRAM may go (its peer went, or it was reallocated): closed once no copy of ours uses it. */
+/* m's VRAM may go (its peer went, or it was registered again): closed once no copy of ours
+ * uses it. */
 static void ipc_let_go(mc_engine_t *e, file_ipc_map_t *m)
 {
     m->gone = true;
+    ipc_resume(e, m);
     if (!m->refs)
         ipc_close(e, m);
 }
 
-/* The mapping of p's VRAM buffer rb (handle x), opened on first use from device dev's context,
- * referenced; NULL when it cannot be (the slice is staged then; said once per buffer). A
- * mapping of the same address under another handle is the owner's earlier allocation there:
- * let go of. */
+/* The peer granted m: open it (a handle that does not open, or an allocation shorter than the
+ * descriptor says, leaves it staged: said once). */
+static void ipc_open(mc_engine_t *e, mc_peer_t *p, file_ipc_map_t *m)
+{
+    const file_copy_ops_t *ops = file_of(e)->copy.ops;
+    char why[256];
+
+    if (ops->ipc_open(m->dev, m->handle, &m->base, &m->len, why, sizeof(why))) {
+        m->base = NULL;
+        mc_info("file: %s's VRAM at 0x%llx cannot be opened here (%s): staged instead", p->name,
+                (unsigned long long)m->addr, why);
+    } else if (m->off > m->len || m->blen > m->len - m->off) { /* the descriptor is wrong */
+        ipc_unmap(e, m);
+        mc_warn("file: %s's VRAM at 0x%llx does not fit the allocation its handle opens: staged "
+                "instead",
+                p->name, (unsigned long long)m->addr);
+    }
+}
+
+/* The entry for p's VRAM buffer rb (handle x) on device dev's context: open, or asked for (the
+ * op waits for the grant), or NULL: staged. A first use asks p for the grant (mc__grant_ask).
+ * An entry of the same address under another handle or registration is the owner's earlier
+ * buffer there: let go of. */
 static file_ipc_map_t *ipc_get(mc_engine_t *e, mc_peer_t *p, const mc_desc_buffer_t *rb,
                                const file_desc_ipc_t *x, int dev)
 {
     file_engine_t *fe = file_of(e);
     file_ipc_map_t *m;
     mc_list_t *pos, *tmp;
-    char why[256];
+    int rc;
 
     mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
     {
         m = mc_container_of(pos, file_ipc_map_t, link);
         if (m->gone || m->instance != p->desc.instance || m->addr != rb->addr)
             continue;
-        if (memcmp(m->handle, x->handle, sizeof(m->handle)))
+        if (memcmp(m->handle, x->handle, sizeof(m->handle)) || m->gen != x->gen)
             ipc_let_go(e, m); /* stale */
         else if (m->dev == dev)
             goto found;
     }
-    m = calloc(1, sizeof(*m));
-    if (!m)
-        return NULL;
+    rc = mc__grant_ask(e, p, rb->addr);
+    if (rc == -EAGAIN || !(m = calloc(1, sizeof(*m))))
+        return NULL; /* asked again by a later slice */
     m->instance = p->desc.instance;
     m->addr = rb->addr;
+    m->blen = rb->len;
     m->off = x->off;
+    m->gen = x->gen;
     m->dev = dev;
     memcpy(m->handle, x->handle, sizeof(m->handle));
+    mc_list_init(&m->asking);
     mc_list_push_back(&fe->ipc_maps, &m->link);
-    if (fe->copy.ops->ipc_open(dev, m->handle, &m->base, &m->len, why, sizeof(why))) {
-        m->base = NULL;
-        mc_info("file: %s's %s at 0x%llx cannot be opened here (%s): staged instead", p->name,
-                rb->location, (unsigned long long)rb->addr, why);
-    } else if (m->off > m->len || rb->len > m->len - m->off) { /* the descriptor is wrong */
-        fe->copy.ops->ipc_close(dev, m->base);
-        m->base = NULL;
-        mc_warn("file: %s's %s at 0x%llx does not fit the allocation its handle opens: staged "
-                "instead",
-                p->name, rb->location, (unsigned long long)rb->addr);
-    }
+    m->asked = rc == 0;
+    if (rc)
+        mc_info("file: %s's %s at 0x%llx: no same-host channel to be granted it (%s): staged",
+                p->name, rb->location, (unsigned long long)rb->addr, strerror(-rc));
 found:
-    if (!m->base)
-        return NULL;
-    m->refs++;
-    return m;
+    return m->asked || ipc_usable(m) ? m : NULL;
 }
 
-/* The mapping p's VRAM buffer rb is moved through for t, or NULL (staged): a same-host peer's
+/* The entry p's VRAM buffer rb is moved through for t, or NULL (staged): a same-host peer's
  * VRAM with an IPC handle, an end of ours that is memory, unless MC_PROTOCOL asks for another
  * path or MC_AUTH_TOKEN is set (as shm, same-host peers are trusted by uid only). It is opened
  * from our VRAM's device when that is an end (a peer copy), else by the peer's number for its
@@ -165,6 +223,44 @@ static file_ipc_map_t *ipc_for(mc_engine_t *e, mc_peer_t *p, const mc_task_t *t,
     return ipc_get(e, p, rb, x, atoi((t->lbuf->vram ? t->lbuf->location : rb->location) + 5));
 }
 
+void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
+    {
+        file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
+        if (!m->asked || m->gone || m->instance != p->desc.instance || m->addr != addr)
+            continue;
+        if (ok && !m->revoked)
+            ipc_open(e, p, m);
+        ipc_resume(e, m); /* not granted: it is no longer registered, and staging says so */
+    }
+}
+
+unsigned mc__file_revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *pos, *tmp;
+    unsigned busy = 0;
+
+    mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
+    {
+        file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
+        if (m->gone || m->instance != p->desc.instance || (addr && m->addr != addr))
+            continue;
+        m->revoked = true;
+        if (m->asked)
+            ipc_resume(e, m);
+        if (m->refs)
+            busy += m->refs;
+        else
+            ipc_unmap(e, m);
+    }
+    return busy;
+}
+
 static void io_done(mc_engine_t *e, file_io_t *io, int err);
 
 /* One copy between our memory (host or VRAM) and the peer's VRAM, as mapped here. */
@@ -175,7 +271,7 @@ static void ipc_start(mc_engine_t *e, file_op_t *op)
     op->io.vram = true;
     op->io.f = NULL;
     op->io.dev = m->dev;
-    /* (inside the mapping: the slice lies in rb, and rb fits it: ipc_get) */
+    /* (inside the mapping: the slice lies in rb, and rb fits it: ipc_open) */
     op->io.pos = (uint64_t)(uintptr_t)m->base + m->off + (remote_addr(op) - m->addr);
     op->io.mem = (uint8_t *)(uintptr_t)local_addr(op);
     op->io.len = op->s->len;
@@ -228,8 +324,6 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
 }
 
 /* ---- steps ---- */
-
-static void op_run(mc_engine_t *e, file_op_t *op);
 
 static void io_done(mc_engine_t *e, file_io_t *io, int err)
 {
@@ -556,13 +650,23 @@ static int self_far_end(mc_engine_t *e, file_op_t *op, bool rfile)
     return 0;
 }
 
+/* The peer's buffer at the op's far end; NULL (the op ended) when its descriptor changed since
+ * the task was routed. */
+static const mc_desc_buffer_t *op_far_buffer(mc_engine_t *e, file_op_t *op)
+{
+    const mc_desc_buffer_t *rb = mc__desc_find(&op->p->desc, remote_addr(op), op->s->len);
+
+    if (!rb)
+        op_end(e, op, -MC_EACCESS, false, "range 0x%llx+%u is no longer registered by %s",
+               (unsigned long long)remote_addr(op), op->s->len, op->p->name);
+    return rb;
+}
+
 static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
 {
-    mc_task_t *t = s->task;
-    const mc_desc_buffer_t *rb = mc__desc_find(&p->desc, t->req.target_offset + s->offset, s->len);
-    bool lf = file_staged(t->lbuf), rf = rb && file_desc_staged(rb);
-    bool self = is_self(e, p);
     file_op_t *op = op_alloc(e);
+    const mc_desc_buffer_t *rb;
+    file_ipc_map_t *m;
 
     if (!op) {
         mc__slice_failed(e, s, -ENOMEM, true, "out of memory");
@@ -570,17 +674,30 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
     }
     op->s = s;
     op->p = p;
-    if (!rb) { /* its descriptor changed since the task was routed */
-        op_end(e, op, -MC_EACCESS, false, "range 0x%llx+%u is no longer registered by %s",
-               (unsigned long long)remote_addr(op), s->len, p->name);
+    if (!(rb = op_far_buffer(e, op)))
         return;
+    m = ipc_for(e, p, s->task, rb, is_self(e, p));
+    if (m && m->asked) { /* its turn comes with the peer's grant */
+        op->waiting = true;
+        mc_list_push_back(&m->asking, &op->link);
+    } else if (m) { /* same host: the peer's VRAM is opened here, no staging */
+        op_ipc(e, op, m);
+    } else {
+        op_staged(e, op);
     }
-    if ((op->ipc = ipc_for(e, p, t, rb, self))) {
-        op->steps[0] = ST_IPC; /* same host: the peer's VRAM is opened here, no staging */
-        op->n_steps = 1;
-        op_run(e, op);
+}
+
+/* Through our chunks and, for a peer's file or VRAM, the owner's. */
+static void op_staged(mc_engine_t *e, file_op_t *op)
+{
+    mc_task_t *t = op->s->task;
+    const mc_desc_buffer_t *rb = op_far_buffer(e, op);
+    bool self = is_self(e, op->p), lf = file_staged(t->lbuf), rf;
+    mc_slice_t *s = op->s;
+
+    if (!rb)
         return;
-    }
+    rf = file_desc_staged(rb);
     plan(op, self, lf, rf);
     if (self && self_far_end(e, op, rb->owner == mc__file_slot + 1)) {
         op_end(e, op, -MC_EACCESS, false, "%s", mc_last_error());
@@ -646,13 +763,11 @@ void mc__file_ops_kick(mc_engine_t *e)
 }
 
 /* Ops that wait for a control link to a peer that died, or whose task ended, stop waiting. */
-void mc__file_ops_timers(mc_engine_t *e, uint64_t now)
+static void waits_end(mc_engine_t *e, mc_list_t *ops)
 {
-    file_engine_t *fe = file_of(e);
     mc_list_t *pos, *tmp;
 
-    (void)now;
-    mc_list_for_each_safe(pos, tmp, &fe->ctrl_wait)
+    mc_list_for_each_safe(pos, tmp, ops)
     {
         file_op_t *op = mc_container_of(pos, file_op_t, link);
         if (op->p->state == MC_SEGMENT_DEAD)
@@ -660,6 +775,17 @@ void mc__file_ops_timers(mc_engine_t *e, uint64_t now)
         else if (atomic_load(&op->s->task->state) >= MC_TASK_COMPLETED)
             op_end(e, op, -MC_ECANCELED, false, "task ended");
     }
+}
+
+void mc__file_ops_timers(mc_engine_t *e, uint64_t now)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *pos;
+
+    (void)now;
+    waits_end(e, &fe->ctrl_wait);
+    for (pos = fe->ipc_maps.next; pos != &fe->ipc_maps; pos = pos->next)
+        waits_end(e, &mc_container_of(pos, file_ipc_map_t, link)->asking);
 }
 
 void mc__file_peer_gone(mc_engine_t *e, mc_peer_t *p)
@@ -691,6 +817,12 @@ void mc__file_ops_stop(mc_engine_t *e)
     while (!mc_list_empty(&fe->ctrl_wait))
         op_end(e, mc_container_of(fe->ctrl_wait.next, file_op_t, link), -MC_ECANCELED, false,
                "engine destroyed");
+    for (mc_list_t *pos = fe->ipc_maps.next; pos != &fe->ipc_maps; pos = pos->next) {
+        file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
+        while (!mc_list_empty(&m->asking))
+            op_end(e, mc_container_of(m->asking.next, file_op_t, link), -MC_ECANCELED, false,
+                   "engine destroyed");
+    }
     while (!mc_list_empty(&fe->rel_peers)) {
         file_peer_t *fp = mc_container_of(fe->rel_peers.next, file_peer_t, rel_link);
         fp->n_release = 0;

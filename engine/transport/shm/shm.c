@@ -16,6 +16,13 @@
  * touch the buffer. A peer that does not answer in time has its sockets closed, which makes it
  * drop every mapping of ours. After mc_mem_free() returns, no peer writes into those pages.
  *
+ * The event socket also carries what other transports open directly (CUDA IPC, file
+ * transport: the owner cannot see those copies): a peer asks the owner (GRANT) before its
+ * first access to a buffer, and the owner says whether it is registered, so that an access
+ * starts only on a connection that the owner's next REVOKE reaches. Unregistering VRAM sends
+ * REVOKE as for memfd buffers; the peer acknowledges once no copy of it uses the buffer any
+ * more (mc__revoke, asked again each pass until none does).
+ *
  * Dead owner: a copy into the memory of a process that died lands in orphaned pages. After the
  * copies of one submit, one poll of the owner's pidfd per peer decides: if it exited, those
  * tasks end FAILED ("owner exited"), never COMPLETED. The pidfd also sits in the progress loop:
@@ -141,6 +148,20 @@ static void on_map(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
         mc__mem_put(e, b);
 }
 
+/* A peer asks before it opens our buffer at addr directly: yes while it is registered VRAM.
+ * It asks on its event connection, so our REVOKE of it reaches that peer. */
+static void on_grant(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
+{
+    mc_buffer_t *b = mc__mem_get(e, m->addr, 1);
+    bool ok = b && b->addr == m->addr && b->vram;
+    shm_msg_t r = {.type = ok ? SHM_GRANT_OK : SHM_GRANT_NO, .addr = m->addr};
+
+    if (b)
+        mc__mem_put(e, b);
+    if (mc__shm_send(c->p.fd, &r, -1))
+        conn_bury(e, c);
+}
+
 static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     shm_conn_t *c = mc_container_of(p, shm_conn_t, p);
@@ -173,6 +194,8 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
                 rc = -EIO;
                 break;
             }
+        } else if (m.type == SHM_GRANT && c->role == ROLE_EVENT) {
+            on_grant(e, c, &m);
         } else if (m.type == SHM_REVOKE_ACK && c->role == ROLE_EVENT) {
             if (m.addr == se->revoke_addr && se->revoke_left) {
                 se->revoke_left--;
@@ -263,10 +286,15 @@ static void revoke_abort(mc_engine_t *e)
     }
 }
 
+static void revokes_settle(mc_engine_t *e);
+
 /* Every pass: an unregistering thread may have asked for a revocation. */
 static void shm_progress(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
+
+    if (se->n_owed)
+        revokes_settle(e);
 
     /* Looked at before they are taken: a locked exchange every pass costs a spinning host. */
     if (atomic_load_explicit(&se->revoke_req, memory_order_relaxed) &&
@@ -304,6 +332,55 @@ static bool owner_exited(shm_peer_t *s)
     return poll(&pfd, 1, 0) > 0;
 }
 
+static void owe_drop(mc_engine_t *e, shm_peer_t *s)
+{
+    if (s->owes)
+        shm_of(e)->n_owed--;
+    s->owes = false;
+}
+
+static void revoke_ack(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
+{
+    shm_msg_t m = {.type = SHM_REVOKE_ACK, .addr = addr};
+
+    owe_drop(e, s);
+    mc__shm_send(s->ev.fd, &m, -1);
+}
+
+/* The owner unregisters its buffer at addr: our mappings of it go now (copies hold the lock),
+ * and the acknowledgement once no copy of another transport uses it either. */
+static void peer_revoke(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    for (size_t i = 0; i < s->n;) {
+        if (addr >= s->maps[i].raddr && addr < s->maps[i].raddr + s->maps[i].len) {
+            munmap(s->maps[i].local, s->maps[i].len);
+            s->maps[i] = s->maps[--s->n];
+        } else {
+            i++;
+        }
+    }
+    pthread_rwlock_unlock(&s->lock);
+    if (s->peer && mc__revoke(e, s->peer, addr)) {
+        if (!s->owes)
+            shm_of(e)->n_owed++;
+        s->owes = true;
+        s->owed_addr = addr;
+        return;
+    }
+    revoke_ack(e, s, addr);
+}
+
+/* Acknowledge the revocations whose last copy ended. */
+static void revokes_settle(mc_engine_t *e)
+{
+    for (size_t i = 0; i < e->n_peers && shm_of(e)->n_owed; i++) {
+        shm_peer_t *s = e->peers[i] ? e->peers[i]->tp[mc__shm_slot] : NULL;
+        if (s && s->owes && !mc__revoke(e, s->peer, s->owed_addr))
+            revoke_ack(e, s, s->owed_addr);
+    }
+}
+
 static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     shm_peer_t *s = mc_container_of(p, shm_peer_t, ev);
@@ -311,25 +388,24 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     int rc;
 
     (void)events;
-    while ((rc = msg_recv(s->ev.fd, &m, NULL, MSG_DONTWAIT)) == 0 && m.type == SHM_REVOKE) {
-        pthread_rwlock_wrlock(&s->lock);
-        for (size_t i = 0; i < s->n;) {
-            if (m.addr >= s->maps[i].raddr && m.addr < s->maps[i].raddr + s->maps[i].len) {
-                munmap(s->maps[i].local, s->maps[i].len);
-                s->maps[i] = s->maps[--s->n];
-            } else {
-                i++;
-            }
+    while ((rc = msg_recv(s->ev.fd, &m, NULL, MSG_DONTWAIT)) == 0) {
+        if (m.type == SHM_REVOKE) {
+            peer_revoke(e, s, m.addr);
+        } else if ((m.type == SHM_GRANT_OK || m.type == SHM_GRANT_NO) && s->peer) {
+            mc__grant_answer(e, s->peer, m.addr, m.type == SHM_GRANT_OK);
+        } else {
+            rc = -EIO;
+            break;
         }
-        pthread_rwlock_unlock(&s->lock);
-        m.type = SHM_REVOKE_ACK;
-        mc__shm_send(s->ev.fd, &m, -1);
     }
     if (rc != -EAGAIN) { /* the owner went away, or misbehaved: forget it */
         atomic_store(&s->state, SP_DEAD);
         mc__epoll_del(e, &s->ev);
         regtab_wait_stop(e, s);
         peer_unmap_all(s);
+        owe_drop(e, s);
+        if (s->peer) /* no revocation reaches us any more: what was granted goes */
+            mc__revoke(e, s->peer, 0);
     }
 }
 
@@ -724,6 +800,7 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
         mc__epoll_del(e, &s->exit);
     s->exit_watched = false;
     s->peer = NULL;
+    owe_drop(e, s);
     mc__shm_tx_close(e, &s->tx);
     peer_unmap_all(s);
     mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
@@ -876,7 +953,7 @@ static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
     shm_engine_t *se = shm_of(e);
 
     mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
-    if (b->memfd < 0)
+    if (b->memfd < 0 && !b->vram) /* VRAM: peers may have opened it (GRANT) */
         return;
     pthread_mutex_lock(&se->revoke_mutex);
     se->revoke_addr = b->addr;
@@ -890,6 +967,26 @@ static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
         mc__mem_wait(e, revoked, NULL, mc__now_ns() + 1000 * MC_MS);
     }
     pthread_mutex_unlock(&se->revoke_mutex);
+}
+
+/* Ask p before a first direct access to its buffer at addr (see the top of the file): on the
+ * event connection, made now without waiting if it is not yet. */
+static int shm_grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+{
+    shm_peer_t *s = p->tp[mc__shm_slot];
+    shm_msg_t m = {.type = SHM_GRANT, .addr = addr};
+
+    if (!s)
+        return -ENOTCONN;
+    peer_ready(e, p, false);
+    int st = atomic_load_explicit(&s->state, memory_order_acquire);
+    if (st == SP_NEW)
+        return -EAGAIN;
+    if (st == SP_DEAD)
+        return -ENOTCONN;
+    if (mc__shm_send(s->ev.fd, &m, -1))
+        return errno == EAGAIN ? -EAGAIN : -ENOTCONN;
+    return 0;
 }
 
 /* Our socket in "endpoints"; a buffer same-host peers may map is marked "shm": true. */
@@ -946,6 +1043,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .msg_open = mc__shm_msg_open,
     .msg_settle = mc__shm_msg_settle,
     .idle = mc__shm_msg_idle,
+    .grant_ask = shm_grant_ask,
 };
 
 shm_tx_t *mc__shm_peer_tx(mc_peer_t *p)

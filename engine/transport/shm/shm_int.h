@@ -49,6 +49,9 @@ enum {
     SHM_REGTAB_OK, /* arg = slot, len = lanes watched; the table's memfd attached */
     SHM_RING,      /* message channel: the sender's ring, its memfd attached */
     SHM_KICK,      /* message channel, either way: look at the ring */
+    SHM_GRANT,     /* event connection, request: is the buffer at addr registered (CUDA IPC) */
+    SHM_GRANT_OK,  /* its answers, with addr */
+    SHM_GRANT_NO,
 };
 enum { ROLE_REQUEST = 1, ROLE_EVENT = 2, ROLE_MSG = 3 };
 
@@ -89,6 +92,7 @@ typedef struct shm_engine {
     mc_list_t peers_grave;        /* initiator side: closed peers, freed at the end of a pass */
     pthread_mutex_t revoke_mutex; /* one unregister revocation at a time */
     uint64_t revoke_addr;
+    unsigned n_owed;         /* initiator side: REVOKE_ACKs we owe, waiting for copies (progress) */
     atomic_uint revoke_left; /* REVOKE_ACKs still expected */
     atomic_bool revoke_req, revoke_abort;
     mc_regtab_t *regtab; /* our registrations, shared with same-host peers (CMA) */
@@ -140,6 +144,8 @@ typedef struct shm_peer {
     int pid;
     atomic_bool cma_off; /* CMA refused (EPERM): said once, other transports from then on */
     shm_tx_t tx;         /* messages to it (shm_msg.c), progress-owned */
+    bool owes;           /* a REVOKE_ACK for owed_addr, once no copy uses it (progress) */
+    uint64_t owed_addr;
 } shm_peer_t;
 
 /* SP_OPENING: connected from progress, which may not wait for the owner; the registration
