@@ -27,6 +27,8 @@ struct mc_buffer {
     char location[MC_LOCATION_MAX];
     int memfd;           /* >= 0 for mc_mem_alloc() memory: same-host peers may map it */
     bool vram;           /* CUDA device memory */
+    uint64_t serial;     /* its registration's number in this engine, from 1: another buffer
+                            registered later at the same address has another */
     unsigned regs;       /* registrations of exactly this range (mem.lock) */
     atomic_uint refs;    /* requests in flight that touch this buffer */
     atomic_bool dead;    /* unregistered: waiting for refs to drain */
@@ -47,6 +49,7 @@ typedef struct mc_memtab {
     uint64_t opaque_next;       /* where the next opaque buffer starts */
     pthread_mutex_t drain_lock; /* with drain_cond: unregister waits (mc__mem_wait) */
     pthread_cond_t drain_cond;
+    _Atomic uint64_t serials; /* registrations numbered so far (mc_buffer_t.serial) */
 } mc_memtab_t;
 
 int mc__memtab_init(mc_memtab_t *t);

@@ -358,6 +358,7 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
     b->memfd = memfd;
     b->regs = 1;
     b->internal = internal;
+    b->serial = atomic_fetch_add(&e->mem.serials, 1) + 1;
     rc = location_resolve(addr, location, b->location);
     if (!rc && memfd < 0 && mem_register_again(e, b->addr, len, b->location)) {
         free(b);

@@ -40,28 +40,28 @@ bool mc__ctrl_ready(mc_engine_t *e, mc_peer_t *p)
     return mc__transports[e->ctrl]->ctrl_ready(e, p);
 }
 
-int mc__grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+int mc__grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial)
 {
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], grant_ask))
-            return mc__transports[i]->grant_ask(e, p, addr);
+            return mc__transports[i]->grant_ask(e, p, addr, serial);
     return -ENOTSUP;
 }
 
-void mc__grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok)
+void mc__grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok)
 {
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], grant_answer))
-            mc__transports[i]->grant_answer(e, p, addr, ok);
+            mc__transports[i]->grant_answer(e, p, addr, serial, ok);
 }
 
-unsigned mc__revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+unsigned mc__revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial)
 {
     unsigned busy = 0;
 
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], revoke))
-            busy += mc__transports[i]->revoke(e, p, addr);
+            busy += mc__transports[i]->revoke(e, p, addr, serial);
     return busy;
 }
 

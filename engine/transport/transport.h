@@ -210,15 +210,16 @@ struct mc_transport_ops {
 
     /* Direct access to a same-host owner's buffer (CUDA IPC: the owner cannot see the copies),
      * granted and revoked over the transport that watches same-host owners; progress context.
-     * grant_ask (that transport): ask p whether its buffer at addr is registered; the answer
+     * A buffer is its address and its registration's number (serial) at the owner.
+     * grant_ask (that transport): ask p whether that buffer is still registered; the answer
      * goes to mc__grant_answer. 0: asked; -EAGAIN: not now (ask again later); another error:
      * never for p. grant_answer (the accessing transport): p's answer. revoke (the accessing
-     * transport): p unregisters its buffer at addr (0: every buffer, p can no longer revoke):
+     * transport): p unregisters that buffer (addr 0: every buffer, p can no longer revoke):
      * no new copy may use it; returns how many copies still do. The owner's acknowledgement
      * waits until none does (revoke is asked again until it returns 0). */
-    int (*grant_ask)(mc_engine_t *e, mc_peer_t *p, uint64_t addr);
-    void (*grant_answer)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok);
-    unsigned (*revoke)(mc_engine_t *e, mc_peer_t *p, uint64_t addr);
+    int (*grant_ask)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
+    void (*grant_answer)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok);
+    unsigned (*revoke)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */
@@ -246,9 +247,9 @@ static inline void mc__tp_count(mc_engine_t *e, unsigned slot, int cnt, uint64_t
 bool mc__ctrl_ready(mc_engine_t *e, mc_peer_t *p);
 /* Same-host grants and revocations (transport ops grant_ask, grant_answer, revoke), routed to
  * the transports that have them; progress context. mc__revoke: the copies still in flight. */
-int mc__grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr);
-void mc__grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok);
-unsigned mc__revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr);
+int mc__grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
+void mc__grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok);
+unsigned mc__revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
 /* Send control request s (kind MC_SL_CTRL; tp, ctx, payload set by the caller, at most
  * MC_CTRL_MAX bytes) to the same transport of peer p. 0: the answer comes to ctrl_reply (or,
  * if the link fails first, link_lost for what was bound to *link_p, and s is freed unanswered);

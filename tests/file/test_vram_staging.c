@@ -529,7 +529,8 @@ static void *unregister_thread(void *arg)
 }
 
 /* The owner unregisters VRAM while our copy into it runs: its unregister waits for the copy
- * (the acknowledgement does), and the bytes are there when it returns. */
+ * (the acknowledgement does), returns soon after it ended (not by timing out: the owner would
+ * have disconnected us, and shm with us), and the bytes are there when it returns. */
 static void test_ipc_revoke_waits(void **state)
 {
     fx_t *fx = *state;
@@ -554,11 +555,17 @@ static void test_ipc_revoke_waits(void **state)
     usleep(300 * 1000);
     bool early = atomic_load(&u.done);
     int closes = atomic_load(&ipc.closes);
+    int64_t released = th_now_ms();
     atomic_store(&stall, false);
     assert_false(early);
     assert_int_equal(closes, 0);
+    for (int i = 0; i < 5000 && !atomic_load(&u.done); i++)
+        usleep(1000);
+    int64_t took = th_now_ms() - released;
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_int_equal(u.rc, 0);
+    if (took > 900) /* MC_IO_TIMEOUT_MS is 2 s */
+        fail_msg("unregister returned %lld ms after the copy could end", (long long)took);
     assert_int_equal(atomic_load(&ipc.closes), 1);
     assert_int_equal(th_check_at(fx->bvram + MIB, 2 * MIB, 42, 0), -1);
     assert_int_equal(mc_batch_wait(b, 30000), 0);
@@ -566,6 +573,9 @@ static void test_ipc_revoke_waits(void **state)
     assert_int_equal(st.state, MC_TASK_COMPLETED);
     th_batch_destroy(fx->a, b);
     assert_int_equal(file_bytes(fx->b, true), 0);
+    uint64_t before = moved(fx->a, "shm"); /* still connected */
+    xfer_ok(fx->a, MC_READ, fx->mem, fx->seg, ptr(fx->bmem), MIB);
+    assert_true(moved(fx->a, "shm") - before >= MIB);
 }
 
 /* VRAM the owner unregistered before we first used it: the owner does not grant it, so it is

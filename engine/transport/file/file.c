@@ -183,7 +183,7 @@ void mc__file_vram_register(mc_engine_t *e, mc_buffer_t *b)
         free(v);
         return;
     }
-    v->gen = atomic_fetch_add(&file_of(e)->ipc_gen, 1) + 1;
+    v->gen = b->serial;
     b->tp[mc__file_slot] = v;
 }
 

@@ -92,7 +92,7 @@ typedef struct file_ioe {
 typedef struct file_vram {
     uint8_t handle[FILE_IPC_HANDLE];
     uint64_t off; /* of b->addr in the handle's allocation */
-    uint64_t gen; /* this registration's number: a handle registered again is another buffer */
+    uint64_t gen; /* the buffer's serial: a handle registered again is another buffer */
 } file_vram_t;
 
 /* A peer buffer's part when it is VRAM with an IPC handle (mc__desc_part; not a file: the
@@ -103,25 +103,25 @@ typedef struct file_desc_ipc {
 } file_desc_ipc_t;
 
 /* A peer's VRAM opened here (fe->ipc_maps), once the peer granted it (mc__grant_ask): ops in
- * flight hold it; closed when the peer revokes it and none does (the entry stays, so that it is
- * not opened again), or when the peer went. */
+ * flight hold it; closed and freed once none does after the peer revoked it or went. An entry
+ * whose handle did not open stays, so that it is not opened again. */
 typedef struct file_ipc_map {
     mc_list_t link;
     uint64_t instance; /* the peer engine's */
     uint64_t addr;     /* its buffer's address */
     uint8_t handle[FILE_IPC_HANDLE];
-    uint64_t gen;
+    uint64_t gen;     /* the buffer's serial at the peer */
     int dev;          /* whose context opened it, and whose stream copies */
     uint64_t off;     /* of the buffer in the allocation opened */
     void *base;       /* NULL: not granted (yet), opening failed, the buffer does not fit, or
-                         revoked: staged */
+                         no same-host channel: staged */
     uint64_t len;     /* of the allocation opened */
     uint64_t blen;    /* of the buffer, as the descriptor says */
     unsigned refs;    /* ops copying through it */
     mc_list_t asking; /* ops waiting for the peer's grant (file_op_t.link) */
     bool asked;       /* the grant is asked for, not answered yet */
-    bool revoked;     /* the peer unregistered it: no op starts on it */
-    bool gone;        /* its peer closed */
+    bool gone; /* its peer unregistered it (REVOKE), went, or registered another buffer there:
+                  no op starts on it */
 } file_ipc_map_t;
 
 /* Copies between VRAM and host memory (file_copy.c): what the copier asks of a device runtime
@@ -282,14 +282,13 @@ typedef struct file_engine {
     bool kicked;    /* a chunk came free, an op ended: mc__file_work has something to do */
     unsigned n_ops; /* ops started (MC_FILE_QUEUE_DEPTH at most) */
     mc_list_t ops_free;
-    mc_list_t chunk_wait;     /* ops waiting for a chunk of ours */
-    mc_list_t ctrl_wait;      /* ops waiting for a ready control link */
-    mc_list_t answered;       /* ops whose answer came, or whose link went (inside tcp) */
-    mc_list_t rel_peers;      /* peers with chunks to release */
-    mc_list_t lend_wait;      /* lends waiting for a chunk */
-    mc_list_t lent;           /* lends handed out, oldest first */
-    mc_list_t ipc_maps;       /* file_ipc_map_t: peers' VRAM opened here */
-    _Atomic uint64_t ipc_gen; /* our VRAM registrations with a handle, numbered */
+    mc_list_t chunk_wait; /* ops waiting for a chunk of ours */
+    mc_list_t ctrl_wait;  /* ops waiting for a ready control link */
+    mc_list_t answered;   /* ops whose answer came, or whose link went (inside tcp) */
+    mc_list_t rel_peers;  /* peers with chunks to release */
+    mc_list_t lend_wait;  /* lends waiting for a chunk */
+    mc_list_t lent;       /* lends handed out, oldest first */
+    mc_list_t ipc_maps;   /* file_ipc_map_t: peers' VRAM opened here */
     file_lend_t *lend_free;
 } file_engine_t;
 
@@ -391,8 +390,8 @@ void mc__file_ops_kick(mc_engine_t *e);
 void mc__file_ops_timers(mc_engine_t *e, uint64_t now);
 void mc__file_peer_gone(mc_engine_t *e, mc_peer_t *p);
 /* Transport ops grant_answer and revoke (transport.h): a same-host peer's VRAM. */
-void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok);
-unsigned mc__file_revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr);
+void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok);
+unsigned mc__file_revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
 /* Close every IPC mapping (teardown, after the copies). */
 void mc__file_ipc_fini(mc_engine_t *e);
 void mc__file_ops_stop(mc_engine_t *e);

@@ -90,7 +90,7 @@ static void op_ipc(mc_engine_t *e, file_op_t *op, file_ipc_map_t *m)
 
 static bool ipc_usable(const file_ipc_map_t *m)
 {
-    return m->base && !m->revoked && !m->gone;
+    return m->base && !m->gone;
 }
 
 /* The ops waiting for m's grant go on: through m if it is open, else staged. */
@@ -125,16 +125,12 @@ static void ipc_close(mc_engine_t *e, file_ipc_map_t *m)
 
 static void ipc_put(mc_engine_t *e, file_ipc_map_t *m)
 {
-    if (--m->refs)
-        return;
-    if (m->gone)
+    if (!--m->refs && m->gone)
         ipc_close(e, m);
-    else if (m->revoked)
-        ipc_unmap(e, m); /* the entry stays: not opened again */
 }
 
-/* m's VRAM may go (its peer went, or it was registered again): closed once no copy of ours
- * uses it. */
+/* m's VRAM may go (its peer revoked it or went, or registered another buffer there): closed
+ * once no copy of ours uses it. */
 static void ipc_let_go(mc_engine_t *e, file_ipc_map_t *m)
 {
     m->gone = true;
@@ -184,7 +180,7 @@ static file_ipc_map_t *ipc_get(mc_engine_t *e, mc_peer_t *p, const mc_desc_buffe
         else if (m->dev == dev)
             goto found;
     }
-    rc = mc__grant_ask(e, p, rb->addr);
+    rc = mc__grant_ask(e, p, rb->addr, x->gen);
     if (rc == -EAGAIN || !(m = calloc(1, sizeof(*m))))
         return NULL; /* asked again by a later slice */
     m->instance = p->desc.instance;
@@ -218,12 +214,12 @@ static file_ipc_map_t *ipc_for(mc_engine_t *e, mc_peer_t *p, const mc_task_t *t,
     if (self || rb->owner || file_owned(t->lbuf) || e->cfg.auth_token[0] || !ops ||
         !ops->ipc_open || strcmp(p->desc.host_id, e->host_id) ||
         (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm")) ||
-        !(x = mc__desc_part(&p->desc, rb, mc__file_slot)))
+        !(x = mc__desc_part(&p->desc, rb, mc__file_slot)) || !x->gen) /* (no gen: cannot grant) */
         return NULL;
     return ipc_get(e, p, rb, x, atoi((t->lbuf->vram ? t->lbuf->location : rb->location) + 5));
 }
 
-void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok)
+void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok)
 {
     file_engine_t *fe = file_of(e);
     mc_list_t *pos, *tmp;
@@ -231,15 +227,18 @@ void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, bool ok)
     mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
     {
         file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
-        if (!m->asked || m->gone || m->instance != p->desc.instance || m->addr != addr)
+        if (!m->asked || m->gone || m->instance != p->desc.instance || m->addr != addr ||
+            m->gen != serial)
             continue;
-        if (ok && !m->revoked)
+        if (ok)
             ipc_open(e, p, m);
         ipc_resume(e, m); /* not granted: it is no longer registered, and staging says so */
     }
 }
 
-unsigned mc__file_revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+/* Asked again until it returns 0: entries let go of before (a busy one stays listed, gone)
+ * count as well. */
+unsigned mc__file_revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial)
 {
     file_engine_t *fe = file_of(e);
     mc_list_t *pos, *tmp;
@@ -248,15 +247,11 @@ unsigned mc__file_revoke(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
     mc_list_for_each_safe(pos, tmp, &fe->ipc_maps)
     {
         file_ipc_map_t *m = mc_container_of(pos, file_ipc_map_t, link);
-        if (m->gone || m->instance != p->desc.instance || (addr && m->addr != addr))
+        if (m->instance != p->desc.instance || (addr && (m->addr != addr || m->gen != serial)))
             continue;
-        m->revoked = true;
-        if (m->asked)
-            ipc_resume(e, m);
-        if (m->refs)
-            busy += m->refs;
-        else
-            ipc_unmap(e, m);
+        busy += m->refs;
+        if (!m->gone)
+            ipc_let_go(e, m); /* (m is freed here if no copy uses it) */
     }
     return busy;
 }

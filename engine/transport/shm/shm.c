@@ -52,8 +52,9 @@ typedef struct shm_conn {
     mc_list_t link; /* in the conns of shm_engine_t, then its grave */
     uint32_t role;
     uint64_t instance;
-    int slot;     /* request connections: this peer's slot in the registration table, or -1 */
-    shm_rx_t *rx; /* message connections: the ring they deliver from */
+    int slot;      /* request connections: this peer's slot in the registration table, or -1 */
+    shm_rx_t *rx;  /* message connections: the ring they deliver from */
+    bool owes_ack; /* event connections: the revocation under way waits for its REVOKE_ACK */
 } shm_conn_t;
 
 unsigned mc__shm_slot;
@@ -125,7 +126,8 @@ static void conn_bury(mc_engine_t *e, shm_conn_t *c)
     mc_list_del(&c->link);
     mc_list_push_back(&se->grave, &c->link);
     atomic_fetch_sub(&e->n_links, 1);
-    if (c->role == ROLE_EVENT && se->revoke_left) { /* counts as acknowledged */
+    if (c->owes_ack) { /* counts as acknowledged */
+        c->owes_ack = false;
         se->revoke_left--;
         mc__mem_wake(e);
     }
@@ -153,8 +155,8 @@ static void on_map(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
 static void on_grant(mc_engine_t *e, shm_conn_t *c, const shm_msg_t *m)
 {
     mc_buffer_t *b = mc__mem_get(e, m->addr, 1);
-    bool ok = b && b->addr == m->addr && b->vram;
-    shm_msg_t r = {.type = ok ? SHM_GRANT_OK : SHM_GRANT_NO, .addr = m->addr};
+    bool ok = b && b->addr == m->addr && b->serial == m->len && b->vram;
+    shm_msg_t r = {.type = ok ? SHM_GRANT_OK : SHM_GRANT_NO, .addr = m->addr, .len = m->len};
 
     if (b)
         mc__mem_put(e, b);
@@ -197,7 +199,8 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         } else if (m.type == SHM_GRANT && c->role == ROLE_EVENT) {
             on_grant(e, c, &m);
         } else if (m.type == SHM_REVOKE_ACK && c->role == ROLE_EVENT) {
-            if (m.addr == se->revoke_addr && se->revoke_left) {
+            if (m.addr == se->revoke_addr && c->owes_ack) {
+                c->owes_ack = false;
                 se->revoke_left--;
                 mc__mem_wake(e);
             }
@@ -253,7 +256,7 @@ static void revoke_start(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
     mc_list_t *pos, *tmp;
-    shm_msg_t m = {.type = SHM_REVOKE, .addr = se->revoke_addr};
+    shm_msg_t m = {.type = SHM_REVOKE, .addr = se->revoke_addr, .len = se->revoke_serial};
 
     se->revoke_left = 0;
     mc_list_for_each_safe(pos, tmp, &se->conns)
@@ -261,29 +264,30 @@ static void revoke_start(mc_engine_t *e)
         shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
         if (c->role != ROLE_EVENT)
             continue;
-        if (mc__shm_send(c->p.fd, &m, -1) == 0)
+        if (mc__shm_send(c->p.fd, &m, -1) == 0) {
+            c->owes_ack = true;
             se->revoke_left++;
-        else
+        } else {
             conn_bury(e, c); /* it will drop its mappings on HUP */
+        }
     }
     mc__mem_wake(e);
 }
 
-/* Progress context: a revoke timed out; close the event connections still owing an ACK. */
+/* Progress context: a revoke timed out; close the event connections still owing an ACK (their
+ * peers drop every mapping of ours, and what they opened directly). */
 static void revoke_abort(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
+    mc_list_t *pos, *tmp;
 
-    while (se->revoke_left && !mc_list_empty(&se->conns)) {
-        mc_list_t *pos, *tmp;
-        mc_list_for_each_safe(pos, tmp, &se->conns)
-        {
-            shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
-            if (c->role == ROLE_EVENT)
-                conn_bury(e, c);
-        }
-        se->revoke_left = 0;
+    mc_list_for_each_safe(pos, tmp, &se->conns)
+    {
+        shm_conn_t *c = mc_container_of(pos, shm_conn_t, link);
+        if (c->owes_ack)
+            conn_bury(e, c);
     }
+    se->revoke_left = 0;
 }
 
 static void revokes_settle(mc_engine_t *e);
@@ -341,7 +345,7 @@ static void owe_drop(mc_engine_t *e, shm_peer_t *s)
 
 static void revoke_ack(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
 {
-    shm_msg_t m = {.type = SHM_REVOKE_ACK, .addr = addr};
+    shm_msg_t m = {.type = SHM_REVOKE_ACK, .addr = addr}; /* (the owner revokes one at a time) */
 
     owe_drop(e, s);
     mc__shm_send(s->ev.fd, &m, -1);
@@ -349,7 +353,7 @@ static void revoke_ack(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
 
 /* The owner unregisters its buffer at addr: our mappings of it go now (copies hold the lock),
  * and the acknowledgement once no copy of another transport uses it either. */
-static void peer_revoke(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
+static void peer_revoke(mc_engine_t *e, shm_peer_t *s, uint64_t addr, uint64_t serial)
 {
     pthread_rwlock_wrlock(&s->lock);
     for (size_t i = 0; i < s->n;) {
@@ -361,11 +365,12 @@ static void peer_revoke(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
         }
     }
     pthread_rwlock_unlock(&s->lock);
-    if (s->peer && mc__revoke(e, s->peer, addr)) {
+    if (s->peer && mc__revoke(e, s->peer, addr, serial)) {
         if (!s->owes)
             shm_of(e)->n_owed++;
         s->owes = true;
         s->owed_addr = addr;
+        s->owed_serial = serial;
         return;
     }
     revoke_ack(e, s, addr);
@@ -376,7 +381,7 @@ static void revokes_settle(mc_engine_t *e)
 {
     for (size_t i = 0; i < e->n_peers && shm_of(e)->n_owed; i++) {
         shm_peer_t *s = e->peers[i] ? e->peers[i]->tp[mc__shm_slot] : NULL;
-        if (s && s->owes && !mc__revoke(e, s->peer, s->owed_addr))
+        if (s && s->owes && !mc__revoke(e, s->peer, s->owed_addr, s->owed_serial))
             revoke_ack(e, s, s->owed_addr);
     }
 }
@@ -390,9 +395,9 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     (void)events;
     while ((rc = msg_recv(s->ev.fd, &m, NULL, MSG_DONTWAIT)) == 0) {
         if (m.type == SHM_REVOKE) {
-            peer_revoke(e, s, m.addr);
+            peer_revoke(e, s, m.addr, m.len);
         } else if ((m.type == SHM_GRANT_OK || m.type == SHM_GRANT_NO) && s->peer) {
-            mc__grant_answer(e, s->peer, m.addr, m.type == SHM_GRANT_OK);
+            mc__grant_answer(e, s->peer, m.addr, m.len, m.type == SHM_GRANT_OK);
         } else {
             rc = -EIO;
             break;
@@ -405,7 +410,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         peer_unmap_all(s);
         owe_drop(e, s);
         if (s->peer) /* no revocation reaches us any more: what was granted goes */
-            mc__revoke(e, s->peer, 0);
+            mc__revoke(e, s->peer, 0, 0);
     }
 }
 
@@ -957,6 +962,7 @@ static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
         return;
     pthread_mutex_lock(&se->revoke_mutex);
     se->revoke_addr = b->addr;
+    se->revoke_serial = b->serial;
     atomic_store(&se->revoke_req, true);
     mc__doorbell(e);
     if (!mc__mem_wait(e, revoked, NULL, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
@@ -969,12 +975,19 @@ static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
     pthread_mutex_unlock(&se->revoke_mutex);
 }
 
+/* About to sleep: not while an acknowledgement waits for copies (they end in a reap, and it
+ * goes at the next pass), else as the message rings say. */
+static bool shm_idle(mc_engine_t *e)
+{
+    return mc__shm_msg_idle(e) || shm_of(e)->n_owed;
+}
+
 /* Ask p before a first direct access to its buffer at addr (see the top of the file): on the
  * event connection, made now without waiting if it is not yet. */
-static int shm_grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr)
+static int shm_grant_ask(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial)
 {
     shm_peer_t *s = p->tp[mc__shm_slot];
-    shm_msg_t m = {.type = SHM_GRANT, .addr = addr};
+    shm_msg_t m = {.type = SHM_GRANT, .addr = addr, .len = serial};
 
     if (!s)
         return -ENOTCONN;
@@ -1042,7 +1055,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .fill = mc__shm_msg_fill,
     .msg_open = mc__shm_msg_open,
     .msg_settle = mc__shm_msg_settle,
-    .idle = mc__shm_msg_idle,
+    .idle = shm_idle,
     .grant_ask = shm_grant_ask,
 };
 

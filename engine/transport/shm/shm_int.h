@@ -43,14 +43,15 @@ enum {
     SHM_MAP,
     SHM_MAP_OK,
     SHM_MAP_ERR,
-    SHM_REVOKE,
+    SHM_REVOKE, /* addr, len = the buffer's serial */
     SHM_REVOKE_ACK,
     SHM_REGTAB,    /* request: the registration table and a slot in it */
     SHM_REGTAB_OK, /* arg = slot, len = lanes watched; the table's memfd attached */
     SHM_RING,      /* message channel: the sender's ring, its memfd attached */
     SHM_KICK,      /* message channel, either way: look at the ring */
-    SHM_GRANT,     /* event connection, request: is the buffer at addr registered (CUDA IPC) */
-    SHM_GRANT_OK,  /* its answers, with addr */
+    SHM_GRANT,     /* event connection, request: is the buffer at addr, registration len (its
+                      serial), still registered (CUDA IPC)? */
+    SHM_GRANT_OK,  /* its answers, with addr and len */
     SHM_GRANT_NO,
 };
 enum { ROLE_REQUEST = 1, ROLE_EVENT = 2, ROLE_MSG = 3 };
@@ -91,7 +92,7 @@ typedef struct shm_engine {
     mc_list_t conns, grave;       /* owner side: accepted connections, progress-owned */
     mc_list_t peers_grave;        /* initiator side: closed peers, freed at the end of a pass */
     pthread_mutex_t revoke_mutex; /* one unregister revocation at a time */
-    uint64_t revoke_addr;
+    uint64_t revoke_addr, revoke_serial;
     unsigned n_owed;         /* initiator side: REVOKE_ACKs we owe, waiting for copies (progress) */
     atomic_uint revoke_left; /* REVOKE_ACKs still expected */
     atomic_bool revoke_req, revoke_abort;
@@ -144,8 +145,9 @@ typedef struct shm_peer {
     int pid;
     atomic_bool cma_off; /* CMA refused (EPERM): said once, other transports from then on */
     shm_tx_t tx;         /* messages to it (shm_msg.c), progress-owned */
-    bool owes;           /* a REVOKE_ACK for owed_addr, once no copy uses it (progress) */
-    uint64_t owed_addr;
+    bool owes; /* a REVOKE_ACK for owed_addr, once no copy uses it (progress; the owner revokes
+                  one buffer at a time) */
+    uint64_t owed_addr, owed_serial;
 } shm_peer_t;
 
 /* SP_OPENING: connected from progress, which may not wait for the owner; the registration
