@@ -224,7 +224,9 @@ static uint64_t run_latency(mc_segment_id_t seg, uint8_t *buf, double secs, doub
 
     ini.ping = buf;
     ini.len = o.block_size;
-    for (uint64_t i = 0; n < MAX_SAMPLES && (i < warmup || t < end); i++) {
+    for (uint64_t i = 0; n < MAX_SAMPLES && (i <= warmup || t < end); i++) {
+        if (i == warmup) /* secs of samples, however long the warm-up took */
+            end = t + secs;
         uint64_t want = i + 1;
         double t0 = t;
         fill_msg(buf, o.block_size, i, o.verify);
