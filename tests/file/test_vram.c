@@ -3,9 +3,10 @@
  * and written from our VRAM and host memory, whatever the ends (VRAM to host, host to VRAM,
  * VRAM to VRAM, our own segment), every byte checked on the device; the owner's file transport
  * stages its VRAM (bytes_served); a peer killed with copies in flight fails every task, none
- * hangs. VT_TRANSPORT picks what carries the host bytes: tcp (default), shm, or rdma on the
- * software device (which cannot reach a GPU: staging, as for a NIC without GPUDirect). With shm
- * (MC_PROTOCOL auto) the peer's VRAM is opened here with CUDA IPC instead of staged.
+ * hangs; after the owner unregisters its VRAM, a WRITE there fails. VT_TRANSPORT picks what carries
+ * the host bytes: tcp (default), shm, or rdma on the software device (which cannot reach a GPU:
+ * staging, as for a NIC without GPUDirect). With shm (MC_PROTOCOL auto) the peer's VRAM is opened
+ * here with CUDA IPC instead of staged.
  *
  * Needs a CUDA device: exits 77 without one (CI; the lent GPU machine runs it).
  */
@@ -33,7 +34,7 @@
 #define SEED_OV 9100 /* the owner's VRAM */
 #define SEED_OM 9200 /* the owner's host memory */
 
-enum { VC_CHECK_VRAM = 1, VC_CHECK_MEM, VC_FILL_VRAM, VC_SERVED, VC_EXIT };
+enum { VC_CHECK_VRAM = 1, VC_CHECK_MEM, VC_FILL_VRAM, VC_SERVED, VC_UNREGISTER, VC_EXIT };
 
 typedef struct vt_hello {
     int32_t rc;
@@ -140,6 +141,9 @@ static void owner_main(int fd)
             break;
         case VC_SERVED:
             r = mc_stats_transport(e, "file", &cnt) ? -1 : (int64_t)cnt.bytes_served;
+            break;
+        case VC_UNREGISTER: /* (the memory stays allocated: its bytes are checked after) */
+            r = mc_mem_unregister(e, at);
             break;
         case VC_EXIT:
             mc_engine_destroy(e);
@@ -366,6 +370,33 @@ static void test_owner_killed(void **state)
     fx->ow.pid = 0;
 }
 
+/* The owner unregisters its VRAM after we wrote into it (over shm: opened here with CUDA IPC,
+ * which its unregister revokes): a WRITE there afterwards fails, and leaves its bytes as they
+ * were. */
+static void test_owner_unregisters(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t v = fx->ow.vram;
+    mc_request_t r = {
+        .opcode = MC_WRITE, .local = fx->mem, .target = fx->seg, .target_offset = v, .length = MIB};
+    mc_task_status_t st = {.state = MC_TASK_FAILED};
+    mc_batch_t *b;
+
+    th_fill(fx->mem, SIZE, 35);
+    xfer_ok(fx->e, MC_WRITE, fx->mem, fx->seg, v, 4 * MIB);
+    assert_int_equal(owner_cmd(&fx->ow, VC_UNREGISTER, v, v, 0, 0), 0);
+    th_fill(fx->mem, SIZE, 36);
+    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
+    if (mc_batch_submit(b, &r, 1, NULL) == 0) { /* (or refused at once: no longer listed) */
+        assert_int_equal(mc_batch_wait(b, 30000), 0);
+        assert_int_equal(mc_task_status(b, 0, &st), 0);
+    }
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    th_batch_destroy(fx->e, b);
+    assert_int_equal(owner_cmd(&fx->ow, VC_CHECK_VRAM, v, v, 4 * MIB, 35), -1);
+    assert_int_equal(owner_cmd(&fx->ow, VC_CHECK_VRAM, v, v + 4 * MIB, 12 * MIB, SEED_OV), -1);
+}
+
 static int have_device(void)
 {
     int n = 0;
@@ -388,8 +419,8 @@ int main(int argc, char **argv)
     if (!have_device())
         return 77;
     const struct CMUnitTest tests[] = {
-        T(test_vram_to_host), T(test_host_to_vram), T(test_vram_to_vram),
-        T(test_self),         T(test_owner_killed),
+        T(test_vram_to_host), T(test_host_to_vram),      T(test_vram_to_vram),
+        T(test_self),         T(test_owner_unregisters), T(test_owner_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
