@@ -134,8 +134,12 @@ static void notify_group_done(mc_engine_t *e, mc_task_t *t)
         g->failed = true;
     if (--g->left)
         return;
-    if (!g->failed && mc__msg_enqueue(e, g->target, 0, g->msg, g->len))
-        mc_warn("notification to segment %u lost: %s", g->target, mc_last_error());
+    if (!g->m) /* its target was dead at submit */
+        ;
+    else if (g->failed)
+        mc__msg_unreserve(e, g->m);
+    else
+        mc__msg_route(e, g->m); /* (a target that died meanwhile fails it there) */
     free(g);
 }
 
@@ -514,30 +518,29 @@ static void unwind_requests(mc_engine_t *e, mc_task_t *tasks, size_t count)
     run_flush(&run);
 }
 
+/* The submit's notification, made once its requests are valid: they are submitted only if it
+ * has its place in the target's window (else -EAGAIN), so that it is never refused once its
+ * data landed. A target that is dead already never gets it (as its tasks, if it is theirs). */
 static int make_group(mc_engine_t *e, const mc_notify_req_t *n, size_t count,
                       mc_notify_group_t **g_p)
 {
     mc_notify_group_t *g;
+    int rc;
 
     *g_p = NULL;
     if (!n)
         return 0;
-    if (n->len > MC_MSG_MAX || (n->len && !n->msg))
-        return mc__set_error(-EINVAL, "notification of %zu bytes (max %d)", n->len, MC_MSG_MAX);
-    pthread_rwlock_rdlock(&e->peers_lock);
-    bool ok = mc__peer_get(e, n->target) != NULL;
-    pthread_rwlock_unlock(&e->peers_lock);
-    if (!ok)
-        return mc__set_error(-MC_ENOSEGMENT, "notification target %u is not open", n->target);
-    g = malloc(sizeof(*g) + n->len);
+    g = calloc(1, sizeof(*g));
     if (!g)
         return mc__set_error(-ENOMEM, "out of memory");
+    rc = mc__msg_reserve(e, n->target, n->msg, n->len, &g->m);
+    if (rc && rc != -MC_EPEERDEAD) {
+        free(g);
+        return rc;
+    }
     g->target = n->target;
     g->left = (unsigned)count;
-    g->failed = false;
-    g->len = n->len;
-    if (n->len)
-        memcpy(g->msg, n->msg, n->len);
+    g->failed = rc != 0;
     *g_p = g;
     return 0;
 }
@@ -565,7 +568,7 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
 {
     mc_submit_opts_t o;
     mc_engine_t *e;
-    mc_notify_group_t *g;
+    mc_notify_group_t *g = NULL;
     size_t first, i;
     int rc = 0;
 
@@ -580,13 +583,9 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
     if (rc)
         return rc;
     MC_LOG_SCOPE(e->cfg.log_level);
-    rc = make_group(e, o.notify, count, &g);
-    if (rc)
-        return rc;
     mc_task_t *tasks = &b->tasks[first];
     const mc_task_t tmpl = {
         .batch = b,
-        .group = g,
         .queued_ns = mc__now_ns(),
         .timeout_ms = o.timeout_ms,
         .queued = true,
@@ -594,11 +593,14 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         .on_sent = o.on_sent, /* WRITEs only */
     };
     i = validate_requests(e, reqs, tasks, count, &tmpl, &rc);
+    if (!rc && (rc = make_group(e, o.notify, count, &g)))
+        i = count;
     if (rc) {
         unwind_requests(e, tasks, i); /* the i requests validated so far */
-        free(g);
         return rc;
     }
+    for (i = 0; g && i < count; i++)
+        tasks[i].group = g;
     /* Counted before any of them can end (a poller must never see more final than there are
      * tasks), then ended at once where they can. */
     atomic_fetch_add(&b->busy, count);

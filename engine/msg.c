@@ -176,17 +176,12 @@ int mc_notify_send(mc_engine_t *e, mc_segment_id_t target, const void *msg, size
     return msg_submit(e, target, 0, msg, len, NULL);
 }
 
-int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
-                    size_t len)
+int mc__msg_reserve(mc_engine_t *e, mc_segment_id_t target, const void *data, size_t len,
+                    mc_msg_t **m_p)
 {
-    mc_msg_t *m = NULL;
     int rc = msg_check(data, len, NULL);
 
-    if (!rc)
-        rc = msg_new(e, target, id, data, len, NULL, &m);
-    if (!rc)
-        mc__msg_route(e, m);
-    return rc;
+    return rc ? rc : msg_new(e, target, 0, data, len, NULL, m_p);
 }
 
 void mc__msg_put(mc_engine_t *e, mc_msg_t *m)
@@ -205,6 +200,11 @@ static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
         window_give(p);
     m->inflight = false;
     mc__msg_put(e, m);
+}
+
+void mc__msg_unreserve(mc_engine_t *e, mc_msg_t *m)
+{
+    msg_done(e, mc__peer_get(e, m->target), m, -MC_ECANCELED);
 }
 
 /* A transport faster than the control link (same-host shared memory, rdma) carries p's

@@ -59,9 +59,12 @@ typedef struct mc_flush {
 
 /* Queue a message from the submission queue onto its peer (numbered here). */
 void mc__msg_route(mc_engine_t *e, mc_msg_t *m);
-/* Queue a message from the progress context (a batch's notification). */
-int mc__msg_enqueue(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
-                    size_t len);
+/* A batch's notification, made at submit (any thread) with its place in the target's window
+ * taken (-EAGAIN when the window is full), so that it cannot be refused when its tasks end: then
+ * mc__msg_route sends it, or mc__msg_unreserve lets it go (progress context). */
+int mc__msg_reserve(mc_engine_t *e, mc_segment_id_t target, const void *data, size_t len,
+                    mc_msg_t **m_p);
+void mc__msg_unreserve(mc_engine_t *e, mc_msg_t *m);
 
 /* For the transport that carries p's messages (p->msg_tp; others get nothing). peek: the next
  * message it may take now, left queued. take: that message, taken (it stays p's until answered;

@@ -27,8 +27,7 @@ typedef struct mc_notify_group {
     mc_segment_id_t target;
     unsigned left;
     bool failed;
-    size_t len;
-    char msg[];
+    struct mc_msg *m; /* the notification, its place in the window taken (mc__msg_reserve) */
 } mc_notify_group_t;
 
 struct mc_task {

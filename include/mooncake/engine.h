@@ -418,7 +418,10 @@ typedef struct mc_submit_opts {
 /* Append count requests as tasks (indices continue from the previous submit). All requests are
  * validated first: on error nothing is submitted and nothing will ever complete for them.
  * Errors: -EINVAL (bad opcode, local range not registered, batch full, bad options),
- * -MC_ENOSEGMENT (target not open). A zero-length request is a no-op that completes at once.
+ * -MC_ENOSEGMENT (target not open), -EAGAIN (the notification's target has MC_MSG_WINDOW
+ * messages queued or unacknowledged: the notification takes its place in that window at
+ * submit, so that it is never refused once the data landed; try again once the target took
+ * some). A zero-length request is a no-op that completes at once.
  * Never blocks: a task whose remote range is not inside one buffer of the descriptor we hold
  * (the target may have registered since) waits while progress asks the target for its current
  * one, then moves, or ends FAILED with -MC_EACCESS touching nothing; so does a task to a

@@ -770,6 +770,19 @@ static void test_backpressure(void **state)
     uint32_t first = next;
     unsigned more = fill_up(e, id, &next, 300);
     assert_int_equal(more, MC_MSG_WINDOW);
+    /* A submit with a notification is refused then, before anything moves: its notification
+     * would find no place once the data landed. */
+    uint8_t *src = th_buf(e, 4096);
+    mc_request_t rq = {.opcode = MC_WRITE,
+                       .local = src,
+                       .target = id,
+                       .target_offset = t->eng[0].buf[0],
+                       .length = 4096};
+    mc_notify_req_t nr = {.target = id, .msg = "landed", .len = 6};
+    mc_batch_t *b;
+    th_fill(src, 4096, 4242);
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &rq, 1, &nr), -EAGAIN);
     assert_int_equal(kill(t->pid, SIGCONT), 0);
     c = (th_cmd_t){.op = TH_CMD_POPS, .a0 = more, .a1 = first, .a3 = 30000};
     assert_int_equal(th_target_cmd(t, &c, &r, 40000), 0);
@@ -778,6 +791,11 @@ static void test_backpressure(void **state)
     c = (th_cmd_t){.op = TH_CMD_POPS, .a0 = 1, .a3 = 300};
     assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
     assert_int_equal(r.v[0], 0); /* nothing twice */
+    /* Now it goes, and its notification comes after its bytes. */
+    assert_int_equal(mc_batch_submit(b, &rq, 1, &nr), 0);
+    expect_pop(t, "landed", t->eng[0].buf[0], 4096, 4242);
+    th_batch_destroy(e, b);
+    th_buf_free(e, src, 4096);
     th_close(e, id);
 }
 
