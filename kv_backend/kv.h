@@ -23,7 +23,8 @@ typedef struct kv_agent {
     unsigned char info[MC_KV_CONN_MAX];
     size_t info_len;
     mc_segment_id_t seg;
-    unsigned mds; /* remote regions loaded for it */
+    unsigned mds;      /* remote regions loaded for it */
+    atomic_uint xfers; /* transfers prepared to it, not yet released */
 } kv_agent_t;
 
 enum kv_md_kind { KV_MD_LOCAL, KV_MD_REMOTE };

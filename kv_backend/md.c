@@ -151,6 +151,10 @@ static mc_kv_status_t conn_info_parse(mc_kv_backend_t *b, const unsigned char *p
     name_len = p[5];
     if (6 + name_len + 1 > len || 6 + name_len + 1 + p[6 + name_len] != len)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "connection info: truncated (%zu bytes)", len);
+    if (!name_len || name_len >= MC_KV_AGENT_MAX || memchr(p + 6, 0, name_len))
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "connection info: an agent name of %zu bytes (1 to %d, no NUL)", name_len,
+                        MC_KV_AGENT_MAX - 1);
     memcpy(name, p + 6, name_len);
     name[name_len] = 0;
     *addr_len_p = p[6 + name_len];
@@ -270,6 +274,10 @@ mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
         st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
                       "disconnect: %u regions of agent '%s' are loaded; unload them first", a->mds,
                       agent);
+    else if (atomic_load(&a->xfers))
+        st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
+                      "disconnect: %u transfers to agent '%s' are prepared; release them first",
+                      atomic_load(&a->xfers), agent);
     else if ((rc = segment_close(b, a->seg)) < 0)
         st = kv__fail_engine(b, rc, "disconnect");
     else {

@@ -86,6 +86,14 @@ static void xfer_unhold(mc_kv_xfer_t *x)
     x->n_mds = 0;
 }
 
+/* x no longer names its agent (released, or never prepared). */
+static void xfer_agent_put(mc_kv_xfer_t *x)
+{
+    if (x->agent)
+        atomic_fetch_sub(&x->agent->xfers, 1);
+    x->agent = NULL;
+}
+
 static void xfer_free(mc_kv_xfer_t *x)
 {
     xfer_unhold(x);
@@ -208,19 +216,25 @@ mc_kv_status_t kv__prep_xfer(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "prep_xfer: needs READ or WRITE, an agent, an output pointer and at "
                         "least one descriptor pair");
+    /* The agent stays until the transfer is released: counted under the lock that disconnect
+     * takes to look (its regions named here are held too, but a transfer of empty descriptors
+     * holds none). */
     pthread_rwlock_rdlock(&b->agents_lock);
-    a = kv__agent_find(b, agent);
+    if ((a = kv__agent_find(b, agent)))
+        atomic_fetch_add(&a->xfers, 1);
     pthread_rwlock_unlock(&b->agents_lock);
     if (!a)
         return kv__fail(b, MC_KV_ERR_NOT_FOUND, "prep_xfer: agent '%s' is not loaded", agent);
-    /* The agent stays: its regions named here are held, so it cannot be disconnected. */
-    if (!(x = xfer_new(b, count)))
+    if (!(x = xfer_new(b, count))) {
+        atomic_fetch_sub(&a->xfers, 1);
         return kv__fail(b, MC_KV_ERR_BACKEND, "prep_xfer: out of memory for %zu descriptors",
                         count);
+    }
     x->op = op;
     x->agent = a;
     x->id = atomic_fetch_add(&b->xfer_ids, 1) + 1;
     if ((st = xfer_build(b, x, local, remote, count))) {
+        xfer_agent_put(x);
         xfer_free(x);
         return st;
     }
@@ -385,6 +399,7 @@ mc_kv_status_t kv__release_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x)
     if (x->next)
         x->next->prev = x->prev;
     pthread_mutex_unlock(&b->lock);
+    xfer_agent_put(x);
     if (!xfer_spare(b, x))
         xfer_free(x);
     return MC_KV_SUCCESS;

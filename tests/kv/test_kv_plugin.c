@@ -555,6 +555,53 @@ static void test_every_operation(void **state)
     pair_down(&p);
 }
 
+/* Connection info whose agent name does not fit (or holds a NUL) is refused, not copied. */
+static void test_bad_conn_info(void **state)
+{
+    unsigned char info[MC_KV_CONN_MAX], bad[MC_KV_CONN_MAX];
+    size_t len = sizeof(info);
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    OK(p.b, P->conn_info(p.b, info, &len));
+    memcpy(bad, info, 5); /* magic and version, then a 200-byte name and a 49-byte address */
+    bad[5] = 200;
+    memset(bad + 6, 'x', 200);
+    bad[206] = 49;
+    memset(bad + 207, 'y', 49);
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "agent name of 200 bytes",
+           P->load_remote_conn_info(p.a, "B", bad, sizeof(bad)));
+    memcpy(bad, info, len); /* B's own, its name "B" made "\0": empty after all */
+    bad[6] = 0;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "no NUL", P->load_remote_conn_info(p.a, "", bad, len));
+    pair_down(&p);
+}
+
+/* A transfer of empty descriptors holds no region, yet names its agent: the agent cannot be
+ * disconnected until the transfer is released (its post still sends the notification). */
+static void test_empty_transfer_keeps_agent(void **state)
+{
+    mc_kv_desc_t l, rd;
+    mc_kv_xfer_t *x = NULL;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    l = (mc_kv_desc_t){(uintptr_t)p.ma, 0, 0, p.mda};
+    rd = (mc_kv_desc_t){(uintptr_t)p.mb, 0, 0, p.rb};
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "B", &x));
+    OK(p.a, P->unload_md(p.a, p.rb));
+    EXPECT(p.a, MC_KV_ERR_NOT_ALLOWED, "transfers to agent 'B' are prepared",
+           P->disconnect(p.a, "B"));
+    assert_int_equal(run(p.a, x, "empty"), MC_KV_SUCCESS);
+    OK(p.a, P->release_xfer(p.a, x));
+    OK(p.a, P->disconnect(p.a, "B"));
+    introduce(p.a, p.b, "B"); /* as pair_down expects */
+    p.rb = load_region(p.a, "B", p.b, p.mdb);
+    pair_down(&p);
+}
+
 /* Scattered blocks both ways, merged runs too, with a notification that arrives after the
  * data. */
 static void transfer_case(const char *protocol, size_t count, size_t blk)
@@ -1085,6 +1132,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_host_checks),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_every_operation),
+        cmocka_unit_test(test_bad_conn_info),
+        cmocka_unit_test(test_empty_transfer_keeps_agent),
         cmocka_unit_test(test_transfer_shm),
         cmocka_unit_test(test_transfer_tcp),
         cmocka_unit_test(test_100k_descriptors),
