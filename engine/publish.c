@@ -27,6 +27,14 @@ static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len
     return mc__meta_put(e->meta, key, (size_t)n, val, len, e->lease, NULL);
 }
 
+/* Whether a put failed because the store did not answer (it is put again later), rather than
+ * because the store refused it (it never will take it). */
+static bool store_away(int rc)
+{
+    return rc == -MC_EMETA || rc == -MC_ETIMEOUT || rc == -ECONNREFUSED || rc == -EAGAIN ||
+           rc == -ENOENT; /* (our lease went with the store's state: a new one carries it) */
+}
+
 /* A key a host put on our lease (mc_engine_publish), kept to be put again with a new one. */
 typedef struct mc_hosted_key {
     struct mc_hosted_key *next;
@@ -35,15 +43,28 @@ typedef struct mc_hosted_key {
     char key[];
 } mc_hosted_key_t;
 
-/* Put the hosts' keys again when the lease they were put with is gone. */
+/* Put the hosts' keys again when the lease they were put with is gone. A key the store refuses
+ * now goes (said once) instead of holding back the keys after it. */
 static int publish_hosted(mc_engine_t *e)
 {
     int64_t lease = atomic_load(&e->lease);
     int rc = 0;
 
     pthread_mutex_lock(&e->hosted_lock);
-    for (mc_hosted_key_t *h = e->hosted; h && !rc && e->hosted_lease != lease; h = h->next)
-        rc = mc__meta_put(e->meta, h->key, strlen(h->key), h->val, h->len, lease, NULL);
+    for (mc_hosted_key_t **pp = &e->hosted, *h; e->hosted_lease != lease && (h = *pp);) {
+        int put = mc__meta_put(e->meta, h->key, strlen(h->key), h->val, h->len, lease, NULL);
+        if (put && !store_away(put)) {
+            mc_warn("metadata key %s refused by the store (%s): no longer published", h->key,
+                    mc_last_error());
+            *pp = h->next;
+            free(h->val);
+            free(h);
+            continue;
+        }
+        if (put && !rc)
+            rc = put;
+        pp = &h->next;
+    }
     if (!rc)
         e->hosted_lease = lease;
     pthread_mutex_unlock(&e->hosted_lock);
@@ -96,6 +117,7 @@ static void *publish_thread(void *arg)
 
     mc__log_enter(e->cfg.log_level);
     uint64_t published_ns = 0;
+    bool retrying = false;
 
     pthread_mutex_lock(&e->meta_lock);
     while (!e->meta_stop) {
@@ -109,7 +131,9 @@ static void *publish_thread(void *arg)
         bool dirty = e->meta_dirty;
         e->meta_dirty = false;
         pthread_mutex_unlock(&e->meta_lock);
-        int rc = dirty ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
+        /* (while a publish is retried the lease is kept alive too: the keys put with it must not
+         * expire meanwhile) */
+        int rc = dirty && !retrying ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
         if (rc == -ENOENT)
             e->lease = 0;
         if (dirty || rc) {
@@ -117,6 +141,7 @@ static void *publish_thread(void *arg)
             published_ns = mc__now_ns();
         }
         pthread_mutex_lock(&e->meta_lock);
+        retrying = rc != 0;
         if (rc) {
             mc_warn("publishing segment %s failed: %s (will retry)", e->name, mc_last_error());
             e->meta_dirty = true;
@@ -227,6 +252,13 @@ int mc_engine_publish(mc_engine_t *e, const char *key, const void *val, size_t l
         h->val = copy;
         h->len = len;
         rc = mc__meta_put(e->meta, key, strlen(key), val, len, atomic_load(&e->lease), NULL);
+        if (rc && !store_away(rc)) { /* it would never take it: not kept */
+            *pp = h->next;
+            free(h->val);
+            free(h);
+            pthread_mutex_unlock(&e->hosted_lock);
+            return rc;
+        }
     } else {
         free(copy);
         rc = mc__set_error(-ENOMEM, "mc_engine_publish %s: out of memory", key);

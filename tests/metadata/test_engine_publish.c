@@ -89,6 +89,29 @@ static void test_publish_replace_unpublish(void **state)
     mc_engine_destroy(e); /* revokes the lease */
 }
 
+/* A key etcd refuses (a value past its request limit) is not kept: the publisher does not put
+ * it again forever, and the host's other keys go on as ever. */
+static void test_refused_key(void **state)
+{
+    mc_engine_t *e = engine_on(etcd.url);
+    const char *k = "mooncake/test/pub/big", *ok = "mooncake/test/pub/fine";
+    size_t big = 3u << 20;
+    char *v = malloc(big);
+    int rc;
+
+    (void)state;
+    memset(v, 'v', big);
+    rc = mc_engine_publish(e, k, v, big);
+    print_message("  a %zu-byte value: %d (%s)\n", big, rc, mc_last_error());
+    assert_true(rc < 0);
+    assert_true(rc != -MC_EMETA && rc != -MC_ETIMEOUT && rc != -ECONNREFUSED && rc != -EAGAIN);
+    assert_int_equal(mc_engine_unpublish(e, k), -ENOENT); /* not kept */
+    assert_int_equal(mc_engine_publish(e, ok, "v", 1), 0);
+    assert_true(wait_key(ok, "v", 0));
+    free(v);
+    mc_engine_destroy(e);
+}
+
 static void test_no_metadata(void **state)
 {
     mc_engine_t *e = engine_on("none");
@@ -182,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_no_metadata),
         cmocka_unit_test(test_process_death),
         cmocka_unit_test(test_publish_replace_unpublish),
+        cmocka_unit_test(test_refused_key),
         cmocka_unit_test(test_lease_lost),
         cmocka_unit_test(test_etcd_restart),
     };
