@@ -65,6 +65,8 @@ static int register_args(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bu
     if (opts)
         memcpy(o, opts, opts->size && opts->size < sizeof(*o) ? opts->size : sizeof(*o));
     d->shard_size = o->shard_size ? o->shard_size : P2P_DEFAULT_SHARD;
+    if (d->shard_size > d->size && d->size >= P2P_MIN_SHARD)
+        d->shard_size = d->size; /* one shard all the same (and within JSON's signed integers) */
     if (d->shard_size < P2P_MIN_SHARD)
         return mc__p2p_error(-EINVAL, "%s: shard size %llu is below %u", name,
                              (unsigned long long)d->shard_size, P2P_MIN_SHARD);

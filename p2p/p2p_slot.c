@@ -170,6 +170,8 @@ static int slot_end(p2p_fetch_t *f, p2p_slot_t *s)
     pthread_mutex_lock(&f->wake_lock);
     err = s->error;
     pthread_mutex_unlock(&f->wake_lock);
+    if (s->canceled && err == -MC_ECANCELED) /* expire_slots gave up on it: it timed out */
+        err = -MC_ETIMEOUT;
     if (mc_batch_destroy(s->batch))
         mc_batch_release(s->batch); /* never the case once every callback ran; be safe */
     s->batch = NULL;

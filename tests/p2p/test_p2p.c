@@ -212,6 +212,11 @@ static void test_origin_only(void **state)
     assert_int_equal(r.from_origin, size);
     OK(&o, "stat solo");
     assert_string_equal(o.reply, "ok 2097152 32 2 2"); /* b serves nobody */
+    /* A shard size past the object (and past JSON's signed integers): one shard, readable. */
+    OK(&o, "publish onebig 65536 4 9223372036854775808 1");
+    fetch_check(&a, "onebig", 65536, 1, 4, "");
+    OK(&o, "stat onebig");
+    assert_non_null(strstr(o.reply, "ok 65536 1 "));
     STOP(&b);
     STOP(&a);
     STOP(&o);
