@@ -208,7 +208,9 @@ typedef struct mc_kv_plugin {
     /* Start it, never blocking. notif (len bytes, NULL for none) is delivered to the agent once
      * every byte is in place there, exactly once, whether or not this host polls again.
      * SUCCESS if done already, IN_PROG, REPOST_ACTIVE if the previous post has not finished,
-     * or an error (nothing moves then). A finished transfer may be posted again. */
+     * or an error (nothing moves then; BACKEND with "queued or unacknowledged" in last_error
+     * when the agent has not taken the notifications sent to it so far: post again later). A
+     * finished transfer may be posted again. */
     mc_kv_status_t (*post_xfer)(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *notif, size_t len);
     /* IN_PROG, SUCCESS, or what ended it: REMOTE_DISCONNECT (the peer died or cannot be
      * reached), CANCELED, NOT_ALLOWED (the remote range is not registered there any more),
