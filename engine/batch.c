@@ -592,9 +592,12 @@ int mc_batch_submit_ex(mc_batch_t *b, const mc_request_t *reqs, size_t count,
         .ordered = o.flags & MC_SUBMIT_ORDERED,
         .on_sent = o.on_sent, /* WRITEs only */
     };
-    i = validate_requests(e, reqs, tasks, count, &tmpl, &rc);
-    if (!rc && (rc = make_group(e, o.notify, count, &g)))
-        i = count;
+    i = validate_requests(e, reqs, tasks, count, &tmpl, &rc); /* (count when all are valid) */
+    if (!rc) {
+        rc = make_group(e, o.notify, count, &g);
+        if (rc == -EAGAIN && !mc__in_progress() && mc__progress_implicit(e))
+            rc = make_group(e, o.notify, count, &g); /* the pass took answers in */
+    }
     if (rc) {
         unwind_requests(e, tasks, i); /* the i requests validated so far */
         return rc;

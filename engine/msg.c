@@ -85,9 +85,13 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     bool pass = mc__in_pass_of(e);
     m = mc_buf_alloc(pass ? &e->msg_bufs_pass : &e->msg_bufs, sizeof(*m) + len);
     if (!m) {
-        pthread_rwlock_rdlock(&e->peers_lock);
-        window_give(mc__peer_get(e, target));
-        pthread_rwlock_unlock(&e->peers_lock);
+        if (!pass)
+            pthread_rwlock_rdlock(&e->peers_lock);
+        mc_peer_t *p = mc__peer_get(e, target); /* (closed meanwhile: its window went with it) */
+        if (p)
+            window_give(p);
+        if (!pass)
+            pthread_rwlock_unlock(&e->peers_lock);
         return mc__set_error(-ENOMEM, "out of memory");
     }
     memset(m, 0, sizeof(*m)); /* the header: the payload is copied over */
@@ -181,6 +185,8 @@ int mc__msg_reserve(mc_engine_t *e, mc_segment_id_t target, const void *data, si
 {
     int rc = msg_check(data, len, NULL);
 
+    if (!rc && atomic_load_explicit(&e->stop, memory_order_relaxed)) /* a callback's, at destroy */
+        rc = mc__set_error(-MC_ECANCELED, "the engine is being destroyed");
     return rc ? rc : msg_new(e, target, 0, data, len, NULL, m_p);
 }
 

@@ -27,12 +27,12 @@ static int put_key(mc_engine_t *e, const char *kind, const char *val, size_t len
     return mc__meta_put(e->meta, key, (size_t)n, val, len, e->lease, NULL);
 }
 
-/* Whether a put failed because the store did not answer (it is put again later), rather than
- * because the store refused it (it never will take it). */
-static bool store_away(int rc)
+/* Whether the store refused a put for good (the key or the value will never do), rather than
+ * failing it for now (unreachable, busy, our lease gone, out of memory): it is put again later
+ * then. */
+static bool store_refuses(int rc)
 {
-    return rc == -MC_EMETA || rc == -MC_ETIMEOUT || rc == -ECONNREFUSED || rc == -EAGAIN ||
-           rc == -ENOENT; /* (our lease went with the store's state: a new one carries it) */
+    return rc == -ENAMETOOLONG || rc == -EMSGSIZE || rc == -EINVAL || rc == -E2BIG;
 }
 
 /* A key a host put on our lease (mc_engine_publish), kept to be put again with a new one. */
@@ -53,7 +53,7 @@ static int publish_hosted(mc_engine_t *e)
     pthread_mutex_lock(&e->hosted_lock);
     for (mc_hosted_key_t **pp = &e->hosted, *h; e->hosted_lease != lease && (h = *pp);) {
         int put = mc__meta_put(e->meta, h->key, strlen(h->key), h->val, h->len, lease, NULL);
-        if (put && !store_away(put)) {
+        if (store_refuses(put)) {
             mc_warn("metadata key %s refused by the store (%s): no longer published", h->key,
                     mc_last_error());
             *pp = h->next;
@@ -133,7 +133,8 @@ static void *publish_thread(void *arg)
         pthread_mutex_unlock(&e->meta_lock);
         /* (while a publish is retried the lease is kept alive too: the keys put with it must not
          * expire meanwhile) */
-        int rc = dirty && !retrying ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
+        int rc =
+            (dirty && !retrying) || !e->lease ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
         if (rc == -ENOENT)
             e->lease = 0;
         if (dirty || rc) {
@@ -243,22 +244,26 @@ int mc_engine_publish(mc_engine_t *e, const char *key, const void *val, size_t l
     memcpy(copy, val, len);
     pthread_mutex_lock(&e->hosted_lock);
     pp = hosted_find(e, key);
+    bool fresh = !*pp;
     if (!(h = *pp) && (h = calloc(1, sizeof(*h) + strlen(key) + 1))) {
         strcpy(h->key, key);
         *pp = h;
     }
     if (h) {
-        free(h->val);
-        h->val = copy;
-        h->len = len;
         rc = mc__meta_put(e->meta, key, strlen(key), val, len, atomic_load(&e->lease), NULL);
-        if (rc && !store_away(rc)) { /* it would never take it: not kept */
-            *pp = h->next;
-            free(h->val);
-            free(h);
+        if (store_refuses(rc)) { /* it never will take it: a new key is not kept, an old one
+                                    keeps the value the store still has */
+            free(copy);
+            if (fresh) {
+                *pp = h->next;
+                free(h);
+            }
             pthread_mutex_unlock(&e->hosted_lock);
             return rc;
         }
+        free(h->val);
+        h->val = copy;
+        h->len = len;
     } else {
         free(copy);
         rc = mc__set_error(-ENOMEM, "mc_engine_publish %s: out of memory", key);

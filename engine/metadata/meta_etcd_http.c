@@ -340,6 +340,8 @@ static int grpc_error(const char *url, long http, json_t *body)
         strstr(msg, "user name is empty") || strstr(msg, "permission denied"))
         return mc__set_error(-MC_EAUTH, "etcd %s: %s (check MC_ETCD_USER, MC_ETCD_PASSWORD)", url,
                              msg);
+    if (strstr(msg, "too many requests") || strstr(msg, "space exceeded")) /* (also code 8) */
+        return mc__set_error(-EAGAIN, "etcd %s: %s", url, msg);
     if (strstr(msg, "too large") || code == 8)
         return mc__set_error(-EMSGSIZE,
                              "etcd %s: %s (etcd's --max-request-bytes, 1.5 MiB by "

@@ -532,10 +532,10 @@ MC_API int mc_notify_pop(mc_engine_t *engine, mc_notify_t *out);
  * when the lease is lost and granted anew (a store that restarted empty, an outage longer than
  * the lease). Publishing a key again replaces its value. Keys are full keys (see mc_meta_key in
  * meta.h). Blocks for one round trip to the store, so not from a callback (-EDEADLK). -ENOTSUP
- * with METADATA=none; the store's error if the put fails: when the store is unreachable
- * (-MC_EMETA, -MC_ETIMEOUT, -ECONNREFUSED, -EAGAIN) the key is kept and put again once it
- * answers (unpublish it to give up); a key the store refuses (too long, too large, not
- * allowed) is not kept. */
+ * with METADATA=none; the store's error if the put fails: a key the store refuses for good
+ * (-ENAMETOOLONG, -EMSGSIZE: too long, too large) is not kept (one published before keeps its
+ * previous value); after any other error (unreachable, busy) it is kept and put again once the
+ * store answers (unpublish it to give up). */
 MC_API int mc_engine_publish(mc_engine_t *engine, const char *key, const void *val, size_t len);
 
 /* Delete a key this engine published and stop putting it again. -ENOENT if it did not publish

@@ -90,7 +90,8 @@ static void test_publish_replace_unpublish(void **state)
 }
 
 /* A key etcd refuses (a value past its request limit) is not kept: the publisher does not put
- * it again forever, and the host's other keys go on as ever. */
+ * it again forever, and the host's other keys go on as ever. A key published before keeps the
+ * value the store has, and can still be withdrawn. */
 static void test_refused_key(void **state)
 {
     mc_engine_t *e = engine_on(etcd.url);
@@ -108,6 +109,10 @@ static void test_refused_key(void **state)
     assert_int_equal(mc_engine_unpublish(e, k), -ENOENT); /* not kept */
     assert_int_equal(mc_engine_publish(e, ok, "v", 1), 0);
     assert_true(wait_key(ok, "v", 0));
+    assert_int_equal(mc_engine_publish(e, ok, v, big), rc);
+    assert_true(wait_key(ok, "v", 0));
+    assert_int_equal(mc_engine_unpublish(e, ok), 0);
+    assert_true(wait_key(ok, NULL, 0));
     free(v);
     mc_engine_destroy(e);
 }
