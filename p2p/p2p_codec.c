@@ -268,6 +268,15 @@ int mc__p2p_entry_decode(const char *json, size_t len, uint64_t size, p2p_entry_
     return rc;
 }
 
+int mc__p2p_entry_id(const char *json, size_t len, uint64_t *id_p)
+{
+    json_t *o = json_loadb(json, len, 0, NULL);
+    int rc = decode_head(o, "replica entry", id_p);
+
+    json_decref(o);
+    return rc;
+}
+
 void mc__p2p_entry_free(p2p_entry_t *e)
 {
     free(e->have);

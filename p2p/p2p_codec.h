@@ -78,5 +78,7 @@ int mc__p2p_entry_encode(const p2p_entry_t *e, char **json_p, size_t *len_p);
 /* -EPROTO as above, also for bufs that do not cover size bytes. */
 int mc__p2p_entry_decode(const char *json, size_t len, uint64_t size, p2p_entry_t *e);
 void mc__p2p_entry_free(p2p_entry_t *e);
+/* Only the id of the registration an entry is of: -EPROTO as above. */
+int mc__p2p_entry_id(const char *json, size_t len, uint64_t *id_p);
 
 #endif

@@ -131,13 +131,30 @@ static int write_desc(mc_p2p_t *p2p, const char *name, const p2p_desc_t *d, int 
 
 /* A forced replacement: holders of the old object stop being listed (their entries name the
  * old id, which fetchers ignore anyway). */
-static void drop_entries(mc_p2p_t *p2p, const char *name)
+/* Delete name's replica entries of the registration whose description had id (of_id), or of
+ * every other one (!of_id); one that does not decode goes either way. A registration of the
+ * name made meanwhile by another node keeps its entries (they carry its id), and an entry is
+ * deleted only at the revision it was listed at. */
+static void drop_entries(mc_p2p_t *p2p, const char *name, uint64_t id, bool of_id)
 {
     char key[P2P_KEY_MAX];
+    mc_meta_kv_t *kvs = NULL;
+    size_t n = 0;
+    int rc = mc__p2p_key(p2p, name, "replica/", key);
 
-    if (mc__p2p_key(p2p, name, "replica/", key) >= 0 &&
-        mc_meta_delete_prefix(p2p->meta, key, strlen(key), NULL))
+    if (rc >= 0)
+        rc = mc_meta_list(p2p->meta, key, strlen(key), &kvs, &n, NULL);
+    for (size_t i = 0; rc >= 0 && i < n; i++) {
+        uint64_t eid;
+        if (!mc__p2p_entry_id(kvs[i].value, kvs[i].value_len, &eid) && (eid == id) != of_id)
+            continue;
+        rc = mc_meta_delete(p2p->meta, kvs[i].key, kvs[i].key_len, kvs[i].mod_revision);
+        if (rc == -ENOENT || rc == -MC_ECONFLICT) /* gone, or written again meanwhile */
+            rc = 0;
+    }
+    if (rc < 0)
         mc__p2p_warn(p2p, "%s: deleting the replica entries: %s", name, mc_last_error());
+    mc_meta_kvs_free(kvs, n);
 }
 
 static void delete_desc(mc_p2p_t *p2p, const char *name, int64_t rev)
@@ -162,6 +179,7 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
     if (rc || (rc = mc__p2p_claim(p2p, name, &h)) != 0)
         return rc;
     h->origin = true;
+    h->id = d.id;
     rc = mc__p2p_checksum_all(&d, bufs, n);
     if (!rc)
         rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
@@ -169,8 +187,8 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
         rc = write_desc(p2p, name, &d, o.force, &h->object_rev);
     if (rc)
         goto err_release;
-    if (o.force)
-        drop_entries(p2p, name);
+    if (o.force) /* the replaced object's */
+        drop_entries(p2p, name, d.id, false);
     rc = publish_complete(p2p, h, &d);
     if (rc)
         goto err_delete_desc;
@@ -204,7 +222,7 @@ int mc_p2p_unregister(mc_p2p_t *p2p, const char *name, int keep_replicas)
     if (rc == -ENOENT || rc == -MC_ECONFLICT)
         rc = 1;
     if (rc == 0 && !keep_replicas)
-        drop_entries(p2p, name);
+        drop_entries(p2p, name, h->id, true);
     if (rc < 0)
         rc = mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc,
                            "%s: deleting the description (remove it later): %s", name,
@@ -227,6 +245,10 @@ int mc_p2p_remove(mc_p2p_t *p2p, const char *name, int keep_replicas)
         return mc__p2p_error(-ENOENT, "%s: no such object", name);
     if (rc)
         return rc;
+    p2p_desc_t d = {0};
+    bool known = mc__p2p_desc_decode(kv.value, kv.value_len, &d) == 0; /* else: every entry */
+    if (known)
+        mc__p2p_desc_free(&d);
     rc = mc_meta_delete(p2p->meta, key, strlen(key), kv.mod_revision);
     mc_meta_kv_free(&kv);
     if (rc == -ENOENT || rc == -MC_ECONFLICT)
@@ -236,7 +258,7 @@ int mc_p2p_remove(mc_p2p_t *p2p, const char *name, int keep_replicas)
         return mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc, "%s: deleting: %s", name,
                              mc_last_error());
     if (!keep_replicas)
-        drop_entries(p2p, name);
+        drop_entries(p2p, name, known ? d.id : 0, known);
     return 0;
 }
 

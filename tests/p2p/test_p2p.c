@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include <mooncake/error.h>
+#include <mooncake/meta.h>
 
 #include "p2p_test.h"
 
@@ -214,9 +215,12 @@ static void test_origin_only(void **state)
     assert_string_equal(o.reply, "ok 2097152 32 2 2"); /* b serves nobody */
     /* A shard size past the object (and past JSON's signed integers): one shard, readable. */
     OK(&o, "publish onebig 65536 4 9223372036854775808 1");
-    fetch_check(&a, "onebig", 65536, 1, 4, "");
+    p2p_proc_t c; /* (a node fetches one object) */
+    start(&c);
+    fetch_check(&c, "onebig", 65536, 1, 4, "");
     OK(&o, "stat onebig");
     assert_non_null(strstr(o.reply, "ok 65536 1 "));
+    STOP(&c);
     STOP(&b);
     STOP(&a);
     STOP(&o);
@@ -429,7 +433,23 @@ static void test_errors(void **state)
     OK(&f, "check 22");
     OK(&o, "unregister taken 0"); /* withdraws its own, leaves p's description alone */
     OK(&f, "stat taken");
+    /* An entry of another registration of the name (made by some node after the description
+     * that remove reads was deleted) outlives the remove: only the removed object's go. */
+    const char *other = "mooncake/p2p/taken/replica/192.0.2.1:1",
+               *prefix = "mooncake/p2p/taken/replica/";
+    const char *entry = "{\"v\":1,\"id\":\"00000000000000ab\"}";
+    mc_meta_t *meta;
+    mc_meta_kv_t *kvs;
+    size_t n;
+    assert_int_equal(mc_meta_open(getenv("MC_METADATA"), &meta), 0);
+    assert_int_equal(mc_meta_put(meta, other, strlen(other), entry, strlen(entry), 0, NULL), 0);
     OK(&f, "remove taken 0");
+    assert_int_equal(mc_meta_list(meta, prefix, strlen(prefix), &kvs, &n, NULL), 0);
+    assert_int_equal(n, 1); /* p's and f's entries went */
+    assert_string_equal(kvs[0].key, other);
+    mc_meta_kvs_free(kvs, n);
+    assert_int_equal(mc_meta_delete(meta, other, strlen(other), 0), 0);
+    mc_meta_close(meta);
     FAILS(-ENOENT, &f, "stat taken");
     FAILS(-ENOENT, &f, "remove taken 0");
     STOP(&f);
