@@ -717,7 +717,9 @@ ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *c
     }
     if (ep->failed)
         return ep->fail_status;
-    if (ep->n_pending) { /* UCP queues the flush behind them */
+    /* UCP queues the flush behind them; called from its own turn in the queue (dispatching),
+     * it is no longer behind any of this endpoint's (its own request still counts) */
+    if (ep->n_pending && !ep->iface->dispatching) {
         ep_block(ep);
         return UCS_ERR_NO_RESOURCE;
     }

@@ -432,8 +432,11 @@ static ucs_status_t iface_flush(uct_iface_h tl_iface, unsigned flags, uct_comple
 
     if (comp)
         return UCS_ERR_UNSUPPORTED;
+    /* an endpoint with requests still queued is not flushed either (UCP's worker flush counts
+     * no operations of its own: it asks again until this says OK) */
     for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
-        if (uct_mc_ep_flush(&ep->super.super, flags, NULL) == UCS_INPROGRESS)
+        if ((ep->n_pending && !(flags & UCT_FLUSH_FLAG_CANCEL)) ||
+            uct_mc_ep_flush(&ep->super.super, flags, NULL) == UCS_INPROGRESS)
             st = UCS_INPROGRESS;
     return st;
 }

@@ -1575,6 +1575,46 @@ static void remote_check(child_t *k, uint32_t id, const wr_t *w, size_t n, const
     expect_ok(k, what);
 }
 
+/* Many small puts at once (more than the interface's bounce slots: most wait in the pending
+ * queue), then a flush of the endpoint or the worker: it completes, and only once every put is
+ * remotely complete (the peer checks before we wait for the puts themselves). One range, its
+ * pattern cut into 8-byte puts. */
+static void put_many_flush(child_t *peer, conn_t *c, remote_t *r, uint64_t off, uint32_t seed,
+                           bool worker_flush, const char *what)
+{
+    enum { N = 300, SZ = 8 };
+    op_t *ops = calloc(N + 1, sizeof(*ops));
+    uint8_t *src = malloc(N * SZ);
+    const wr_t w = {off, N * SZ, seed};
+    ucp_request_param_t p;
+
+    if (!ops || !src)
+        fail("no memory");
+    fill(src, N * SZ, seed, N * SZ, 0);
+    for (size_t i = 0; i < N; i++) {
+        p = send_param(&ops[i]);
+        op_begin(&ops[i],
+                 ucp_put_nbx(c->ep, src + i * SZ, SZ, r->raddr + off + i * SZ, r->rkey, &p));
+    }
+    p = send_param(&ops[N]);
+    op_begin(&ops[N],
+             worker_flush ? ucp_worker_flush_nbx(g.worker, &p) : ucp_ep_flush_nbx(c->ep, &p));
+    WAIT_FOR(ops[N].done, WAIT_S, "%s: the %s flush", what, worker_flush ? "worker" : "endpoint");
+    if (ops[N].status != UCS_OK)
+        fail("%s: flush: %s", what, ucs_status_string(ops[N].status));
+    remote_check(peer, 0, &w, 1, what);
+    WAIT_FOR(all_done(ops, N), WAIT_S, "%s: put %zu of %d", what, first_not_done(ops, N), N);
+    for (size_t i = 0; i < N; i++)
+        if (ops[i].status != UCS_OK)
+            fail("%s: put %zu: %s", what, i, ucs_status_string(ops[i].status));
+    for (size_t i = 0; i <= N; i++)
+        op_release(&ops[i]);
+    if (r->image)
+        image_apply(r->image, &w, 1);
+    free(src);
+    free(ops);
+}
+
 /* Tag messages of sizes[] to the peer: with F_ACK its receives are posted before we send;
  * unexpected: we send first and let the messages arrive before it posts them. */
 static void tag_to_peer(child_t *k, conn_t *c, const uint64_t *sizes, uint32_t n, uint64_t tag,
@@ -2046,6 +2086,10 @@ static int parent_main(const char *argv0)
         check(put_writes(&conn_a, &ra0, w2, sizeof(w2) / sizeof(w2[0]), true, "put, worker flush"));
         remote_check(peer_a, 0, w2, sizeof(w2) / sizeof(w2[0]), "put, worker flush");
         ok("put over earlier puts + ucp_worker_flush_nbx, checked by the peer");
+        put_many_flush(peer_a, &conn_a, &ra0, MiB + 100, 227, false, "300 puts, endpoint flush");
+        ok("300 puts of 8 B (most queued) + ucp_ep_flush_nbx: done, and all in when it is");
+        put_many_flush(peer_a, &conn_a, &ra0, MiB + 9000, 228, true, "300 puts, worker flush");
+        ok("300 puts of 8 B (most queued) + ucp_worker_flush_nbx: done, and all in when it is");
         check(get_reads(&conn_a, &ra0, rd, sizeof(rd) / sizeof(rd[0]), "get"));
         ok("get 1 B .. the whole region (2 MiB+4099) at unaligned offsets + ucp_ep_flush_nbx");
 
