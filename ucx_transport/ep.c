@@ -151,8 +151,20 @@ static void ep_free(uct_mc_ep_t *ep)
     free(ep);
 }
 
-/* Operations and flushes in flight complete as canceled now (the engine still finishes the
- * tasks: a get's buffer may be written until then). */
+/* Flushes waiting complete as canceled now (what they wait for guards no buffer). */
+static void flushes_cancel(uct_mc_ep_t *ep)
+{
+    for (uct_mc_flush_t *f = ep->flushes; f; f = f->ep_next) {
+        uct_completion_t *comp = f->comp;
+        f->comp = NULL;
+        if (comp)
+            uct_invoke_completion(comp, UCS_ERR_CANCELED);
+    }
+}
+
+/* At destroy: operations and flushes in flight complete as canceled now (the engine still
+ * finishes the tasks: a get's buffer may be written until then; UCP's force close cancels them
+ * with a flush first, which waits for that: uct_mc_ep_flush). */
 static void ep_cancel(uct_mc_ep_t *ep)
 {
     for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next) {
@@ -162,11 +174,11 @@ static void ep_cancel(uct_mc_ep_t *ep)
         if (comp)
             uct_invoke_completion(comp, UCS_ERR_CANCELED);
     }
-    for (uct_mc_flush_t *f = ep->flushes; f; f = f->ep_next) {
-        uct_completion_t *comp = f->comp;
-        f->comp = NULL;
-        if (comp)
-            uct_invoke_completion(comp, UCS_ERR_CANCELED);
+    flushes_cancel(ep);
+    if (ep->cancel_comp) {
+        uct_completion_t *comp = ep->cancel_comp;
+        ep->cancel_comp = NULL;
+        uct_invoke_completion(comp, UCS_ERR_CANCELED);
     }
 }
 
@@ -624,8 +636,8 @@ void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op)
     op->sent = true;
     op->comp = NULL;
     if (comp) {
-        op->error_told = error != 0;
-        uct_invoke_completion(comp, uct_mc_status(error));
+        op->error_told = error != 0 || op->canceled;
+        uct_invoke_completion(comp, op->canceled ? UCS_ERR_CANCELED : uct_mc_status(error));
     }
 }
 
@@ -633,7 +645,7 @@ void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op)
 void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op)
 {
     uct_mc_ep_t *ep = op->ep;
-    ucs_status_t st = uct_mc_status(op->error);
+    ucs_status_t st = op->canceled ? UCS_ERR_CANCELED : uct_mc_status(op->error);
 
     iface->tasks_inflight -= op->ntasks;
     if (op->error)
@@ -652,9 +664,14 @@ void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op)
         op->ep_next->ep_prev = op->ep_prev;
     if (op->comp)
         uct_invoke_completion(op->comp, st);
-    else if (st != UCS_OK && !op->error_told) /* as an RDMA queue pair does: a failed write
-                                                 fails the endpoint */
+    else if (st != UCS_OK && !op->error_told && !op->canceled) /* as an RDMA queue pair does:
+                                                                  a failed write fails the ep */
         ep_fail(ep, st);
+    if (!ep->ops && ep->cancel_comp) { /* the engine let go of the last one */
+        uct_completion_t *comp = ep->cancel_comp;
+        ep->cancel_comp = NULL;
+        uct_invoke_completion(comp, UCS_OK);
+    }
     free(op);
     ep_unref(ep);
 }
@@ -706,15 +723,35 @@ static ucs_status_t flush_start(uct_mc_ep_t *ep, uct_completion_t *comp)
     return UCS_INPROGRESS;
 }
 
-/* CANCEL: what is in flight completes as canceled now (as at destroy), nothing is waited for. */
+/* CANCEL: flushes waiting complete as canceled now, operations in flight when the engine lets
+ * go of them (it may write a get's buffer or read a put's until then), and the endpoint is in
+ * error from now on. The cancel is complete once no operation is in flight: UCS_OK at once if
+ * none is, else INPROGRESS and comp then (without comp the caller asks again). */
+static ucs_status_t flush_cancel(uct_mc_ep_t *ep, uct_completion_t *comp)
+{
+    for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next)
+        op->canceled = true;
+    flushes_cancel(ep);
+    if (!ep->failed) {
+        ep->failed = true;
+        ep->fail_status = UCS_ERR_CANCELED;
+    }
+    if (!ep->ops)
+        return UCS_OK;
+    if (comp) {
+        if (ep->cancel_comp)
+            return UCS_ERR_BUSY; /* one at a time */
+        ep->cancel_comp = comp;
+    }
+    return UCS_INPROGRESS;
+}
+
 ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
 
-    if (flags & UCT_FLUSH_FLAG_CANCEL) {
-        ep_cancel(ep);
-        return UCS_OK;
-    }
+    if (flags & UCT_FLUSH_FLAG_CANCEL)
+        return flush_cancel(ep, comp);
     if (ep->failed)
         return ep->fail_status;
     /* UCP queues the flush behind them; called from its own turn in the queue (dispatching),

@@ -119,6 +119,7 @@ typedef struct uct_mc_op {
     bool sent;       /* a put whose source the engine let go of: in order before later operations
                         (MC_SUBMIT_ORDERED), or complete */
     bool error_told; /* its completion carried the error already */
+    bool canceled;   /* by a cancelling flush: it completes as canceled when the engine let go */
     int slot;        /* bounce slot, or -1 */
     size_t length;
     uct_unpack_callback_t unpack_cb;
@@ -205,6 +206,7 @@ struct uct_mc_ep {
     uct_mc_op_t *ops;
     uint64_t span_lo, span_hi; /* covers the remote ranges of ops (while there are some) */
     uct_mc_flush_t *flushes;
+    uct_completion_t *cancel_comp; /* a cancelling flush's, once no op is in flight */
 };
 
 /* md.c */
