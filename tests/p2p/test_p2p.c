@@ -213,15 +213,24 @@ static void test_origin_only(void **state)
     assert_int_equal(r.from_origin, size);
     OK(&o, "stat solo");
     assert_string_equal(o.reply, "ok 2097152 32 2 2"); /* b serves nobody */
-    /* A shard size past the object (and past JSON's signed integers): one shard, readable. */
+    STOP(&b);
+    STOP(&a);
+    STOP(&o);
+}
+
+/* A shard size past the object (and past JSON's signed integers): one shard, readable. (A test
+ * node holds one object: nodes of its own.) */
+static void test_one_shard(void **state)
+{
+    p2p_proc_t o, a;
+
+    (void)state;
+    start(&o);
+    start(&a);
     OK(&o, "publish onebig 65536 4 9223372036854775808 1");
-    p2p_proc_t c; /* (a node fetches one object) */
-    start(&c);
-    fetch_check(&c, "onebig", 65536, 1, 4, "");
+    fetch_check(&a, "onebig", 65536, 1, 4, "");
     OK(&o, "stat onebig");
     assert_non_null(strstr(o.reply, "ok 65536 1 "));
-    STOP(&c);
-    STOP(&b);
     STOP(&a);
     STOP(&o);
 }
@@ -465,6 +474,7 @@ int main(void)
         cmocka_unit_test_teardown(test_second_generation, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_feed_each_other, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_origin_only, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_one_shard, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_origin_killed, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_replica_killed, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_replica_stalled, p2p_node_cleanup),
