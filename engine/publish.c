@@ -43,6 +43,16 @@ typedef struct mc_hosted_key {
     char key[];
 } mc_hosted_key_t;
 
+/* Unlink *pp, the key it points at, and free it. */
+static void hosted_drop(mc_hosted_key_t **pp)
+{
+    mc_hosted_key_t *h = *pp;
+
+    *pp = h->next;
+    free(h->val);
+    free(h);
+}
+
 /* Put the hosts' keys again when the lease they were put with is gone. A key the store refuses
  * now goes (said once) instead of holding back the keys after it. */
 static int publish_hosted(mc_engine_t *e)
@@ -56,9 +66,7 @@ static int publish_hosted(mc_engine_t *e)
         if (store_refuses(put)) {
             mc_warn("metadata key %s refused by the store (%s): no longer published", h->key,
                     mc_last_error());
-            *pp = h->next;
-            free(h->val);
-            free(h);
+            hosted_drop(pp);
             continue;
         }
         if (put && !rc)
@@ -198,13 +206,8 @@ void mc__publish_stop(mc_engine_t *e)
     if (e->meta && e->lease && mc__meta_lease_revoke(e->meta, e->lease))
         mc_warn("revoking the lease of segment %s: %s", e->name, mc_last_error());
     e->lease = 0;
-    while (e->hosted) {
-        mc_hosted_key_t *h = e->hosted;
-
-        e->hosted = h->next;
-        free(h->val);
-        free(h);
-    }
+    while (e->hosted)
+        hosted_drop(&e->hosted);
 }
 
 static mc_hosted_key_t **hosted_find(mc_engine_t *e, const char *key)
@@ -254,10 +257,8 @@ int mc_engine_publish(mc_engine_t *e, const char *key, const void *val, size_t l
         if (store_refuses(rc)) { /* it never will take it: a new key is not kept, an old one
                                     keeps the value the store still has */
             free(copy);
-            if (fresh) {
-                *pp = h->next;
-                free(h);
-            }
+            if (fresh)
+                hosted_drop(pp);
             pthread_mutex_unlock(&e->hosted_lock);
             return rc;
         }
@@ -278,17 +279,15 @@ int mc_engine_publish(mc_engine_t *e, const char *key, const void *val, size_t l
 
 int mc_engine_unpublish(mc_engine_t *e, const char *key)
 {
-    mc_hosted_key_t **pp, *h;
+    mc_hosted_key_t **pp;
     int rc = publish_check(e, "mc_engine_unpublish", key);
 
     if (rc)
         return rc;
     pthread_mutex_lock(&e->hosted_lock);
     pp = hosted_find(e, key);
-    if ((h = *pp)) {
-        *pp = h->next;
-        free(h->val);
-        free(h);
+    if (*pp) {
+        hosted_drop(pp);
         rc = mc__meta_del(e->meta, key, strlen(key));
         rc = rc == -ENOENT ? 0 : rc; /* gone with a lost lease: it will not come back */
     } else {
