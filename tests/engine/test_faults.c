@@ -48,15 +48,16 @@ static struct {
     unsigned rounds;
 } g;
 
-static int setup(void **state)
+static int setup_with(const char *token)
 {
     th_cfg_t cfg;
     th_target_opts_t o;
 
-    (void)state;
     memset(&g, 0, sizeof(g));
     th_config(&cfg);
     th_set(&cfg, "IO_TIMEOUT_MS", "1000"); /* the target drops stalled raw clients quickly */
+    if (token)
+        th_set(&cfg, "AUTH_TOKEN", "%s", token);
     th_target_opts_init(&o, &cfg, TBUF);
     o.n_bufs = 2;
     assert_int_equal(th_target_spawn(&o, &g.t), 0);
@@ -66,6 +67,18 @@ static int setup(void **state)
     g.dst = th_buf(g.e, SCRATCH);
     g.rb = g.t.eng[0].buf[0];
     return 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return setup_with(NULL);
+}
+
+static int setup_auth(void **state)
+{
+    (void)state;
+    return setup_with("faults-token");
 }
 
 static int teardown(void **state)
@@ -98,9 +111,10 @@ static void target_still_serves(void)
 
 /* ---- raw client --------------------------------------------------------------------------- */
 
-static int raw_connect(void)
+/* A connection to the engine listening at name ("ip:port"). */
+static int raw_connect_to(const char *name)
 {
-    const char *name = g.t.eng[0].name, *colon = strrchr(name, ':');
+    const char *colon = strrchr(name, ':');
     struct sockaddr_in sa = {.sin_family = AF_INET};
     char host[64];
 
@@ -112,6 +126,11 @@ static int raw_connect(void)
     assert_true(fd >= 0);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     return fd;
+}
+
+static int raw_connect(void)
+{
+    return raw_connect_to(g.t.eng[0].name);
 }
 
 static void put(uint8_t *p, uint64_t v, int n)
@@ -200,11 +219,16 @@ static bool raw_frame(int fd, uint8_t *h, uint8_t *payload, size_t size)
     return true;
 }
 
-static size_t hello_payload(uint8_t *p, const char *name, const char *peer)
+/* A HELLO claiming to be engine instance, asking the target to retire connections 1 to
+ * n_retired of that instance. */
+static size_t hello_retiring(uint8_t *p, const char *name, const char *peer, uint64_t instance,
+                             unsigned n_retired)
 {
     size_t n = 0;
 
     memset(p, 0x42, 8 + 32 + 32); /* instance, nonce, proof */
+    if (n_retired)
+        put(p, instance, 8);
     n = 8 + 32 + 32;
     p[n++] = (uint8_t)strlen(name);
     memcpy(p + n, name, strlen(name));
@@ -212,8 +236,15 @@ static size_t hello_payload(uint8_t *p, const char *name, const char *peer)
     p[n++] = (uint8_t)strlen(peer);
     memcpy(p + n, peer, strlen(peer));
     n += strlen(peer);
-    p[n++] = 0; /* nothing retired */
+    p[n++] = (uint8_t)n_retired;
+    for (unsigned i = 1; i <= n_retired; i++, n += 4)
+        put(p + n, i, 4);
     return n;
+}
+
+static size_t hello_payload(uint8_t *p, const char *name, const char *peer)
+{
+    return hello_retiring(p, name, peer, 0, 0);
 }
 
 /* Send bytes, expect the target to drop the connection, then check it still serves. */
@@ -376,6 +407,49 @@ static void test_handshaken_raw_client(void **state)
     target_still_serves();
 }
 
+/* With MC_AUTH_TOKEN set, a client that never proves the token claims our engine's instance
+ * (which any engine tells in its HELLO_REPLY) and asks the target to retire our connections.
+ * They must survive: the retire list counts only once the handshake is done. */
+static void test_unauthenticated_retire(void **state)
+{
+    uint8_t f[HDR + 1024], rh[HDR], rp[2048];
+    mc_rail_stats_t r0[4], r1[4];
+    mc_counters_t c0, c1;
+    size_t n0, n1;
+
+    (void)state;
+    target_still_serves(); /* our connections to the target are up */
+    assert_int_equal(mc_stats_rails(g.e, g.seg, r0, 4, &n0), 0);
+    assert_int_equal(mc_stats_peer(g.e, g.seg, &c0), 0);
+    assert_true(n0 >= 1 && r0[0].conns >= 1);
+    /* Our instance, as our own listener tells anyone who says HELLO. */
+    int fd = raw_connect_to(mc_engine_segment_name(g.e));
+    size_t n = hello_payload(f + HDR, "raw-client", "");
+    hdr(f, FR_HELLO, (uint32_t)n, 1, 0, 0);
+    raw_send(fd, f, HDR + n);
+    assert_true(raw_frame(fd, rh, rp, sizeof(rp)));
+    assert_int_equal(rh[5], FR_HELLO_REPLY);
+    uint64_t instance = get(rp, 8);
+    close(fd);
+    /* The forged HELLO: answered (the target asks for the proof), never followed by one. */
+    fd = raw_connect();
+    n = hello_retiring(f + HDR, "forger", "", instance, 64);
+    hdr(f, FR_HELLO, (uint32_t)n, 1, 0, 0);
+    raw_send(fd, f, HDR + n);
+    assert_true(raw_frame(fd, rh, rp, sizeof(rp)));
+    assert_int_equal(rh[5], FR_HELLO_REPLY);
+    usleep(300 * 1000);
+    assert_int_equal(mc_stats_rails(g.e, g.seg, r1, 4, &n1), 0);
+    assert_int_equal(mc_stats_peer(g.e, g.seg, &c1), 0);
+    assert_int_equal(r1[0].conns, r0[0].conns);
+    assert_int_equal(c1.errors, c0.errors);
+    close(fd);
+    target_still_serves();
+    assert_int_equal(mc_stats_peer(g.e, g.seg, &c1), 0);
+    assert_int_equal(c1.errors, c0.errors);
+    assert_int_equal(c1.retries, c0.retries);
+}
+
 /* ---- unregister under load ---------------------------------------------------------------- */
 
 static void test_unregister_while_writing(void **state)
@@ -458,6 +532,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_write_before_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handshaken_raw_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unregister_while_writing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unauthenticated_retire, setup_auth, teardown),
     };
 
     th_main(argc, argv);

@@ -134,6 +134,8 @@ typedef struct mc_tcp_conn {
     tcp_rail_t *rail; /* outbound only: the path it runs over */
     mc_list_t node;   /* in the peer's conns (outbound) or inbound; then the graveyard */
     uint32_t id;      /* the initiator's connection id */
+    uint32_t hello_retired[MC_PROTO_MAX_RETIRE]; /* inbound: its HELLO's, dropped once READY */
+    uint8_t n_hello_retired;
     char remote_name[MC_NAME_MAX];
     uint8_t nonce[MC_PROTO_NONCE_LEN], peer_nonce[MC_PROTO_NONCE_LEN];
     uint64_t since_ns;   /* creation */

@@ -90,6 +90,8 @@ int mc__tcp_frame_decode(const uint8_t in[MC_FRAME_HDR_LEN], uint64_t desc_max, 
         return mc__set_error(-MC_EPROTO, "%s frame of %u bytes exceeds the limit of %llu",
                              mc__tcp_frame_type_name(f.type), f.length,
                              (unsigned long long)frame_limit(f.type, desc_max));
+    if (f.type == MC_FR_READ_RESP && f.aux && f.length > MC_PROTO_MAX_CTRL)
+        return mc__set_error(-MC_EPROTO, "READ_RESP refusal with a %u-byte reason", f.length);
     if (f.type == MC_FR_READ && f.aux > MC_PROTO_MAX_DATA)
         return mc__set_error(-MC_EPROTO, "READ of %llu bytes exceeds the slice limit",
                              (unsigned long long)f.aux);

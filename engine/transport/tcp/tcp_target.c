@@ -114,7 +114,7 @@ int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
 }
 
 /* Drop the inbound connections the initiator gave up on, with whatever they still hold. */
-static void retire(mc_engine_t *e, mc_tcp_conn_t *by, const uint64_t *ids, unsigned n)
+static void retire(mc_engine_t *e, mc_tcp_conn_t *by, const uint32_t *ids, unsigned n)
 {
     mc_list_t *pos, *tmp;
 
@@ -124,13 +124,23 @@ static void retire(mc_engine_t *e, mc_tcp_conn_t *by, const uint64_t *ids, unsig
         if (c == by || c->link.instance != by->link.instance)
             continue;
         for (unsigned i = 0; i < n; i++) {
-            if (c->id == (uint32_t)ids[i]) {
+            if (c->id == ids[i]) {
                 mc_info("dropping retired connection %u from %s", c->id, by->remote_name);
                 mc__tcp_conn_close(e, c);
                 break;
             }
         }
     }
+}
+
+/* The handshake is done. Only now does the HELLO's list of connections to retire take effect:
+ * the instance it names is not proven before, and a client without the token must not drop
+ * another initiator's connections. */
+static void ready(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    c->state = CS_READY;
+    tcp_of(e)->inbound_gen++; /* one more a peer's messages may ride (tcp_msg.c) */
+    retire(e, c, c->hello_retired, c->n_hello_retired);
 }
 
 static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -155,7 +165,9 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     c->link.instance = h.instance;
     memcpy(c->peer_nonce, h.nonce, sizeof(c->peer_nonce));
     snprintf(c->remote_name, sizeof(c->remote_name), "%s", h.name);
-    retire(e, c, h.retired, h.n_retired);
+    for (unsigned i = 0; i < h.n_retired; i++)
+        c->hello_retired[i] = (uint32_t)h.retired[i];
+    c->n_hello_retired = (uint8_t)h.n_retired;
     mc__random_bytes(c->nonce, sizeof(c->nonce));
     memcpy(r.nonce, c->nonce, sizeof(r.nonce));
     snprintf(r.name, sizeof(r.name), "%s", e->name);
@@ -168,8 +180,10 @@ static void on_hello(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
     }
-    c->state = auth ? CS_AUTH : CS_READY;
-    tcp_of(e)->inbound_gen += !auth; /* one more a peer's messages may ride (tcp_msg.c) */
+    if (auth)
+        c->state = CS_AUTH;
+    else
+        ready(e, c);
 }
 
 static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -187,8 +201,7 @@ static void on_auth(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
         return;
     }
-    c->state = CS_READY;
-    tcp_of(e)->inbound_gen++;
+    ready(e, c);
 }
 
 static void on_read(mc_engine_t *e, mc_tcp_conn_t *c)
@@ -237,7 +250,7 @@ static void on_desc_req(mc_engine_t *e, mc_tcp_conn_t *c)
 
 static void on_retire(mc_engine_t *e, mc_tcp_conn_t *c)
 {
-    uint64_t ids[MC_PROTO_MAX_RETIRE];
+    uint32_t ids[MC_PROTO_MAX_RETIRE];
     unsigned n = c->ctrl_len / 4;
 
     for (unsigned i = 0; i < n; i++) {
