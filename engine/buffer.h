@@ -25,18 +25,20 @@
 struct mc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
-    int memfd;           /* >= 0 for mc_mem_alloc() memory: same-host peers may map it */
-    bool vram;           /* CUDA device memory */
-    uint64_t serial;     /* its registration's number in this engine, from 1: another buffer
-                            registered later at the same address has another */
-    unsigned regs;       /* registrations of exactly this range (mem.lock) */
-    atomic_uint refs;    /* requests in flight that touch this buffer */
-    atomic_bool dead;    /* unregistered: waiting for refs to drain */
-    void *tp[MC_TP_MAX]; /* each transport's registration (memory regions, handles), or NULL */
-    uint8_t owner;       /* 0: memory of this process; else 1 + the slot of the transport that
-                            owns this opaque buffer (see above) */
-    bool internal;       /* the engine's own (bounce buffers): published, but not listed to
-                            hosts by mc_segment_buffers */
+    int memfd;                /* >= 0 for mc_mem_alloc() memory: same-host peers may map it */
+    bool vram;                /* CUDA device memory */
+    uint64_t serial;          /* its registration's number in this engine, from 1: another buffer
+                                 registered later at the same address has another */
+    unsigned regs;            /* registrations of exactly this range (mem.lock) */
+    atomic_uint refs;         /* requests in flight that touch this buffer */
+    atomic_bool dead;         /* unregistered: waiting for refs to drain */
+    _Atomic uint64_t dead_ns; /* when it was (mc__now_ns): a peer's request that still holds it
+                                 a transfer timeout later is cut (tcp) */
+    void *tp[MC_TP_MAX];      /* each transport's registration (memory regions, handles), or NULL */
+    uint8_t owner;            /* 0: memory of this process; else 1 + the slot of the transport that
+                                 owns this opaque buffer (see above) */
+    bool internal;            /* the engine's own (bounce buffers): published, but not listed to
+                                 hosts by mc_segment_buffers */
 };
 
 typedef struct mc_memtab {
@@ -50,6 +52,7 @@ typedef struct mc_memtab {
     pthread_mutex_t drain_lock; /* with drain_cond: unregister waits (mc__mem_wait) */
     pthread_cond_t drain_cond;
     _Atomic uint64_t serials; /* registrations numbered so far (mc_buffer_t.serial) */
+    atomic_uint dying;        /* buffers unregistered whose unregister still waits */
 } mc_memtab_t;
 
 int mc__memtab_init(mc_memtab_t *t);

@@ -134,11 +134,13 @@ static void drain_submissions(mc_engine_t *e)
     }
 }
 
-/* Timer ticks: fast while tasks are active, slow while connections or peers are open
- * (connections time out, rails re-probe, peers' leases are checked), none otherwise. */
+/* Timer ticks: fast while tasks are active or an unregister waits (a peer's request that holds
+ * the buffer too long is cut), slow while connections or peers are open (connections time out,
+ * rails re-probe, peers' leases are checked), none otherwise. */
 static int tick_ms(mc_engine_t *e)
 {
-    if (!mc_list_empty(&e->active_tasks) || !mc_list_empty(&e->active_peers))
+    if (!mc_list_empty(&e->active_tasks) || !mc_list_empty(&e->active_peers) ||
+        atomic_load_explicit(&e->mem.dying, memory_order_relaxed))
         return TICK_BUSY_MS; /* active peers: a message may wait to be sent again */
     if (atomic_load_explicit(&e->n_links, memory_order_relaxed) ||
         atomic_load_explicit(&e->n_open_peers, memory_order_relaxed))

@@ -478,7 +478,9 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, uint64_t len, b
         b = v[i];
         memmove(&v[i], &v[i + 1], (*n - (size_t)i - 1) * sizeof(*v));
         (*n)--;
+        atomic_store(&b->dead_ns, mc__now_ns());
         atomic_store(&b->dead, true);
+        atomic_fetch_add(&t->dying, 1);
         tp_changed(e);
     }
     pthread_rwlock_unlock(&t->lock);
@@ -561,6 +563,7 @@ static int mem_unregister(mc_engine_t *e, void *addr, uint64_t len, bool allocat
         return -ENOENT;
     mc__publish_kick(e);
     rc = mem_drain(e, b);
+    atomic_fetch_sub(&e->mem.dying, 1);
     if (rc)
         return rc; /* b stays allocated: refs still point at it */
     *memfd_p = b->memfd;

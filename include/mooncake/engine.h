@@ -128,10 +128,12 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
  * then waits (bounded by the transfer timeout) until no request in flight still touches the
  * buffer, including copies that same-host peers make themselves (CMA, or through a mapping of
  * mc_mem_alloc memory, which they are told to unmap and must acknowledge within
- * MC_IO_TIMEOUT_MS or be disconnected). After it returns 0 neither this engine nor any peer
- * reads or writes the buffer again. Returns
- * -ENOENT if addr starts no buffer, -EDEADLK from a callback, -MC_ETIMEOUT if references
- * did not drain (the buffer stays unusable for new requests, and must not be freed). */
+ * MC_IO_TIMEOUT_MS or be disconnected). A peer's tcp connection that still holds the buffer
+ * when the transfer timeout has passed (sending a WRITE into it, or leaving a READ's answer
+ * unread) is dropped. After it returns 0 neither this engine nor any peer reads or writes the
+ * buffer again. Returns -ENOENT if addr starts no buffer, -EDEADLK from a callback,
+ * -MC_ETIMEOUT if references did not drain (the buffer stays unusable for new requests, and
+ * must not be freed). */
 MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
 
 /* mc_mem_unregister of the registration of exactly [addr, addr+len) (the latest such one),

@@ -48,7 +48,8 @@ static struct {
     unsigned rounds;
 } g;
 
-static int setup_with(const char *token)
+/* The target and our engine, with one setting more (name NULL: none). */
+static int setup_with(const char *name, const char *value)
 {
     th_cfg_t cfg;
     th_target_opts_t o;
@@ -56,8 +57,8 @@ static int setup_with(const char *token)
     memset(&g, 0, sizeof(g));
     th_config(&cfg);
     th_set(&cfg, "IO_TIMEOUT_MS", "1000"); /* the target drops stalled raw clients quickly */
-    if (token)
-        th_set(&cfg, "AUTH_TOKEN", "%s", token);
+    if (name)
+        th_set(&cfg, name, "%s", value);
     th_target_opts_init(&o, &cfg, TBUF);
     o.n_bufs = 2;
     assert_int_equal(th_target_spawn(&o, &g.t), 0);
@@ -72,13 +73,19 @@ static int setup_with(const char *token)
 static int setup(void **state)
 {
     (void)state;
-    return setup_with(NULL);
+    return setup_with(NULL, NULL);
 }
 
 static int setup_auth(void **state)
 {
     (void)state;
-    return setup_with("faults-token");
+    return setup_with("AUTH_TOKEN", "faults-token");
+}
+
+static int setup_short_timeout(void **state)
+{
+    (void)state;
+    return setup_with("TRANSFER_TIMEOUT", "2");
 }
 
 static int teardown(void **state)
@@ -521,6 +528,62 @@ static void test_unregister_while_writing(void **state)
     assert_int_equal(th_remote_check(&g.t, 0, g.rb, SCRATCH, 1, 0), -1);
 }
 
+/* Two clients keep buffer 1 in use after the target unregisters it: one sends a WRITE into it
+ * a byte every 300 ms (never stalling long enough to be dropped for that), the other asks for
+ * READs of it and never reads the answers. The unregister must still succeed, in about the
+ * transfer timeout (2 s here), by dropping both; and buffer 0 still serves. */
+static void test_unregister_held_by_peers(void **state)
+{
+    uint8_t f[HDR + 1024], rh[HDR], rp[2048];
+    uint64_t tb = g.t.eng[0].buf[1];
+    int fd[2];
+    th_reply_t r;
+
+    (void)state;
+    for (int i = 0; i < 2; i++) {
+        fd[i] = raw_connect();
+        size_t n = hello_payload(f + HDR, "raw-client", "");
+        hdr(f, FR_HELLO, (uint32_t)n, 1, 0, 0);
+        raw_send(fd[i], f, HDR + n);
+        assert_true(raw_frame(fd[i], rh, rp, sizeof(rp)));
+        assert_int_equal(rh[5], FR_HELLO_REPLY);
+    }
+    hdr(f, FR_WRITE, TBUF, 10, tb, 0);
+    raw_send(fd[0], f, HDR);
+    raw_send(fd[0], "\x01", 1);
+    for (uint32_t i = 0; i < 64; i++) { /* 64 MiB of answers: far more than the socket takes */
+        hdr(f, FR_READ, 0, 100 + i, tb, TBUF);
+        raw_send(fd[1], f, HDR);
+    }
+    usleep(200 * 1000); /* the target has the WRITE's header and the READs */
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    int64_t t0 = th_now_ms();
+    assert_int_equal(th_target_send(&g.t, &c), 0);
+    bool cut = false;
+    while (th_target_recv(&g.t, &r, 300) != 0) {
+        assert_true(th_now_ms() - t0 < 15000);
+        if (send(fd[0], "\x02", 1, MSG_NOSIGNAL) != 1)
+            cut = true;
+    }
+    int64_t took = th_now_ms() - t0;
+    if (r.rc)
+        print_error("unregister: %lld (%s) after %lld ms\n", (long long)r.rc, r.msg,
+                    (long long)took);
+    assert_int_equal(r.rc, 0);
+    assert_true(took >= 1500 && took < 6000);
+    /* Both connections are gone (the writer may have learnt it from a failed send). */
+    assert_true(cut || raw_closed(fd[0], 5000, NULL, 0, NULL));
+    assert_true(raw_closed(fd[1], 5000, NULL, 0, NULL));
+    close(fd[0]);
+    close(fd[1]);
+    int status;
+    assert_int_equal(waitpid(g.t.pid, &status, WNOHANG), 0);
+    th_fill(g.src, SCRATCH, 3);
+    assert_int_equal(th_xfer(g.e, MC_WRITE, g.src, g.seg, g.rb, SCRATCH, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&g.t, 0, g.rb, SCRATCH, 3, 0), -1);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -533,6 +596,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_handshaken_raw_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unregister_while_writing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unauthenticated_retire, setup_auth, teardown),
+        cmocka_unit_test_setup_teardown(test_unregister_held_by_peers, setup_short_timeout,
+                                        teardown),
     };
 
     th_main(argc, argv);

@@ -190,19 +190,48 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
     }
 }
 
+static bool unregistered_long_ago(const mc_engine_t *e, mc_buffer_t *b, uint64_t now)
+{
+    return b && atomic_load(&b->dead) &&
+           now - atomic_load(&b->dead_ns) > (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
+}
+
+/* Whether c still holds a buffer unregistered a transfer timeout ago, the longest that
+ * mc_mem_unregister waits for it: a WRITE it is still sending (a byte now and then keeps its
+ * I/O from stalling), or a READ's response it does not read. */
+static bool holds_unregistered(const mc_engine_t *e, mc_tcp_conn_t *c, uint64_t now)
+{
+    mc_list_t *pos;
+
+    if (unregistered_long_ago(e, c->rx_ref, now))
+        return true;
+    for (pos = c->sendq.next; pos != &c->sendq; pos = pos->next) {
+        mc_slice_t *s = mc_container_of(pos, mc_slice_t, link);
+        if (s->kind == TCP_SL_RESP && unregistered_long_ago(e, tcp_sl(s)->ref, now))
+            return true;
+    }
+    return false;
+}
+
 /* An inbound connection that does not complete its handshake within the connect timeout, or
  * stalls in the middle of a frame it is sending us, is dropped (with the buffer references it
  * holds). Responses it leaves unread are not a fault: its application may be computing between
  * progress calls; the kernel gives up on it if its host stops answering (mc__tcp_sockopts).
+ * But one that keeps an unregistered buffer from draining is dropped, whatever it does.
  * Messages of ours it leaves unanswered for MC_IO_TIMEOUT_MS are, as on an outbound one. */
 static void inbound_timers(mc_engine_t *e, uint64_t now)
 {
+    bool dying = atomic_load_explicit(&e->mem.dying, memory_order_relaxed) != 0;
     mc_list_t *pos, *tmp;
 
     mc_list_for_each_safe(pos, tmp, &tcp_of(e)->inbound)
     {
         mc_tcp_conn_t *c = mc_container_of(pos, mc_tcp_conn_t, node);
-        if (c->state != CS_READY && since(c, now) > e->cfg.connect_timeout_ms * MC_MS)
+        if (dying && holds_unregistered(e, c, now))
+            mc__tcp_conn_fail(e, c, -MC_ETIMEOUT,
+                              "%s holds a buffer unregistered %u ms ago: connection dropped",
+                              c->remote_name, e->cfg.transfer_timeout_ms);
+        else if (c->state != CS_READY && since(c, now) > e->cfg.connect_timeout_ms * MC_MS)
             mc__tcp_conn_fail(e, c, -MC_ETIMEOUT, "no handshake within %u ms",
                               e->cfg.connect_timeout_ms);
         else if (c->have_hdr && io_idle(e, c, now) > e->cfg.io_timeout_ms * MC_MS)
