@@ -387,6 +387,12 @@ mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *no
     return xfer_poll(b, x);
 }
 
+/* Release aborts only what needs it (NIXL's releaseReqH): the batch's tasks not final are
+ * canceled, and the engine then drops the notification; a post whose tasks all completed keeps
+ * it, since its data is all in place, whether or not a check saw that (the engine sends it when
+ * it lets go of the last task, which may be after this release). NIXL's UCX backend sends it
+ * only from a check that sees the end, so there a release before that check drops it, and a
+ * target waits for data that is there; ours goes whether or not the host polls. */
 mc_kv_status_t kv__release_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x)
 {
     if (!x)

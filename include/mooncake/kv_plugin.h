@@ -206,7 +206,8 @@ typedef struct mc_kv_plugin {
                                 const mc_kv_desc_t *remote, size_t count, const char *agent,
                                 mc_kv_xfer_t **xfer_p);
     /* Start it, never blocking. notif (len bytes, NULL for none) is delivered to the agent once
-     * every byte is in place there, exactly once, whether or not this host polls again.
+     * every byte is in place there, exactly once, whether or not this host polls again or
+     * releases the handle after that (see release_xfer).
      * SUCCESS if done already, IN_PROG, REPOST_ACTIVE if the previous post has not finished,
      * or an error (nothing moves then; BACKEND with "queued or unacknowledged" in last_error
      * when the agent has not taken the notifications sent to it so far: post again later). A
@@ -216,8 +217,12 @@ typedef struct mc_kv_plugin {
      * reached), CANCELED, NOT_ALLOWED (the remote range is not registered there any more),
      * BACKEND (timeout, I/O error: see last_error). NOT_POSTED before the first post. */
     mc_kv_status_t (*check_xfer)(mc_kv_backend_t *b, mc_kv_xfer_t *x);
-    /* Free a transfer handle, aborting it if in flight; never blocks. Bytes already on the
-     * wire may still land; its notification is not sent. */
+    /* Free a transfer handle; never blocks. A post still in flight is aborted: what has not
+     * completed is canceled (bytes already on the wire may still land there) and its
+     * notification is never sent. A post whose every descriptor completed is not undone: its
+     * notification is delivered, exactly once, whether or not check_xfer had reported SUCCESS
+     * yet. (Which of the two a release meets when the last descriptor completes at that very
+     * moment is decided by the engine, once.) */
     mc_kv_status_t (*release_xfer)(mc_kv_backend_t *b, mc_kv_xfer_t *x);
 
     /* Send a notification on its own, in order with the agent's other notifications. */

@@ -865,7 +865,8 @@ static void test_repost_and_release(void **state)
     }
     OK(p.a, P->release_xfer(p.a, x));
     sleep_ms(300);
-    while (P->get_notif(p.b, n) == 1) /* a post that completed before its release may notify */
+    while (P->get_notif(p.b, n) == 1) /* one that completed before its release notifies (exactly:
+                                         test_release_notif) */
         assert_memory_equal(n->msg, "aborted", 7);
     /* The instance still works. */
     fill(p.ma, 4096, 11, 0);
@@ -1072,6 +1073,85 @@ static void test_spinning_check(void **state)
     peer_read_teardown(&pr);
 }
 
+/* The next notification the peer gets within timeout_ms is msg (NULL: none comes). */
+static void peer_expect_notif(peer_t *peer, const char *msg, int timeout_ms)
+{
+    peer_reply_t rep = peer_cmd(peer, PEER_NOTIF, 0, 0, 0, timeout_ms);
+
+    if (!msg && rep.rc >= 0)
+        fail_msg("the peer got notification '%s' from '%s'; none was due", rep.msg, rep.agent);
+    if (!msg)
+        return;
+    if (rep.rc < 0)
+        fail_msg("the peer got no notification; '%s' was due", msg);
+    assert_string_equal(rep.agent, "A");
+    assert_string_equal(rep.msg, msg);
+}
+
+/* Release and a post's notification, seen at the target: a post released in flight (the peer
+ * stopped, so its READ cannot complete) never notifies, even once the peer resumes and the
+ * bytes on the wire settle; a post whose data all moved notifies exactly once although this
+ * host never checked it and released it. */
+static void test_release_notif(void **state)
+{
+    mc_kv_status_t st = MC_KV_SUCCESS;
+    mc_kv_xfer_t *y;
+    mc_kv_desc_t l, r;
+    char msg[32];
+    int tries, caught = 0;
+    peer_read_t pr;
+
+    (void)state;
+    peer_read_setup(&pr);
+    for (tries = 0; tries < 20 && !caught; tries++) { /* until a post is caught in flight */
+        snprintf(msg, sizeof(msg), "try-%d", tries);
+        st = P->post_xfer(pr.a, pr.x, msg, strlen(msg));
+        assert_true(st == MC_KV_IN_PROG || st == MC_KV_SUCCESS);
+        if (st == MC_KV_IN_PROG) {
+            kill(pr.peer.pid, SIGSTOP);
+            if ((st = P->check_xfer(pr.a, pr.x)) == MC_KV_IN_PROG)
+                caught = 1;
+            else
+                kill(pr.peer.pid, SIGCONT); /* it finished before the stop */
+        }
+        while (!caught && (st = P->check_xfer(pr.a, pr.x)) == MC_KV_IN_PROG)
+            ;
+    }
+    if (caught) {
+        int64_t t0 = now_ms();
+        OK(pr.a, P->release_xfer(pr.a, pr.x)); /* in flight, the peer stopped */
+        assert_true(now_ms() - t0 < 1000);
+    }
+    kill(pr.peer.pid, SIGCONT); /* before any assertion: a failed one leaves the peer running */
+    assert_true(caught);
+    /* The bytes of the released READ settle: a READ of the same range completes after them. */
+    l = (mc_kv_desc_t){(uintptr_t)pr.mem, 4096, 0, pr.md};
+    memcpy(&r.addr, pr.peer.pub + 8, 8);
+    r = (mc_kv_desc_t){r.addr, 4096, 0, pr.rmd};
+    OK(pr.a, P->prep_xfer(pr.a, MC_KV_READ, &l, &r, 1, "peer", &pr.x));
+    assert_int_equal(run(pr.a, pr.x, NULL), MC_KV_SUCCESS);
+    sleep_ms(200);
+    OK(pr.a, P->gen_notif(pr.a, "peer", "after", 5));
+    for (int i = 0; i + 1 < tries; i++) { /* the posts that completed, then the marker */
+        snprintf(msg, sizeof(msg), "try-%d", i);
+        peer_expect_notif(&pr.peer, msg, 10000);
+    }
+    peer_expect_notif(&pr.peer, "after", 10000);
+    peer_expect_notif(&pr.peer, NULL, 300); /* not the released one's, late */
+
+    /* Completed, never checked, released: delivered once. */
+    OK(pr.a, P->prep_xfer(pr.a, MC_KV_READ, &l, &r, 1, "peer", &y));
+    st = P->post_xfer(pr.a, y, "kept", 4);
+    assert_true(st == MC_KV_IN_PROG || st == MC_KV_SUCCESS);
+    peer_expect_notif(&pr.peer, "kept", 10000);
+    OK(pr.a, P->release_xfer(pr.a, y));
+    OK(pr.a, P->gen_notif(pr.a, "peer", "marker", 6));
+    peer_expect_notif(&pr.peer, "marker", 10000);
+    peer_expect_notif(&pr.peer, NULL, 300);
+    peer_stop(&pr.peer);
+    peer_read_teardown(&pr);
+}
+
 /* The peer is killed while a large READ from it is in flight: check says REMOTE_DISCONNECT
  * within seconds, with a message; new transfers to it fail the same way. */
 static void test_peer_death(void **state)
@@ -1144,6 +1224,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_spare_handles),
         cmocka_unit_test(test_peer_process),
         cmocka_unit_test(test_spinning_check),
+        cmocka_unit_test(test_release_notif),
         cmocka_unit_test(test_peer_death),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
