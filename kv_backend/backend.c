@@ -225,7 +225,8 @@ void kv__destroy(mc_kv_backend_t *b)
     if (!b)
         return;
     kv__xfers_release_all(b);
-    mc_engine_destroy(b->engine);
+    mc_engine_destroy(b->engine); /* unregisters the regions' memory */
+    kv__mds_free(b);
     kv__agents_free(b);
     pthread_rwlock_destroy(&b->agents_lock);
     pthread_mutex_destroy(&b->lock);

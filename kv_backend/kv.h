@@ -32,6 +32,7 @@ enum kv_md_kind { KV_MD_LOCAL, KV_MD_REMOTE };
 /* A region: registered here (LOCAL), or one of an agent's (REMOTE, also the loopback view of a
  * local one, whose agent is this instance). */
 struct mc_kv_md {
+    struct mc_kv_md *prev, *next; /* in backend->mds */
     enum kv_md_kind kind;
     uint64_t addr, len;
     mc_kv_mem_type_t type;
@@ -47,6 +48,7 @@ struct mc_kv_backend {
     unsigned connect_timeout_ms;
     pthread_rwlock_t agents_lock; /* agents; exclusive calls write, transfers read */
     kv_agent_t *agents;
+    mc_kv_md_t *mds; /* every handle of a region or a loaded one, for destroy (exclusive calls) */
     pthread_mutex_t lock;     /* error, xfers */
     char error[512];          /* protected by lock */
     struct mc_kv_xfer *xfers; /* protected by lock: live transfer handles, for destroy */
@@ -86,6 +88,8 @@ mc_kv_status_t kv__status_of(int rc);
 /* Agents (md.c). Callers of kv__agent_find hold agents_lock. */
 kv_agent_t *kv__agent_find(mc_kv_backend_t *b, const char *name);
 void kv__agents_free(mc_kv_backend_t *b);
+/* Destroy: free every region handle still live (the engine let go of their memory). */
+void kv__mds_free(mc_kv_backend_t *b);
 
 /* The operations, by file. */
 mc_kv_status_t kv__create(const mc_kv_init_t *init, mc_kv_backend_t **backend_p);

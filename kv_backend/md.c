@@ -19,6 +19,36 @@
 
 _Static_assert(KV_PUBLIC_LEN <= MC_KV_PUBLIC_MAX, "public data outgrew MC_KV_PUBLIC_MAX");
 
+/* ---- handles ------------------------------------------------------------------------------ */
+
+/* The instance keeps every handle it gave out, so that destroy frees those the host did not.
+ * Only exclusive calls (register, load, their undoing, destroy) change the list. */
+static void md_link(mc_kv_backend_t *b, mc_kv_md_t *md)
+{
+    md->prev = NULL;
+    md->next = b->mds;
+    if (md->next)
+        md->next->prev = md;
+    b->mds = md;
+}
+
+static void md_free(mc_kv_backend_t *b, mc_kv_md_t *md)
+{
+    if (md->prev)
+        md->prev->next = md->next;
+    else
+        b->mds = md->next;
+    if (md->next)
+        md->next->prev = md->prev;
+    free(md);
+}
+
+void kv__mds_free(mc_kv_backend_t *b)
+{
+    while (b->mds)
+        md_free(b, b->mds);
+}
+
 /* ---- local regions ------------------------------------------------------------------------ */
 
 static mc_kv_status_t region_location(mc_kv_backend_t *b, const mc_kv_region_t *r, char *loc,
@@ -65,6 +95,7 @@ mc_kv_status_t kv__register_mem(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_
     }
     *md = (mc_kv_md_t){
         .kind = KV_MD_LOCAL, .addr = r->addr, .len = r->len, .type = r->type, .dev_id = r->dev_id};
+    md_link(b, md);
     *md_p = md;
     return MC_KV_SUCCESS;
 }
@@ -84,7 +115,7 @@ mc_kv_status_t kv__deregister_mem(mc_kv_backend_t *b, mc_kv_md_t *md)
     rc = mc_mem_unregister_range(b->engine, (void *)(uintptr_t)md->addr, md->len);
     if (rc < 0)
         return kv__fail_engine(b, rc, "deregister_mem");
-    free(md);
+    md_free(b, md);
     return MC_KV_SUCCESS;
 }
 
@@ -326,6 +357,7 @@ static mc_kv_status_t remote_md_add(mc_kv_backend_t *b, kv_agent_t *a, const uns
     *md = *tmpl;
     md->agent = a;
     a->mds++;
+    md_link(b, md);
     *md_p = md;
     return MC_KV_SUCCESS;
 }
@@ -385,6 +417,6 @@ mc_kv_status_t kv__unload_md(mc_kv_backend_t *b, mc_kv_md_t *md)
     pthread_rwlock_unlock(&b->agents_lock);
     if (md->local)
         atomic_fetch_sub(&md->local->users, 1);
-    free(md);
+    md_free(b, md);
     return MC_KV_SUCCESS;
 }
