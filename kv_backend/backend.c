@@ -260,18 +260,21 @@ mc_kv_status_t kv__caps(mc_kv_backend_t *b, mc_kv_caps_t *caps_p)
     return MC_KV_SUCCESS;
 }
 
-/* [u32 magic][u8 version][u8 agent length][agent][u8 address length][engine address] */
+/* [u32 magic][u8 version][u8 agent length][agent][u8 address length][engine address]
+ * [u8 segment name length][segment name]. The segment name is what a receiver's engine names
+ * the sender of this instance's notifications: it checks the agent name they carry by it. */
 mc_kv_status_t kv__conn_info(mc_kv_backend_t *b, void *buf, size_t *len_p)
 {
-    unsigned char info[MC_KV_CONN_MAX], *p = info;
-    size_t name_len = strlen(b->agent), addr_len = MC_ADDRESS_MAX;
+    unsigned char info[6 + MC_KV_AGENT_MAX + 1 + MC_ADDRESS_MAX + 1 + MC_NAME_MAX], *p = info;
+    const char *segment = mc_engine_segment_name(b->engine);
+    size_t name_len = strlen(b->agent), addr_len = MC_ADDRESS_MAX, seg_len = strlen(segment);
     uint32_t magic = KV_CONN_MAGIC;
     int rc;
 
     if (!len_p)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "conn_info: NULL length");
     memcpy(p, &magic, 4);
-    p[4] = KV_WIRE_VERSION;
+    p[4] = KV_CONN_VERSION;
     p[5] = (unsigned char)name_len;
     memcpy(p + 6, b->agent, name_len);
     p += 6 + name_len;
@@ -279,6 +282,14 @@ mc_kv_status_t kv__conn_info(mc_kv_backend_t *b, void *buf, size_t *len_p)
         return kv__fail_engine(b, rc, "conn_info: the engine's address");
     p[0] = (unsigned char)addr_len;
     p += 1 + addr_len;
+    p[0] = (unsigned char)seg_len;
+    memcpy(p + 1, segment, seg_len);
+    p += 1 + seg_len;
+    if (p - info > MC_KV_CONN_MAX)
+        return kv__fail(b, MC_KV_ERR_BACKEND,
+                        "conn_info: %zu bytes, more than MC_KV_CONN_MAX (%d): shorten the agent "
+                        "name (%zu) or the segment name '%s' (SEGMENT_NAME)",
+                        (size_t)(p - info), MC_KV_CONN_MAX, name_len, segment);
     if (!buf || *len_p < (size_t)(p - info)) {
         *len_p = (size_t)(p - info);
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "conn_info: %zu bytes needed", *len_p);

@@ -14,7 +14,8 @@
 
 #define KV_PUBLIC_MAGIC 0x4b50434du /* "MCPK": a region's public data */
 #define KV_CONN_MAGIC   0x4b43434du /* "MCCK": an instance's connection info */
-#define KV_WIRE_VERSION 1
+#define KV_WIRE_VERSION 1           /* of a region's public data */
+#define KV_CONN_VERSION 2 /* of connection info; 2: the segment name follows the address */
 
 /* A remote agent: its connection info and the segment that reaches it. */
 typedef struct kv_agent {
@@ -22,6 +23,7 @@ typedef struct kv_agent {
     char name[MC_KV_AGENT_MAX];
     unsigned char info[MC_KV_CONN_MAX];
     size_t info_len;
+    char segment[MC_NAME_MAX]; /* its engine's segment name: its notifications' sender */
     mc_segment_id_t seg;
     unsigned mds;      /* remote regions loaded for it */
     atomic_uint xfers; /* transfers prepared to it, not yet released */

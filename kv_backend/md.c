@@ -165,36 +165,51 @@ void kv__agents_free(mc_kv_backend_t *b)
     }
 }
 
-/* Split connection info into the agent name and the engine address. */
-static mc_kv_status_t conn_info_parse(mc_kv_backend_t *b, const unsigned char *p, size_t len,
-                                      char *name, const unsigned char **addr_p, size_t *addr_len_p)
+/* A name of 1 to max - 1 bytes with no NUL at p (len bytes), copied into out. */
+static bool conn_name(const unsigned char *p, size_t len, size_t max, char *out)
 {
+    if (!len || len >= max || memchr(p, 0, len))
+        return false;
+    memcpy(out, p, len);
+    out[len] = 0;
+    return true;
+}
+
+/* Split connection info into the agent name, the engine address and its segment name. */
+static mc_kv_status_t conn_info_parse(mc_kv_backend_t *b, const unsigned char *p, size_t len,
+                                      char *name, const unsigned char **addr_p, size_t *addr_len_p,
+                                      char *segment)
+{
+    size_t name_len, addr_len, seg_len;
     uint32_t magic;
-    size_t name_len;
 
     if (!p || len < 7 || (memcpy(&magic, p, 4), magic != KV_CONN_MAGIC))
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "connection info: %zu bytes that are not a Mooncake agent's", len);
-    if (p[4] != KV_WIRE_VERSION)
+    if (p[4] != KV_CONN_VERSION)
         return kv__fail(b, MC_KV_ERR_MISMATCH,
                         "connection info of version %u, this plugin reads %u", p[4],
-                        KV_WIRE_VERSION);
+                        KV_CONN_VERSION);
     name_len = p[5];
-    if (6 + name_len + 1 > len || 6 + name_len + 1 + p[6 + name_len] != len)
+    addr_len = 6 + name_len < len ? p[6 + name_len] : 0;
+    seg_len = 7 + name_len + addr_len < len ? p[7 + name_len + addr_len] : 0;
+    if (8 + name_len + addr_len + seg_len != len)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "connection info: truncated (%zu bytes)", len);
-    if (!name_len || name_len >= MC_KV_AGENT_MAX || memchr(p + 6, 0, name_len))
+    if (!conn_name(p + 6, name_len, MC_KV_AGENT_MAX, name))
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "connection info: an agent name of %zu bytes (1 to %d, no NUL)", name_len,
                         MC_KV_AGENT_MAX - 1);
-    memcpy(name, p + 6, name_len);
-    name[name_len] = 0;
-    *addr_len_p = p[6 + name_len];
-    *addr_p = p + 6 + name_len + 1;
+    if (!conn_name(p + 8 + name_len + addr_len, seg_len, MC_NAME_MAX, segment))
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "connection info: a segment name of %zu bytes (1 to %d, no NUL)", seg_len,
+                        MC_NAME_MAX - 1);
+    *addr_len_p = addr_len;
+    *addr_p = p + 7 + name_len;
     return MC_KV_SUCCESS;
 }
 
 static mc_kv_status_t agent_add(mc_kv_backend_t *b, const char *name, const void *info, size_t len,
-                                const unsigned char *addr, size_t addr_len)
+                                const unsigned char *addr, size_t addr_len, const char *segment)
 {
     kv_agent_t *a = calloc(1, sizeof(*a));
     int rc;
@@ -202,6 +217,7 @@ static mc_kv_status_t agent_add(mc_kv_backend_t *b, const char *name, const void
     if (!a)
         return kv__fail(b, MC_KV_ERR_BACKEND, "load_remote_conn_info: out of memory");
     snprintf(a->name, sizeof(a->name), "%s", name);
+    snprintf(a->segment, sizeof(a->segment), "%s", segment);
     memcpy(a->info, info, len);
     a->info_len = len;
     if ((rc = mc_segment_open_address(b->engine, addr, addr_len, &a->seg)) < 0) {
@@ -216,7 +232,7 @@ static mc_kv_status_t agent_add(mc_kv_backend_t *b, const char *name, const void
 mc_kv_status_t kv__load_remote_conn_info(mc_kv_backend_t *b, const char *agent, const void *info,
                                          size_t len)
 {
-    char name[MC_KV_AGENT_MAX];
+    char name[MC_KV_AGENT_MAX], segment[MC_NAME_MAX];
     const unsigned char *addr = NULL;
     size_t addr_len = 0;
     mc_kv_status_t st;
@@ -225,7 +241,7 @@ mc_kv_status_t kv__load_remote_conn_info(mc_kv_backend_t *b, const char *agent, 
     if (!agent || len > MC_KV_CONN_MAX)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "load_remote_conn_info: %s",
                         agent ? "info longer than MC_KV_CONN_MAX" : "NULL agent");
-    if ((st = conn_info_parse(b, info, len, name, &addr, &addr_len)))
+    if ((st = conn_info_parse(b, info, len, name, &addr, &addr_len, segment)))
         return st;
     if (strcmp(name, agent))
         return kv__fail(b, MC_KV_ERR_MISMATCH,
@@ -238,7 +254,7 @@ mc_kv_status_t kv__load_remote_conn_info(mc_kv_backend_t *b, const char *agent, 
                       "(a restarted process?): disconnect it first",
                       agent);
     else if (!a)
-        st = agent_add(b, agent, info, len, addr, addr_len);
+        st = agent_add(b, agent, info, len, addr, addr_len, segment);
     pthread_rwlock_unlock(&b->agents_lock);
     return st;
 }

@@ -1,6 +1,6 @@
 /*
  * Notifications: the engine's, which name the sender's segment; a host wants the sender's agent
- * name, so every one starts with it.
+ * name, so every one starts with it, and the receiver checks it against the segment.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -61,10 +61,45 @@ mc_kv_status_t kv__gen_notif(mc_kv_backend_t *b, const char *agent, const void *
     return rc < 0 ? kv__fail_engine(b, rc, "gen_notif") : MC_KV_SUCCESS;
 }
 
+/* Whether a notification that names agent `claimed` may come from segment `sender` (the name
+ * the engine gives the process it came from; the name is the sender's word, the segment is
+ * not). An agent whose connection info is loaded is known by its segment: a notification that
+ * names it must come from that segment, and one from a loaded agent's segment must name that
+ * agent (a process restarted at the segment of a loaded agent is that agent until the host
+ * disconnects it). A sender that names no loaded agent, from no loaded agent's segment, is
+ * taken at its word: hosts get notifications from agents they never loaded (vLLM's prefill side
+ * does not load the decode side that READs from it with a notification). Caller is exclusive. */
+static mc_kv_status_t notif_sender_check(mc_kv_backend_t *b, const char *sender,
+                                         const char *claimed)
+{
+    const kv_agent_t *named, *from = NULL;
+    mc_kv_status_t st = MC_KV_SUCCESS;
+
+    pthread_rwlock_rdlock(&b->agents_lock);
+    if (!(named = kv__agent_find(b, claimed)))
+        for (from = b->agents; from && strcmp(from->segment, sender); from = from->next)
+            ;
+    if (named && strcmp(named->segment, sender))
+        st = kv__fail(b, MC_KV_ERR_MISMATCH,
+                      "get_notif: a notification from segment '%s' names agent '%s', whose "
+                      "segment is '%s': dropped",
+                      sender, claimed, named->segment);
+    else if (from)
+        st = kv__fail(b, MC_KV_ERR_MISMATCH,
+                      "get_notif: a notification from agent '%s' (segment '%s') names agent "
+                      "'%s': dropped",
+                      from->name, sender, claimed);
+    pthread_rwlock_unlock(&b->agents_lock);
+    return st;
+}
+
 int kv__get_notif(mc_kv_backend_t *b, mc_kv_notif_t *out)
 {
     mc_notify_t *n = b->notif;
-    size_t name_len;
+    char agent[MC_KV_AGENT_MAX];
+    const char *msg;
+    size_t name_len, len;
+    mc_kv_status_t st;
 
     if (!out)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "get_notif: NULL output");
@@ -74,14 +109,19 @@ int kv__get_notif(mc_kv_backend_t *b, mc_kv_notif_t *out)
     if (!n->len || 1 + name_len > n->len || name_len >= MC_KV_AGENT_MAX ||
         n->len - 1 - name_len > MC_KV_NOTIF_MAX) {
         /* Not one of ours (a plain engine notification): its sender is the segment name. */
-        snprintf(out->agent, sizeof(out->agent), "%s", n->sender);
-        out->len = n->len < MC_KV_NOTIF_MAX ? n->len : MC_KV_NOTIF_MAX;
-        memcpy(out->msg, n->msg, out->len);
-        return 1;
+        snprintf(agent, sizeof(agent), "%s", n->sender);
+        msg = n->msg;
+        len = n->len < MC_KV_NOTIF_MAX ? n->len : MC_KV_NOTIF_MAX;
+    } else {
+        memcpy(agent, n->msg + 1, name_len);
+        agent[name_len] = 0;
+        msg = n->msg + 1 + name_len;
+        len = n->len - 1 - name_len;
     }
-    memcpy(out->agent, n->msg + 1, name_len);
-    out->agent[name_len] = 0;
-    out->len = n->len - 1 - name_len;
-    memcpy(out->msg, n->msg + 1 + name_len, out->len);
+    if ((st = notif_sender_check(b, n->sender, agent)))
+        return st;
+    memcpy(out->agent, agent, sizeof(agent));
+    out->len = len;
+    memcpy(out->msg, msg, len);
     return 1;
 }

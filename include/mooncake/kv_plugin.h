@@ -12,8 +12,8 @@
  *   - An instance [backend engine] is one transfer engine with an agent name.
  *   - Memory is registered region by region [registerMem]; each region gets a metadata handle
  *     (mc_kv_md_t) that the host passes back with every descriptor in it.
- *   - A peer needs the instance's connection info [getConnInfo] (its agent name and address)
- *     and, per region it will access, the region's public data [getPublicData]. The host
+ *   - A peer needs the instance's connection info [getConnInfo] (its agent name, address and
+ * segment name) and, per region it will access, the region's public data [getPublicData]. The host
  *     carries both over its own side channel; the peer loads them [loadRemoteConnInfo,
  *     loadRemoteMD] and gets a metadata handle for each remote region.
  *   - A transfer [prepXfer] is two equal-length descriptor lists {addr, len, dev_id, md}: local
@@ -172,7 +172,8 @@ typedef struct mc_kv_plugin {
     /* The bytes a peer needs to access a local region: call with *len_p = room; on success
      * *len_p is the length (at most MC_KV_PUBLIC_MAX); INVALID_PARAM with *len_p set if short. */
     mc_kv_status_t (*public_data)(mc_kv_backend_t *b, mc_kv_md_t *md, void *buf, size_t *len_p);
-    /* The instance's connection info (agent name and address), as public_data. */
+    /* The instance's connection info (agent name, address and engine segment name), as
+     * public_data. BACKEND if the names do not fit in MC_KV_CONN_MAX. */
     mc_kv_status_t (*conn_info)(mc_kv_backend_t *b, void *buf, size_t *len_p);
 
     /* Learn a remote agent from its connection info. MISMATCH if the info names another agent;
@@ -228,7 +229,12 @@ typedef struct mc_kv_plugin {
     /* Send a notification on its own, in order with the agent's other notifications. */
     mc_kv_status_t (*gen_notif)(mc_kv_backend_t *b, const char *agent, const void *msg, size_t len);
     /* Pop one received notification: 1 with *out filled, 0 if none is queued, or an error
-     * status. Notifications of one sender come in the order it sent them. */
+     * status. Notifications of one sender come in the order it sent them. The sender's agent
+     * name is checked against the process (engine segment) it came from: MISMATCH, the
+     * notification dropped and last_error naming both, if it names a loaded agent but comes
+     * from another process than that agent's connection info names, or comes from a loaded
+     * agent's process but names another agent. A sender whose connection info is not loaded
+     * here is taken at its word (a host may hear from agents it never loaded). */
     int (*get_notif)(mc_kv_backend_t *b, mc_kv_notif_t *out);
 } mc_kv_plugin_t;
 

@@ -565,11 +565,13 @@ static void test_bad_conn_info(void **state)
     (void)state;
     pair_up(&p, NULL);
     OK(p.b, P->conn_info(p.b, info, &len));
-    memcpy(bad, info, 5); /* magic and version, then a 200-byte name and a 49-byte address */
+    memcpy(bad, info, 5); /* magic and version, a 200-byte name, a 47-byte address, "z" */
     bad[5] = 200;
     memset(bad + 6, 'x', 200);
-    bad[206] = 49;
-    memset(bad + 207, 'y', 49);
+    bad[206] = 47;
+    memset(bad + 207, 'y', 47);
+    bad[254] = 1;
+    bad[255] = 'z';
     EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "agent name of 200 bytes",
            P->load_remote_conn_info(p.a, "B", bad, sizeof(bad)));
     memcpy(bad, info, len); /* B's own, its name "B" made "\0": empty after all */
@@ -765,6 +767,56 @@ static void test_notif_order(void **state)
     EXPECT(p.a, MC_KV_ERR_NOT_FOUND, "'nobody' is not loaded", P->gen_notif(p.a, "nobody", "x", 1));
     EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "at most",
            P->gen_notif(p.a, "B", p.ma, MC_KV_NOTIF_MAX + 1));
+    pair_down(&p);
+    free(n);
+}
+
+/* Poll get_notif until it returns something other than 0 (10 s at most). */
+static int get_notif_wait(mc_kv_backend_t *b, mc_kv_notif_t *n)
+{
+    int64_t end = now_ms() + 10000;
+    int rc;
+
+    while ((rc = P->get_notif(b, n)) == 0 && now_ms() < end)
+        sleep_ms(1);
+    return rc;
+}
+
+/* The sender's agent name in a notification is checked against the process it came from: B
+ * has loaded agent A, so another instance that calls itself "A" is refused (MISMATCH, dropped),
+ * and A's own still arrive; an agent B never loaded is taken at its word. */
+static void test_notif_sender(void **state)
+{
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    mc_kv_backend_t *fake, *d;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    fake = agent_create("A", NULL); /* another process claiming to be A */
+    d = agent_create("D", NULL);
+    introduce(fake, p.b, "B");
+    introduce(d, p.b, "B");
+    OK(p.a, P->gen_notif(p.a, "B", "genuine", 7));
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_string_equal(n->agent, "A");
+    assert_int_equal(n->len, 7);
+    assert_memory_equal(n->msg, "genuine", 7);
+    OK(fake, P->gen_notif(fake, "B", "spoofed", 7));
+    EXPECT(p.b, MC_KV_ERR_MISMATCH, "names agent 'A', whose segment is", get_notif_wait(p.b, n));
+    OK(p.a, P->gen_notif(p.a, "B", "still", 5));
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_string_equal(n->agent, "A");
+    assert_memory_equal(n->msg, "still", 5);
+    OK(d, P->gen_notif(d, "B", "unloaded", 8));
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_string_equal(n->agent, "D");
+    assert_memory_equal(n->msg, "unloaded", 8);
+    assert_int_equal(P->get_notif(p.b, n), 0);
+    OK(fake, P->disconnect(fake, "B"));
+    OK(d, P->disconnect(d, "B"));
+    P->destroy(fake);
+    P->destroy(d);
     pair_down(&p);
     free(n);
 }
@@ -1247,6 +1299,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_100k_descriptors),
         cmocka_unit_test(test_merging),
         cmocka_unit_test(test_notif_order),
+        cmocka_unit_test(test_notif_sender),
         cmocka_unit_test(test_concurrent_handles),
         cmocka_unit_test(test_repost_and_release),
         cmocka_unit_test(test_spare_handles),
