@@ -216,6 +216,13 @@ mc_kv_status_t kv__prep_xfer(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "prep_xfer: needs READ or WRITE, an agent, an output pointer and at "
                         "least one descriptor pair");
+    /* A post is one engine batch, which holds at most 2^26 tasks (one per merged run). The
+     * limit is on what the host passes, so that it is known before anything is allocated. */
+    if (count > MC_KV_XFER_MAX)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "prep_xfer: %zu descriptor pairs, at most %u (MC_KV_XFER_MAX) in one "
+                        "transfer: split it",
+                        count, MC_KV_XFER_MAX);
     /* The agent stays until the transfer is released: counted under the lock that disconnect
      * takes to look (its regions named here are held too, but a transfer of empty descriptors
      * holds none). */

@@ -91,6 +91,7 @@ typedef enum mc_kv_op {
 #define MC_KV_NOTIF_MAX  (63 * 1024) /* largest notification message */
 #define MC_KV_PUBLIC_MAX 256         /* largest public data of one region */
 #define MC_KV_CONN_MAX   256         /* largest connection info */
+#define MC_KV_XFER_MAX   (1u << 26)  /* most descriptor pairs in one transfer */
 
 typedef struct mc_kv_backend mc_kv_backend_t; /* an instance */
 typedef struct mc_kv_md mc_kv_md_t;           /* a local region, or a loaded remote one */
@@ -201,8 +202,9 @@ typedef struct mc_kv_plugin {
     mc_kv_status_t (*unload_md)(mc_kv_backend_t *b, mc_kv_md_t *md);
 
     /* Prepare a transfer of count descriptor pairs: local[i] and remote[i] have equal lengths,
-     * every descriptor lies inside its md's region, every remote md belongs to agent. There is
-     * no limit on count; adjacent pairs contiguous on both sides are merged. */
+     * every descriptor lies inside its md's region, every remote md belongs to agent. count is
+     * 1 to MC_KV_XFER_MAX (INVALID_PARAM past it: split the transfer); adjacent pairs
+     * contiguous on both sides are merged. */
     mc_kv_status_t (*prep_xfer)(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc_t *local,
                                 const mc_kv_desc_t *remote, size_t count, const char *agent,
                                 mc_kv_xfer_t **xfer_p);

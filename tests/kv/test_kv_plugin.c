@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -629,6 +630,29 @@ static void test_destroy_with_handles(void **state)
     P->destroy(p.b);
     free(p.ma);
     free(p.mb);
+}
+
+/* A transfer of more than MC_KV_XFER_MAX descriptor pairs is refused at prepare, saying so
+ * (the lists, 2 GiB each, are mapped without memory behind them: the plugin must not read
+ * them). */
+static void test_xfer_limit(void **state)
+{
+    size_t n = (size_t)MC_KV_XFER_MAX + 1, bytes = n * sizeof(mc_kv_desc_t);
+    mc_kv_desc_t *l, *rd;
+    mc_kv_xfer_t *x = NULL;
+    pair_t p;
+
+    (void)state;
+    l = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    rd = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    assert_true(l != MAP_FAILED && rd != MAP_FAILED);
+    pair_up(&p, NULL);
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "at most 67108864 (MC_KV_XFER_MAX)",
+           P->prep_xfer(p.a, MC_KV_READ, l, rd, n, "B", &x));
+    assert_null(x);
+    pair_down(&p); /* nothing holds B's region or the agent */
+    munmap(l, bytes);
+    munmap(rd, bytes);
 }
 
 /* Scattered blocks both ways, merged runs too, with a notification that arrives after the
@@ -1294,6 +1318,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_conn_info),
         cmocka_unit_test(test_empty_transfer_keeps_agent),
         cmocka_unit_test(test_destroy_with_handles),
+        cmocka_unit_test(test_xfer_limit),
         cmocka_unit_test(test_transfer_shm),
         cmocka_unit_test(test_transfer_tcp),
         cmocka_unit_test(test_100k_descriptors),
