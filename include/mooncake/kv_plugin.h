@@ -13,8 +13,8 @@
  *   - Memory is registered region by region [registerMem]; each region gets a metadata handle
  *     (mc_kv_md_t) that the host passes back with every descriptor in it.
  *   - A peer needs the instance's connection info [getConnInfo] (its agent name, address and
- * segment name) and, per region it will access, the region's public data [getPublicData]. The host
- *     carries both over its own side channel; the peer loads them [loadRemoteConnInfo,
+ *     segment name) and, per region it will access, the region's public data [getPublicData].
+ *     The host carries both over its own side channel; the peer loads them [loadRemoteConnInfo,
  *     loadRemoteMD] and gets a metadata handle for each remote region.
  *   - A transfer [prepXfer] is two equal-length descriptor lists {addr, len, dev_id, md}: local
  *     and remote, with READ (remote to local) or WRITE (local to remote). It is prepared once,
