@@ -330,6 +330,9 @@ MC_API int mc_segment_add_buffer(mc_engine_t *engine, mc_segment_id_t id, const 
 
 typedef enum mc_opcode { MC_READ = 0, MC_WRITE = 1 } mc_opcode_t;
 
+/* TIMEOUT and CANCELED are final at once, while bytes of the task may still be in flight: until
+ * the engine lets go of the task (its completion callback runs; mc_batch_destroy returns 0), a
+ * READ's late answer may still land in its local range, and a WRITE's bytes at the target. */
 typedef enum mc_task_state {
     MC_TASK_WAITING = 0, /* accepted, nothing sent yet */
     MC_TASK_PENDING,     /* data moving */
