@@ -217,6 +217,9 @@ static int entry_bufs(json_t *bufs, uint64_t size, p2p_entry_t *e)
         json_int_t addr, len;
         if (json_unpack(b, "[I,I]", &addr, &len) || addr <= 0 || len <= 0)
             return proto("replica entry", "a buffer is not [addr,len]");
+        /* Checked before adding: lengths of a crafted entry could wrap the sum to size. */
+        if ((uint64_t)len > size - total)
+            return proto("replica entry", "its buffers hold more than the object");
         e->bufs[i] = (p2p_rbuf_t){(uint64_t)addr, (uint64_t)len};
         total += (uint64_t)len;
     }

@@ -140,6 +140,12 @@ static void test_entry_codec(void **state)
                       "\"shards\":9,\"bufs\":[[4096,10]],\"have\":\"AQ==\"}"; /* 1 byte, not 2 */
     p2p_entry_t back;
     assert_int_equal(mc__p2p_entry_decode(cut, strlen(cut), 10, &back), -EPROTO);
+    /* Lengths whose sum wraps to the object's size: 2 * (2^63 - 1) + 4098 = 2^64 + 4096. */
+    const char *wrap = "{\"v\":1,\"id\":\"000000000000002a\",\"origin\":false,\"complete\":true,"
+                       "\"shards\":1,\"bufs\":[[4096,9223372036854775807],"
+                       "[8192,9223372036854775807],[16384,4098]]}";
+    assert_int_equal(mc__p2p_entry_decode(wrap, strlen(wrap), 4096, &back), -EPROTO);
+    assert_non_null(strstr(mc_p2p_last_error(), "hold more than the object"));
 }
 
 /* Object bytes [off, off+len) across buffers cut differently on both sides. */
