@@ -182,7 +182,7 @@ static int cmd_publish(mc_p2p_t *p2p, tool_opts_t *o)
         return rc;
     rc = mc_p2p_register(p2p, name, &(mc_p2p_buf_t){m.addr, m.len}, 1, &ro);
     if (rc) {
-        tool_map_close(&m);
+        tool_map_done(&m, rc);
         return report("publish", rc);
     }
     if (mc_p2p_stat(p2p, name, &info) == 0)
@@ -194,7 +194,7 @@ static int cmd_publish(mc_p2p_t *p2p, tool_opts_t *o)
     wait_interrupt();
     /* The description goes; the replicas others hold go on serving fetches under way. */
     rc = mc_p2p_unregister(p2p, name, 1);
-    tool_map_close(&m);
+    tool_map_done(&m, rc);
     return rc ? report("publish (withdrawing)", rc) : EXIT_OK;
 }
 
@@ -232,16 +232,16 @@ static int cmd_fetch(mc_p2p_t *p2p, tool_opts_t *o)
     tool_progress_init(&pp, name, o->seen & BIT(OPT_QUIET), &interrupted);
     rc = fetch_into(p2p, o, &m, &pp);
     if (rc) {
-        tool_map_close(&m);
+        tool_map_done(&m, rc);
         return report("fetch", rc);
     }
     if ((rc = tool_map_commit(out, &m)) == 0 && (o->seen & BIT(OPT_SERVE_AFTER))) {
         fprintf(stderr, "mooncake-p2p: serving %s until interrupted\n", name);
         wait_interrupt();
     }
-    mc_p2p_delete_replica(p2p, name);
-    tool_map_close(&m);
-    return rc;
+    int wrc = mc_p2p_delete_replica(p2p, name);
+    tool_map_done(&m, wrc);
+    return rc ? rc : wrc ? report("fetch (withdrawing)", wrc) : EXIT_OK;
 }
 
 static int cmd_list(mc_p2p_t *p2p, tool_opts_t *o)
@@ -272,15 +272,15 @@ static int cmd_serve(mc_p2p_t *p2p, tool_opts_t *o)
         return rc;
     rc = mc_p2p_serve(p2p, name, &(mc_p2p_buf_t){m.addr, m.len}, 1);
     if (rc) {
-        tool_map_close(&m);
+        tool_map_done(&m, rc);
         return report("serve", rc);
     }
     printf("serving %s from %s until interrupted\n", name, file);
     fflush(stdout);
     wait_interrupt();
-    mc_p2p_delete_replica(p2p, name);
-    tool_map_close(&m);
-    return EXIT_OK;
+    rc = mc_p2p_delete_replica(p2p, name);
+    tool_map_done(&m, rc);
+    return rc ? report("serve (withdrawing)", rc) : EXIT_OK;
 }
 
 static int cmd_rm(mc_p2p_t *p2p, tool_opts_t *o)

@@ -99,3 +99,14 @@ void tool_map_close(tool_map_t *m)
         unlink(m->part);
     memset(m, 0, sizeof(*m));
 }
+
+void tool_map_done(tool_map_t *m, int rc)
+{
+    if (rc == -EBUSY && m->addr) {
+        fputs("mooncake-p2p: the engine may still use the mapped file: it stays mapped until "
+              "the process exits\n",
+              stderr);
+        m->addr = NULL;
+    }
+    tool_map_close(m);
+}

@@ -38,6 +38,10 @@ int tool_map_out(const char *path, size_t len, tool_map_t *m);
 int tool_map_commit(const char *path, tool_map_t *m);
 /* Unmap; for an uncommitted fetch also remove the part file. */
 void tool_map_close(tool_map_t *m);
+/* tool_map_close after a library call that let go of the memory returned rc: with -EBUSY the
+ * engine may still use it (p2p.h), so it stays mapped (the process exits after destroying
+ * the node); the part file goes all the same. */
+void tool_map_done(tool_map_t *m, int rc);
 
 /* ---- progress (mooncake_p2p_progress.c) ---- */
 

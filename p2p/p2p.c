@@ -170,10 +170,8 @@ void mc_p2p_destroy(mc_p2p_t *p2p)
             mc_p2p_unregister(p2p, h->name, 1);
         else
             mc_p2p_delete_replica(p2p, h->name);
-        if (p2p->held == h) { /* busy, or the withdrawal failed: drop it all the same */
-            mc__p2p_release(p2p, h);
-            mc__p2p_forget(p2p, h);
-        }
+        if (p2p->held == h) /* busy, or the withdrawal failed: drop it all the same */
+            mc__p2p_drop(p2p, h, 0);
     }
     mc_engine_destroy(p2p->engine);
     mc_meta_close(p2p->meta);
@@ -284,9 +282,9 @@ int mc__p2p_hold_bufs(mc_p2p_t *p2p, p2p_held_t *h, const mc_p2p_buf_t *bufs, si
 
 /* The replica entry first, so that no fetcher starts on buffers about to go; then the
  * registrations, each of which waits until nothing in flight touches its buffer. */
-void mc__p2p_release(mc_p2p_t *p2p, p2p_held_t *h)
+static int p2p_release(mc_p2p_t *p2p, p2p_held_t *h)
 {
-    int rc = h->published ? mc_engine_unpublish(p2p->engine, h->replica_key) : 0;
+    int rc = h->published ? mc_engine_unpublish(p2p->engine, h->replica_key) : 0, busy = 0;
 
     /* If the store is down, the entry stays until our lease ends: fetchers that try it are
      * refused (the memory is no longer registered) and go elsewhere. */
@@ -295,7 +293,30 @@ void mc__p2p_release(mc_p2p_t *p2p, p2p_held_t *h)
     h->published = false;
     while (h->n_reg > 0) {
         mc_p2p_buf_t *b = &h->bufs[--h->n_reg];
-        if (mc_mem_unregister_range(p2p->engine, b->addr, b->len))
+        /* A registration that is gone (-ENOENT) holds nothing. Any other failure (a request
+         * still in flight past the transfer timeout) may leave the engine touching the
+         * buffer: the caller must not free it, so it is told. */
+        rc = mc_mem_unregister_range(p2p->engine, b->addr, b->len);
+        if (rc && rc != -ENOENT && !busy)
+            busy = mc__p2p_error(-EBUSY,
+                                 "%s: unregistering buffer %zu (%p): %s; the engine may still "
+                                 "use it: keep the buffers valid until mc_p2p_destroy returns",
+                                 h->name, h->n_reg, b->addr, mc_last_error());
+        else if (rc)
             mc__p2p_warn(p2p, "%s: unregistering %p: %s", h->name, b->addr, mc_last_error());
     }
+    return busy;
+}
+
+int mc__p2p_drop(mc_p2p_t *p2p, p2p_held_t *h, int rc)
+{
+    char why[sizeof(p2p_reason)];
+    int busy;
+
+    memcpy(why, p2p_reason, sizeof(why)); /* rc's reason, which release may replace */
+    busy = p2p_release(p2p, h);
+    mc__p2p_forget(p2p, h);
+    if (!busy)
+        return rc;
+    return rc ? mc__p2p_error(-EBUSY, "%s (after: %s)", p2p_reason, why) : busy;
 }

@@ -356,12 +356,10 @@ int mc_p2p_get_replica(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs
         o.cb(o.cb_arg, &p); /* the final figures; too late to stop */
     if (progress_p)
         *progress_p = p;
-    if (rc) {
-        mc__p2p_release(p2p, h);
-        mc__p2p_forget(p2p, h);
-    } else {
+    if (rc)
+        rc = mc__p2p_drop(p2p, h, rc);
+    else
         mc__p2p_settle(p2p, h);
-    }
     if (!leak)
         fetch_free(f);
     return rc;

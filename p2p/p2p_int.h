@@ -78,8 +78,11 @@ void mc__p2p_settle(mc_p2p_t *p2p, p2p_held_t *h);
 void mc__p2p_forget(mc_p2p_t *p2p, p2p_held_t *h);
 /* Copy the buffers into h and register each with the engine. */
 int mc__p2p_hold_bufs(mc_p2p_t *p2p, p2p_held_t *h, const mc_p2p_buf_t *bufs, size_t n);
-/* Undo what a held entry did: its replica entry, its registrations. */
-void mc__p2p_release(mc_p2p_t *p2p, p2p_held_t *h);
+/* At the end of a call that returns rc (0, or a failure whose reason is recorded), undo what
+ * a held entry did (its replica entry, its registrations) and forget it. Returns rc, or -EBUSY
+ * if a registration could not be dropped (its reason tells both): the engine may still use
+ * that memory, which must then stay valid until mc_p2p_destroy returns. */
+int mc__p2p_drop(mc_p2p_t *p2p, p2p_held_t *h, int rc);
 
 struct p2p_entry;
 struct p2p_desc;

@@ -199,8 +199,7 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
 err_delete_desc:
     delete_desc(p2p, name, h->object_rev);
 err_release:
-    mc__p2p_release(p2p, h);
-    mc__p2p_forget(p2p, h);
+    rc = mc__p2p_drop(p2p, h, rc);
     mc__p2p_desc_free(&d);
     return rc;
 }
@@ -227,9 +226,7 @@ int mc_p2p_unregister(mc_p2p_t *p2p, const char *name, int keep_replicas)
         rc = mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc,
                            "%s: deleting the description (remove it later): %s", name,
                            mc_last_error());
-    mc__p2p_release(p2p, h);
-    mc__p2p_forget(p2p, h);
-    return rc < 0 ? rc : 0;
+    return mc__p2p_drop(p2p, h, rc < 0 ? rc : 0);
 }
 
 int mc_p2p_remove(mc_p2p_t *p2p, const char *name, int keep_replicas)
@@ -269,9 +266,7 @@ int mc_p2p_delete_replica(mc_p2p_t *p2p, const char *name)
 
     if (rc || (rc = mc__p2p_take(p2p, name, false, &h)) != 0)
         return rc;
-    mc__p2p_release(p2p, h);
-    mc__p2p_forget(p2p, h);
-    return 0;
+    return mc__p2p_drop(p2p, h, 0);
 }
 
 /* ---- serve ---- */
@@ -320,12 +315,10 @@ int mc_p2p_serve(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, size
         rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
         if (!rc)
             rc = publish_complete(p2p, h, &d);
-        if (rc) {
-            mc__p2p_release(p2p, h);
-            mc__p2p_forget(p2p, h);
-        } else {
+        if (rc)
+            rc = mc__p2p_drop(p2p, h, rc);
+        else
             mc__p2p_settle(p2p, h);
-        }
     }
     mc__p2p_desc_free(&d);
     return rc;

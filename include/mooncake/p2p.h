@@ -22,6 +22,12 @@
  * mc_p2p_last_error() (it includes the engine's or the store's reason when one of them
  * failed). Functions block (they wait for the metadata service and for transfers); every one
  * may be called from any thread, on different objects at once.
+ *
+ * Buffers: a call that lets go of them (mc_p2p_unregister, mc_p2p_delete_replica, and a
+ * failing mc_p2p_register, mc_p2p_get_replica or mc_p2p_serve) returns -EBUSY when the engine
+ * may still use them: a registration could not be dropped (a transfer still touched the
+ * memory past the engine's transfer timeout), or another call on the name is under way. They
+ * must then stay valid until mc_p2p_destroy returns; after any other return they may be freed.
  */
 #ifndef MOONCAKE_P2P_H
 #define MOONCAKE_P2P_H

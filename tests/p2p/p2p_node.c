@@ -138,8 +138,8 @@ static void *fetch_thread(void *arg)
     pthread_mutex_lock(&fetch_lock);
     fetch_rc = rc;
     fetch_prog = p;
-    if (rc)
-        cur_held = false; /* nothing is held after a failed fetch */
+    if (rc && rc != -EBUSY)
+        cur_held = false; /* nothing is held after a failed fetch (-EBUSY: the engine may) */
     fetch_ended = true;
     pthread_cond_broadcast(&fetch_cond);
     pthread_mutex_unlock(&fetch_lock);
@@ -259,8 +259,11 @@ static void cmd_publish(char *args, bool serve)
             .size = sizeof(o), .shard_size = shard, .force = !strcmp(force, "force")};
         rc = mc_p2p_register(node, name, s.b, s.n, &o);
     }
-    if (rc) {
+    if (rc == -EBUSY) /* the engine may still use them: freed at exit, after the node */
+        bufset_adopt(&s);
+    else if (rc)
         bufset_free(&s);
+    if (rc) {
         reply_err(rc);
         return;
     }

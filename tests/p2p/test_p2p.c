@@ -18,9 +18,11 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include <mooncake/engine.h>
 #include <mooncake/error.h>
 #include <mooncake/meta.h>
 
+#include "p2p_pattern.h"
 #include "p2p_test.h"
 
 #define MiB (1ull << 20)
@@ -380,6 +382,91 @@ static void test_no_live_holder(void **state)
     STOP(&f);
 }
 
+/* A reader that stops taking bytes mid-transfer holds the origin's memory: unregistering it
+ * outlasts the engine's transfer timeout, and the call says so (-EBUSY) rather than let the
+ * host free memory the engine may still send from; the node keeps its buffers, intact. The
+ * reader is an engine of this process driven by hand over tcp: it sends its READs, then stops
+ * calling progress. */
+static void test_unregister_busy(void **state)
+{
+    const uint64_t size = 64 * MiB;
+    char seg[128], key[512], *bufs;
+    unsigned long long addr;
+    p2p_proc_t o;
+    mc_meta_t *meta;
+    mc_meta_kv_t kv;
+    mc_config_t *cfg;
+    mc_engine_t *e;
+    mc_segment_id_t id;
+    mc_batch_t *b;
+    mc_batch_status_t st;
+
+    (void)state;
+    setenv("MC_PROTOCOL", "tcp", 1);
+    setenv("MC_TRANSFER_TIMEOUT", "1", 1);  /* unregister waits 1 s + 1 s */
+    setenv("MC_IO_TIMEOUT_MS", "60000", 1); /* and the stalled link is not torn down first */
+    start(&o);
+    OK(&o, "publish busy %" PRIu64 " 23 %" PRIu64 " 1", size, size);
+    OK(&o, "segment");
+    snprintf(seg, sizeof(seg), "%.127s", o.reply + 3);
+    snprintf(key, sizeof(key), "mooncake/p2p/busy/replica/%s", seg);
+    assert_int_equal(mc_meta_open(getenv("MC_METADATA"), &meta), 0);
+    assert_int_equal(mc_meta_get(meta, key, strlen(key), &kv), 0);
+    assert_non_null(bufs = strstr(kv.value, "\"bufs\":[["));
+    assert_int_equal(sscanf(bufs, "\"bufs\":[[%llu,", &addr), 1);
+    mc_meta_kv_free(&kv);
+    mc_meta_close(meta);
+
+    unsetenv("MC_PROTOCOL");
+    unsetenv("MC_TRANSFER_TIMEOUT");
+    unsetenv("MC_IO_TIMEOUT_MS");
+    assert_int_equal(mc_config_create(&cfg), 0);
+    assert_int_equal(mc_config_set(cfg, "PROTOCOL", "tcp"), 0);
+    assert_int_equal(mc_config_set(cfg, "PROGRESS_THREAD", "0"), 0);
+    assert_int_equal(mc_config_set(cfg, "PROGRESS_IMPLICIT", "0"), 0);
+    /* Slices larger than the kernel's socket buffers: answers stay queued at the origin. */
+    assert_int_equal(mc_config_set(cfg, "SLICE_SIZE", "16777216"), 0);
+    assert_int_equal(mc_engine_create(cfg, &e), 0);
+    mc_config_destroy(cfg);
+    char *local = malloc(size);
+    assert_non_null(local);
+    assert_int_equal(mc_mem_register(e, local, size, "*"), 0);
+    assert_int_equal(mc_segment_open(e, seg, &id), 0);
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    mc_request_t r = {
+        .opcode = MC_READ, .local = local, .target = id, .target_offset = addr, .length = size};
+    assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
+    uint64_t end = p2p_now_ms() + 10000;
+    mc_task_status_t ts;
+    do { /* until the READs are handed to the link; then one pass sends them, and that is all */
+        mc_engine_progress(e);
+        assert_int_equal(mc_task_status(b, 0, &ts), 0);
+    } while (ts.state == MC_TASK_WAITING && p2p_now_ms() < end);
+    mc_engine_progress(e);
+    p2p_sleep_ms(200);
+
+    uint64_t t0 = p2p_now_ms();
+    FAILS(-EBUSY, &o, "unregister busy 0");
+    print_message("unregister: %.1f s: %s\n", (double)(p2p_now_ms() - t0) / 1000, o.reply);
+    assert_non_null(strstr(o.reply, "mc_p2p_destroy"));
+    OK(&o, "check 23"); /* still there, unchanged */
+
+    end = p2p_now_ms() + 30000;
+    do { /* the reader takes its bytes: the engine lets go of them */
+        mc_engine_progress(e);
+        assert_int_equal(mc_batch_status(b, &st), 0);
+    } while (st.state != MC_TASK_COMPLETED && st.state != MC_TASK_FAILED &&
+             st.state != MC_TASK_TIMEOUT && p2p_now_ms() < end);
+    /* The origin sent the rest from the memory its unregister let go of. */
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    assert_int_equal(pattern_check(local, size, 23, 0), -1);
+    assert_int_equal(mc_batch_destroy(b), 0);
+    assert_int_equal(mc_mem_unregister(e, local), 0);
+    mc_engine_destroy(e);
+    free(local);
+    STOP(&o);
+}
+
 /* ---- errors ---- */
 
 static void test_names(void **state)
@@ -480,6 +567,7 @@ int main(void)
         cmocka_unit_test_teardown(test_replica_stalled, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_corrupt_replica, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_no_live_holder, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_unregister_busy, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_names, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_errors, p2p_node_cleanup),
     };
