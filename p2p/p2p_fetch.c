@@ -121,6 +121,7 @@ static bool start_shards(p2p_fetch_t *f, unsigned *wait_p)
     bool held_back = false;
 
     pthread_mutex_lock(&f->lock);
+    mc__p2p_holders_rest(f, mc__p2p_now_ms());
     while (f->busy_slots < f->n_slots) {
         uint32_t shard;
         size_t holder;
@@ -136,10 +137,9 @@ static bool start_shards(p2p_fetch_t *f, unsigned *wait_p)
         while (s->busy)
             s++;
         int rc = mc__p2p_slot_start(f, s, shard, holder);
-        if (rc) { /* not the shard's fault: this holder is out of this fetch */
+        if (rc) { /* not the shard's fault: the holder's segment, or our resources */
             mc__p2p_warn(f->p2p, "%s: %s", f->h->name, mc_p2p_last_error());
-            f->holders[holder].dead = true;
-            f->holders_gen++;
+            mc__p2p_holder_lost(f, &f->holders[holder], rc);
             continue;
         }
         f->busy_slots++;
@@ -180,7 +180,10 @@ static int check_stall(p2p_fetch_t *f, uint64_t now, bool held_back)
     uint32_t shard;
     int rc;
 
-    if (f->busy_slots > 0 || held_back || f->prog.shards_done == f->d.shards) {
+    pthread_mutex_lock(&f->lock);
+    bool resting = mc__p2p_holders_rest(f, now); /* a holder tried again soon: no stall */
+    pthread_mutex_unlock(&f->lock);
+    if (f->busy_slots > 0 || held_back || resting || f->prog.shards_done == f->d.shards) {
         f->stalled_ms = 0;
         return 0;
     }

@@ -22,8 +22,10 @@
 
 #define P2P_PUBLISH_MS   50 /* coalescing of replica entry updates */
 #define P2P_REPORT_MS    100
-#define P2P_MAX_TRIES    16 /* attempts at one shard before the fetch gives up */
-#define P2P_HOLDER_FAILS 3  /* failures in a row that make a holder the last choice */
+#define P2P_MAX_TRIES    16  /* attempts at one shard before the fetch gives up */
+#define P2P_HOLDER_FAILS 3   /* failures in a row that make a holder the last choice */
+#define P2P_HOLDER_LOST  3   /* times in a row unreachable that make a holder dead */
+#define P2P_LOST_REST_MS 250 /* an unreachable holder's first rest, doubled each time after */
 #define P2P_ORIGIN_INFLIGHT                                                                        \
     2 /* our shards in flight from the origin, for shards no replica has                           \
        */
@@ -34,11 +36,13 @@ enum { SHARD_MISSING = 0, SHARD_INFLIGHT, SHARD_DONE };
 
 typedef struct p2p_holder {
     char segment[MC_NAME_MAX];
-    bool present;   /* its entry is in the store (as last seen) */
-    bool origin;    /* the object's origin */
-    bool dead;      /* its process is gone or it refused our reads: skipped from now on */
-    bool bad;       /* it sent a corrupt shard: skipped from now on */
-    unsigned fails; /* failed or slow shards in a row */
+    bool present;           /* its entry is in the store (as last seen) */
+    bool origin;            /* the object's origin */
+    bool dead;              /* its process is gone or it refused our reads: skipped from now on */
+    bool bad;               /* it sent a corrupt shard: skipped from now on */
+    unsigned fails;         /* failed or slow shards in a row */
+    unsigned lost;          /* times in a row it was unreachable (mc__p2p_holder_lost) */
+    uint64_t rest_until_ms; /* unreachable: skipped until then; 0: not resting */
     unsigned inflight;
     mc_segment_id_t seg; /* MC_SEGMENT_INVALID until opened */
     p2p_entry_t e;       /* what it serves, and where */
@@ -109,6 +113,12 @@ void mc__p2p_holders_event(p2p_fetch_t *f, const mc_meta_event_t *ev);
 void mc__p2p_holders_free(p2p_fetch_t *f);
 /* Why the missing shards cannot start: -EILSEQ (only corrupt holders), -MC_EPEERDEAD. */
 int mc__p2p_stall_reason(p2p_fetch_t *f, uint32_t *shard_p);
+/* Holder h could not be reached (err): it rests, or is dead once that happened
+ * P2P_HOLDER_LOST times in a row. Under f->lock. */
+void mc__p2p_holder_lost(p2p_fetch_t *f, p2p_holder_t *h, int err);
+/* Holders whose rest is over are usable again; whether some holder still rests. Under
+ * f->lock. */
+bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now);
 
 /* p2p_slot.c */
 int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t holder);

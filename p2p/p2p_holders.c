@@ -9,7 +9,47 @@
 
 bool mc__p2p_holder_usable(const p2p_fetch_t *f, const p2p_holder_t *h)
 {
-    return h->present && !h->dead && !h->bad && (!f->o.origin_only || h->origin);
+    return h->present && !h->dead && !h->bad && !h->rest_until_ms &&
+           (!f->o.origin_only || h->origin);
+}
+
+/* A holder we could not reach may be gone, or may have had a blip: an unanswered request for
+ * its descriptor, a segment that would not open in time (the engine reports both as it does a
+ * dead peer). It rests, P2P_LOST_REST_MS doubled each time, and is tried again; P2P_HOLDER_LOST
+ * times in a row make it dead for the rest of the fetch (a gone one is: nothing listens, so
+ * each try fails at once). The shards in flight from it when it failed fail together: they
+ * count once. The engine never revives a segment it declared dead: ours is closed (once nothing
+ * of ours is in flight to it), so that the next try opens it afresh. */
+void mc__p2p_holder_lost(p2p_fetch_t *f, p2p_holder_t *h, int err)
+{
+    f->holders_gen++;
+    if (h->rest_until_ms)
+        return;
+    if (++h->lost >= P2P_HOLDER_LOST) {
+        h->dead = true;
+        mc__p2p_warn(f->p2p, "%s: %s unreachable %u times in a row (%s): dropping it", f->h->name,
+                     h->segment, h->lost, mc_strerror(err));
+        return;
+    }
+    h->rest_until_ms = mc__p2p_now_ms() + ((uint64_t)P2P_LOST_REST_MS << (h->lost - 1));
+    if (h->seg != MC_SEGMENT_INVALID && !h->inflight &&
+        mc_segment_close(f->p2p->engine, h->seg) == 0)
+        h->seg = MC_SEGMENT_INVALID;
+}
+
+bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now)
+{
+    bool resting = false;
+
+    for (size_t k = 0; k < f->n_holders; k++) {
+        p2p_holder_t *h = &f->holders[k];
+        if (h->rest_until_ms && now >= h->rest_until_ms) {
+            h->rest_until_ms = 0;
+            f->holders_gen++;
+        }
+        resting |= h->rest_until_ms && h->present && !h->dead && !h->bad;
+    }
+    return resting;
 }
 
 /* Usable holders per shard, the origin apart: avail counts the replicas, and the origin (which

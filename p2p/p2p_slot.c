@@ -116,8 +116,13 @@ int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t hol
 /* Errors that say the holder will not serve us again in this fetch. */
 static bool holder_gone(int err)
 {
-    return err == -MC_EPEERDEAD || err == -MC_ENOSEGMENT || err == -MC_EACCESS ||
-           err == -MC_EAUTH || err == -MC_EVERSION;
+    return err == -MC_EACCESS || err == -MC_EAUTH || err == -MC_EVERSION;
+}
+
+/* Errors that say we could not reach the holder, for a while or for good. */
+static bool holder_unreachable(int err)
+{
+    return err == -MC_EPEERDEAD || err == -MC_ENOSEGMENT;
 }
 
 static void shard_done(p2p_fetch_t *f, p2p_holder_t *h, uint32_t shard)
@@ -132,6 +137,7 @@ static void shard_done(p2p_fetch_t *f, p2p_holder_t *h, uint32_t shard)
     else
         f->prog.bytes_from_replicas += len;
     h->fails = 0;
+    h->lost = 0;
     p2p_bit_set(f->have, shard);
     f->pub_dirty = true;
     pthread_cond_signal(&f->pub_cond);
@@ -152,6 +158,8 @@ static int shard_failed(p2p_fetch_t *f, p2p_holder_t *h, const p2p_slot_t *s, in
                      f->h->name, s->shard, h->segment, h->segment);
     } else if (holder_gone(err)) {
         h->dead = true;
+    } else if (holder_unreachable(err)) {
+        mc__p2p_holder_lost(f, h, err);
     } else {
         h->fails++;
     }

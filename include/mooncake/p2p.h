@@ -143,16 +143,17 @@ typedef struct mc_p2p_get_opts {
  * the origin last, as everyone's last resort), is verified, and from then on this node serves it
  * (unless no_serve) and stays a holder until mc_p2p_delete_replica. A holder that fails or is slow
  * is skipped and the shard fetched elsewhere; one that sends a corrupt shard is avoided for the
- * rest of the fetch. The store may be unreachable for a while mid-fetch: transfers go on with the
- * holders known, and the replica entry is put when it is back. Returns 0 when every shard is
- * verified; -ENOENT if the object does not exist, -EEXIST if this node holds it already,
- * -MC_EPEERDEAD if some shard has no live holder left (for shard_timeout_ms), -EILSEQ if a shard's
- * every holder failed verification, -MC_EMETA if the store is unreachable at the start for longer
- * than the engine's CONNECT_TIMEOUT_MS or while no shard can proceed without it, -MC_ECANCELED if
- * the callback stopped it, or the last error of a shard that failed 16 times (-MC_ETIMEOUT, ...).
- * On failure nothing is held: the replica entry is withdrawn and the buffers unregistered.
- * *progress_p (may be NULL) gets the final figures either way. The buffers must stay valid until
- * mc_p2p_delete_replica. */
+ * rest of the fetch; one that cannot be reached is tried again after a rest (0.25 s, then 0.5 s)
+ * and dropped the third time in a row. The store may be unreachable for a while mid-fetch:
+ * transfers go on with the holders known, and the replica entry is put when it is back. Returns 0
+ * when every shard is verified; -ENOENT if the object does not exist, -EEXIST if this node holds it
+ * already, -MC_EPEERDEAD if some shard has no live holder left (for shard_timeout_ms), -EILSEQ if a
+ * shard's every holder failed verification, -MC_EMETA if the store is unreachable at the start for
+ * longer than the engine's CONNECT_TIMEOUT_MS or while no shard can proceed without it,
+ * -MC_ECANCELED if the callback stopped it, or the last error of a shard that failed 16 times
+ * (-MC_ETIMEOUT, ...). On failure nothing is held: the replica entry is withdrawn and the buffers
+ * unregistered (or -EBUSY, see "Buffers" above). *progress_p (may be NULL) gets the final figures
+ * either way. The buffers must stay valid until mc_p2p_delete_replica. */
 MC_P2P_API int mc_p2p_get_replica(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs,
                                   size_t n, const mc_p2p_get_opts_t *opts,
                                   mc_p2p_progress_t *progress_p);

@@ -317,6 +317,54 @@ static void test_least_loaded(void **state)
     chooser_free(f);
 }
 
+/* A holder we could not reach (a blip: -MC_EPEERDEAD from one failed task) rests and is tried
+ * again; unreachable P2P_HOLDER_LOST times in a row it is dead, and with no holder left the
+ * fetch has nothing to wait for. */
+static void test_holder_lost(void **state)
+{
+    const char *const segs[] = {"origin:1", "r1:1"};
+    const unsigned haves[] = {15, 15};
+    p2p_fetch_t *f = chooser(segs, haves, 2);
+    p2p_held_t held = {.name = "x"};
+    p2p_holder_t *o = &f->holders[0], *r1 = &f->holders[1];
+    uint64_t now = mc__p2p_now_ms();
+    uint32_t shard;
+
+    (void)state;
+    f->h = &held;
+    assert_string_equal(holder_of(f, &shard), "r1:1");
+    mc__p2p_holder_lost(f, r1, -MC_EPEERDEAD);
+    mc__p2p_holder_lost(f, r1, -MC_EPEERDEAD); /* another shard in flight from it then */
+    assert_int_equal(r1->lost, 1);
+    assert_false(r1->dead);
+    assert_true(r1->rest_until_ms >= now + P2P_LOST_REST_MS);
+    assert_true(mc__p2p_holders_rest(f, mc__p2p_now_ms()));
+    assert_string_equal(holder_of(f, &shard), "origin:1"); /* r1 rests */
+    assert_false(mc__p2p_holders_rest(f, r1->rest_until_ms));
+    assert_string_equal(holder_of(f, &shard), "r1:1"); /* tried again */
+    /* still unreachable: a longer rest, then dead */
+    now = mc__p2p_now_ms();
+    mc__p2p_holder_lost(f, r1, -MC_ENOSEGMENT);
+    assert_true(r1->rest_until_ms >= now + 2 * P2P_LOST_REST_MS);
+    for (int i = 2; i < P2P_HOLDER_LOST; i++) {
+        mc__p2p_holders_rest(f, r1->rest_until_ms);
+        mc__p2p_holder_lost(f, r1, -MC_EPEERDEAD);
+    }
+    assert_true(r1->dead);
+    assert_false(mc__p2p_holders_rest(f, UINT64_MAX)); /* nobody is waited for */
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    /* the origin goes the same way: no holder left */
+    for (int i = 0; i < P2P_HOLDER_LOST; i++) {
+        mc__p2p_holders_rest(f, UINT64_MAX);
+        mc__p2p_holder_lost(f, o, -MC_EPEERDEAD);
+    }
+    assert_true(o->dead);
+    assert_false(mc__p2p_holders_rest(f, UINT64_MAX));
+    assert_null(holder_of(f, &shard));
+    assert_int_equal(mc__p2p_stall_reason(f, &shard), -MC_EPEERDEAD);
+    chooser_free(f);
+}
+
 /* Entries of another publication of the name, or unreadable ones, are no holders. */
 static void test_foreign_entries(void **state)
 {
@@ -349,7 +397,8 @@ int main(void)
         cmocka_unit_test(test_names),           cmocka_unit_test(test_keys),
         cmocka_unit_test(test_desc_codec),      cmocka_unit_test(test_entry_codec),
         cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_choose),
-        cmocka_unit_test(test_least_loaded),    cmocka_unit_test(test_foreign_entries),
+        cmocka_unit_test(test_least_loaded),    cmocka_unit_test(test_holder_lost),
+        cmocka_unit_test(test_foreign_entries),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
