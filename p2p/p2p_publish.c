@@ -80,28 +80,40 @@ static int register_args(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bu
     return 0;
 }
 
-/* After a lost answer, a retried CAS finds our own description: that is a success. */
-static int existing_is_ours(mc_p2p_t *p2p, const char *key, uint64_t id, int64_t *rev_p,
+/* Whether two descriptions describe the same bytes. */
+static bool same_object(const p2p_desc_t *a, const p2p_desc_t *b)
+{
+    return a->size == b->size && a->shard_size == b->shard_size && a->shards == b->shards &&
+           !memcmp(a->sums, b->sums, a->shards * sizeof(*a->sums));
+}
+
+/* After a lost answer, a retried CAS finds our own description: that is a success. So is one
+ * this node left without an owner: a CAS applied whose answer was lost while the store stayed
+ * down failed its register, and nobody else may delete or serve that description. It names our
+ * segment as its origin (no other live node has it) and the same bytes: it is adopted, with
+ * its id (copies fetched from it stay valid), and d->id becomes that id. */
+static int existing_is_ours(mc_p2p_t *p2p, const char *key, p2p_desc_t *d, int64_t *rev_p,
                             char *origin, size_t size)
 {
     mc_meta_kv_t kv;
-    p2p_desc_t d;
+    p2p_desc_t old;
     int ours = 0;
 
     if (mc_meta_get(p2p->meta, key, strlen(key), &kv))
         return 0;
-    if (mc__p2p_desc_decode(kv.value, kv.value_len, &d) == 0) {
-        ours = d.id == id;
-        snprintf(origin, size, "%s", d.origin);
-        mc__p2p_desc_free(&d);
+    if (mc__p2p_desc_decode(kv.value, kv.value_len, &old) == 0) {
+        ours = old.id == d->id || (!strcmp(old.origin, p2p->segment) && same_object(&old, d));
+        if (ours)
+            d->id = old.id;
+        snprintf(origin, size, "%s", old.origin);
+        mc__p2p_desc_free(&old);
     }
     *rev_p = kv.mod_revision;
     mc_meta_kv_free(&kv);
     return ours;
 }
 
-static int write_desc(mc_p2p_t *p2p, const char *name, const p2p_desc_t *d, int force,
-                      int64_t *rev_p)
+static int write_desc(mc_p2p_t *p2p, const char *name, p2p_desc_t *d, int force, int64_t *rev_p)
 {
     char key[P2P_KEY_MAX], *json, origin[MC_NAME_MAX] = "?";
     uint64_t end = mc__p2p_now_ms() + p2p->connect_timeout_ms;
@@ -118,7 +130,7 @@ static int write_desc(mc_p2p_t *p2p, const char *name, const p2p_desc_t *d, int 
         mc__p2p_sleep_ms(100);
     }
     free(json);
-    if (rc == -MC_ECONFLICT && existing_is_ours(p2p, key, d->id, rev_p, origin, sizeof(origin)))
+    if (rc == -MC_ECONFLICT && existing_is_ours(p2p, key, d, rev_p, origin, sizeof(origin)))
         return 0;
     if (rc == -MC_ECONFLICT)
         return mc__p2p_error(-EEXIST, "%s is published already (origin %s); force replaces it",
@@ -179,7 +191,6 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
     if (rc || (rc = mc__p2p_claim(p2p, name, &h)) != 0)
         return rc;
     h->origin = true;
-    h->id = d.id;
     rc = mc__p2p_checksum_all(&d, bufs, n);
     if (!rc)
         rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
@@ -187,7 +198,8 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
         rc = write_desc(p2p, name, &d, o.force, &h->object_rev);
     if (rc)
         goto err_release;
-    if (o.force) /* the replaced object's */
+    h->id = d.id; /* an adopted description's */
+    if (o.force)  /* the replaced object's */
         drop_entries(p2p, name, d.id, false);
     rc = publish_complete(p2p, h, &d);
     if (rc)

@@ -16,6 +16,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "metadata/meta.h"
 #include "p2p_codec.h"
 #include "p2p_fetch.h"
 #include "p2p_int.h"
@@ -391,6 +392,175 @@ static void test_foreign_entries(void **state)
     chooser_free(f);
 }
 
+/* ---- a store that loses answers ---- */
+
+/* Wrapped around a node's store: the next lose_cas CASes are applied but answered -MC_EMETA
+ * (the answer is lost), after which the store is down if then_down: every call fails so,
+ * unapplied. */
+typedef struct lossy {
+    struct mc_meta base;
+    mc_meta_t *inner;
+    int lose_cas;
+    bool then_down, down;
+} lossy_t;
+
+static lossy_t *lossy_of(mc_meta_t *m)
+{
+    return (lossy_t *)m;
+}
+
+static int lossy_down(mc_meta_t *m)
+{
+    return lossy_of(m)->down ? -MC_EMETA : 0;
+}
+
+static void lossy_close(mc_meta_t *m)
+{
+    mc_meta_close(lossy_of(m)->inner);
+    free(m);
+}
+
+static int lossy_get(mc_meta_t *m, const void *key, size_t key_len, mc_meta_kv_t *kv_p)
+{
+    return lossy_down(m) ?: mc_meta_get(lossy_of(m)->inner, key, key_len, kv_p);
+}
+
+static int lossy_put(mc_meta_t *m, const void *key, size_t key_len, const void *val, size_t val_len,
+                     int64_t lease, int64_t *rev_p)
+{
+    return lossy_down(m)
+               ?: mc_meta_put(lossy_of(m)->inner, key, key_len, val, val_len, lease, rev_p);
+}
+
+static int lossy_del(mc_meta_t *m, const void *key, size_t key_len, int64_t rev)
+{
+    return lossy_down(m) ?: mc_meta_delete(lossy_of(m)->inner, key, key_len, rev);
+}
+
+static int lossy_list(mc_meta_t *m, const void *prefix, size_t prefix_len, mc_meta_kv_t **kvs_p,
+                      size_t *count_p, int64_t *rev_p)
+{
+    return lossy_down(m)
+               ?: mc_meta_list(lossy_of(m)->inner, prefix, prefix_len, kvs_p, count_p, rev_p);
+}
+
+static int lossy_cas(mc_meta_t *m, const void *key, size_t key_len, int64_t expected,
+                     const void *val, size_t val_len, int64_t lease, int64_t *rev_p)
+{
+    lossy_t *l = lossy_of(m);
+    int rc =
+        lossy_down(m) ?: mc_meta_cas(l->inner, key, key_len, expected, val, val_len, lease, rev_p);
+
+    if (rc || l->lose_cas == 0)
+        return rc;
+    l->lose_cas--;
+    l->down = l->then_down;
+    return -MC_EMETA;
+}
+
+static const mc_meta_ops_t lossy_ops = {.size = sizeof(mc_meta_ops_t),
+                                        .version = 2,
+                                        .scheme = "lossy",
+                                        .close = lossy_close,
+                                        .get = lossy_get,
+                                        .put = lossy_put,
+                                        .del = lossy_del,
+                                        .list = lossy_list,
+                                        .cas = lossy_cas};
+
+/* Publish "lossy", 64 KiB of value, while the store loses the CAS's answer (and then stays
+ * down for the rest of the call if then_down); the result. */
+static int publish_lossy(mc_p2p_t *p2p, lossy_t *l, uint8_t *buf, int value, bool then_down)
+{
+    mc_p2p_register_opts_t o = {.size = sizeof(o), .shard_size = 16384};
+    int rc;
+
+    memset(buf, value, 65536);
+    l->lose_cas = 1;
+    l->then_down = then_down;
+    rc = mc_p2p_register(p2p, "lossy", &(mc_p2p_buf_t){buf, 65536}, 1, &o);
+    l->lose_cas = 0;
+    l->down = false; /* the store is back */
+    return rc;
+}
+
+/* The "id" of a JSON document at key in the store: 0 if there is none. */
+static uint64_t doc_id(mc_meta_t *meta, const char *key)
+{
+    mc_meta_kv_t kv;
+    uint64_t id = 0;
+
+    if (mc_meta_get(meta, key, strlen(key), &kv) == 0) {
+        const char *s = strstr(kv.value, "\"id\":\"");
+        if (s)
+            id = strtoull(s + 6, NULL, 16);
+        mc_meta_kv_free(&kv);
+    }
+    return id;
+}
+
+/* The CAS that writes a description is applied but its answer lost: retried while the store
+ * answers, it finds our own description (success); when the store stays down the register
+ * fails and leaves the description behind, with no owner. Registering the same bytes again
+ * adopts it (before, -EEXIST forever: nobody could unregister it); other bytes do not. */
+static void test_lost_cas(void **state)
+{
+    char dir[] = "/tmp/mc-p2p-units-XXXXXX", url[64], key[P2P_KEY_MAX], rkey[P2P_KEY_MAX];
+    static uint8_t buf[65536];
+    mc_p2p_object_info_t info;
+    mc_config_t *cfg;
+    mc_p2p_t *p2p;
+    mc_meta_t *meta;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(url, sizeof(url), "file://%s", dir);
+    assert_int_equal(mc_config_create(&cfg), 0);
+    assert_int_equal(mc_config_set(cfg, "METADATA", url), 0);
+    assert_int_equal(mc_config_set(cfg, "LISTEN", "127.0.0.1:0"), 0);
+    assert_int_equal(mc_config_set(cfg, "CONNECT_TIMEOUT_MS", "300"), 0); /* retries' bound */
+    assert_int_equal(mc_p2p_create(cfg, &p2p), 0);
+    mc_config_destroy(cfg);
+    lossy_t *l = calloc(1, sizeof(*l));
+    assert_non_null(l);
+    l->base.ops = &lossy_ops;
+    l->inner = p2p->meta;
+    p2p->meta = &l->base;
+    assert_int_equal(mc_meta_open(url, &meta), 0);
+    assert_true(mc__p2p_key(p2p, "lossy", "object", key) > 0);
+    assert_true(mc__p2p_replica_key(p2p, "lossy", rkey) > 0);
+
+    /* the answer lost once: the retry finds ours */
+    assert_int_equal(publish_lossy(p2p, l, buf, 1, false), 0);
+    assert_int_equal(mc_p2p_unregister(p2p, "lossy", 0), 0);
+    assert_int_equal(doc_id(meta, key), 0);
+
+    /* lost, and the store down until the call gives up: the description stays, ownerless */
+    assert_int_equal(publish_lossy(p2p, l, buf, 2, true), -MC_EMETA);
+    uint64_t id = doc_id(meta, key);
+    assert_int_not_equal(id, 0);
+    assert_int_equal(doc_id(meta, rkey), 0);
+    /* the same bytes again: adopted, with its id */
+    assert_int_equal(publish_lossy(p2p, l, buf, 2, false), 0);
+    assert_int_equal(doc_id(meta, key), id);
+    assert_int_equal(doc_id(meta, rkey), id);
+    assert_int_equal(mc_p2p_stat(p2p, "lossy", &info), 0);
+    assert_int_equal(info.complete_holders, 1);
+    assert_int_equal(mc_p2p_unregister(p2p, "lossy", 0), 0);
+    assert_int_equal(doc_id(meta, key), 0);
+
+    /* other bytes under the name of an ownerless description of ours: not adopted */
+    assert_int_equal(publish_lossy(p2p, l, buf, 3, true), -MC_EMETA);
+    assert_int_equal(publish_lossy(p2p, l, buf, 4, false), -EEXIST);
+    assert_int_equal(mc_p2p_remove(p2p, "lossy", 0), 0);
+
+    mc_meta_close(meta);
+    mc_p2p_destroy(p2p);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -398,7 +568,7 @@ int main(void)
         cmocka_unit_test(test_desc_codec),      cmocka_unit_test(test_entry_codec),
         cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_choose),
         cmocka_unit_test(test_least_loaded),    cmocka_unit_test(test_holder_lost),
-        cmocka_unit_test(test_foreign_entries),
+        cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_lost_cas),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

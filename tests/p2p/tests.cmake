@@ -27,6 +27,8 @@ if(TARGET mooncake_p2p)
   # Names, keys, JSON codecs, shard pieces, holder choice: the library's internals.
   add_executable(test_p2p_units ${MC_P2P_TEST_DIR}/test_p2p_units.c)
   target_link_libraries(test_p2p_units PRIVATE mooncake_p2p_internal PkgConfig::CMOCKA)
+  # The metadata backend interface: a store that loses answers, wrapped around a real one.
+  target_include_directories(test_p2p_units PRIVATE ${PROJECT_SOURCE_DIR}/engine)
   add_test(NAME test_p2p_units COMMAND test_p2p_units)
   set_tests_properties(test_p2p_units PROPERTIES TIMEOUT 60 LABELS "p2p")
 
