@@ -25,8 +25,9 @@
  *
  * Buffers: a call that lets go of them (mc_p2p_unregister, mc_p2p_delete_replica, and a
  * failing mc_p2p_register, mc_p2p_get_replica or mc_p2p_serve) returns -EBUSY when the engine
- * may still use them: a registration could not be dropped (a transfer still touched the
- * memory past the engine's transfer timeout), or another call on the name is under way. They
+ * may still use them: a registration could not be dropped (mc_mem_unregister said
+ * -MC_ETIMEOUT: something in flight still touched the memory after the engine's transfer
+ * timeout), or another call on the name is under way. They
  * must then stay valid until mc_p2p_destroy returns; after any other return they may be freed.
  */
 #ifndef MOONCAKE_P2P_H

@@ -382,12 +382,14 @@ static void test_no_live_holder(void **state)
     STOP(&f);
 }
 
-/* A reader that stops taking bytes mid-transfer holds the origin's memory: unregistering it
- * outlasts the engine's transfer timeout, and the call says so (-EBUSY) rather than let the
- * host free memory the engine may still send from; the node keeps its buffers, intact. The
- * reader is an engine of this process driven by hand over tcp: it sends its READs, then stops
- * calling progress. */
-static void test_unregister_busy(void **state)
+/* A reader that stops taking bytes mid-transfer holds the origin's memory. Unregistering it
+ * must neither return while the engine may still send from that memory (the host frees it
+ * then) nor wait for ever: the origin's engine drops the reader's connection once the transfer
+ * timeout has passed, and the call returns 0 (the node frees its buffers); the reader's READ
+ * then fails, and not all of the object reached it. (Were the memory still in use, the call
+ * would say -EBUSY, and the node would keep its buffers.) The reader is an engine of this process
+ * driven by hand over tcp: it sends its READs, then stops calling progress. */
+static void test_unregister_stalled_reader(void **state)
 {
     const uint64_t size = 64 * MiB;
     char seg[128], key[512], *bufs;
@@ -446,21 +448,22 @@ static void test_unregister_busy(void **state)
     p2p_sleep_ms(200);
 
     uint64_t t0 = p2p_now_ms();
-    FAILS(-EBUSY, &o, "unregister busy 0");
-    print_message("unregister: %.1f s: %s\n", (double)(p2p_now_ms() - t0) / 1000, o.reply);
-    assert_non_null(strstr(o.reply, "mc_p2p_destroy"));
-    OK(&o, "check 23"); /* still there, unchanged */
+    OK(&o, "unregister busy 0");
+    uint64_t took = p2p_now_ms() - t0;
+    print_message("unregister: %.1f s\n", (double)took / 1000);
+    assert_true(took >= 900 && took < 5000); /* it waited for the reader, then cut it */
 
     end = p2p_now_ms() + 30000;
-    do { /* the reader takes its bytes: the engine lets go of them */
+    do { /* the reader wakes up: its connection was dropped, and the memory is unregistered */
         mc_engine_progress(e);
         assert_int_equal(mc_batch_status(b, &st), 0);
-    } while (st.state != MC_TASK_COMPLETED && st.state != MC_TASK_FAILED &&
-             st.state != MC_TASK_TIMEOUT && p2p_now_ms() < end);
-    /* The origin sent the rest from the memory its unregister let go of. */
-    assert_int_equal(st.state, MC_TASK_COMPLETED);
-    assert_int_equal(pattern_check(local, size, 23, 0), -1);
-    assert_int_equal(mc_batch_destroy(b), 0);
+    } while ((st.state == MC_TASK_WAITING || st.state == MC_TASK_PENDING) && p2p_now_ms() < end);
+    assert_int_equal(st.state, MC_TASK_FAILED);
+    assert_int_not_equal(pattern_check(local, size, 23, 0), -1); /* not all of it came */
+    int rc;
+    while ((rc = mc_batch_destroy(b)) == -EBUSY && p2p_now_ms() < end)
+        mc_engine_progress(e); /* until the engine lets go of the task */
+    assert_int_equal(rc, 0);
     assert_int_equal(mc_mem_unregister(e, local), 0);
     mc_engine_destroy(e);
     free(local);
@@ -567,7 +570,7 @@ int main(void)
         cmocka_unit_test_teardown(test_replica_stalled, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_corrupt_replica, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_no_live_holder, p2p_node_cleanup),
-        cmocka_unit_test_teardown(test_unregister_busy, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_unregister_stalled_reader, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_names, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_errors, p2p_node_cleanup),
     };
