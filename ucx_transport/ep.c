@@ -29,15 +29,19 @@ static bool fence_holds(const uct_mc_ep_t *ep)
     return ep->fence && (ep->refs || ep->dirty);
 }
 
-/* Whether ep may not take new operations this round: its peer's message window was full,
- * or a fence holds them, or requests of its wait in the pending queue (outside their dispatch:
- * a new operation would overtake them). */
+/* Whether ep takes no new operation this round, not even from its turn in the pending queue:
+ * its peer's message window was full, or a fence holds them, or a message it took waits to be
+ * sent (am_stash). */
+static bool ep_waits(const uct_mc_ep_t *ep)
+{
+    return ep->blocked_round == ep->iface->round || fence_holds(ep) || ep->stash;
+}
+
+/* ep_waits, or requests of ep wait in the pending queue (outside their dispatch: a new
+ * operation would overtake them). */
 static bool ep_held(uct_mc_ep_t *ep)
 {
-    uct_mc_iface_t *iface = ep->iface;
-
-    return ep->blocked_round == iface->round || fence_holds(ep) ||
-           (ep->n_pending && !iface->dispatching);
+    return ep_waits(ep) || (ep->n_pending && !ep->iface->dispatching);
 }
 
 static void ep_block(uct_mc_ep_t *ep)
@@ -93,7 +97,7 @@ void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
     while (*pp && !iface->blocked) {
         uct_pending_req_t *req = *pp;
         uct_mc_ep_t *ep = priv(req)->ep;
-        if (ep->blocked_round != iface->round && !fence_holds(ep) && req->func(req) == UCS_OK) {
+        if (!ep_waits(ep) && req->func(req) == UCS_OK) {
             *pp = priv(req)->next;
             ep->n_pending--;
             continue;
@@ -105,6 +109,17 @@ void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
     iface->dispatching = false;
     if (!*pp) /* walked to the end: the tail is the last kept one */
         iface->pending_tail = last ? &priv(last)->next : &iface->pending_head;
+}
+
+/* ---- active messages taken while the peer's window was full ---- */
+
+static void stash_drop(uct_mc_ep_t *ep)
+{
+    if (!ep->stash)
+        return;
+    free(ep->stash);
+    ep->stash = NULL;
+    ep->iface->n_stashed--;
 }
 
 /* ---- lifetime ---- */
@@ -167,6 +182,7 @@ static void flushes_cancel(uct_mc_ep_t *ep)
  * with a flush first, which waits for that: uct_mc_ep_flush). */
 static void ep_cancel(uct_mc_ep_t *ep)
 {
+    stash_drop(ep);
     for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next) {
         uct_completion_t *comp = op->comp;
         op->comp = NULL;
@@ -238,6 +254,37 @@ void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_statu
     }
 }
 
+static void sent_one(uct_mc_ep_t *ep)
+{
+    ep->dirty = true;
+    ep->sent++;
+}
+
+/* From progress, before the pending queue: stashed messages go first, each before anything
+ * else of its endpoint. One the engine refuses for good fails its endpoint, as a failed write
+ * does (it was taken: UCP saw it sent). */
+void uct_mc_ep_send_stashed(uct_mc_iface_t *iface)
+{
+    for (uct_mc_ep_t *ep = iface->eps; ep && iface->n_stashed; ep = ep->next) {
+        int rc;
+        if (!ep->stash)
+            continue;
+        rc = ep->failed
+                 ? 0
+                 : mc_msg_send(iface->md->engine, ep->seg, MC_UCT_MSG_ID, ep->stash, ep->stash_len);
+        if (rc == -EAGAIN)
+            continue;
+        stash_drop(ep);
+        if (!rc && !ep->failed) {
+            sent_one(ep);
+        } else if (rc) {
+            ucs_debug("mooncake: an active message taken earlier: %s", mc_last_error());
+            ep_fail(ep, uct_mc_status(rc));
+            return; /* its handler may have destroyed endpoints: the others next time */
+        }
+    }
+}
+
 /* Reported from progress, as every failure is (the handler may destroy endpoints, and UCP
  * walks its endpoints while it checks them). */
 ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
@@ -305,8 +352,7 @@ static ucs_status_t am_send(uct_mc_ep_t *ep, uint8_t id, size_t len)
         ucs_debug("mooncake: active message %u: %s", id, mc_last_error());
         return uct_mc_status(rc);
     }
-    ep->dirty = true;
-    ep->sent++;
+    sent_one(ep);
     return UCS_OK;
 }
 
@@ -339,6 +385,23 @@ ucs_status_t uct_mc_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header, con
     return am_send(ep, id, sizeof(header) + length);
 }
 
+/* The peer's window was full for a message already packed: the pack callback ran (it may have
+ * moved its caller's state on), so the message is taken all the same and goes first once the
+ * window has room (uct_mc_ep_send_stashed). Until then the endpoint takes nothing new: every
+ * check that can refuse runs before the pack callback. */
+static ucs_status_t am_stash(uct_mc_ep_t *ep, size_t len)
+{
+    size_t n = UCT_MC_AM_HDR + len;
+
+    ep->stash = malloc(n);
+    if (!ep->stash)
+        return UCS_ERR_NO_MEMORY;
+    memcpy(ep->stash, ep->iface->tx, n);
+    ep->stash_len = n;
+    ep->iface->n_stashed++;
+    return UCS_OK;
+}
+
 ssize_t uct_mc_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id, uct_pack_callback_t pack_cb, void *arg,
                            unsigned flags)
 {
@@ -356,6 +419,8 @@ ssize_t uct_mc_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id, uct_pack_callback_t pack_
         return UCS_ERR_INVALID_PARAM;
     }
     st = am_send(ep, id, len);
+    if (st == UCS_ERR_NO_RESOURCE)
+        st = am_stash(ep, len);
     return st == UCS_OK ? (ssize_t)len : st;
 }
 
@@ -471,39 +536,51 @@ static ucs_status_t rma_begin(uct_mc_ep_t *ep, uct_rkey_t rkey, unsigned tasks)
     return st;
 }
 
-/* A put or get through a bounce slot; data == NULL: pack_cb fills it. */
+/* A put or get through a bounce slot; data == NULL: pack_cb fills it. Every check that can
+ * refuse it runs first: a pack callback runs only for a put that goes. Its length is known
+ * only then, so a slot's worth of bytes stands for it in the check against operations in
+ * flight. */
 static ssize_t bounce_op(uct_mc_ep_t *ep, mc_opcode_t opcode, const void *data, size_t length,
                          uct_pack_callback_t pack_cb, void *pack_arg, uint64_t remote_addr,
                          uct_rkey_t rkey, uct_mc_op_t *op)
 {
     uct_mc_iface_t *iface = ep->iface;
+    bool packed = opcode == MC_WRITE && !data;
     ucs_status_t st = rma_begin(ep, rkey, 1);
     char *buf;
     int slot;
 
     if (st != UCS_OK)
         goto err;
+    if (!packed && length > iface->config.seg_size) {
+        ucs_error("mooncake: %zu bytes through a bounce slot of %zu", length,
+                  iface->config.seg_size);
+        st = UCS_ERR_INVALID_PARAM;
+        goto err;
+    }
+    if (rma_conflict(ep, remote_addr, packed ? iface->config.seg_size : length,
+                     opcode == MC_WRITE)) {
+        ep_block(ep);
+        st = UCS_ERR_NO_RESOURCE;
+        goto err;
+    }
     slot = uct_mc_iface_slot_get(iface);
     if (slot < 0) {
         st = UCS_ERR_NO_RESOURCE;
         goto err;
     }
     buf = iface->bounce + (size_t)slot * iface->config.seg_size;
-    if (opcode == MC_WRITE && !data) /* packed into the slot: checked after */
+    if (packed) {
         length = pack_cb(buf, pack_arg);
-    if (length > iface->config.seg_size) {
-        ucs_error("mooncake: %zu bytes through a bounce slot of %zu", length,
-                  iface->config.seg_size);
-        st = UCS_ERR_INVALID_PARAM;
-        goto err_slot;
-    }
-    if (rma_conflict(ep, remote_addr, length, opcode == MC_WRITE)) {
-        ep_block(ep);
-        st = UCS_ERR_NO_RESOURCE;
-        goto err_slot;
-    }
-    if (opcode == MC_WRITE && data)
+        if (length > iface->config.seg_size) {
+            ucs_error("mooncake: put_bcopy packed %zu bytes into a bounce slot of %zu", length,
+                      iface->config.seg_size);
+            st = UCS_ERR_INVALID_PARAM;
+            goto err_slot;
+        }
+    } else if (opcode == MC_WRITE) {
         memcpy(buf, data, length);
+    }
     op->slot = slot;
     op->length = length;
     mc_request_t req = {.opcode = opcode,
@@ -732,6 +809,7 @@ static ucs_status_t flush_cancel(uct_mc_ep_t *ep, uct_completion_t *comp)
     for (uct_mc_op_t *op = ep->ops; op; op = op->ep_next)
         op->canceled = true;
     flushes_cancel(ep);
+    stash_drop(ep);
     if (!ep->failed) {
         ep->failed = true;
         ep->fail_status = UCS_ERR_CANCELED;
@@ -755,8 +833,9 @@ ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *c
     if (ep->failed)
         return ep->fail_status;
     /* UCP queues the flush behind them; called from its own turn in the queue (dispatching),
-     * it is no longer behind any of this endpoint's (its own request still counts) */
-    if (ep->n_pending && !ep->iface->dispatching) {
+     * it is no longer behind any of this endpoint's (its own request still counts). A stashed
+     * message is not sent yet: no flush can cover it. */
+    if (ep->stash || (ep->n_pending && !ep->iface->dispatching)) {
         ep_block(ep);
         return UCS_ERR_NO_RESOURCE;
     }
@@ -801,7 +880,7 @@ ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags)
 
     (void)flags;
     cover_messages(ep);
-    if (ep->refs || ep->dirty)
+    if (ep->refs || ep->dirty || ep->stash)
         ep->fence = true;
     return UCS_OK;
 }

@@ -377,6 +377,8 @@ static unsigned iface_progress(uct_iface_h tl_iface)
     /* resources may have come back without an event (a peer's message window): try again */
     iface->round++;
     iface->blocked = false;
+    if (iface->n_stashed)
+        uct_mc_ep_send_stashed(iface);
     if (iface->pending_head)
         uct_mc_pending_dispatch(iface);
     if (iface->n_segs_to_close)
@@ -432,10 +434,10 @@ static ucs_status_t iface_flush(uct_iface_h tl_iface, unsigned flags, uct_comple
 
     if (comp)
         return UCS_ERR_UNSUPPORTED;
-    /* an endpoint with requests still queued is not flushed either (UCP's worker flush counts
-     * no operations of its own: it asks again until this says OK) */
+    /* an endpoint with requests still queued, or a message stashed, is not flushed either (UCP's
+     * worker flush counts no operations of its own: it asks again until this says OK) */
     for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
-        if ((ep->n_pending && !(flags & UCT_FLUSH_FLAG_CANCEL)) ||
+        if (((ep->n_pending || ep->stash) && !(flags & UCT_FLUSH_FLAG_CANCEL)) ||
             uct_mc_ep_flush(&ep->super.super, flags, NULL) == UCS_INPROGRESS)
             st = UCS_INPROGRESS;
     return st;
@@ -572,6 +574,7 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
     pthread_mutex_init(&self->lock, NULL);
     self->evq_tail = &self->evq_head;
     self->pending_tail = &self->pending_head;
+    self->round = 1; /* a new endpoint's blocked_round, 0, is no round */
     rc = mc_engine_address(md->engine, self->addr + UCT_MC_ADDR_HDR, &len);
     if (rc) {
         ucs_error("mooncake: the engine's address: %s", mc_last_error());

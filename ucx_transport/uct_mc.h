@@ -184,6 +184,7 @@ struct uct_mc_iface {
     mc_segment_id_t *segs_to_close;
     size_t n_segs_to_close, cap_segs_to_close;
     uct_mc_ep_t *eps;
+    unsigned n_stashed; /* endpoints of eps with a stashed message */
     uct_mc_flush_t *flushes;
     uct_pending_req_t *pending_head, **pending_tail;
 };
@@ -207,6 +208,8 @@ struct uct_mc_ep {
     uint64_t span_lo, span_hi; /* covers the remote ranges of ops (while there are some) */
     uct_mc_flush_t *flushes;
     uct_completion_t *cancel_comp; /* a cancelling flush's, once no op is in flight */
+    uint8_t *stash;                /* an active message packed but not sent yet (am_stash) */
+    size_t stash_len;
 };
 
 /* md.c */
@@ -267,6 +270,7 @@ ucs_status_t uct_mc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header,
 ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned flags);
 void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg);
 void uct_mc_pending_dispatch(uct_mc_iface_t *iface);
+void uct_mc_ep_send_stashed(uct_mc_iface_t *iface);
 
 ucs_status_t uct_mc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp);
 ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags);

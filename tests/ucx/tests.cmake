@@ -13,6 +13,14 @@ if(TARGET uct_mooncake)
   add_test(NAME test_ucp_data_tcp COMMAND test_ucp_data)
   set_tests_properties(test_ucp_data_tcp PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "ucx"
     ENVIRONMENT "${MC_UCX_TEST_ENV};UCX_MOONCAKE_PROTOCOL=tcp")
+  # The module's endpoints at the UCT level: which callbacks it calls (a pack callback only for
+  # a send it takes).
+  add_executable(test_uct_ep ${CMAKE_CURRENT_LIST_DIR}/test_uct_ep.c)
+  target_link_libraries(test_uct_ep PRIVATE PkgConfig::UCX)
+  add_dependencies(test_uct_ep uct_mooncake)
+  add_test(NAME test_uct_ep COMMAND test_uct_ep)
+  set_tests_properties(test_uct_ep PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "ucx"
+    ENVIRONMENT "${MC_UCX_TEST_ENV}")
   # UCX's installed examples, built from Debian's libucx-dev documentation when it is there
   # (not copied into the tree), for test_ucx_tools.sh.
   set(MC_UCX_EXAMPLES /usr/share/doc/libucx-dev/examples)

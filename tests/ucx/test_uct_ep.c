@@ -1,0 +1,421 @@
+/* The UCX module's endpoints at the UCT level, where UCP cannot look: which callbacks of ours
+ * the module calls, and in what order it issues what waits in its queues.
+ *
+ * One process, two memory domains (two engines, A and B) with an interface each and an
+ * endpoint from A to B. B's engine has no serving thread (PROGRESS_SERVE_US=0): it moves
+ * nothing, and answers nothing, while the test does not progress B's worker, which is how a
+ * peer's window fills or A's operations stay in flight for as long as the test wants.
+ *
+ * - am_bcopy to a B that does not take messages, until A's window to it is full: the pack
+ *   callback runs once per send the module took, never for one it refused (NO_RESOURCE), and
+ *   every message taken arrives, in order, once B runs again.
+ * - put_bcopy over a put still in flight: refused without packing, then issued in order.
+ *
+ * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <ucs/async/async_fwd.h>
+#include <uct/api/uct.h>
+
+#define WAIT_S  20.0 /* the deadline of every wait */
+#define AM_ID   5
+#define AM_LEN  64
+#define REG_LEN 65536
+
+/* ---- harness ---- */
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+__attribute__((format(printf, 1, 2), noreturn)) static void fail(const char *fmt, ...)
+{
+    va_list ap;
+
+    fprintf(stderr, "FAIL: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+static void ok(const char *what)
+{
+    printf("ok: %s\n", what);
+    fflush(stdout);
+}
+
+static void check_st(ucs_status_t st, const char *what)
+{
+    if (st != UCS_OK)
+        fail("%s: %s", what, ucs_status_string(st));
+}
+
+/* One side: a memory domain (its own engine), a worker and an interface on it. */
+typedef struct side {
+    const char *name;
+    ucs_async_context_t *async;
+    uct_worker_h worker;
+    uct_md_h md;
+    uct_iface_h iface;
+    uct_iface_attr_t attr;
+    uint8_t addr[256];
+} side_t;
+
+static uct_component_h component;
+
+/* The mooncake component, or exit 77. */
+static void find_component(void)
+{
+    uct_component_h *list;
+    unsigned n;
+
+    check_st(uct_query_components(&list, &n), "uct_query_components");
+    for (unsigned i = 0; i < n && !component; i++) {
+        uct_component_attr_t a = {.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME};
+        check_st(uct_component_query(list[i], &a), "uct_component_query");
+        if (!strcmp(a.name, "mooncake"))
+            component = list[i];
+    }
+    uct_release_component_list(list);
+    if (!component) {
+        printf("skip: no UCT component mooncake (is libuct_mooncake.so preloaded?)\n");
+        exit(77);
+    }
+}
+
+/* settings: NAME, VALUE pairs, NULL-terminated. */
+static void modify(void *cfg, const char *const *settings, const char *what)
+{
+    for (; settings && settings[0]; settings += 2)
+        if (uct_config_modify(cfg, settings[0], settings[1]) != UCS_OK)
+            fail("%s: setting %s=%s", what, settings[0], settings[1]);
+}
+
+static void iface_open(side_t *s, const char *const *iface_settings, uct_iface_h *iface_p)
+{
+    uct_iface_params_t p = {.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE,
+                            .open_mode = UCT_IFACE_OPEN_MODE_DEVICE};
+    uct_iface_config_t *cfg;
+
+    p.mode.device.tl_name = "mooncake";
+    p.mode.device.dev_name = "engine";
+    check_st(uct_md_iface_config_read(s->md, "mooncake", NULL, NULL, &cfg), "iface config");
+    modify(cfg, iface_settings, s->name);
+    check_st(uct_iface_open(s->md, s->worker, &p, cfg, iface_p), "uct_iface_open");
+    uct_config_release(cfg);
+    uct_iface_progress_enable(*iface_p, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+}
+
+static void side_open(side_t *s, const char *name, const char *const *md_settings,
+                      const char *const *iface_settings)
+{
+    uct_md_config_t *cfg;
+
+    memset(s, 0, sizeof(*s));
+    s->name = name;
+    check_st(ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &s->async), "async");
+    check_st(uct_worker_create(s->async, UCS_THREAD_MODE_SINGLE, &s->worker), "worker");
+    check_st(uct_md_config_read(component, NULL, NULL, &cfg), "md config");
+    modify(cfg, md_settings, name);
+    check_st(uct_md_open(component, "mooncake", cfg, &s->md), "uct_md_open");
+    uct_config_release(cfg);
+    iface_open(s, iface_settings, &s->iface);
+    check_st(uct_iface_query(s->iface, &s->attr), "uct_iface_query");
+    if (s->attr.iface_addr_len > sizeof(s->addr))
+        fail("an interface address of %zu bytes", s->attr.iface_addr_len);
+    check_st(uct_iface_get_address(s->iface, (uct_iface_addr_t *)s->addr), "address");
+}
+
+static void side_close(side_t *s)
+{
+    if (s->iface)
+        uct_iface_close(s->iface);
+    uct_md_close(s->md);
+    uct_worker_destroy(s->worker);
+    ucs_async_context_destroy(s->async);
+}
+
+static uct_ep_h ep_connect(side_t *from, const side_t *to)
+{
+    static uint8_t no_dev_addr;
+    uct_ep_params_t p = {.field_mask = UCT_EP_PARAM_FIELD_IFACE | UCT_EP_PARAM_FIELD_DEV_ADDR |
+                                       UCT_EP_PARAM_FIELD_IFACE_ADDR,
+                         .iface = from->iface,
+                         .dev_addr = (const uct_device_addr_t *)&no_dev_addr,
+                         .iface_addr = (const uct_iface_addr_t *)to->addr};
+    uct_ep_h ep;
+
+    check_st(uct_ep_create(&p, &ep), "uct_ep_create");
+    return ep;
+}
+
+static void progress(side_t *s)
+{
+    uct_worker_progress(s->worker);
+}
+
+/* Memory of B that A reaches: registered with B's domain, its key unpacked for A. */
+typedef struct region {
+    side_t *owner;
+    uint8_t *buf;
+    uct_mem_h memh;
+    uct_rkey_bundle_t rkey;
+} region_t;
+
+static void region_create(region_t *r, side_t *owner)
+{
+    uct_md_attr_t md_attr;
+    char packed[4096];
+
+    r->owner = owner;
+    if (posix_memalign((void **)&r->buf, 4096, REG_LEN))
+        fail("no memory");
+    memset(r->buf, 0, REG_LEN);
+    check_st(uct_md_query(owner->md, &md_attr), "uct_md_query");
+    if (md_attr.rkey_packed_size > sizeof(packed))
+        fail("a packed key of %zu bytes", md_attr.rkey_packed_size);
+    check_st(uct_md_mem_reg(owner->md, r->buf, REG_LEN, UCT_MD_MEM_ACCESS_ALL, &r->memh),
+             "uct_md_mem_reg");
+    check_st(uct_md_mkey_pack(owner->md, r->memh, packed), "uct_md_mkey_pack");
+    check_st(uct_rkey_unpack(component, packed, &r->rkey), "uct_rkey_unpack");
+}
+
+static void region_destroy(region_t *r)
+{
+    uct_rkey_release(component, &r->rkey);
+    check_st(uct_md_mem_dereg(r->owner->md, r->memh), "uct_md_mem_dereg");
+    free(r->buf);
+}
+
+static uint64_t raddr(const region_t *r, size_t off)
+{
+    return (uint64_t)(uintptr_t)r->buf + off;
+}
+
+typedef struct comp {
+    uct_completion_t super;
+    bool done;
+    ucs_status_t status;
+} comp_t;
+
+static void comp_cb(uct_completion_t *c)
+{
+    comp_t *cc = (comp_t *)c;
+    cc->done = true;
+    cc->status = c->status;
+}
+
+static void comp_init(comp_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->super.func = comp_cb;
+    c->super.count = 1;
+    c->super.status = UCS_OK;
+}
+
+/* Flush ep, progressing both sides, and expect OK. */
+static void flush_ep(uct_ep_h ep, side_t *a, side_t *b, const char *what)
+{
+    comp_t c;
+    ucs_status_t st;
+    double dl = now() + WAIT_S;
+
+    comp_init(&c);
+    while ((st = uct_ep_flush(ep, 0, &c.super)) == UCS_ERR_NO_RESOURCE) {
+        if (now() > dl)
+            fail("%s: the flush was refused for %.0f s", what, WAIT_S);
+        progress(a);
+        progress(b);
+    }
+    if (st == UCS_INPROGRESS) {
+        while (!c.done) {
+            if (now() > dl)
+                fail("%s: the flush did not complete in %.0f s", what, WAIT_S);
+            progress(a);
+            progress(b);
+        }
+        st = c.status;
+    }
+    check_st(st, what);
+}
+
+/* ---- am_bcopy: the pack callback only for a send that the module takes ---- */
+
+static struct {
+    unsigned packs;    /* pack callback calls */
+    uint32_t next;     /* the sequence number the next pack writes */
+    uint32_t received; /* in order at B */
+    uint32_t bad;      /* out of order or malformed */
+} am;
+
+static size_t am_pack(void *dest, void *arg)
+{
+    (void)arg;
+    am.packs++;
+    memcpy(dest, &am.next, sizeof(am.next));
+    memset((char *)dest + sizeof(am.next), 0xab, AM_LEN - sizeof(am.next));
+    return AM_LEN;
+}
+
+static ucs_status_t am_handler(void *arg, void *data, size_t length, unsigned flags)
+{
+    uint32_t seq;
+
+    (void)arg;
+    (void)flags;
+    memcpy(&seq, data, sizeof(seq));
+    if (length != AM_LEN || seq != am.received)
+        am.bad++;
+    else
+        am.received++;
+    return UCS_OK;
+}
+
+/* One am_bcopy: the sequence number moves on if the module took it. */
+static ssize_t am_send_one(uct_ep_h ep)
+{
+    unsigned packs = am.packs;
+    ssize_t n = uct_ep_am_bcopy(ep, AM_ID, am_pack, NULL, 0);
+
+    if (n == UCS_ERR_NO_RESOURCE && am.packs != packs)
+        fail("am_bcopy returned NO_RESOURCE after calling the pack callback (message %u; %u "
+             "packs for %u messages taken)",
+             am.next, am.packs, am.next);
+    if (n >= 0 && n != AM_LEN)
+        fail("am_bcopy returned %zd for a message of %d bytes", n, AM_LEN);
+    if (n < 0 && n != UCS_ERR_NO_RESOURCE)
+        fail("am_bcopy: %s", ucs_status_string((ucs_status_t)n));
+    if (n >= 0)
+        am.next++;
+    return n;
+}
+
+static void test_am_bcopy_window(void)
+{
+    static const char *const b_md[] = {"ENGINE", "PROGRESS_SERVE_US=0", NULL};
+    side_t a, b;
+    uct_ep_h ep;
+    bool refused = false;
+    double dl;
+
+    side_open(&a, "A", NULL, NULL);
+    side_open(&b, "B", b_md, NULL);
+    check_st(uct_iface_set_am_handler(b.iface, AM_ID, am_handler, NULL, 0), "am handler");
+    ep = ep_connect(&a, &b);
+    /* B does not run: A's window to it fills */
+    for (unsigned i = 0; i < 100000 && !refused; i++) {
+        refused = am_send_one(ep) == UCS_ERR_NO_RESOURCE;
+        progress(&a);
+    }
+    if (!refused)
+        fail("am_bcopy: 100000 messages to a peer that takes none, and none refused");
+    for (int i = 0; i < 3; i++) /* refused again, still without packing */
+        if (am_send_one(ep) != UCS_ERR_NO_RESOURCE)
+            fail("am_bcopy taken right after a refusal, B still not running (%u sent, %u packs)",
+                 am.next, am.packs);
+    if (am.packs != am.next)
+        fail("%u pack callback calls for %u messages taken", am.packs, am.next);
+    /* B runs: everything taken arrives in order; 100 more go through the same way */
+    uint32_t want = am.next + 100;
+    for (dl = now() + WAIT_S; am.received < want;) {
+        if (am.next < want)
+            am_send_one(ep);
+        progress(&a);
+        progress(&b);
+        if (am.bad)
+            fail("am_bcopy: message %u arrived out of order or malformed", am.received);
+        if (now() > dl)
+            fail("am_bcopy: %u of %u messages arrived in %.0f s", am.received, want, WAIT_S);
+    }
+    if (am.packs != am.next)
+        fail("%u pack callback calls for %u messages taken", am.packs, am.next);
+    flush_ep(ep, &a, &b, "am_bcopy: the flush after them");
+    uct_ep_destroy(ep);
+    side_close(&a);
+    side_close(&b);
+    ok("am_bcopy to a peer whose window is full: refused without packing; every message taken "
+       "arrives in order");
+}
+
+/* ---- put_bcopy over a put in flight ---- */
+
+typedef struct put_arg {
+    unsigned packs;
+    uint8_t byte;
+    size_t len;
+} put_arg_t;
+
+static size_t put_pack(void *dest, void *arg)
+{
+    put_arg_t *p = arg;
+
+    p->packs++;
+    memset(dest, p->byte, p->len);
+    return p->len;
+}
+
+static void test_put_bcopy_conflict(void)
+{
+    side_t a, b;
+    region_t r;
+    uct_ep_h ep;
+    put_arg_t p1 = {.byte = 0x11, .len = 256}, p2 = {.byte = 0x22, .len = 256};
+    ssize_t n;
+
+    side_open(&a, "A", NULL, NULL);
+    side_open(&b, "B", NULL, NULL);
+    region_create(&r, &b);
+    ep = ep_connect(&a, &b);
+    n = uct_ep_put_bcopy(ep, put_pack, &p1, raddr(&r, 0), r.rkey.rkey);
+    if (n != 256 || p1.packs != 1)
+        fail("put_bcopy: returned %zd, %u pack calls", n, p1.packs);
+    /* overlaps the first, which is still in flight (no progress since): refused unpacked */
+    n = uct_ep_put_bcopy(ep, put_pack, &p2, raddr(&r, 128), r.rkey.rkey);
+    if (n != UCS_ERR_NO_RESOURCE || p2.packs)
+        fail("put_bcopy over a put in flight: returned %s with %u pack calls (expected "
+             "NO_RESOURCE, none)",
+             n < 0 ? ucs_status_string((ucs_status_t)n) : "a length", p2.packs);
+    for (double dl = now() + WAIT_S;
+         (n = uct_ep_put_bcopy(ep, put_pack, &p2, raddr(&r, 128), r.rkey.rkey)) < 0;) {
+        if (n != UCS_ERR_NO_RESOURCE)
+            fail("put_bcopy: %s", ucs_status_string((ucs_status_t)n));
+        if (now() > dl)
+            fail("put_bcopy refused for %.0f s", WAIT_S);
+        progress(&a);
+        progress(&b);
+    }
+    if (p2.packs != 1)
+        fail("put_bcopy: %u pack calls for one put", p2.packs);
+    flush_ep(ep, &a, &b, "put_bcopy: the flush after them");
+    for (size_t i = 0; i < 512; i++)
+        if (r.buf[i] != (i < 128 ? 0x11 : i < 384 ? 0x22 : 0))
+            fail("put_bcopy: byte %zu is 0x%02x", i, r.buf[i]);
+    uct_ep_destroy(ep);
+    region_destroy(&r);
+    side_close(&a);
+    side_close(&b);
+    ok("put_bcopy over a put in flight: refused without packing, then in order");
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    find_component();
+    test_am_bcopy_window();
+    test_put_bcopy_conflict();
+    return 0;
+}
