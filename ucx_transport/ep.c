@@ -14,6 +14,7 @@
 typedef struct pending_priv {
     uct_pending_req_t *next;
     uct_mc_ep_t *ep;
+    bool fence; /* a fence came after it: it takes effect once this request went */
 } pending_priv_t;
 
 _Static_assert(sizeof(pending_priv_t) <= UCT_PENDING_REQ_PRIV_LEN, "pending priv space");
@@ -49,6 +50,8 @@ static void ep_block(uct_mc_ep_t *ep)
     ep->blocked_round = ep->iface->round;
 }
 
+static void fence_now(uct_mc_ep_t *ep);
+
 ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned flags)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
@@ -59,9 +62,11 @@ ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsig
         return UCS_ERR_BUSY; /* resources are there: send now */
     priv(req)->next = NULL;
     priv(req)->ep = ep;
+    priv(req)->fence = false;
     *iface->pending_tail = req;
     iface->pending_tail = &priv(req)->next;
     ep->n_pending++;
+    ep->pending_last = req;
     return UCS_OK;
 }
 
@@ -76,6 +81,8 @@ void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, vo
         if (priv(req)->ep == ep) {
             *pp = priv(req)->next;
             ep->n_pending--;
+            if (priv(req)->fence) /* what comes later still waits for what went before */
+                ep->fence = true;
             if (cb)
                 cb(req, arg);
         } else {
@@ -88,7 +95,8 @@ void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, vo
 
 /* From progress: each request in order, skipping endpoints that could not take one this round
  * (their order holds), until an interface-wide resource runs out. UCS_OK: done, out of the
- * queue; anything else (INPROGRESS: part of it went) keeps it for a later round. */
+ * queue, and a fence that came after it takes effect now, before the endpoint's next request;
+ * anything else (INPROGRESS: part of it went) keeps it for a later round. */
 void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
 {
     uct_pending_req_t **pp = &iface->pending_head, *last = NULL;
@@ -100,6 +108,8 @@ void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
         if (!ep_waits(ep) && req->func(req) == UCS_OK) {
             *pp = priv(req)->next;
             ep->n_pending--;
+            if (priv(req)->fence)
+                fence_now(ep);
             continue;
         }
         ep_block(ep); /* its later requests wait behind this one */
@@ -874,14 +884,24 @@ void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f)
 
 /* Later operations wait until the earlier ones are remotely complete: messages are known to be
  * only through a flush, which starts here. */
+static void fence_now(uct_mc_ep_t *ep)
+{
+    cover_messages(ep);
+    if (ep->refs || ep->dirty || ep->stash)
+        ep->fence = true;
+}
+
+/* Requests of ep still in the pending queue were issued before the fence, though they go
+ * later: it stands behind the last of them, and takes effect when that one went (dispatch). */
 ucs_status_t uct_mc_ep_fence(uct_ep_h tl_ep, unsigned flags)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
 
     (void)flags;
-    cover_messages(ep);
-    if (ep->refs || ep->dirty || ep->stash)
-        ep->fence = true;
+    if (ep->n_pending)
+        priv(ep->pending_last)->fence = true;
+    else
+        fence_now(ep);
     return UCS_OK;
 }
 

@@ -203,6 +203,8 @@ struct uct_mc_ep {
     bool fence;             /* new operations wait until the earlier ones are remotely complete */
     bool failed;            /* its peer failed: reported once */
     bool destroyed;         /* freed when refs reaches 0 */
+    /* the last of its requests in the pending queue (while n_pending) */
+    uct_pending_req_t *pending_last;
     ucs_status_t fail_status;
     uct_mc_op_t *ops;
     uint64_t span_lo, span_hi; /* covers the remote ranges of ops (while there are some) */

@@ -10,11 +10,15 @@
  *   callback runs once per send the module took, never for one it refused (NO_RESOURCE), and
  *   every message taken arrives, in order, once B runs again.
  * - put_bcopy over a put still in flight: refused without packing, then issued in order.
+ * - fence behind requests in the pending queue (over tcp): puts queued behind the bounce slots,
+ *   a fence, a flag put; the flag is issued only once every put issued before the fence is in
+ *   B's memory, and never in the dispatch round of one of them.
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -204,6 +208,14 @@ static void region_destroy(region_t *r)
 static uint64_t raddr(const region_t *r, size_t off)
 {
     return (uint64_t)(uintptr_t)r->buf + off;
+}
+
+static uint64_t load64(const region_t *r, size_t off)
+{
+    uint64_t v;
+
+    __atomic_load((uint64_t *)(void *)(r->buf + off), &v, __ATOMIC_ACQUIRE);
+    return v;
 }
 
 typedef struct comp {
@@ -411,11 +423,140 @@ static void test_put_bcopy_conflict(void)
     ok("put_bcopy over a put in flight: refused without packing, then in order");
 }
 
+/* ---- fence behind queued requests ---- */
+
+/* The puts past FENCE_SLOTS wait in the pending queue with the flag: fewer than the slots, they
+ * could all go in one round. */
+#define FENCE_SLOTS "8"
+#define FENCE_PUTS  12
+#define FENCE_FLAG  4096
+#define FENCE_MAGIC 0xf1a9f1a9f1a9f1a9ull
+
+typedef struct fence_req {
+    uct_pending_req_t super;
+    uct_ep_h ep;
+    const region_t *r;
+    size_t off;
+    uint64_t value;
+    bool flag;
+} fence_req_t;
+
+static struct {
+    unsigned round;           /* A's progress calls */
+    unsigned last_data_round; /* the round the last data put before the fence was issued in */
+    bool flag_issued;
+    char violation[256];
+} fence;
+
+static ucs_status_t put64(uct_ep_h ep, const region_t *r, size_t off, uint64_t v)
+{
+    return uct_ep_put_short(ep, &v, sizeof(v), raddr(r, off), r->rkey.rkey);
+}
+
+static ucs_status_t fence_req_run(uct_pending_req_t *self)
+{
+    fence_req_t *q = (fence_req_t *)self;
+    ucs_status_t st = put64(q->ep, q->r, q->off, q->value);
+
+    if (st != UCS_OK)
+        return st;
+    if (!q->flag) {
+        fence.last_data_round = fence.round;
+        return st;
+    }
+    fence.flag_issued = true;
+    /* the fence: every put before it was in B's memory when this one was issued (over tcp,
+     * nothing moves between the two) */
+    for (unsigned i = 0; i < FENCE_PUTS && !fence.violation[0]; i++)
+        if (load64(q->r, i * 8) != i + 1)
+            snprintf(fence.violation, sizeof(fence.violation),
+                     "the flag put was issued while put %u of the %u issued before the fence "
+                     "was not in the target's memory",
+                     i, FENCE_PUTS);
+    if (!fence.violation[0] && fence.last_data_round == fence.round)
+        snprintf(fence.violation, sizeof(fence.violation),
+                 "the flag put was issued in the dispatch round of a put queued before the "
+                 "fence");
+    return st;
+}
+
+/* Issue a put, or queue it: the module says when it can take it. */
+static void put_or_queue(fence_req_t *q)
+{
+    ucs_status_t st = fence_req_run(&q->super);
+
+    if (st == UCS_OK)
+        return;
+    if (st != UCS_ERR_NO_RESOURCE)
+        fail("put_short: %s", ucs_status_string(st));
+    q->super.func = fence_req_run;
+    st = uct_ep_pending_add(q->ep, &q->super, 0);
+    if (st == UCS_ERR_BUSY) /* room again meanwhile */
+        put_or_queue(q);
+    else
+        check_st(st, "uct_ep_pending_add");
+}
+
+static void test_fence_pending(void)
+{
+    static const char *const a_md[] = {"PROTOCOL", "tcp", NULL};
+    static const char *const b_md[] = {"PROTOCOL", "tcp", "ENGINE", "PROGRESS_SERVE_US=0", NULL};
+    static const char *const a_iface[] = {"BOUNCE_SLOTS", FENCE_SLOTS, NULL};
+    fence_req_t reqs[FENCE_PUTS + 1];
+    side_t a, b;
+    region_t r;
+    uct_ep_h ep;
+    unsigned queued = 0;
+
+    side_open(&a, "A", a_md, a_iface);
+    side_open(&b, "B", b_md, NULL);
+    region_create(&r, &b);
+    ep = ep_connect(&a, &b);
+    check_st(put64(ep, &r, FENCE_FLAG + 8, 1), "the first put"); /* connects */
+    flush_ep(ep, &a, &b, "fence: the first flush");
+    memset(&fence, 0, sizeof(fence));
+    /* B stands still: the first puts keep the bounce slots, the others queue behind them */
+    for (unsigned i = 0; i <= FENCE_PUTS; i++) {
+        fence_req_t *q = &reqs[i];
+        *q = (fence_req_t){.ep = ep, .r = &r, .off = i * 8, .value = i + 1};
+        if (i == FENCE_PUTS) {
+            check_st(uct_ep_fence(ep, 0), "uct_ep_fence");
+            q->flag = true;
+            q->off = FENCE_FLAG;
+            q->value = FENCE_MAGIC;
+        }
+        put_or_queue(q);
+        queued += q->super.func != NULL;
+    }
+    if (queued < 2 || fence.flag_issued)
+        fail("fence: %u of %u puts queued (the slots were not taken?)", queued, FENCE_PUTS + 1);
+    for (double dl = now() + WAIT_S; !fence.flag_issued || load64(&r, FENCE_FLAG) != FENCE_MAGIC;) {
+        if (now() > dl)
+            fail("fence: the flag put %s in %.0f s",
+                 fence.flag_issued ? "did not land" : "was not issued", WAIT_S);
+        progress(&b);
+        fence.round++;
+        progress(&a);
+    }
+    if (fence.violation[0])
+        fail("fence: %s", fence.violation);
+    flush_ep(ep, &a, &b, "fence: the flush after them");
+    for (unsigned i = 0; i < FENCE_PUTS; i++)
+        if (load64(&r, i * 8) != i + 1)
+            fail("fence: put %u: 0x%" PRIx64, i, load64(&r, i * 8));
+    uct_ep_destroy(ep);
+    region_destroy(&r);
+    side_close(&a);
+    side_close(&b);
+    ok("fence behind puts in the pending queue: the flag is issued once they are all in");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     find_component();
     test_am_bcopy_window();
     test_put_bcopy_conflict();
+    test_fence_pending();
     return 0;
 }
