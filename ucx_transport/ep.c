@@ -172,7 +172,12 @@ ucs_status_t uct_mc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
 
 static void ep_free(uct_mc_ep_t *ep)
 {
-    uct_mc_iface_defer_close(ep->iface, ep->seg);
+    for (uct_mc_ep_t **pp = &ep->iface->zombies; *pp; pp = &(*pp)->next)
+        if (*pp == ep) {
+            *pp = ep->next;
+            break;
+        }
+    uct_mc_md_defer_close(ep->iface->md, ep->seg);
     free(ep);
 }
 
@@ -223,8 +228,12 @@ void uct_mc_ep_destroy(uct_ep_h tl_ep)
     uct_mc_ep_pending_purge(tl_ep, NULL, NULL);
     ep_cancel(ep);
     ep->destroyed = true;
-    if (!ep->refs)
+    if (!ep->refs) {
         ep_free(ep);
+        return;
+    }
+    ep->next = iface->zombies;
+    iface->zombies = ep;
 }
 
 void uct_mc_ep_orphan_all(uct_mc_iface_t *iface)
@@ -237,6 +246,40 @@ static void ep_unref(uct_mc_ep_t *ep)
 {
     if (--ep->refs == 0 && ep->destroyed)
         ep_free(ep);
+}
+
+static void op_unlink(uct_mc_ep_t *ep, uct_mc_op_t *op)
+{
+    if (op->ep_prev)
+        op->ep_prev->ep_next = op->ep_next;
+    else
+        ep->ops = op->ep_next;
+    if (op->ep_next)
+        op->ep_next->ep_prev = op->ep_prev;
+}
+
+/* The closing interface left to the engine the tasks it still holds (caller holds the
+ * interface's lock, under which their callbacks now free the ops): their ops leave their
+ * endpoints, all destroyed by now. uct_mc_ep_free_zombies frees those nothing holds then. */
+void uct_mc_ep_leave_ops(uct_mc_iface_t *iface)
+{
+    for (uct_mc_ep_t *ep = iface->zombies; ep; ep = ep->next)
+        for (uct_mc_op_t *op = ep->ops, *next; op; op = next) {
+            next = op->ep_next;
+            if (!op->tasks_left) /* complete: its event is queued */
+                continue;
+            op_unlink(ep, op);
+            ep->refs--;
+        }
+}
+
+void uct_mc_ep_free_zombies(uct_mc_iface_t *iface)
+{
+    for (uct_mc_ep_t *ep = iface->zombies, *next; ep; ep = next) {
+        next = ep->next;
+        if (!ep->refs)
+            ep_free(ep);
+    }
 }
 
 /* ---- failures ---- */
@@ -717,9 +760,9 @@ void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op)
     uct_completion_t *comp = op->comp;
     int error;
 
-    pthread_mutex_lock(&iface->lock); /* its other tasks may end meanwhile */
+    pthread_mutex_lock(&iface->lock->mutex); /* its other tasks may end meanwhile */
     error = op->error;
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->lock->mutex);
     op->sent = true;
     op->comp = NULL;
     if (comp) {
@@ -743,12 +786,7 @@ void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op)
                       op->length);
     if (op->slot >= 0)
         uct_mc_iface_slot_put(iface, op->slot);
-    if (op->ep_prev)
-        op->ep_prev->ep_next = op->ep_next;
-    else
-        ep->ops = op->ep_next;
-    if (op->ep_next)
-        op->ep_next->ep_prev = op->ep_prev;
+    op_unlink(ep, op);
     if (op->comp)
         uct_invoke_completion(op->comp, st);
     else if (st != UCS_OK && !op->error_told && !op->canceled) /* as an RDMA queue pair does:

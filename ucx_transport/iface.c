@@ -31,9 +31,39 @@ ucs_config_field_t uct_mc_iface_config_table[] = {
      ucs_offsetof(uct_mc_iface_config_t, am_bandwidth), UCS_CONFIG_TYPE_BW},
     {"LATENCY", "5us", "latency UCP is told, for its choice of lanes",
      ucs_offsetof(uct_mc_iface_config_t, latency), UCS_CONFIG_TYPE_TIME},
+    {"CLOSE_TIMEOUT", "30s",
+     "how long closing an interface waits for the engine to let go of its transfers (a peer "
+     "that stopped answering holds them up to MC_TRANSFER_TIMEOUT); what it holds then is left "
+     "to it",
+     ucs_offsetof(uct_mc_iface_config_t, close_timeout), UCS_CONFIG_TYPE_TIME},
     {NULL, NULL, NULL, 0, {NULL, NULL, NULL, NULL, NULL, NULL}}};
 
 /* ---- events from engine callbacks ---- */
+
+static uct_mc_iface_lock_t *lock_new(uct_mc_md_t *md)
+{
+    uct_mc_iface_lock_t *l = calloc(1, sizeof(*l));
+
+    if (!l)
+        return NULL;
+    pthread_mutex_init(&l->mutex, NULL);
+    l->refs = 1; /* the interface's */
+    l->md = md;
+    return l;
+}
+
+/* Let go of l (the interface as it closes, or a task the engine let go of after that); caller
+ * holds l->mutex, which this releases. */
+static void lock_put(uct_mc_iface_lock_t *l)
+{
+    bool last = --l->refs == 0;
+
+    pthread_mutex_unlock(&l->mutex);
+    if (last) {
+        pthread_mutex_destroy(&l->mutex);
+        free(l);
+    }
+}
 
 /* Caller holds iface->lock, so that a closing interface, which takes it last, sees the event
  * queued and its eventfd written. */
@@ -52,9 +82,9 @@ static void queue_locked(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
 
 void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
 {
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&iface->lock->mutex);
     queue_locked(iface, ev);
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->lock->mutex);
 }
 
 /* Active messages above AM_SMALL bytes go through buffers of the largest engine message (not
@@ -70,13 +100,13 @@ static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len)
 
     if (len <= AM_SMALL)
         return malloc(sizeof(*am) + AM_SMALL);
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&iface->lock->mutex);
     if (iface->am_free) {
         am = iface->am_free;
         iface->am_free = (uct_mc_am_t *)am->ev.next;
         iface->n_am_free--;
     }
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->lock->mutex);
     return am ? am : malloc(sizeof(*am) + AM_LARGE);
 }
 
@@ -85,14 +115,14 @@ static void am_put(uct_mc_iface_t *iface, uct_mc_am_t *am)
     bool kept = false;
 
     if (am->len > AM_SMALL) {
-        pthread_mutex_lock(&iface->lock);
+        pthread_mutex_lock(&iface->lock->mutex);
         kept = iface->n_am_free < AM_CACHED;
         if (kept) {
             am->ev.next = &iface->am_free->ev;
             iface->am_free = am;
             iface->n_am_free++;
         }
-        pthread_mutex_unlock(&iface->lock);
+        pthread_mutex_unlock(&iface->lock->mutex);
     }
     if (!kept)
         free(am);
@@ -192,13 +222,28 @@ ucs_status_t uct_mc_iface_reserve(uct_mc_iface_t *iface, unsigned tasks)
     return UCS_OK;
 }
 
+/* A task of an interface that closed before the engine let go of it (leave_tasks): its op
+ * left its endpoint, and goes with its last task. */
+static void task_late(uct_mc_iface_lock_t *l, uct_mc_op_t *op)
+{
+    if (--op->tasks_left == 0)
+        free(op);
+    atomic_store(&l->md->segs_retry, true); /* its segment may close now */
+    lock_put(l);
+}
+
 static void task_done(void *arg, const mc_task_status_t *st)
 {
     uct_mc_op_t *op = arg;
-    uct_mc_iface_t *iface = op->iface;
+    uct_mc_iface_lock_t *l = op->lock; /* op->iface may be gone: the lock says */
 
     /* one critical section: once a closing interface sees the batch done, the op is queued */
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&l->mutex);
+    if (l->closed) {
+        task_late(l, op);
+        return;
+    }
+    uct_mc_iface_t *iface = op->iface;
     op->batch->done++;
     if (st->state != MC_TASK_COMPLETED && !op->error) {
         op->error = st->error ? st->error : -EIO;
@@ -206,23 +251,28 @@ static void task_done(void *arg, const mc_task_status_t *st)
     }
     if (--op->tasks_left == 0)
         queue_locked(iface, &op->ev);
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&l->mutex);
 }
 
 /* A put's task let go of its source (mc_submit_opts_t.on_sent). */
 static void task_sent(void *arg, const mc_task_status_t *st)
 {
     uct_mc_op_t *op = arg;
-    uct_mc_iface_t *iface = op->iface;
+    uct_mc_iface_lock_t *l = op->lock;
 
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&l->mutex);
+    if (l->closed) { /* its task_done comes later: the lock is still there */
+        pthread_mutex_unlock(&l->mutex);
+        return;
+    }
+    uct_mc_iface_t *iface = op->iface;
     if (st->state > MC_TASK_COMPLETED && !op->error) {
         op->error = st->error ? st->error : -EIO;
         snprintf(op->reason, sizeof(op->reason), "%s", st->reason ? st->reason : "failed");
     }
     if (--op->sent_left == 0)
         queue_locked(iface, &op->sent_ev);
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&l->mutex);
 }
 
 /* Submit count requests for op (room reserved with uct_mc_iface_reserve). */
@@ -238,6 +288,7 @@ ucs_status_t uct_mc_iface_submit(uct_mc_iface_t *iface, uct_mc_op_t *op, mc_requ
     op->ev.kind = EV_OP;
     op->sent_ev.kind = EV_SENT;
     op->iface = iface;
+    op->lock = iface->lock;
     op->batch = iface->cur;
     op->tasks_left = op->sent_left = count;
     for (unsigned i = 0; i < count; i++) {
@@ -276,9 +327,9 @@ static void recycle_batches(uct_mc_iface_t *iface)
     while (*pp) {
         uct_mc_batch_t *b = *pp;
         size_t done;
-        pthread_mutex_lock(&iface->lock);
+        pthread_mutex_lock(&iface->lock->mutex);
         done = b->done;
-        pthread_mutex_unlock(&iface->lock);
+        pthread_mutex_unlock(&iface->lock->mutex);
         if (done == b->used && mc_batch_reset(b->batch) == 0) {
             b->used = b->done = 0;
             *pp = b->next;
@@ -288,30 +339,6 @@ static void recycle_batches(uct_mc_iface_t *iface)
             pp = &b->next;
         }
     }
-}
-
-/* Segments of freed endpoints, closed outside engine callbacks (where closing is refused). */
-void uct_mc_iface_defer_close(uct_mc_iface_t *iface, mc_segment_id_t seg)
-{
-    if (iface->n_segs_to_close == iface->cap_segs_to_close) {
-        size_t cap = iface->cap_segs_to_close ? 2 * iface->cap_segs_to_close : 16;
-        mc_segment_id_t *a = realloc(iface->segs_to_close, cap * sizeof(*a));
-        if (!a) {
-            ucs_error("mooncake: no memory to close segment %u later: it stays open", seg);
-            return;
-        }
-        iface->segs_to_close = a;
-        iface->cap_segs_to_close = cap;
-    }
-    iface->segs_to_close[iface->n_segs_to_close++] = seg;
-}
-
-void uct_mc_iface_close_segments(uct_mc_iface_t *iface)
-{
-    for (size_t i = 0; i < iface->n_segs_to_close; i++)
-        if (mc_segment_close(iface->md->engine, iface->segs_to_close[i]))
-            ucs_debug("mooncake: closing segment %u: %s", iface->segs_to_close[i], mc_last_error());
-    iface->n_segs_to_close = 0;
 }
 
 /* ---- progress ---- */
@@ -351,11 +378,11 @@ static unsigned deliver_all(uct_mc_iface_t *iface)
     uct_mc_ev_t *ev;
     unsigned n = 0;
 
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&iface->lock->mutex);
     ev = iface->evq_head;
     iface->evq_head = NULL;
     iface->evq_tail = &iface->evq_head;
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->lock->mutex);
     while (ev) {
         uct_mc_ev_t *next = ev->next;
         deliver(iface, ev);
@@ -381,8 +408,8 @@ static unsigned iface_progress(uct_iface_h tl_iface)
         uct_mc_ep_send_stashed(iface);
     if (iface->pending_head)
         uct_mc_pending_dispatch(iface);
-    if (iface->n_segs_to_close)
-        uct_mc_iface_close_segments(iface);
+    if (atomic_load_explicit(&iface->md->segs_retry, memory_order_relaxed))
+        uct_mc_md_close_segments(iface->md);
     return n;
 }
 
@@ -414,14 +441,14 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
     (void)events;
     if (mc_engine_arm(iface->md->engine))
         return UCS_ERR_BUSY;
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&iface->lock->mutex);
     busy = iface->evq_head != NULL;
     if (!busy) {
         while (read(iface->efd, &x, sizeof(x)) > 0)
             ;
         iface->armed = true;
     }
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->lock->mutex);
     return busy ? UCS_ERR_BUSY : UCS_OK;
 }
 
@@ -571,14 +598,16 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
     }
     self->am_max = self->config.seg_size < MC_MSG_MAX - UCT_MC_AM_HDR ? self->config.seg_size
                                                                       : MC_MSG_MAX - UCT_MC_AM_HDR;
-    pthread_mutex_init(&self->lock, NULL);
+    self->lock = lock_new(md);
+    if (!self->lock)
+        return UCS_ERR_NO_MEMORY;
     self->evq_tail = &self->evq_head;
     self->pending_tail = &self->pending_head;
     self->round = 1; /* a new endpoint's blocked_round, 0, is no round */
     rc = mc_engine_address(md->engine, self->addr + UCT_MC_ADDR_HDR, &len);
     if (rc) {
         ucs_error("mooncake: the engine's address: %s", mc_last_error());
-        return UCS_ERR_IO_ERROR;
+        goto err_fds;
     }
     self->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     self->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -621,36 +650,78 @@ err_fds:
         close(self->efd);
     if (self->epfd >= 0)
         close(self->epfd);
-    pthread_mutex_destroy(&self->lock);
+    pthread_mutex_lock(&self->lock->mutex);
+    lock_put(self->lock);
     return UCS_ERR_IO_ERROR;
 }
 
+/* Events queued for ops whose tasks the engine still holds: only their sent events can be. */
+static void drop_held_events(uct_mc_iface_t *iface)
+{
+    uct_mc_ev_t **pp = &iface->evq_head;
+
+    iface->evq_tail = &iface->evq_head;
+    while (*pp) {
+        uct_mc_ev_t *ev = *pp;
+        if (ev->kind == EV_SENT && ucs_container_of(ev, uct_mc_op_t, sent_ev)->tasks_left) {
+            *pp = ev->next;
+            continue;
+        }
+        pp = &ev->next;
+        iface->evq_tail = pp;
+    }
+}
+
+/* The engine still holds tasks of ours as the interface closes: they are left to it. From
+ * here on their callbacks find the interface closed (its lock outlives it, held by each such
+ * task) and free their operations themselves, which leave their endpoints now. */
+static void leave_tasks(uct_mc_iface_t *iface, uct_mc_batch_t *const *lists)
+{
+    uct_mc_iface_lock_t *l = iface->lock;
+
+    pthread_mutex_lock(&l->mutex);
+    l->closed = true;
+    for (unsigned i = 0; i < 3; i++)
+        for (const uct_mc_batch_t *b = lists[i]; b; b = i ? b->next : NULL)
+            l->refs += b->used - b->done;
+    drop_held_events(iface);
+    uct_mc_ep_leave_ops(iface);
+    pthread_mutex_unlock(&l->mutex);
+    uct_mc_ep_free_zombies(iface);
+}
+
 /* Let the engine go of every task of ours: cancel them, then drive it until their callbacks
- * ran (bounded: a transport lets go of a slice within its I/O timeout). */
+ * ran, for CLOSE_TIMEOUT at most (a transport lets go of a slice within its I/O timeout, which
+ * may be longer); what it holds then is left to it. */
 static void drain_batches(uct_mc_iface_t *iface)
 {
     uct_mc_batch_t *lists[] = {iface->cur, iface->full, iface->free_batches};
-    ucs_time_t limit = ucs_get_time() + ucs_time_from_sec(30);
+    ucs_time_t limit = ucs_get_time() + ucs_time_from_sec(iface->config.close_timeout);
     bool busy = true;
 
     for (unsigned l = 0; l < 3; l++)
         for (uct_mc_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
             mc_batch_cancel(b->batch);
-    while (busy && ucs_get_time() < limit) {
+    while (busy) {
         busy = false;
         mc_engine_progress(iface->md->engine);
-        pthread_mutex_lock(&iface->lock);
+        pthread_mutex_lock(&iface->lock->mutex);
         for (unsigned l = 0; l < 3; l++)
             for (uct_mc_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
                 busy |= b->done < b->used;
-        pthread_mutex_unlock(&iface->lock);
+        pthread_mutex_unlock(&iface->lock->mutex);
+        if (busy && ucs_get_time() >= limit) {
+            ucs_warn("mooncake: closing an interface whose transfers the engine still holds "
+                     "after %.1f s: they are left to it",
+                     iface->config.close_timeout);
+            leave_tasks(iface, lists);
+            break;
+        }
     }
-    if (busy)
-        ucs_error("mooncake: closing an interface whose transfers the engine still holds");
     for (unsigned l = 0; l < 3; l++) {
         for (uct_mc_batch_t *b = lists[l], *next; b; b = next) {
             next = l ? b->next : NULL;
-            mc_batch_release(b->batch);
+            mc_batch_release(b->batch); /* the engine frees it once it let go of its tasks */
             free(b);
         }
     }
@@ -658,22 +729,20 @@ static void drain_batches(uct_mc_iface_t *iface)
 }
 
 /* Flushes that ended between the last delivery and their detaching: their endpoints were let
- * go of with the detaching, only the flushes remain. */
+ * go of with the detaching, only the flushes remain. (No task of ours queues anything now: the
+ * engine let go of them all, or they were left to it.) */
 static void drop_late_flushes(uct_mc_iface_t *iface)
 {
     uct_mc_ev_t *ev, *next;
 
-    pthread_mutex_lock(&iface->lock);
+    pthread_mutex_lock(&iface->lock->mutex);
     ev = iface->evq_head;
     iface->evq_head = NULL;
     iface->evq_tail = &iface->evq_head;
-    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->lock->mutex);
     for (; ev; ev = next) {
         next = ev->next;
-        /* Only flushes can come now, unless the engine still held tasks after drain_batches
-         * gave up: then an op's two events, of which only the first is the allocation. */
-        if (ev->kind != EV_SENT)
-            free(ev);
+        free(ev);
     }
 }
 
@@ -688,8 +757,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
     uct_mc_iface_detach_flushes(self);
     drop_late_flushes(self);
     mc_mem_free(self->md->engine, self->bounce);
-    uct_mc_iface_close_segments(self);
-    free(self->segs_to_close);
+    uct_mc_md_close_segments(self->md);
     while (self->am_free) {
         uct_mc_am_t *am = self->am_free;
         self->am_free = (uct_mc_am_t *)am->ev.next;
@@ -699,7 +767,9 @@ static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
     free(self->free_slots);
     close(self->efd);
     close(self->epfd);
-    pthread_mutex_destroy(&self->lock);
+    pthread_mutex_lock(&self->lock->mutex);
+    self->lock->closed = true;
+    lock_put(self->lock);
 }
 
 UCS_CLASS_DEFINE(uct_mc_iface_t, uct_base_iface_t);

@@ -242,6 +242,8 @@ void uct_mc_md_close(uct_md_h tl_md)
                  held);
         return;
     }
+    free(md->segs_to_close); /* the engine closed them */
+    pthread_mutex_destroy(&md->segs_lock);
     pthread_rwlock_destroy(&md->engine_lock);
     pthread_mutex_destroy(&md->lock);
     free(md);
@@ -260,6 +262,7 @@ ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
     if (!md)
         return UCS_ERR_NO_MEMORY;
     pthread_mutex_init(&md->lock, NULL);
+    pthread_mutex_init(&md->segs_lock, NULL);
     pthread_rwlock_init(&md->engine_lock, NULL);
     rc = engine_config(cfg, &c);
     if (rc)
@@ -281,6 +284,7 @@ ucs_status_t uct_mc_md_open(uct_component_t *component, const char *md_name,
 
 err_free:
     pthread_rwlock_destroy(&md->engine_lock);
+    pthread_mutex_destroy(&md->segs_lock);
     pthread_mutex_destroy(&md->lock);
     free(md);
     return uct_mc_status(rc);
@@ -306,6 +310,63 @@ void uct_mc_md_remove_iface(uct_mc_md_t *md, uct_mc_iface_t *iface)
     pthread_mutex_lock(&md->lock);
     md->ifaces[iface->id] = NULL;
     pthread_mutex_unlock(&md->lock);
+}
+
+/* ---- segments of freed endpoints ---- */
+
+/* Caller holds md->segs_lock. */
+static void segs_push(uct_mc_md_t *md, mc_segment_id_t seg)
+{
+    if (md->n_segs_to_close == md->cap_segs_to_close) {
+        size_t cap = md->cap_segs_to_close ? 2 * md->cap_segs_to_close : 16;
+        mc_segment_id_t *a = realloc(md->segs_to_close, cap * sizeof(*a));
+        if (!a) {
+            ucs_error("mooncake: no memory to close segment %u later: it stays open", seg);
+            return;
+        }
+        md->segs_to_close = a;
+        md->cap_segs_to_close = cap;
+    }
+    md->segs_to_close[md->n_segs_to_close++] = seg;
+}
+
+/* Closed by the next progress of any interface, outside engine callbacks (where closing is
+ * refused). */
+void uct_mc_md_defer_close(uct_mc_md_t *md, mc_segment_id_t seg)
+{
+    pthread_mutex_lock(&md->segs_lock);
+    segs_push(md, seg);
+    pthread_mutex_unlock(&md->segs_lock);
+    atomic_store(&md->segs_retry, true);
+}
+
+/* A segment the engine still has tasks to (-EBUSY: tasks an interface left to it as it closed,
+ * drain_batches) stays on the list: the callback that lets go of such a task asks for another
+ * try. No lock is held across mc_segment_close, which waits for a pass of the engine, whose
+ * callbacks take interface locks. */
+void uct_mc_md_close_segments(uct_mc_md_t *md)
+{
+    mc_segment_id_t *segs;
+    size_t n;
+
+    atomic_store(&md->segs_retry, false);
+    pthread_mutex_lock(&md->segs_lock);
+    segs = md->segs_to_close;
+    n = md->n_segs_to_close;
+    md->segs_to_close = NULL;
+    md->n_segs_to_close = md->cap_segs_to_close = 0;
+    pthread_mutex_unlock(&md->segs_lock);
+    for (size_t i = 0; i < n; i++) {
+        int rc = mc_segment_close(md->engine, segs[i]);
+        if (rc == -EBUSY) {
+            pthread_mutex_lock(&md->segs_lock);
+            segs_push(md, segs[i]);
+            pthread_mutex_unlock(&md->segs_lock);
+        } else if (rc) {
+            ucs_debug("mooncake: closing segment %u: %s", segs[i], mc_last_error());
+        }
+    }
+    free(segs);
 }
 
 ucs_status_t uct_mc_md_query(uct_md_h tl_md, uct_md_attr_t *attr)

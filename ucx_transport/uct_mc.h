@@ -17,6 +17,7 @@
 #define UCT_MC_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include <mooncake/engine.h>
@@ -57,6 +58,11 @@ typedef struct uct_mc_md {
     _Atomic unsigned long memhs;  /* handles from the cache not yet released */
     pthread_mutex_t lock;         /* ifaces */
     uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
+    /* Segments of freed endpoints, closed from progress (uct_mc_md_close_segments) */
+    pthread_mutex_t segs_lock;
+    mc_segment_id_t *segs_to_close;
+    size_t n_segs_to_close, cap_segs_to_close;
+    _Atomic bool segs_retry; /* some may close now: at the next progress of any interface */
 } uct_mc_md_t;
 
 /* A memory handle: one engine registration (a region of the registration cache, which covers
@@ -83,7 +89,19 @@ typedef struct uct_mc_iface_config {
     double bandwidth;      /* what UCP is told, for its lane choice */
     double am_bandwidth;
     double latency;
+    double close_timeout; /* closing waits this long for the engine to let go of our tasks */
 } uct_mc_iface_config_t;
+
+/* What the engine callbacks of an interface's RMA tasks lock: the interface's lock, allocated
+ * apart so that it outlives an interface whose close gave up waiting for the engine
+ * (drain_batches). Callbacks that come after that find it closed: they only free their
+ * operations, and the last of them frees this. */
+typedef struct uct_mc_iface_lock {
+    pthread_mutex_t mutex;
+    bool closed; /* the interface closed: callbacks of its tasks only let go (under mutex) */
+    size_t refs; /* the interface, and after it closed the tasks the engine still holds */
+    uct_mc_md_t *md;
+} uct_mc_iface_lock_t;
 
 /* What an interface's progress delivers. */
 typedef enum { EV_AM, EV_OP, EV_SENT, EV_FLUSH, EV_PEER } uct_mc_ev_kind_t;
@@ -106,6 +124,7 @@ typedef struct uct_mc_op {
     uct_mc_ev_t ev;
     uct_mc_ev_t sent_ev;
     uct_mc_iface_t *iface;
+    uct_mc_iface_lock_t *lock; /* iface's: what the callbacks of its tasks lock */
     uct_mc_ep_t *ep;
     uct_mc_batch_t *batch;
     struct uct_mc_op *ep_prev, *ep_next; /* in its endpoint's ops */
@@ -162,7 +181,7 @@ struct uct_mc_iface {
     size_t am_max; /* largest AM payload */
 
     /* Events from engine callbacks (any thread), for this interface's progress. */
-    pthread_mutex_t lock;
+    uct_mc_iface_lock_t *lock;
     uct_mc_ev_t *evq_head, **evq_tail;
     int efd, epfd; /* an eventfd raised when armed; epoll over it and the engine's fd */
     bool armed;
@@ -181,10 +200,9 @@ struct uct_mc_iface {
     int *free_slots;
     unsigned n_free_slots;
     char *tx; /* an active message being built */
-    mc_segment_id_t *segs_to_close;
-    size_t n_segs_to_close, cap_segs_to_close;
     uct_mc_ep_t *eps;
-    unsigned n_stashed; /* endpoints of eps with a stashed message */
+    uct_mc_ep_t *zombies; /* destroyed, freed once their operations and flushes are done */
+    unsigned n_stashed;   /* endpoints of eps with a stashed message */
     uct_mc_flush_t *flushes;
     uct_pending_req_t *pending_head, **pending_tail;
 };
@@ -192,7 +210,7 @@ struct uct_mc_iface {
 struct uct_mc_ep {
     uct_base_ep_t super;
     uct_mc_iface_t *iface;
-    uct_mc_ep_t *next; /* in iface->eps */
+    uct_mc_ep_t *next; /* in iface->eps, or once destroyed iface->zombies */
     mc_segment_id_t seg;
     uint8_t peer_hdr[6];    /* the peer interface's id and nonce, as its messages carry them */
     unsigned refs;          /* its ops and flushes in flight */
@@ -229,6 +247,8 @@ ucs_status_t uct_mc_rkey_unpack(uct_component_t *component, const void *rkey_buf
 ucs_status_t uct_mc_rkey_release(uct_component_t *component, uct_rkey_t rkey, void *handle);
 ucs_status_t uct_mc_status(int rc);
 int uct_mc_md_add_iface(uct_mc_md_t *md, uct_mc_iface_t *iface);
+void uct_mc_md_defer_close(uct_mc_md_t *md, mc_segment_id_t seg);
+void uct_mc_md_close_segments(uct_mc_md_t *md);
 void uct_mc_md_remove_iface(uct_mc_md_t *md, uct_mc_iface_t *iface);
 extern ucs_config_field_t uct_mc_md_config_table[];
 
@@ -236,8 +256,6 @@ extern ucs_config_field_t uct_mc_md_config_table[];
 extern uct_tl_t uct_mc_tl;
 ucs_status_t uct_mc_iface_estimate_perf(uct_iface_h tl_iface, uct_perf_attr_t *attr);
 void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev);
-void uct_mc_iface_defer_close(uct_mc_iface_t *iface, mc_segment_id_t seg);
-void uct_mc_iface_close_segments(uct_mc_iface_t *iface);
 void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
 void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int error,
                        const char *reason);
@@ -251,6 +269,8 @@ void uct_mc_iface_slot_put(uct_mc_iface_t *iface, int slot);
 ucs_status_t uct_mc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p);
 void uct_mc_ep_destroy(uct_ep_h tl_ep);
 void uct_mc_ep_orphan_all(uct_mc_iface_t *iface);
+void uct_mc_ep_leave_ops(uct_mc_iface_t *iface);
+void uct_mc_ep_free_zombies(uct_mc_iface_t *iface);
 ucs_status_t uct_mc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned length,
                                  uint64_t remote_addr, uct_rkey_t rkey);
 ssize_t uct_mc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *arg,

@@ -13,12 +13,17 @@
  * - fence behind requests in the pending queue (over tcp): puts queued behind the bounce slots,
  *   a fence, a flag put; the flag is issued only once every put issued before the fence is in
  *   B's memory, and never in the dispatch round of one of them.
+ * - a get B does not answer (over tcp, A's transfer timeout 2 s): A's interface closes with it
+ *   in flight (CLOSE_TIMEOUT 0.2 s): the engine's late callback for it touches nothing freed,
+ *   and the segment to B closes once the engine let go.
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ucs/async/async_fwd.h>
 #include <uct/api/uct.h>
@@ -551,12 +557,165 @@ static void test_fence_pending(void)
     ok("fence behind puts in the pending queue: the flag is issued once they are all in");
 }
 
+/* ---- a get that B does not answer: held by A's engine until its transfer timeout ---- */
+
+#define HELD_LEN   8192
+#define HELD_GUARD 0x5a
+#define TIMEOUT_S  2 /* A's MC_TRANSFER_TIMEOUT */
+
+/* Sockets this process has open: A's connections to B among them. */
+static unsigned sockets_open(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *de;
+    unsigned n = 0;
+
+    if (!d)
+        fail("/proc/self/fd: %m");
+    while ((de = readdir(d))) {
+        char path[300], target[64];
+        ssize_t len;
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+        len = readlink(path, target, sizeof(target) - 1);
+        if (len > 0) {
+            target[len] = 0;
+            n += !strncmp(target, "socket:", 7);
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct held {
+    side_t a, b;
+    unsigned sockets; /* before A connected to B */
+    region_t r;       /* B's, what the get reads */
+    uint8_t *local;   /* A's, where it lands */
+    uct_mem_h local_memh;
+    uct_ep_h ep;
+    comp_t get;
+} held_t;
+
+static ucs_status_t get_zcopy(held_t *h, comp_t *c)
+{
+    uct_iov_t iov = {.buffer = h->local, .length = HELD_LEN, .memh = h->local_memh, .count = 1};
+
+    comp_init(c);
+    return uct_ep_get_zcopy(h->ep, &iov, 1, raddr(&h->r, 0), h->r.rkey.rkey, &c->super);
+}
+
+static void progress_for(side_t *a, side_t *b, double secs)
+{
+    for (double end = now() + secs; now() < end;) {
+        progress(a);
+        if (b)
+            progress(b);
+    }
+}
+
+/* A get in flight that B, standing still from then on, never answers. */
+static void held_start(held_t *h, const char *const *a_iface)
+{
+    static const char *const a_md[] = {"PROTOCOL", "tcp", "ENGINE", "TRANSFER_TIMEOUT=2", NULL};
+    static const char *const b_md[] = {"PROTOCOL", "tcp", "ENGINE", "PROGRESS_SERVE_US=0", NULL};
+    ucs_status_t st;
+
+    side_open(&h->a, "A", a_md, a_iface);
+    side_open(&h->b, "B", b_md, NULL);
+    region_create(&h->r, &h->b);
+    if (posix_memalign((void **)&h->local, 4096, HELD_LEN))
+        fail("no memory");
+    check_st(uct_md_mem_reg(h->a.md, h->local, HELD_LEN, UCT_MD_MEM_ACCESS_ALL, &h->local_memh),
+             "uct_md_mem_reg");
+    h->sockets = sockets_open();
+    h->ep = ep_connect(&h->a, &h->b);
+    /* connected, and one get through */
+    memset(h->r.buf, 0x33, HELD_LEN);
+    st = get_zcopy(h, &h->get);
+    for (double dl = now() + WAIT_S; st == UCS_INPROGRESS && !h->get.done;) {
+        if (now() > dl)
+            fail("the first get did not complete in %.0f s", WAIT_S);
+        progress(&h->a);
+        progress(&h->b);
+    }
+    if (st == UCS_INPROGRESS)
+        st = h->get.status;
+    check_st(st, "the first get");
+    if (h->local[0] != 0x33 || h->local[HELD_LEN - 1] != 0x33)
+        fail("the first get: wrong bytes");
+    /* B stands still from here: the next get is sent, and held */
+    memset(h->local, HELD_GUARD, HELD_LEN);
+    memset(h->r.buf, 0x77, HELD_LEN);
+    st = get_zcopy(h, &h->get);
+    if (st != UCS_INPROGRESS)
+        fail("a get to a peer that stands still: %s", ucs_status_string(st));
+    progress_for(&h->a, NULL, 0.1);
+    if (h->get.done)
+        fail("a get to a peer that stands still completed: %s", ucs_status_string(h->get.status));
+}
+
+static void held_finish(held_t *h)
+{
+    check_st(uct_md_mem_dereg(h->a.md, h->local_memh), "uct_md_mem_dereg");
+    free(h->local);
+    region_destroy(&h->r);
+    side_close(&h->a);
+    side_close(&h->b);
+}
+
+/* A's connections to B closed once its segment is closed, B's ends once B saw that. */
+static void held_wait_closed(held_t *h, const char *what)
+{
+    for (double dl = now() + WAIT_S; sockets_open() != h->sockets;) {
+        if (now() > dl)
+            fail("%s: the segment to B stayed open (%u sockets, %u before A connected)", what,
+                 sockets_open(), h->sockets);
+        progress(&h->a);
+        progress(&h->b);
+    }
+}
+
+/* The interface closes while the engine holds the get: closing gives up after CLOSE_TIMEOUT and
+ * leaves it to the engine, whose callback for it comes later, from the progress of another
+ * interface of A's domain: it must touch nothing of the closed interface (freed memory is
+ * overwritten here: a use after free crashes, or ASan says so). The segment to B could not
+ * close while the engine held the get (-EBUSY): it closes once the engine let go. */
+static void test_close_with_get_held(void)
+{
+    static const char *const a_iface[] = {"CLOSE_TIMEOUT", "0.2s", NULL};
+    held_t h;
+    uct_iface_h other;
+    double t;
+
+    memset(&h, 0, sizeof(h));
+    held_start(&h, a_iface);
+    iface_open(&h.a, NULL, &other);
+    uct_ep_destroy(h.ep);
+    if (!h.get.done || h.get.status != UCS_ERR_CANCELED)
+        fail("close: the get in flight was not canceled by its endpoint's destroy");
+    t = now();
+    uct_iface_close(h.a.iface);
+    h.a.iface = NULL;
+    t = now() - t;
+    if (t >= TIMEOUT_S)
+        fail("close: closing the interface took %.1f s with CLOSE_TIMEOUT=0.2s", t);
+    /* the engine's timeout ends the get: its callback comes in this progress */
+    progress_for(&h.a, NULL, TIMEOUT_S + 1.0);
+    held_wait_closed(&h, "close");
+    uct_iface_close(other);
+    held_finish(&h);
+    ok("an interface closed while the engine holds a get: the late callback touches nothing "
+       "of it, and the segment closes once the engine let go");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    mallopt(M_PERTURB, 0xa5); /* freed memory is overwritten: a use after free shows */
     find_component();
     test_am_bcopy_window();
     test_put_bcopy_conflict();
     test_fence_pending();
+    test_close_with_get_held();
     return 0;
 }

@@ -14,7 +14,8 @@ if(TARGET uct_mooncake)
   set_tests_properties(test_ucp_data_tcp PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "ucx"
     ENVIRONMENT "${MC_UCX_TEST_ENV};UCX_MOONCAKE_PROTOCOL=tcp")
   # The module's endpoints at the UCT level: which callbacks it calls (a pack callback only for
-  # a send it takes), the order it issues queued requests in (a fence behind them).
+  # a send it takes), the order it issues queued requests in (a fence behind them), and what
+  # happens to an operation the engine holds while the interface closes.
   add_executable(test_uct_ep ${CMAKE_CURRENT_LIST_DIR}/test_uct_ep.c)
   target_link_libraries(test_uct_ep PRIVATE PkgConfig::UCX)
   add_dependencies(test_uct_ep uct_mooncake)
