@@ -15,7 +15,8 @@
  *   B's memory, and never in the dispatch round of one of them.
  * - a get B does not answer (over tcp, A's transfer timeout 2 s): A's interface closes with it
  *   in flight (CLOSE_TIMEOUT 0.2 s): the engine's late callback for it touches nothing freed,
- *   and the segment to B closes once the engine let go.
+ *   and the segment to B closes once the engine let go; a cancelling flush with it in flight
+ *   completes once the engine let go, after the get, and nothing writes its buffer afterwards.
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
 #ifndef _GNU_SOURCE
@@ -654,6 +655,14 @@ static void held_start(held_t *h, const char *const *a_iface)
         fail("a get to a peer that stands still completed: %s", ucs_status_string(h->get.status));
 }
 
+/* Nothing wrote the get's buffer after its completion. */
+static void held_check_untouched(held_t *h, const char *what)
+{
+    for (size_t i = 0; i < HELD_LEN; i++)
+        if (h->local[i] != HELD_GUARD)
+            fail("%s: the get wrote byte %zu of its buffer after it completed", what, i);
+}
+
 static void held_finish(held_t *h)
 {
     check_st(uct_md_mem_dereg(h->a.md, h->local_memh), "uct_md_mem_dereg");
@@ -708,6 +717,41 @@ static void test_close_with_get_held(void)
        "of it, and the segment closes once the engine let go");
 }
 
+/* A cancelling flush while the engine holds the get: it completes only once the engine let go
+ * of it (the get completes as canceled first), and B, running again, writes nothing into the
+ * get's buffer after that. */
+static void test_flush_cancel_get_held(void)
+{
+    held_t h;
+    comp_t fl;
+    ucs_status_t st;
+
+    memset(&h, 0, sizeof(h));
+    held_start(&h, NULL);
+    comp_init(&fl);
+    st = uct_ep_flush(h.ep, UCT_FLUSH_FLAG_CANCEL, &fl.super);
+    if (st != UCS_INPROGRESS)
+        fail("cancelling flush with a get in flight: %s (expected INPROGRESS: the engine holds "
+             "the get)",
+             ucs_status_string(st));
+    for (double dl = now() + TIMEOUT_S + WAIT_S; !fl.done;) {
+        if (now() > dl)
+            fail("cancelling flush: not complete %.0f s after the engine's timeout", WAIT_S);
+        progress(&h.a);
+    }
+    if (!h.get.done || h.get.status != UCS_ERR_CANCELED)
+        fail("cancelling flush: complete (%s), the get %s", ucs_status_string(fl.status),
+             h.get.done ? ucs_status_string(h.get.status) : "not");
+    check_st(fl.status, "cancelling flush");
+    progress_for(&h.a, &h.b, 1.0); /* B answers the get now, if anything still takes it */
+    held_check_untouched(&h, "cancelling flush");
+    uct_ep_destroy(h.ep);
+    held_wait_closed(&h, "cancelling flush");
+    held_finish(&h);
+    ok("cancelling flush with a get held by the engine: complete once the engine let go, the "
+       "get's buffer untouched after");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -717,5 +761,6 @@ int main(void)
     test_put_bcopy_conflict();
     test_fence_pending();
     test_close_with_get_held();
+    test_flush_cancel_get_held();
     return 0;
 }
