@@ -268,6 +268,7 @@ char *mc__etcd_token(mc_meta_etcd_t *m, unsigned *gen_p)
 typedef struct http_buf {
     char *data;
     size_t len, cap;
+    bool too_big; /* more than MC_ETCD_BODY_MAX came: the transfer was ended */
 } http_buf_t;
 
 static size_t http_write_cb(char *ptr, size_t size, size_t nmemb, void *arg)
@@ -275,6 +276,10 @@ static size_t http_write_cb(char *ptr, size_t size, size_t nmemb, void *arg)
     http_buf_t *b = arg;
     size_t n = size * nmemb;
 
+    if (n > MC_ETCD_BODY_MAX - b->len) {
+        b->too_big = true;
+        return 0; /* ends the transfer (CURLE_WRITE_ERROR) */
+    }
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap < b->len + n + 1)
@@ -392,7 +397,9 @@ static int http_post(mc_meta_etcd_t *m, unsigned ep, const char *path, const cha
     curl_slist_free_all(hdrs);
     if (c != CURLE_OK) {
         *conn_err_p = curl_is_connection_error(c);
-        rc = curl_error(m, url, c, errbuf);
+        rc = b.too_big ? mc__set_error(-MC_EMETA, "etcd %s: an answer of more than %u MiB: refused",
+                                       url, MC_ETCD_BODY_MAX >> 20)
+                       : curl_error(m, url, c, errbuf);
         curl_easy_cleanup(h); /* its connection may be half-dead */
         free(b.data);
         return rc;

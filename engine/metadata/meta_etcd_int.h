@@ -32,6 +32,10 @@
 #define MC_ETCD_MAX_ENDPOINTS 16
 #define MC_ETCD_POOL_MAX      8
 #define MC_ETCD_CONNECT_MS    1000
+/* The largest answer, or line of a watch stream, taken from a gateway (etcd's own are bounded by
+ * its request limit, 1.5 MiB by default, times what a range lists): a gateway, or what poses as
+ * one, that sends more does not make this process grow without end. */
+#define MC_ETCD_BODY_MAX (64u << 20)
 
 typedef struct mc_meta_etcd {
     mc_meta_t base;

@@ -119,6 +119,12 @@ static size_t watch_write_cb(char *ptr, size_t size, size_t nmemb, void *arg)
     etcd_watch_t *w = arg;
     size_t n = size * nmemb;
 
+    if (n > MC_ETCD_BODY_MAX - w->line_len) {
+        mc_warn("etcd watch: a line of more than %u MiB: the stream starts again",
+                MC_ETCD_BODY_MAX >> 20);
+        w->line_len = 0;
+        return 0; /* ends the transfer */
+    }
     if (w->line_len + n > w->line_cap) {
         size_t cap = w->line_cap ? w->line_cap : 4096;
         while (cap < w->line_len + n)

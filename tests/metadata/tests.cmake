@@ -5,6 +5,8 @@ mc_unit_test(test_meta_etcd SOURCES ${MC_ETCD_TEST_DIR}/test_meta_etcd.c
              ${MC_ETCD_TEST_DIR}/etcd_proc.c TIMEOUT 120 LABELS etcd)
 mc_unit_test(test_meta_etcd_faults SOURCES ${MC_ETCD_TEST_DIR}/test_meta_etcd_faults.c
              ${MC_ETCD_TEST_DIR}/etcd_proc.c TIMEOUT 120 LABELS etcd)
+# The etcd:// backend against a gateway that answers without end (no etcd needed).
+mc_unit_test(test_meta_etcd_garbage SOURCES ${MC_ETCD_TEST_DIR}/test_meta_etcd_garbage.c)
 mc_unit_test(test_meta_etcd_secure SOURCES ${MC_ETCD_TEST_DIR}/test_meta_etcd_secure.c
              ${MC_ETCD_TEST_DIR}/etcd_proc.c TIMEOUT 120 LABELS etcd)
 mc_script_test(test_etcd_engine COMMAND ${MC_ETCD_TEST_DIR}/test_etcd_engine.sh TIMEOUT 120
