@@ -478,8 +478,17 @@ static void leases_check(mc_engine_t *e, uint64_t now)
     }
 }
 
+/* Whether messages to p, or flushes of them, wait for it. */
+static bool msgs_wait(const mc_peer_t *p)
+{
+    return !mc_list_empty(&p->msgq) || !mc_list_empty(&p->msg_unacked) ||
+           !mc_list_empty(&p->flushes);
+}
+
 /* Every tick: descriptors that did not come in time, peers opened by a name the metadata cache
- * may have learnt since, peers whose metadata entry went. */
+ * may have learnt since, peers whose metadata entry went. A peer that stays unreachable while
+ * messages wait for it is dead once a lease would have been probed: with no lease (opened by
+ * address) nothing else would ever give up on those messages. */
 void mc__peers_tick(mc_engine_t *e, uint64_t now)
 {
     mc_list_t *pos, *tmp;
@@ -493,6 +502,12 @@ void mc__peers_tick(mc_engine_t *e, uint64_t now)
             mc__peer_dead(e, p,
                           "its metadata entry is gone (lease expired) and it does not "
                           "answer");
+            continue;
+        }
+        if (p->reported == MC_PEER_UNREACHABLE && p->state == MC_SEGMENT_READY && msgs_wait(p) &&
+            now - p->unreachable_ns >= lease_probe_ns(e)) {
+            mc__peer_dead(e, p, "unreachable for %llu ms with messages waiting for it",
+                          (unsigned long long)((now - p->unreachable_ns) / MC_MS));
             continue;
         }
         if (!p->desc_wanted)
@@ -556,6 +571,8 @@ void mc__peer_unreachable(mc_engine_t *e, mc_peer_t *p, int err, const char *why
     if (p->state == MC_SEGMENT_DEAD)
         return;
     mc_warn("%s", why);
+    if (news)
+        p->unreachable_ns = mc__now_ns();
     p->reported = MC_PEER_UNREACHABLE;
     if (p->state == MC_SEGMENT_OPENING) { /* never opened: nothing will come of it */
         set_state(e, p, MC_SEGMENT_DEAD, why);

@@ -99,19 +99,20 @@ struct mc_peer {
     bool lease_lost;                  /* its metadata entry went: it must answer or be dead */
     uint64_t lease_deadline_ns;       /* ... by then */
     uint64_t desc_deadline_ns;
-    int reported;          /* the last mc_peer_event_t the host heard (0: none yet) */
-    mc_list_t msgq;        /* messages to send, in order (mc_msg_t.link) */
-    uint8_t msg_tp;        /* the transport that carries them: the control one, or a faster
-                              one once it is up (ops->msg_open) */
-    bool msg_hold;         /* a faster one is up: none go on the control link until those it
-                              has are answered, then the faster one takes the rest */
-    mc_list_t msg_unacked; /* sent, not acknowledged yet, in order */
-    uint64_t msg_stream;   /* our stream of messages to it (random) */
-    uint64_t msg_seq;      /* the last sequence number given */
-    uint64_t msg_acked;    /* everything up to it is in its queue */
-    uint64_t msg_retry_ns; /* it said -EAGAIN: send again from then on */
-    mc_list_t flushes;     /* mc_peer_flush in progress, in order (mc_flush_t.link) */
-    mc_list_t active_link; /* in e->active_peers while it has queued work */
+    int reported;            /* the last mc_peer_event_t the host heard (0: none yet) */
+    uint64_t unreachable_ns; /* when it became UNREACHABLE (reported): messages to it wait */
+    mc_list_t msgq;          /* messages to send, in order (mc_msg_t.link) */
+    uint8_t msg_tp;          /* the transport that carries them: the control one, or a faster
+                                one once it is up (ops->msg_open) */
+    bool msg_hold;           /* a faster one is up: none go on the control link until those it
+                                has are answered, then the faster one takes the rest */
+    mc_list_t msg_unacked;   /* sent, not acknowledged yet, in order */
+    uint64_t msg_stream;     /* our stream of messages to it (random) */
+    uint64_t msg_seq;        /* the last sequence number given */
+    uint64_t msg_acked;      /* everything up to it is in its queue */
+    uint64_t msg_retry_ns;   /* it said -EAGAIN: send again from then on */
+    mc_list_t flushes;       /* mc_peer_flush in progress, in order (mc_flush_t.link) */
+    mc_list_t active_link;   /* in e->active_peers while it has queued work */
     bool active;
 };
 

@@ -567,6 +567,55 @@ static void test_peer_killed(void **state)
     th_close(e, id);
 }
 
+/* A target opened by address (no lease) stops answering for good (SIGSTOP, as a host that lost
+ * power): nothing refuses our connections, nothing tells us it died. Once it has been
+ * unreachable with messages waiting for it for as long as a lease would be probed (10 I/O
+ * timeouts: 2 s here), it is dead: each message and the flush fail with -MC_EPEERDEAD. Over tcp
+ * only (a same-host peer's process is watched: it lives, its ring fills, the sender waits). */
+static void test_peer_silent(void **state)
+{
+    const unsigned n = 50;
+    static done_t d, fd;
+    static events_t ev;
+    uint8_t buf[256];
+    th_cfg_t cfg;
+
+    (void)state;
+    if (!over_tcp())
+        skip();
+    config(&cfg);
+    th_set(&cfg, "IO_TIMEOUT_MS", "200");
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "500");
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    memset(&d, 0, sizeof(d));
+    memset(&fd, 0, sizeof(fd));
+    memset(&ev, 0, sizeof(ev));
+    assert_int_equal(mc_peer_handler_set(e, on_event, &ev), 0);
+    mc_segment_id_t id = th_open(e, t, 0);
+    assert_int_equal(flush_wait(e, id), 0); /* connected */
+    mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
+    th_stop(t->pid);
+    int64_t t0 = th_now_ms();
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, sizeof(buf)), &o), 0);
+    assert_int_equal(mc_peer_flush(e, id, on_done, &fd), 0);
+    int64_t dl = th_now_ms() + 30000;
+    while ((atomic_load(&d.failed) < n || !atomic_load(&fd.failed) || !atomic_load(&ev.dead)) &&
+           th_now_ms() < dl)
+        th_sleep_ms(1);
+    print_message("  reported after %lld ms: %s\n", (long long)(th_now_ms() - t0), ev.reason);
+    assert_int_equal(atomic_load(&d.ok), 0);
+    assert_int_equal(atomic_load(&d.failed), n);
+    assert_int_equal(atomic_load(&d.last_error), -MC_EPEERDEAD);
+    assert_int_equal(atomic_load(&fd.failed), 1);
+    assert_int_equal(atomic_load(&ev.dead), 1);
+    assert_true(th_contains(ev.reason, "unreachable"));
+    assert_true(th_now_ms() - t0 >= 2000); /* not before a lease would have been probed */
+    th_target_kill(t);
+    th_close(e, id);
+}
+
 /* ---- flush ----------------------------------------------------------------------------------- */
 
 /* Writes (not waited for), notifications and handler messages, then a flush: when it completes
@@ -806,6 +855,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_both_ways, teardown),
         cmocka_unit_test_teardown(test_carrier_switch, teardown),
         cmocka_unit_test_teardown(test_peer_killed, teardown),
+        cmocka_unit_test_teardown(test_peer_silent, teardown),
         cmocka_unit_test_teardown(test_flush, teardown),
         cmocka_unit_test_teardown(test_notifications, teardown),
         cmocka_unit_test_teardown(test_backpressure, teardown),
