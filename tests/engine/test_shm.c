@@ -1,9 +1,11 @@
 /* The same-host (shm) transport beyond the conformance suite: the unregister protocol with a
- * peer that has the memory mapped, an owner that dies during traffic, a task from progress to a
- * buffer not mapped yet, CMA after the owner's engine is destroyed, a long CMA run shared out
- * to helper threads (and an ORDERED one, which is not), and a request larger than one CMA call.
- * The target is a child process (harness.c) on this host. */
+ * peer that has the memory mapped (and with one whose first mapping of it races the
+ * revocation), an owner that dies during traffic, a task from progress to a buffer not mapped
+ * yet, CMA after the owner's engine is destroyed, a long CMA run shared out to helper threads
+ * (and an ORDERED one, which is not), and a request larger than one CMA call. The target is a
+ * child process (harness.c) on this host. */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -16,11 +18,71 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "harness.h"
+#include "transport/shm/shm_int.h"
 
 #define BUF (4u << 20)
+
+/* Gates that hold one call of this process's engines in a race's window: this program's mmap
+ * stands in for libc's where the engine (linked in statically) and the harness call it, and
+ * passes every call on, but the first one that an armed gate matches waits there until the test
+ * opens it. */
+enum { GATE_OFF, GATE_ARMED, GATE_HELD, GATE_OPEN };
+
+typedef struct gate {
+    atomic_int state;
+    _Atomic uint64_t arg; /* what the held call must be: map_gate a length */
+} gate_t;
+
+static gate_t map_gate; /* an mmap of a descriptor, of arg bytes */
+
+static void gate_pass(gate_t *g, bool match)
+{
+    int armed = GATE_ARMED;
+
+    if (match && atomic_compare_exchange_strong(&g->state, &armed, GATE_HELD))
+        while (atomic_load(&g->state) == GATE_HELD)
+            usleep(1000);
+}
+
+static void gate_arm(gate_t *g, uint64_t arg)
+{
+    atomic_store(&g->arg, arg);
+    atomic_store(&g->state, GATE_ARMED);
+}
+
+static void gate_wait_held(gate_t *g)
+{
+    for (int64_t dl = th_now_ms() + 30000; atomic_load(&g->state) != GATE_HELD;) {
+        assert_true(th_now_ms() < dl);
+        th_sleep_ms(1);
+    }
+}
+
+static void *libc_fn(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+
+    if (!f)
+        abort();
+    return f;
+}
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    static void *_Atomic real;
+    void *f = atomic_load(&real);
+
+    if (!f)
+        atomic_store(&real, f = libc_fn("mmap"));
+    gate_pass(&map_gate, fd >= 0 && atomic_load(&map_gate.state) == GATE_ARMED &&
+                             len == atomic_load(&map_gate.arg));
+    return ((void *(*)(void *, size_t, int, int, int, off_t))f)(addr, len, prot, flags, fd, off);
+}
 
 typedef struct fx {
     th_target_t t;
@@ -575,6 +637,55 @@ static void test_cma_over_one_call(void **state)
     mc_engine_destroy(e);
 }
 
+typedef struct xfer {
+    fx_t *fx;
+    uint64_t addr, len;
+    int state;
+} xfer_t;
+
+static void *xfer_main(void *arg)
+{
+    xfer_t *x = arg;
+
+    x->state = th_xfer(x->fx->e, MC_WRITE, x->fx->src, x->fx->seg, x->addr, x->len, NULL, 0);
+    return NULL;
+}
+
+/* The owner frees a buffer while our first write to it has its answer to the mapping request
+ * (the gate holds our mmap of it): the owner's REVOKE finds nothing mapped here, and its free
+ * returns. The mapping that comes in then is not kept: the write fails (the buffer went before
+ * its bytes moved), and a buffer the owner allocates next (at the same address, as a rule) gets
+ * the bytes written to it, not the orphaned pages of the old one. */
+static void test_map_racing_unregister(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t b0 = fx->t.eng[0].buf[0], b1 = fx->t.eng[0].buf[1];
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    xfer_t x = {.fx = fx, .addr = b1, .len = 65536};
+    th_reply_t r;
+    pthread_t tid;
+
+    th_fill(fx->src, BUF, 74);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b0, 4096, NULL, 0),
+                     MC_TASK_COMPLETED); /* connected, b0 mapped */
+    gate_arm(&map_gate, BUF);
+    assert_int_equal(pthread_create(&tid, NULL, xfer_main, &x), 0);
+    gate_wait_held(&map_gate);
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    atomic_store(&map_gate.state, GATE_OPEN);
+    pthread_join(tid, NULL);
+    assert_int_equal(x.state, MC_TASK_FAILED);
+
+    uint64_t nb = th_register_keyed(&fx->t, fx->e, fx->seg, BUF, 75);
+    assert_true(nb != 0);
+    print_message("the new buffer is %s the old one\n", nb == b1 ? "where" : "not where");
+    th_fill(fx->src, BUF, 76);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, nb, BUF, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, nb, BUF, 76, 0), -1);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -590,6 +701,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_cma_shared_run, setup_shared, teardown),
         cmocka_unit_test_setup_teardown(test_cma_ordered_run, setup_shared, teardown),
         cmocka_unit_test(test_cma_over_one_call),
+        cmocka_unit_test_setup_teardown(test_map_racing_unregister, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -315,6 +315,7 @@ static void shm_progress(mc_engine_t *e)
 static void peer_unmap_all(shm_peer_t *s)
 {
     pthread_rwlock_wrlock(&s->lock);
+    atomic_fetch_add(&s->revokes, 1);
     for (size_t i = 0; i < s->n; i++)
         munmap(s->maps[i].local, s->maps[i].len);
     s->n = 0;
@@ -356,6 +357,7 @@ static void revoke_ack(mc_engine_t *e, shm_peer_t *s, uint64_t addr)
 static void peer_revoke(mc_engine_t *e, shm_peer_t *s, uint64_t addr, uint64_t serial)
 {
     pthread_rwlock_wrlock(&s->lock);
+    atomic_fetch_add(&s->revokes, 1);
     for (size_t i = 0; i < s->n;) {
         if (addr >= s->maps[i].raddr && addr < s->maps[i].raddr + s->maps[i].len) {
             munmap(s->maps[i].local, s->maps[i].len);
@@ -620,10 +622,28 @@ static void peer_free(shm_peer_t *s)
     free(s);
 }
 
-/* Map the owner's buffer [addr, addr+len). Caller holds nothing. */
+/* Room for one more mapping. Caller holds s->lock for writing. */
+static int maps_grow(shm_peer_t *s)
+{
+    if (s->n < s->cap)
+        return 0;
+    size_t cap = s->cap ? 2 * s->cap : 8;
+    shm_map_t *v = realloc(s->maps, cap * sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    s->maps = v;
+    s->cap = cap;
+    return 0;
+}
+
+/* Map the owner's buffer [addr, addr+len). Caller holds nothing. -EAGAIN: a revocation ran
+ * meanwhile, perhaps of this buffer (the owner sends it after its answer, and it found nothing
+ * to unmap here yet): the mapping is dropped, and the caller goes by CMA, which asks the
+ * owner's live table. */
 static int map_buffer(shm_peer_t *s, uint64_t addr, uint64_t len)
 {
     shm_msg_t m = {.type = SHM_MAP, .addr = addr, .len = len};
+    uint64_t revokes = atomic_load(&s->revokes);
     int fd = -1, rc;
     void *p;
 
@@ -645,20 +665,13 @@ static int map_buffer(shm_peer_t *s, uint64_t addr, uint64_t len)
     if (p == MAP_FAILED)
         return -errno;
     pthread_rwlock_wrlock(&s->lock);
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 8;
-        shm_map_t *v = realloc(s->maps, cap * sizeof(*v));
-        if (!v) {
-            pthread_rwlock_unlock(&s->lock);
-            munmap(p, m.len);
-            return -ENOMEM;
-        }
-        s->maps = v;
-        s->cap = cap;
-    }
-    s->maps[s->n++] = (shm_map_t){.raddr = m.addr, .len = m.len, .local = p};
+    rc = atomic_load(&s->revokes) != revokes ? -EAGAIN : maps_grow(s);
+    if (!rc)
+        s->maps[s->n++] = (shm_map_t){.raddr = m.addr, .len = m.len, .local = p};
     pthread_rwlock_unlock(&s->lock);
-    return 0;
+    if (rc)
+        munmap(p, m.len);
+    return rc;
 }
 
 /* The local address of remote [addr, addr+len), or NULL. Caller holds s->lock. */

@@ -137,6 +137,9 @@ typedef struct shm_peer {
     pthread_rwlock_t lock; /* read: copies; write: mapping changes */
     shm_map_t *maps;
     size_t n, cap;
+    /* Bumped under lock (write) by every revocation and unmap of all: a mapping asked for
+     * before a bump may be of a buffer that one revoked before the mapping was in (map_buffer). */
+    _Atomic uint64_t revokes;
     mc_list_t link;      /* in peers_grave once closed */
     mc_regtab_t *regtab; /* the owner's registrations, for CMA; NULL: no CMA */
     int slot;
