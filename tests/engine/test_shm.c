@@ -1,9 +1,10 @@
 /* The same-host (shm) transport beyond the conformance suite: the unregister protocol with a
  * peer that has the memory mapped (and with one whose first mapping of it races the
- * revocation), an owner that dies during traffic, a task from progress to a buffer not mapped
- * yet, CMA after the owner's engine is destroyed, a long CMA run shared out to helper threads
- * (and an ORDERED one, which is not), and a request larger than one CMA call. The target is a
- * child process (harness.c) on this host. */
+ * revocation, or whose revocation the owner has not sent yet), an owner that dies during
+ * traffic, a task from progress to a buffer not mapped yet, CMA after the owner's engine is
+ * destroyed, a long CMA run shared out to helper threads (and an ORDERED one, which is not), and
+ * a request larger than one CMA call. The target is a child process (harness.c) on this host,
+ * or an engine of this process. */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -28,17 +30,18 @@
 #define BUF (4u << 20)
 
 /* Gates that hold one call of this process's engines in a race's window: this program's mmap
- * stands in for libc's where the engine (linked in statically) and the harness call it, and
- * passes every call on, but the first one that an armed gate matches waits there until the test
- * opens it. */
+ * and sendmsg stand in for libc's where the engine (linked in statically) and the harness call
+ * them, and pass every call on, but the first one that an armed gate matches waits there until
+ * the test opens it. */
 enum { GATE_OFF, GATE_ARMED, GATE_HELD, GATE_OPEN };
 
 typedef struct gate {
     atomic_int state;
-    _Atomic uint64_t arg; /* what the held call must be: map_gate a length */
+    _Atomic uint64_t arg; /* what the held call must be: map_gate a length, revoke_gate none */
 } gate_t;
 
-static gate_t map_gate; /* an mmap of a descriptor, of arg bytes */
+static gate_t map_gate;    /* an mmap of a descriptor, of arg bytes */
+static gate_t revoke_gate; /* a send of SHM_REVOKE */
 
 static void gate_pass(gate_t *g, bool match)
 {
@@ -82,6 +85,19 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
     gate_pass(&map_gate, fd >= 0 && atomic_load(&map_gate.state) == GATE_ARMED &&
                              len == atomic_load(&map_gate.arg));
     return ((void *(*)(void *, size_t, int, int, int, off_t))f)(addr, len, prot, flags, fd, off);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *mh, int flags)
+{
+    static void *_Atomic real;
+    void *f = atomic_load(&real);
+
+    if (!f)
+        atomic_store(&real, f = libc_fn("sendmsg"));
+    gate_pass(&revoke_gate, atomic_load(&revoke_gate.state) == GATE_ARMED && mh->msg_iovlen == 1 &&
+                                mh->msg_iov[0].iov_len == sizeof(shm_msg_t) &&
+                                ((const shm_msg_t *)mh->msg_iov[0].iov_base)->type == SHM_REVOKE);
+    return ((ssize_t(*)(int, const struct msghdr *, int))f)(fd, mh, flags);
 }
 
 typedef struct fx {
@@ -686,6 +702,64 @@ static void test_map_racing_unregister(void **state)
     assert_int_equal(th_remote_check(&fx->t, 0, nb, BUF, 76, 0), -1);
 }
 
+typedef struct freer {
+    mc_engine_t *e;
+    void *p;
+    size_t len;
+    atomic_bool done;
+    int maps; /* mappings of the buffer in this process as mc_mem_free returned */
+} freer_t;
+
+static void *free_main(void *arg)
+{
+    freer_t *f = arg;
+
+    mc_mem_free(f->e, f->p);
+    f->maps = owner_maps(f->len);
+    atomic_store(&f->done, true);
+    return NULL;
+}
+
+/* Owner and peer are engines of this process; the peer has the owner's buffer mapped. While
+ * the owner's progress sends its REVOKE (the gate holds the send), mc_mem_free does not return:
+ * when it does, no mapping of the buffer is left, neither the owner's nor the peer's. */
+static void test_free_waits_for_revoke(void **state)
+{
+    const size_t len = 3u << 20; /* no other mapping of engine memory here has that size */
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+    pthread_t tid;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "0");
+    mc_engine_t *owner = th_engine(&cfg), *peer = th_engine(&cfg);
+    freer_t f = {.e = owner, .len = len};
+    assert_int_equal(mc_mem_alloc(owner, len, "cpu:0", &f.p), 0);
+    uint8_t *src = th_buf(peer, len);
+    assert_int_equal(mc_segment_open(peer, mc_engine_segment_name(owner), &seg), 0);
+    th_fill(src, len, 78);
+    assert_int_equal(th_xfer(peer, MC_WRITE, src, seg, (uint64_t)(uintptr_t)f.p, len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(f.p, len, 78), -1);
+    assert_int_equal(owner_maps(len), 2); /* the owner's, and the peer's */
+
+    gate_arm(&revoke_gate, 0);
+    assert_int_equal(pthread_create(&tid, NULL, free_main, &f), 0);
+    gate_wait_held(&revoke_gate);
+    /* It would return within its next look (10 ms); give it plenty. */
+    for (int64_t dl = th_now_ms() + 500; !atomic_load(&f.done) && th_now_ms() < dl;)
+        th_sleep_ms(1);
+    atomic_store(&revoke_gate.state, GATE_OPEN);
+    pthread_join(tid, NULL);
+    assert_int_equal(f.maps, 0);
+
+    th_close(peer, seg);
+    th_buf_free(peer, src, len);
+    mc_engine_destroy(peer);
+    mc_engine_destroy(owner);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -702,6 +776,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_cma_ordered_run, setup_shared, teardown),
         cmocka_unit_test(test_cma_over_one_call),
         cmocka_unit_test_setup_teardown(test_map_racing_unregister, setup, teardown),
+        cmocka_unit_test(test_free_waits_for_revoke),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -251,7 +251,9 @@ static void on_accept(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     }
 }
 
-/* Progress context: send REVOKE for revoke_addr to every event connection. */
+/* Progress context: send REVOKE for revoke_addr to every event connection. The request is
+ * taken only once every REVOKE went out and revoke_left counts their ACKs: until then the
+ * unregistering thread, which waits for both to be clear, sees it pending. */
 static void revoke_start(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
@@ -271,6 +273,7 @@ static void revoke_start(mc_engine_t *e)
             conn_bury(e, c); /* it will drop its mappings on HUP */
         }
     }
+    atomic_store(&se->revoke_req, false);
     mc__mem_wake(e);
 }
 
@@ -300,9 +303,9 @@ static void shm_progress(mc_engine_t *e)
     if (se->n_owed)
         revokes_settle(e);
 
-    /* Looked at before they are taken: a locked exchange every pass costs a spinning host. */
-    if (atomic_load_explicit(&se->revoke_req, memory_order_relaxed) &&
-        atomic_exchange(&se->revoke_req, false))
+    /* Looked at before they are taken: a locked exchange every pass costs a spinning host. The
+     * unregistering thread sets no new request before this one is taken (revoked). */
+    if (atomic_load_explicit(&se->revoke_req, memory_order_acquire))
         revoke_start(e);
     if (atomic_load_explicit(&se->revoke_abort, memory_order_relaxed) &&
         atomic_exchange(&se->revoke_abort, false))
