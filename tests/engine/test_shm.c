@@ -2,9 +2,9 @@
  * peer that has the memory mapped (and with one whose first mapping of it races the
  * revocation, or whose revocation the owner has not sent yet), an owner that dies during
  * traffic, a task from progress to a buffer not mapped yet, CMA after the owner's engine is
- * destroyed, a long CMA run shared out to helper threads (and an ORDERED one, which is not), and
- * a request larger than one CMA call. The target is a child process (harness.c) on this host,
- * or an engine of this process. */
+ * destroyed, a long CMA run shared out to helper threads (and an ORDERED one, which is not), a
+ * request larger than one CMA call, and a registration table left mid-rewrite. The target is a
+ * child process (harness.c) on this host, or an engine of this process. */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -760,6 +760,47 @@ static void test_free_waits_for_revoke(void **state)
     mc_engine_destroy(owner);
 }
 
+typedef struct cover {
+    mc_regtab_t *t;
+    atomic_int got; /* -1 until covers returned */
+} cover_t;
+
+static void *cover_main(void *arg)
+{
+    cover_t *c = arg;
+
+    atomic_store(&c->got, mc__shm_regtab_covers(c->t, 0x10000, 4096));
+    return NULL;
+}
+
+/* An owner killed while it rewrote its registration table leaves it so for good: a peer's
+ * look at it gives up (the range is not covered, the task goes over another transport)
+ * instead of spinning with a CMA lane taken. */
+static void test_regtab_left_mid_rewrite(void **state)
+{
+    mc_regtab_t *t = calloc(1, sizeof(*t));
+    cover_t c = {.t = t, .got = -1};
+    pthread_t tid;
+
+    (void)state;
+    assert_non_null(t);
+    atomic_store(&t->ent[0].addr, 0x10000);
+    atomic_store(&t->ent[0].len, 4096);
+    atomic_store(&t->n, 1);
+    assert_true(mc__shm_regtab_covers(t, 0x10000, 4096));
+    assert_false(mc__shm_regtab_covers(t, 0x10000, 4097));
+
+    atomic_store(&t->seq, 1);
+    assert_int_equal(pthread_create(&tid, NULL, cover_main, &c), 0);
+    for (int64_t dl = th_now_ms() + 10000; atomic_load(&c.got) < 0;) {
+        assert_true(th_now_ms() < dl); /* (without the bound, the thread spins on forever) */
+        th_sleep_ms(1);
+    }
+    pthread_join(tid, NULL);
+    assert_int_equal(atomic_load(&c.got), 0);
+    free(t);
+}
+
 int main(int argc, char **argv)
 {
     th_main(argc, argv);
@@ -777,6 +818,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_over_one_call),
         cmocka_unit_test_setup_teardown(test_map_racing_unregister, setup, teardown),
         cmocka_unit_test(test_free_waits_for_revoke),
+        cmocka_unit_test(test_regtab_left_mid_rewrite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -178,7 +178,9 @@ void mc__shm_regtab_withdraw(mc_engine_t *e);
 void mc__shm_task_done(mc_engine_t *e, mc_task_t *d);
 size_t mc__shm_cma(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n);
 
-/* Peer side: whether [addr, addr+len) is inside one registered buffer of the table now. */
+/* Peer side: whether [addr, addr+len) is inside one registered buffer of the table now; false
+ * as well when the owner does not finish rewriting the table within a few ms (it may have died
+ * mid-way). */
 bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len);
 
 /* shm_msg.c. Sender: msg_open, fill and idle are the transport ops; tx_close when its peer goes.

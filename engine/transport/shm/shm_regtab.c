@@ -53,6 +53,9 @@ void mc__shm_regtab_publish(mc_engine_t *e)
     if (!t)
         return;
     atomic_fetch_add(&t->seq, 1); /* odd: readers retry */
+    /* A reader that sees an entry written from here on sees seq odd when it reads it again
+     * (its acquire fence, in covers). */
+    atomic_thread_fence(memory_order_release);
     for (size_t i = 0; i < n; i++) {
         atomic_store_explicit(&t->ent[i].addr, e->mem.v[i]->addr, memory_order_relaxed);
         atomic_store_explicit(&t->ent[i].len, e->mem.v[i]->len, memory_order_relaxed);
@@ -117,20 +120,34 @@ void mc__shm_regtab_slot_put(mc_engine_t *e, int slot)
         shm_of(e)->regtab_used[slot] = false;
 }
 
+/* How long a reader waits for a consistent table: an owner that died while rewriting it leaves
+ * seq odd for good. A reader that gives up says "not covered", and the task goes over another
+ * transport, which asks the owner itself. */
+#define REGTAB_WAIT_NS (2 * MC_MS)
+
 bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len)
 {
+    uint64_t deadline = 0;
+
     for (;;) {
         uint64_t s0 = atomic_load(&t->seq);
         bool ok = false;
-        if (s0 & 1)
-            continue;
-        uint32_t n = atomic_load(&t->n);
-        for (uint32_t i = 0; i < n && i < MC_REGTAB_ENTRIES && !ok; i++) {
-            uint64_t a = atomic_load_explicit(&t->ent[i].addr, memory_order_relaxed);
-            uint64_t l = atomic_load_explicit(&t->ent[i].len, memory_order_relaxed);
-            ok = addr >= a && len <= l && addr - a <= l - len;
+        if (!(s0 & 1)) {
+            uint32_t n = atomic_load(&t->n);
+            for (uint32_t i = 0; i < n && i < MC_REGTAB_ENTRIES && !ok; i++) {
+                uint64_t a = atomic_load_explicit(&t->ent[i].addr, memory_order_relaxed);
+                uint64_t l = atomic_load_explicit(&t->ent[i].len, memory_order_relaxed);
+                ok = addr >= a && len <= l && addr - a <= l - len;
+            }
+            /* the entries are read before seq is again (a load of seq alone lets them pass it) */
+            atomic_thread_fence(memory_order_acquire);
+            if (atomic_load_explicit(&t->seq, memory_order_relaxed) == s0)
+                return ok;
         }
-        if (atomic_load(&t->seq) == s0)
-            return ok;
+        uint64_t now = mc__now_ns();
+        if (!deadline)
+            deadline = now + REGTAB_WAIT_NS;
+        else if (now > deadline)
+            return false;
     }
 }
