@@ -129,6 +129,7 @@ uint64_t mc__task_add_bytes(mc_task_t *t, uint64_t n)
 static void notify_group_done(mc_engine_t *e, mc_task_t *t)
 {
     mc_notify_group_t *g = t->group;
+    uint64_t seq = 0;
 
     if (atomic_load(&t->state) != MC_TASK_COMPLETED)
         g->failed = true;
@@ -139,7 +140,8 @@ static void notify_group_done(mc_engine_t *e, mc_task_t *t)
     else if (g->failed)
         mc__msg_unreserve(e, g->m);
     else
-        mc__msg_route(e, g->m); /* (a target that died meanwhile fails it there) */
+        seq = mc__msg_route(e, g->m); /* (a target that died meanwhile fails it there) */
+    mc__flush_group_done(e, g, seq);
     free(g);
 }
 

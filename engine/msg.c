@@ -234,18 +234,19 @@ static void faster_carrier(mc_engine_t *e, mc_peer_t *p)
     }
 }
 
-void mc__msg_route(mc_engine_t *e, mc_msg_t *m)
+uint64_t mc__msg_route(mc_engine_t *e, mc_msg_t *m)
 {
     mc_peer_t *p = mc__peer_get(e, m->target); /* the table is read without its lock here */
 
     if (!p || p->state == MC_SEGMENT_DEAD) { /* closed or dead since it was sent */
         msg_done(e, p, m, p ? -MC_EPEERDEAD : -MC_ECANCELED);
-        return;
+        return 0;
     }
     m->seq = ++p->msg_seq;
     mc_list_push_back(&p->msgq, &m->link);
     faster_carrier(e, p);
     mc__peer_activate(e, p);
+    return p->msg_seq;
 }
 
 mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp)
@@ -518,6 +519,37 @@ static void flush_done(mc_engine_t *e, mc_flush_t *f, int status)
     free(f);
 }
 
+/* f waits for what the tasks in list hold of its peer p: those to p, and the notifications to p
+ * of their batches (wherever their data goes), which are routed only once their last task is
+ * let go of. What a flush before f waits for is covered by waiting for that flush. */
+static void flush_link(mc_list_t *list, mc_peer_t *p, mc_flush_t *f)
+{
+    for (mc_list_t *pos = list->next; pos != list; pos = pos->next) {
+        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+        mc_notify_group_t *g = t->group;
+        if (t->peer == p && !t->flush) {
+            t->flush = f;
+            f->tasks++;
+        }
+        if (g && g->m && g->target == f->target && !g->flush) {
+            g->flush = f;
+            f->tasks++;
+        }
+    }
+}
+
+/* f goes (failed): no task or notification points at it any more. */
+static void flush_unlink(mc_list_t *list, mc_flush_t *f)
+{
+    for (mc_list_t *pos = list->next; pos != list; pos = pos->next) {
+        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
+        if (t->flush == f)
+            t->flush = NULL;
+        if (t->group && t->group->flush == f)
+            t->group->flush = NULL;
+    }
+}
+
 void mc__flush_start(mc_engine_t *e, mc_flush_t *f)
 {
     mc_peer_t *p = mc__peer_get(e, f->target);
@@ -526,15 +558,10 @@ void mc__flush_start(mc_engine_t *e, mc_flush_t *f)
         flush_done(e, f, p ? -MC_EPEERDEAD : -MC_ECANCELED);
         return;
     }
-    /* Every task to p the engine still holds (tasks queued with it were drained before it); a
-     * task a flush before this one waits for is covered by waiting for that flush. */
-    for (mc_list_t *pos = e->active_tasks.next; pos != &e->active_tasks; pos = pos->next) {
-        mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
-        if (t->peer == p && !t->flush) {
-            t->flush = f;
-            f->tasks++;
-        }
-    }
+    /* Every task the engine still holds (tasks queued with it were drained before it), the
+     * ones let go of in this pass included: their notifications are not routed yet. */
+    flush_link(&e->active_tasks, p, f);
+    flush_link(&e->releaseq, p, f);
     f->msg_seq = p->msg_seq;
     mc_list_push_back(&p->flushes, &f->link);
     mc__flushes_check(e, p);
@@ -562,6 +589,19 @@ void mc__flush_task_done(mc_engine_t *e, mc_task_t *t)
         mc__flushes_check(e, t->peer);
 }
 
+void mc__flush_group_done(mc_engine_t *e, mc_notify_group_t *g, uint64_t seq)
+{
+    mc_flush_t *f = g->flush;
+
+    if (!f)
+        return;
+    g->flush = NULL;
+    if (seq > f->msg_seq)
+        f->msg_seq = seq;
+    if (--f->tasks == 0)
+        mc__flushes_check(e, mc__peer_get(e, g->target)); /* (open: f would have gone with it) */
+}
+
 /* ---- peers going away ---- */
 
 unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err)
@@ -579,11 +619,8 @@ unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err)
     }
     while ((n = mc_list_pop_front(&p->flushes))) {
         mc_flush_t *f = mc_container_of(n, mc_flush_t, link);
-        for (mc_list_t *pos = e->active_tasks.next; pos != &e->active_tasks; pos = pos->next) {
-            mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
-            if (t->flush == f)
-                t->flush = NULL;
-        }
+        flush_unlink(&e->active_tasks, f);
+        flush_unlink(&e->releaseq, f); /* (its tasks failed just now wait there) */
         flush_done(e, f, err);
     }
     return n_msgs;

@@ -23,6 +23,8 @@
 #include "fwd.h"
 #include "util/list.h"
 
+struct mc_notify_group; /* task.h */
+
 struct mc_msg {
     mc_list_t link; /* in e->msgq_in, then its peer's msgq or msg_unacked */
     mc_segment_id_t target;
@@ -46,19 +48,22 @@ typedef struct mc_notify_item {
     char msg[];
 } mc_notify_item_t;
 
-/* A flush of one peer (mc_peer_flush): done when the tasks it waits for are let go of and the
- * messages up to msg_seq are acknowledged, after the flushes before it. */
+/* A flush of one peer (mc_peer_flush): done when the tasks it waits for are let go of, the
+ * batch notifications it waits for are routed, and the messages up to msg_seq (the last of those
+ * notifications, if later) are acknowledged, after the flushes before it. */
 typedef struct mc_flush {
     mc_list_t link; /* in e->flushq_in, then its peer's flushes */
     mc_segment_id_t target;
-    unsigned tasks; /* tasks it waits for (their mc_task_t.flush) */
+    unsigned tasks; /* tasks (their mc_task_t.flush) and notifications (mc_notify_group_t.flush)
+                       it waits for */
     uint64_t msg_seq;
     mc_done_cb cb;
     void *cb_arg;
 } mc_flush_t;
 
-/* Queue a message from the submission queue onto its peer (numbered here). */
-void mc__msg_route(mc_engine_t *e, mc_msg_t *m);
+/* Queue a message from the submission queue onto its peer (numbered here): its number, or 0
+ * when it failed at once (its peer is closed or dead). */
+uint64_t mc__msg_route(mc_engine_t *e, mc_msg_t *m);
 /* A batch's notification, made at submit (any thread) with its place in the target's window
  * taken (-EAGAIN when the window is full), so that it cannot be refused when its tasks end: then
  * mc__msg_route sends it, or mc__msg_unreserve lets it go (progress context). */
@@ -96,6 +101,9 @@ void mc__msgs_peer_fini(mc_engine_t *e, mc_peer_t *p);
 void mc__flush_start(mc_engine_t *e, mc_flush_t *f);
 void mc__flushes_check(mc_engine_t *e, mc_peer_t *p);
 void mc__flush_task_done(mc_engine_t *e, mc_task_t *t);
+/* g's notification was routed as message seq of its target, or let go of (seq 0): a flush that
+ * waited for it waits for that message instead. */
+void mc__flush_group_done(mc_engine_t *e, struct mc_notify_group *g, uint64_t seq);
 
 /* Engine destroy: every message and flush not answered yet fails with -MC_ECANCELED (their
  * callbacks then run as the engine goes). fini: free what is left. */

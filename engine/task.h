@@ -27,7 +27,8 @@ typedef struct mc_notify_group {
     mc_segment_id_t target;
     unsigned left;
     bool failed;
-    struct mc_msg *m; /* the notification, its place in the window taken (mc__msg_reserve) */
+    struct mc_msg *m;       /* the notification, its place in the window taken (mc__msg_reserve) */
+    struct mc_flush *flush; /* a flush of its target waits for it to be routed */
 } mc_notify_group_t;
 
 struct mc_task {

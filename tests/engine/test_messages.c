@@ -686,6 +686,99 @@ static void test_flush(void **state)
     th_close(e, id);
 }
 
+/* A flush whose callback notes how many messages its peer holds in its queue then. */
+typedef struct flush_sent {
+    flushed_t f;
+    mc_engine_t *e;
+    mc_segment_id_t id;
+    atomic_uint_fast64_t sent;
+} flush_sent_t;
+
+static void on_flushed_sent(void *arg, int status)
+{
+    flush_sent_t *fs = arg;
+    mc_counters_t c;
+
+    atomic_store(&fs->sent, mc_stats_peer(fs->e, fs->id, &c) ? UINT64_MAX : c.msgs_sent);
+    on_flushed(&fs->f, status);
+}
+
+/* One WRITE to dst with a notification to nt, then at once a flush of nt: when the flush
+ * completes, the notification is in nt's queue (counted as sent in the callback, and popped at
+ * once by nt's application, after the data when it went to the same target). */
+static void flush_after_notify(mc_engine_t *e, th_target_t *dst, mc_segment_id_t dst_id,
+                               th_target_t *nt, mc_segment_id_t nt_id, uint8_t *src, size_t sz,
+                               uint64_t seed)
+{
+    static flush_sent_t fs;
+    uint64_t ra = dst->eng[0].buf[0];
+    mc_counters_t before;
+    mc_batch_t *b;
+    th_reply_t r;
+
+    memset(&fs, 0, sizeof(fs));
+    fs.e = e;
+    fs.id = nt_id;
+    th_fill(src, sz, seed);
+    assert_int_equal(mc_stats_peer(e, nt_id, &before), 0);
+    mc_request_t rq = {
+        .opcode = MC_WRITE, .local = src, .target = dst_id, .target_offset = ra, .length = sz};
+    mc_notify_req_t nr = {.target = nt_id, .msg = "landed", .len = 6};
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &rq, 1, &nr), 0);
+    assert_int_equal(mc_peer_flush(e, nt_id, on_flushed_sent, &fs), 0);
+    int64_t dl = th_now_ms() + 30000;
+    while (!atomic_load(&fs.f.done) && th_now_ms() < dl)
+        if (mc_engine_progress(e) <= 0) /* (nothing to do with a progress thread) */
+            th_sleep_ms(1);
+    assert_true(atomic_load(&fs.f.done));
+    assert_int_equal(atomic_load(&fs.f.status), 0);
+    assert_int_equal(atomic_load(&fs.sent), before.msgs_sent + 1);
+    bool same = nt == dst;
+    th_cmd_t c = {.op = TH_CMD_NOTIFY, .a0 = ra, .a1 = same ? sz : 0, .a2 = seed, .a3 = 0};
+    assert_int_equal(th_target_cmd(nt, &c, &r, 10000), 0);
+    assert_int_equal(r.v[0], 1);
+    assert_string_equal(r.msg, "landed");
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(mc_batch_wait(b, 30000), 0);
+    assert_int_equal(th_remote_check(dst, 0, ra, sz, seed, 0), -1);
+    th_batch_destroy(e, b);
+}
+
+/* A batch's notification goes once its data landed, after the flush that follows the submit
+ * started: the flush waits for it too, whether the data went to the notification's target or
+ * to another peer. With a progress thread, and with progress only in mc_engine_progress (where
+ * the submit and the flush start in one pass, though the data went in the submit: shm). */
+static void test_flush_notification(void **state)
+{
+    const size_t sz = 32u << 20;
+    static th_target_t t2;
+    th_target_opts_t o;
+    th_cfg_t cfg;
+
+    (void)state;
+    config(&cfg);
+    th_target_t *t = spawn(&cfg, sz);
+    th_target_opts_init(&o, &cfg, 4096);
+    assert_int_equal(th_target_spawn(&o, &t2), 0);
+    for (int caller = 0; caller < 2; caller++) {
+        if (caller) {
+            th_set(&cfg, "PROGRESS_THREAD", "0");
+            th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+        }
+        mc_engine_t *e = g.e = th_engine(&cfg);
+        mc_segment_id_t id = th_open(e, t, 0), id2 = th_open(e, &t2, 0);
+        uint8_t *src = th_buf(e, sz);
+        flush_after_notify(e, t, id, t, id, src, sz, 5150);
+        flush_after_notify(e, t, id, &t2, id2, src, sz, 5151);
+        th_buf_free(e, src, sz);
+        th_close(e, id2);
+        th_close(e, id);
+        mc_engine_destroy(e);
+        g.e = NULL;
+    }
+}
+
 /* ---- notifications --------------------------------------------------------------------------- */
 
 static void notify(mc_engine_t *e, mc_segment_id_t id, const char *s)
@@ -857,6 +950,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_peer_killed, teardown),
         cmocka_unit_test_teardown(test_peer_silent, teardown),
         cmocka_unit_test_teardown(test_flush, teardown),
+        cmocka_unit_test_teardown(test_flush_notification, teardown),
         cmocka_unit_test_teardown(test_notifications, teardown),
         cmocka_unit_test_teardown(test_backpressure, teardown),
     };
