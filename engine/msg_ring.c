@@ -48,11 +48,17 @@ int mc__ring_take(mc_engine_t *e, unsigned tp, const uint8_t *data, uint64_t byt
         uint64_t at = *tail % bytes;
         const rec_t *h = (const rec_t *)(const void *)(data + at);
         uint32_t len = h->len;
+        if (head - *tail > bytes)
+            return -EIO;
+        /* A skip ends the ring before a record at its start, written with it: one at the start
+         * (a whole lap), or one that reaches head, is not one the sender wrote. */
+        if (len == REC_SKIP && bytes - at >= head - *tail)
+            return -EIO;
         if (len == REC_SKIP) {
             *tail += bytes - at;
             continue;
         }
-        if (len > MC_MSG_MAX || at + mc__ring_rec_bytes(len) > bytes || head - *tail > bytes ||
+        if (len > MC_MSG_MAX || at + mc__ring_rec_bytes(len) > bytes ||
             head - *tail < mc__ring_rec_bytes(len))
             return -EIO;
         if (lend && !lend->n) /* nothing lent before it: what precedes it is given back */
