@@ -520,18 +520,22 @@ static void on_event(void *arg, mc_segment_id_t id, mc_peer_event_t ev, int erro
 
 /* The target stops (SIGSTOP) so nothing is acknowledged, then is killed: each of the messages
  * and the flush fails with -MC_EPEERDEAD, none hangs, the DEAD event counts them, and a send
- * afterwards is refused. */
+ * afterwards is refused. Writes the flush waits for, most still queued over tcp, end too (the
+ * flush is gone before they are let go of). */
 static void test_peer_killed(void **state)
 {
-    const unsigned n = 300;
+    const unsigned n = 300, nw = 64;
+    const size_t sz = 256 * 1024;
     static done_t d, fd;
     static events_t ev;
+    mc_request_t reqs[64];
     uint8_t buf[256];
     th_cfg_t cfg;
+    mc_batch_t *b;
 
     (void)state;
     config(&cfg);
-    th_target_t *t = spawn(&cfg, 4096);
+    th_target_t *t = spawn(&cfg, nw * sz);
     mc_engine_t *e = g.e = th_engine(&cfg);
     memset(&d, 0, sizeof(d));
     memset(&fd, 0, sizeof(fd));
@@ -542,6 +546,15 @@ static void test_peer_killed(void **state)
     th_stop(t->pid);
     for (uint32_t i = 0; i < n; i++)
         assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, sizeof(buf)), &o), 0);
+    uint8_t *src = th_buf(e, nw * sz);
+    for (size_t i = 0; i < nw; i++)
+        reqs[i] = (mc_request_t){.opcode = MC_WRITE,
+                                 .local = src + i * sz,
+                                 .target = id,
+                                 .target_offset = t->eng[0].buf[0] + i * sz,
+                                 .length = sz};
+    assert_int_equal(mc_batch_create(e, nw, &b), 0);
+    assert_int_equal(mc_batch_submit(b, reqs, nw, NULL), 0);
     assert_int_equal(mc_peer_flush(e, id, on_done, &fd), 0);
     th_sleep_ms(300);
     assert_int_equal(atomic_load(&d.ok) + atomic_load(&d.failed), 0);
@@ -558,6 +571,9 @@ static void test_peer_killed(void **state)
     assert_int_equal(atomic_load(&fd.failed), 1);
     assert_int_equal(atomic_load(&fd.last_error), -MC_EPEERDEAD);
     assert_int_equal(atomic_load(&ev.dead), 1);
+    assert_int_equal(mc_batch_wait(b, 20000), 0);
+    th_batch_destroy(e, b);
+    th_buf_free(e, src, nw * sz);
     char want[64];
     snprintf(want, sizeof(want), "%u messages", n);
     assert_true(th_contains(ev.reason, want));
