@@ -518,9 +518,11 @@ MC_API int mc_notify_send(mc_engine_t *engine, mc_segment_id_t target, const voi
 
 /* Flush everything issued to a peer before this call: cb(arg, 0) once every task submitted to
  * it is remotely complete (final, with nothing of it in flight any more) and every message sent
- * to it is in its queue; cb(arg, error) if the peer dies or is closed first. cb runs from
- * progress, never inside this call. -MC_EPEERDEAD if the peer is dead already; -MC_ECANCELED from
- * a callback that runs while the engine is destroyed. */
+ * to it is in its queue, including the notification of every batch submitted before this call
+ * with this peer as its target, wherever that batch's data went (it is sent once the batch's
+ * tasks end, and the flush waits for that); cb(arg, error) if the peer dies or is closed first. cb
+ * runs from progress, never inside this call. -MC_EPEERDEAD if the peer is dead already;
+ * -MC_ECANCELED from a callback that runs while the engine is destroyed. */
 MC_API int mc_peer_flush(mc_engine_t *engine, mc_segment_id_t target, mc_done_cb cb, void *arg);
 
 typedef struct mc_notify {
