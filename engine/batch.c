@@ -698,6 +698,8 @@ int mc_batch_wait(mc_batch_t *b, int timeout_ms)
 
     if (!b)
         return mc__set_error(-EINVAL, "mc_batch_wait: NULL batch");
+    if (mc__in_progress()) /* the tasks end in passes, and this one would not end first */
+        return mc__set_error(-EDEADLK, "mc_batch_wait from a callback: poll the batch instead");
     e = b->engine;
     if (timeout_ms < 0)
         timeout_ms = (int)e->cfg.transfer_timeout_ms + 5000;

@@ -170,9 +170,14 @@ void mc__mem_wake(mc_engine_t *e)
     pthread_mutex_unlock(&e->mem.drain_lock);
 }
 
+/* dead is read before the references go: once the last one has, an unregister that was waiting
+ * may free b at once. (A buffer that dies just after that read misses its wake-up here; its
+ * unregister looks again within 10 ms.) */
 void mc__mem_put_n(mc_engine_t *e, mc_buffer_t *b, unsigned n)
 {
-    if (atomic_fetch_sub(&b->refs, n) == n && atomic_load(&b->dead))
+    bool dead = atomic_load(&b->dead);
+
+    if (atomic_fetch_sub(&b->refs, n) == n && dead)
         mc__mem_wake(e);
 }
 

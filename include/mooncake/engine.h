@@ -464,7 +464,8 @@ MC_API int mc_batch_cancel(mc_batch_t *batch);
 
 /* Wait until every task is final or timeout_ms passes (-1 = transfer timeout + margin).
  * Drives progress itself in caller-progress mode, without sleeping until 50 us pass without
- * an event, then sleeping on the event fd between passes. Returns 0 or -MC_ETIMEOUT. Completion
+ * an event, then sleeping on the event fd between passes. Returns 0 or -MC_ETIMEOUT, -EDEADLK
+ * from a callback (the tasks end in passes of the engine, which wait for it). Completion
  * callbacks run when the engine lets go of a task, which may be just after it became final:
  * once mc_batch_destroy() returns 0, every callback of the batch has run. */
 MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);

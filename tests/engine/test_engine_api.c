@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -546,6 +547,61 @@ static void test_stats(void **state)
     th_buf_free(e, buf, w);
 }
 
+/* ---- waiting from a callback ---------------------------------------------------------------- */
+
+static struct {
+    mc_batch_t *other;
+    atomic_int rc;
+    atomic_bool ran;
+} waiter;
+
+static void wait_in_cb(void *arg, const mc_task_status_t *st)
+{
+    (void)arg;
+    (void)st;
+    atomic_store(&waiter.rc, mc_batch_wait(waiter.other, 1000));
+    atomic_store(&waiter.ran, true);
+}
+
+/* A completion callback that waits for a batch is refused (-EDEADLK) at once: the tasks it would
+ * wait for end in passes of the engine, which wait for the callback. */
+static void test_wait_in_callback(void **state)
+{
+    th_cfg_t cfg;
+    mc_batch_t *b;
+
+    (void)state;
+    th_config(&cfg);
+    th_target_t *t = spawn(0, &cfg, 1 << 20, NULL);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    uint8_t *buf = th_buf(e, 8192);
+    memset(&waiter, 0, sizeof(waiter));
+    mc_request_t other = {.opcode = MC_WRITE,
+                          .local = buf + 4096,
+                          .target = id,
+                          .target_offset = t->eng[0].buf[0] + 4096,
+                          .length = 4096};
+    mc_request_t r = {.opcode = MC_WRITE,
+                      .local = buf,
+                      .target = id,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = 4096,
+                      .cb = wait_in_cb};
+    assert_int_equal(mc_batch_create(e, 1, &waiter.other), 0);
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &r, 1, NULL), 0);
+    assert_int_equal(mc_batch_submit(waiter.other, &other, 1, NULL), 0);
+    for (int64_t dl = th_now_ms() + 10000; !atomic_load(&waiter.ran) && th_now_ms() < dl;)
+        th_sleep_ms(1);
+    assert_true(atomic_load(&waiter.ran));
+    assert_int_equal(atomic_load(&waiter.rc), -EDEADLK);
+    assert_int_equal(mc_batch_wait(waiter.other, 10000), 0); /* from the host: it completes */
+    th_batch_destroy(e, waiter.other);
+    th_batch_destroy(e, b);
+    th_buf_free(e, buf, 8192);
+}
+
 /* ---- authentication ----------------------------------------------------------------------- */
 
 static void auth_case(int slot, const char *init_tok, const char *tgt_tok, bool ok)
@@ -657,6 +713,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_messages, teardown),
         cmocka_unit_test_teardown(test_notify, teardown),
         cmocka_unit_test_teardown(test_stats, teardown),
+        cmocka_unit_test_teardown(test_wait_in_callback, teardown),
         cmocka_unit_test_teardown(test_auth, teardown),
         cmocka_unit_test_teardown(test_64_peers, teardown),
     };
