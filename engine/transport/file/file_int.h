@@ -102,6 +102,14 @@ typedef struct file_desc_ipc {
     uint64_t off, gen;
 } file_desc_ipc_t;
 
+/* A peer's buffer at an op's far end, as its descriptor said when the op started (copied: the
+ * list may move under a host thread that adds a buffer key). */
+typedef struct file_far {
+    mc_desc_buffer_t b;
+    file_desc_ipc_t ipc; /* its IPC handle (has_ipc) */
+    bool has_ipc;
+} file_far_t;
+
 /* A peer's VRAM opened here (fe->ipc_maps), once the peer granted it (mc__grant_ask): ops in
  * flight hold it; closed and freed once none does after the peer revoked it or went. An entry
  * whose handle did not open stays, so that it is not opened again. */

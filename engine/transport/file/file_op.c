@@ -206,17 +206,18 @@ found:
  * from our VRAM's device when that is an end (a peer copy), else by the peer's number for its
  * GPU (the same where both see the same devices). */
 static file_ipc_map_t *ipc_for(mc_engine_t *e, mc_peer_t *p, const mc_task_t *t,
-                               const mc_desc_buffer_t *rb, bool self)
+                               const file_far_t *far, bool self)
 {
     const file_copy_ops_t *ops = file_of(e)->copy.ops;
-    const file_desc_ipc_t *x;
+    const mc_desc_buffer_t *rb = &far->b;
 
     if (self || rb->owner || file_owned(t->lbuf) || e->cfg.auth_token[0] || !ops ||
         !ops->ipc_open || strcmp(p->desc.host_id, e->host_id) ||
-        (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm")) ||
-        !(x = mc__desc_part(&p->desc, rb, mc__file_slot)) || !x->gen) /* (no gen: cannot grant) */
+        (strcmp(e->cfg.protocol, "auto") && strcmp(e->cfg.protocol, "shm")) || !far->has_ipc ||
+        !far->ipc.gen) /* (no gen: cannot grant) */
         return NULL;
-    return ipc_get(e, p, rb, x, atoi((t->lbuf->vram ? t->lbuf->location : rb->location) + 5));
+    return ipc_get(e, p, rb, &far->ipc,
+                   atoi((t->lbuf->vram ? t->lbuf->location : rb->location) + 5));
 }
 
 void mc__file_grant_answer(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok)
@@ -645,22 +646,30 @@ static int self_far_end(mc_engine_t *e, file_op_t *op, bool rfile)
     return 0;
 }
 
-/* The peer's buffer at the op's far end; NULL (the op ended) when its descriptor changed since
- * the task was routed. */
-static const mc_desc_buffer_t *op_far_buffer(mc_engine_t *e, file_op_t *op)
+/* The peer's buffer at the op's far end, copied with its IPC handle under peers_lock: a host
+ * thread that adds a buffer key to the peer may move its buffer list meanwhile (peer.h). False
+ * (the op ended) when its descriptor changed since the task was routed. */
+static bool op_far_buffer(mc_engine_t *e, file_op_t *op, file_far_t *far)
 {
+    pthread_rwlock_rdlock(&e->peers_lock);
     const mc_desc_buffer_t *rb = mc__desc_find(&op->p->desc, remote_addr(op), op->s->len);
-
+    const file_desc_ipc_t *x = rb ? mc__desc_part(&op->p->desc, rb, mc__file_slot) : NULL;
+    if (rb)
+        far->b = *rb;
+    far->has_ipc = x != NULL;
+    if (x)
+        far->ipc = *x;
+    pthread_rwlock_unlock(&e->peers_lock);
     if (!rb)
         op_end(e, op, -MC_EACCESS, false, "range 0x%llx+%u is no longer registered by %s",
                (unsigned long long)remote_addr(op), op->s->len, op->p->name);
-    return rb;
+    return rb != NULL;
 }
 
 static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
 {
     file_op_t *op = op_alloc(e);
-    const mc_desc_buffer_t *rb;
+    file_far_t far;
     file_ipc_map_t *m;
 
     if (!op) {
@@ -669,9 +678,9 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
     }
     op->s = s;
     op->p = p;
-    if (!(rb = op_far_buffer(e, op)))
+    if (!op_far_buffer(e, op, &far))
         return;
-    m = ipc_for(e, p, s->task, rb, is_self(e, p));
+    m = ipc_for(e, p, s->task, &far, is_self(e, p));
     if (m && m->asked) { /* its turn comes with the peer's grant */
         op->waiting = true;
         mc_list_push_back(&m->asking, &op->link);
@@ -686,15 +695,15 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
 static void op_staged(mc_engine_t *e, file_op_t *op)
 {
     mc_task_t *t = op->s->task;
-    const mc_desc_buffer_t *rb = op_far_buffer(e, op);
     bool self = is_self(e, op->p), lf = file_staged(t->lbuf), rf;
     mc_slice_t *s = op->s;
+    file_far_t far;
 
-    if (!rb)
+    if (!op_far_buffer(e, op, &far))
         return;
-    rf = file_desc_staged(rb);
+    rf = file_desc_staged(&far.b);
     plan(op, self, lf, rf);
-    if (self && self_far_end(e, op, rb->owner == mc__file_slot + 1)) {
+    if (self && self_far_end(e, op, far.b.owner == mc__file_slot + 1)) {
         op_end(e, op, -MC_EACCESS, false, "%s", mc_last_error());
         return;
     }
