@@ -133,6 +133,41 @@ static int key_parts(mc_engine_t *e, const uint8_t *k, size_t used, unsigned n, 
     return at == used ? 0 : mc__set_error(-MC_EPROTO, "buffer key: trailing bytes");
 }
 
+static bool same_parts(const mc_desc_t *d, const mc_desc_buffer_t *a, const mc_desc_buffer_t *b)
+{
+    for (unsigned i = 0; i < MC_TP_MAX; i++) {
+        if (!a->part[i] != !b->part[i] || a->part_len[i] != b->part_len[i])
+            return false;
+        if (a->part[i] && memcmp(mc__desc_part(d, a, i), mc__desc_part(d, b, i), a->part_len[i]))
+            return false;
+    }
+    return true;
+}
+
+/* The buffer key just added as b, of a range d holds already: true if that entry says the same
+ * (b goes again); else it is of an earlier registration of the range (a registration cache, or
+ * memory registered again at the same address: rdma's memory regions, and their rkeys, are new),
+ * which goes. Caller holds peers_lock for writing. */
+static bool known_as(mc_desc_t *d, mc_desc_buffer_t *b)
+{
+    size_t at = (size_t)(b - d->buffers), lo = at, hi = at + 1;
+
+    while (lo > 0 && d->buffers[lo - 1].addr == b->addr) /* sorted: those of its address */
+        lo--;
+    while (hi < d->n_buffers && d->buffers[hi].addr == b->addr)
+        hi++;
+    for (size_t i = lo; i < hi; i++) {
+        mc_desc_buffer_t *o = &d->buffers[i];
+        if (o == b || o->len != b->len || strcmp(o->location, b->location))
+            continue;
+        if (same_parts(d, o, b))
+            return true;
+        mc__desc_buffer_remove(d, o); /* (its bytes stay in parts until the next descriptor) */
+        return false;
+    }
+    return false;
+}
+
 int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, size_t len)
 {
     const uint8_t *k = key;
@@ -160,14 +195,14 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
         rc = mc__set_error(-MC_EPEERDEAD, "%s", p->dead_reason);
     if (rc)
         goto out;
-    const mc_desc_buffer_t *have = mc__desc_find(&p->desc, addr, blen);
-    if (have && have->addr == addr && have->len == blen)
-        goto out; /* known already */
+    size_t parts_len = p->desc.parts_len;
     rc = mc__desc_buffer_add(&p->desc, addr, blen, loc, &b);
     if (!rc) {
         rc = key_parts(e, k, used, k[5], &p->desc, b);
-        if (rc)
+        if (rc || known_as(&p->desc, b)) { /* its bytes were the last added: taken back */
             mc__desc_buffer_remove(&p->desc, b);
+            p->desc.parts_len = parts_len;
+        }
     }
 out:
     pthread_rwlock_unlock(&e->peers_lock);

@@ -58,6 +58,7 @@ int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const vo
         memcpy(d->parts + off, data, len);
     d->parts_len = need;
     b->part[slot] = (uint32_t)off + 1;
+    b->part_len[slot] = (uint32_t)len;
     return 0;
 }
 

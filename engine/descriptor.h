@@ -23,11 +23,12 @@
 struct mc_desc_buffer {
     uint64_t addr, len;
     char location[MC_LOCATION_MAX];
-    uint32_t part[MC_TP_MAX]; /* offset + 1 of transport i's bytes for it in mc_desc_t.parts */
-    uint8_t owner;            /* 0: memory; else 1 + the slot of the transport whose codec said
-                                 it owns this opaque buffer (a file): only it may move it;
-                                 MC_OWNER_NONE: opaque, and no transport here knows its kind */
-    bool internal;            /* the peer's own (bounce buffers): not listed to hosts */
+    uint32_t part[MC_TP_MAX];     /* offset + 1 of transport i's bytes for it in mc_desc_t.parts */
+    uint32_t part_len[MC_TP_MAX]; /* and their length */
+    uint8_t owner;                /* 0: memory; else 1 + the slot of the transport whose codec said
+                                     it owns this opaque buffer (a file): only it may move it;
+                                     MC_OWNER_NONE: opaque, and no transport here knows its kind */
+    bool internal;                /* the peer's own (bounce buffers): not listed to hosts */
 };
 
 struct mc_desc {

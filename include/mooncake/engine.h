@@ -319,8 +319,11 @@ MC_API int mc_buffer_key_pack(mc_engine_t *engine, const void *addr, void *out);
 /* Make the buffer a key describes usable in the open segment id, whatever its descriptor says
  * (requests inside it are routed at once). Any thread, callbacks too. -MC_ENOSEGMENT if the
  * key is of another engine than id (or id is a segment opened by a name metadata has not
- * resolved yet, whose instance is unknown), -MC_EPROTO if it is not a key. A descriptor of the
- * segment that arrives later replaces what keys added (it lists what is registered then). Its owner
+ * resolved yet, whose instance is unknown), -MC_EPROTO if it is not a key. A key of a range
+ * the segment lists already replaces that entry when it says something else (the owner
+ * registered that memory again: new rdma rkeys), and changes nothing when it says the same. A
+ * descriptor of the segment that arrives later replaces what keys added (it lists what is
+ * registered then). Its owner
  * still checks every request: a key of an unregistered buffer gets requests refused there, not
  * served. */
 MC_API int mc_segment_add_buffer(mc_engine_t *engine, mc_segment_id_t id, const void *key,

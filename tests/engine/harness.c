@@ -477,6 +477,9 @@ static void child_command(const th_cmd_t *c, th_reply_t *r)
             r->rc = 0;
         } else {
             r->rc = mc_mem_unregister(ce->e, ce->buf[c->a0]);
+            if (!r->rc && c->a1)
+                r->rc = mc_mem_register(ce->e, ce->buf[c->a0], c_opts.buf_size,
+                                        c_opts.location[0] ? c_opts.location : "cpu:0");
         }
         break;
     case TH_CMD_FILL:

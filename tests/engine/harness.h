@@ -65,7 +65,7 @@ typedef struct th_target {
 
 enum th_cmd_op {
     TH_CMD_PING = 1,
-    TH_CMD_UNREGISTER, /* a0 = buffer index */
+    TH_CMD_UNREGISTER, /* a0 = buffer index; a1 = 1: register the same memory again after */
     TH_CMD_FILL,       /* a0 = addr, a1 = len, a2 = seed, a4 = stream offset */
     TH_CMD_CHECK,      /* like FILL; rc = 0 or 1 + first bad offset */
     TH_CMD_NOTIFY,     /* a3 = timeout ms; pop loop, then check [a0, a0+a1) against seed a2 */

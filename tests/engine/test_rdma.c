@@ -465,6 +465,41 @@ static void test_stale_descriptor(void **state)
     assert_int_equal(th_remote_check(&fx->t, 0, b0, SMALL, 902, 0), -1);
 }
 
+/* (b') The target registers a buffer again at the same address: its memory regions, and their
+ * rkeys, are new. The buffer key it packs then, added to the segment, replaces what our copy
+ * of its descriptor said (the old rkeys would be refused), and the same key added twice is
+ * taken once. */
+static void test_reregistered_key(void **state)
+{
+    fx_t *fx = *state;
+    uint8_t *buf = fx_local(fx, SMALL);
+    uint64_t b1 = tbuf(fx, 1);
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1, .a1 = 1};
+    th_reply_t r;
+    char why[512];
+
+    th_fill(buf, SMALL, 911);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_WRITE, buf, b1, SMALL, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    c = (th_cmd_t){.op = TH_CMD_KEY, .a0 = b1};
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(mc_segment_add_buffer(fx->e, fx->seg, r.msg, MC_BUFFER_KEY_SIZE), 0);
+    th_fill(buf, SMALL, 912);
+    int st = xfer(fx->e, fx->seg, MC_WRITE, buf, b1, SMALL, why, sizeof(why));
+    if (st != MC_TASK_COMPLETED)
+        print_error("WRITE after the new key: %s\n", why);
+    assert_int_equal(st, MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, b1, SMALL, 912, 0), -1);
+    memset(buf, 0, SMALL);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_READ, buf, b1, SMALL, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(buf, SMALL, 912), -1);
+}
+
 /* The target's descriptor blob, rewritten by edit(root, arg). Free with free(). */
 static char *blob_edit(const fx_t *fx, void (*edit)(json_t *root, void *arg), void *arg,
                        size_t *len_p)
@@ -843,7 +878,7 @@ int main(int argc, char **argv)
         CASE(test_corrupt_rkey, small2),       CASE(test_stale_descriptor, small2),
         CASE(test_forged_rkey, small2),        CASE(test_out_of_bounds, small2),
         CASE(test_dead_peer, big256),          CASE(test_auto, small2),
-        CASE(test_qp_limit, two_peers_one_qp),
+        CASE(test_qp_limit, two_peers_one_qp), CASE(test_reregistered_key, small2),
     };
     int rc = cmocka_run_group_tests_name("rdma", tests, NULL, NULL);
     th_kill_all();
