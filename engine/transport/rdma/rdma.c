@@ -96,7 +96,8 @@ static int dev_setup(mc_engine_t *e, const mc_rdma_t *r, mc_rdma_dev_t *d)
     if (!d->max_mr)
         return mc__set_error(-MC_ENODEV, "%s: max_mr_size %llu is below a page", d->name,
                              (unsigned long long)da.max_mr_size);
-    d->max_rd_atomic = da.max_qp_rd_atom < 16 ? (unsigned)da.max_qp_rd_atom : 16;
+    d->rd_init = da.max_qp_init_rd_atom < 16 ? (unsigned)da.max_qp_init_rd_atom : 16;
+    d->rd_resp = da.max_qp_rd_atom < 16 ? (unsigned)da.max_qp_rd_atom : 16;
     d->cq_size = da.max_cqe < MC_RDMA_CQ_MAX ? (unsigned)da.max_cqe : MC_RDMA_CQ_MAX;
     /* Relaxed ordering is an optional flag: devices without it ignore it. */
     d->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
@@ -237,9 +238,10 @@ static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             mc_info("rdma: %s: %s", d->name, ibv_event_type_str(t));
         else
             mc_warn("rdma: %s: %s", d->name, ibv_event_type_str(t));
-        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE)
-            d->port_down = t == IBV_EVENT_PORT_ERR;
-        if (t == IBV_EVENT_PORT_ERR)
+        d->fatal |= t == IBV_EVENT_DEVICE_FATAL; /* nothing works on it any more */
+        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE || d->fatal)
+            d->port_down = t == IBV_EVENT_PORT_ERR || d->fatal;
+        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL)
             drain_dev_qps(e, d, NULL);
         else if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
                  t == IBV_EVENT_QP_ACCESS_ERR)  /* ours only: a target QP stays with its link */

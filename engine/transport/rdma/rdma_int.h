@@ -53,9 +53,10 @@ typedef struct mc_rdma_dev {
     uint16_t lid;
     uint16_t mtu; /* bytes: the port's active MTU, capped by MC_MTU */
     uint64_t max_mr;
-    int access; /* memory region access flags */
-    unsigned max_rd_atomic;
-    bool port_down; /* since IBV_EVENT_PORT_ERR, until IBV_EVENT_PORT_ACTIVE */
+    int access;                /* memory region access flags */
+    unsigned rd_init, rd_resp; /* RDMA READs in flight it may issue on a QP, and take as target */
+    bool port_down;            /* since IBV_EVENT_PORT_ERR, until IBV_EVENT_PORT_ACTIVE */
+    bool fatal;                /* IBV_EVENT_DEVICE_FATAL: its ports stay down */
 } mc_rdma_dev_t;
 
 /* The memory regions of one local buffer (b->tp[mc__rdma_slot]): mr[dev * n_chunks + chunk]. */
@@ -198,6 +199,7 @@ static inline rdma_peer_t *rdma_peer(mc_peer_t *p)
 #define MC_QP_INFO_MSG_LEN 52 /* with the message part */
 typedef struct mc_qp_info {
     uint8_t dev, peer_dev, link;
+    uint8_t rd_resp; /* READs in flight the sender's QP takes as target (0: an older peer's) */
     uint16_t lid, mtu;
     uint32_t qpn, psn; /* 24-bit values */
     uint8_t gid[16];

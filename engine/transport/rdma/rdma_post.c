@@ -189,6 +189,11 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
                          "the remote range is no longer registered by the segment");
         return true;
     }
+    if (r->rdev >= rb.k->n_devs) { /* the rails predate a descriptor with fewer devices */
+        mc__slice_failed(e, s, -MC_EPEERDEAD, true,
+                         "the segment's descriptor no longer lists the device of this rail");
+        return true;
+    }
     const mc_buffer_t *lb = s->task->lbuf;
     uint64_t la = (uint64_t)(uintptr_t)s->task->req.local + s->offset;
     unsigned need = pieces(s, &rb, lb, la), most = rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK;

@@ -79,19 +79,23 @@ void mc__rdma_qp_info(const mc_rdma_qp_t *qp, mc_qp_info_t *q)
     q->mtu = qp->dev->mtu;
     q->qpn = qp->qp->qp_num;
     q->psn = qp->psn;
+    q->rd_resp = (uint8_t)qp->dev->rd_resp;
     memcpy(q->gid, qp->dev->gid.raw, 16);
 }
 
-/* INIT -> RTR -> RTS towards the remote end. remote->mtu is the MTU both ends use. */
+/* INIT -> RTR -> RTS towards the remote end. remote->mtu is the MTU both ends use; READs in
+ * flight are bounded by what our device may issue and what the remote one takes (a remote NIC
+ * answers more with a NAK, which would fail the request). */
 int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote)
 {
     mc_rdma_dev_t *d = qp->dev;
+    unsigned rd = remote->rd_resp && remote->rd_resp < d->rd_init ? remote->rd_resp : d->rd_init;
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_RTR,
         .path_mtu = mtu_enum(remote->mtu),
         .dest_qp_num = remote->qpn,
         .rq_psn = remote->psn,
-        .max_dest_rd_atomic = (uint8_t)d->max_rd_atomic,
+        .max_dest_rd_atomic = (uint8_t)d->rd_resp,
         .min_rnr_timer = 12,
         .ah_attr = {.dlid = remote->lid, .port_num = d->port},
     };
@@ -115,7 +119,7 @@ int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *re
     a.retry_cnt = QP_RETRY_CNT;
     a.rnr_retry = 7;
     a.sq_psn = qp->psn;
-    a.max_rd_atomic = (uint8_t)d->max_rd_atomic;
+    a.max_rd_atomic = (uint8_t)rd;
     if (ibv_modify_qp(qp->qp, &a,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
@@ -179,6 +183,7 @@ size_t mc__rdma_qp_info_encode(const mc_qp_info_t *q, uint8_t out[MC_QP_INFO_MSG
     out[0] = q->dev;
     out[1] = q->peer_dev;
     out[2] = q->link;
+    out[3] = q->rd_resp;
     mc__put16(out + 4, q->lid);
     mc__put16(out + 6, q->mtu);
     mc__put32(out + 8, q->qpn);
@@ -201,6 +206,7 @@ int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q)
     q->dev = in[0];
     q->peer_dev = in[1];
     q->link = in[2];
+    q->rd_resp = in[3];
     q->lid = mc__get16(in + 4);
     q->mtu = mc__get16(in + 6);
     q->qpn = mc__get32(in + 8);
