@@ -518,6 +518,24 @@ static void on_event(void *arg, mc_segment_id_t id, mc_peer_event_t ev, int erro
     }
 }
 
+/* Each of n messages (completions in d) and the flush after them (fd) fail with -MC_EPEERDEAD
+ * within timeout_ms, and the DEAD event (ev) comes once. */
+static void expect_lost(done_t *d, done_t *fd, events_t *ev, unsigned n, int64_t t0, int timeout_ms)
+{
+    int64_t dl = th_now_ms() + timeout_ms;
+
+    while ((atomic_load(&d->failed) < n || !atomic_load(&fd->failed) || !atomic_load(&ev->dead)) &&
+           th_now_ms() < dl)
+        th_sleep_ms(1);
+    print_message("  reported after %lld ms: %s\n", (long long)(th_now_ms() - t0), ev->reason);
+    assert_int_equal(atomic_load(&d->ok), 0);
+    assert_int_equal(atomic_load(&d->failed), n);
+    assert_int_equal(atomic_load(&d->last_error), -MC_EPEERDEAD);
+    assert_int_equal(atomic_load(&fd->failed), 1);
+    assert_int_equal(atomic_load(&fd->last_error), -MC_EPEERDEAD);
+    assert_int_equal(atomic_load(&ev->dead), 1);
+}
+
 /* The target stops (SIGSTOP) so nothing is acknowledged, then is killed: each of the messages
  * and the flush fails with -MC_EPEERDEAD, none hangs, the DEAD event counts them, and a send
  * afterwards is refused. Writes the flush waits for, most still queued over tcp, end too (the
@@ -560,17 +578,7 @@ static void test_peer_killed(void **state)
     assert_int_equal(atomic_load(&d.ok) + atomic_load(&d.failed), 0);
     int64_t t0 = th_now_ms();
     th_target_kill(t);
-    int64_t dl = th_now_ms() + 20000;
-    while ((atomic_load(&d.failed) < n || !atomic_load(&fd.failed) || !atomic_load(&ev.dead)) &&
-           th_now_ms() < dl)
-        th_sleep_ms(1);
-    print_message("  reported after %lld ms: %s\n", (long long)(th_now_ms() - t0), ev.reason);
-    assert_int_equal(atomic_load(&d.ok), 0);
-    assert_int_equal(atomic_load(&d.failed), n);
-    assert_int_equal(atomic_load(&d.last_error), -MC_EPEERDEAD);
-    assert_int_equal(atomic_load(&fd.failed), 1);
-    assert_int_equal(atomic_load(&fd.last_error), -MC_EPEERDEAD);
-    assert_int_equal(atomic_load(&ev.dead), 1);
+    expect_lost(&d, &fd, &ev, n, t0, 20000);
     assert_int_equal(mc_batch_wait(b, 20000), 0);
     th_batch_destroy(e, b);
     th_buf_free(e, src, nw * sz);
@@ -616,16 +624,7 @@ static void test_peer_silent(void **state)
     for (uint32_t i = 0; i < n; i++)
         assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, sizeof(buf)), &o), 0);
     assert_int_equal(mc_peer_flush(e, id, on_done, &fd), 0);
-    int64_t dl = th_now_ms() + 30000;
-    while ((atomic_load(&d.failed) < n || !atomic_load(&fd.failed) || !atomic_load(&ev.dead)) &&
-           th_now_ms() < dl)
-        th_sleep_ms(1);
-    print_message("  reported after %lld ms: %s\n", (long long)(th_now_ms() - t0), ev.reason);
-    assert_int_equal(atomic_load(&d.ok), 0);
-    assert_int_equal(atomic_load(&d.failed), n);
-    assert_int_equal(atomic_load(&d.last_error), -MC_EPEERDEAD);
-    assert_int_equal(atomic_load(&fd.failed), 1);
-    assert_int_equal(atomic_load(&ev.dead), 1);
+    expect_lost(&d, &fd, &ev, n, t0, 30000);
     assert_true(th_contains(ev.reason, "unreachable"));
     assert_true(th_now_ms() - t0 >= 2000); /* not before a lease would have been probed */
     th_target_kill(t);
