@@ -536,7 +536,8 @@ static bool refs_drained(mc_engine_t *e, void *arg)
  * through the transports (same-host mappings and copies). */
 static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
 {
-    uint64_t deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 1000 * MC_MS;
+    /* (2 s past the transfer timeout: tcp cuts a peer that still holds b at the timeout) */
+    uint64_t deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 2000 * MC_MS;
 
     if (!mc__mem_wait(e, refs_drained, b, deadline))
         return mc__set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",

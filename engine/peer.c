@@ -505,7 +505,7 @@ void mc__peers_tick(mc_engine_t *e, uint64_t now)
             continue;
         }
         if (p->reported == MC_PEER_UNREACHABLE && p->state == MC_SEGMENT_READY && msgs_wait(p) &&
-            now - p->unreachable_ns >= lease_probe_ns(e)) {
+            (int64_t)(now - p->unreachable_ns) >= (int64_t)lease_probe_ns(e)) {
             mc__peer_dead(e, p, "unreachable for %llu ms with messages waiting for it",
                           (unsigned long long)((now - p->unreachable_ns) / MC_MS));
             continue;

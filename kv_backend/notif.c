@@ -68,15 +68,17 @@ mc_kv_status_t kv__gen_notif(mc_kv_backend_t *b, const char *agent, const void *
  * agent (a process restarted at the segment of a loaded agent is that agent until the host
  * disconnects it). A sender that names no loaded agent, from no loaded agent's segment, is
  * taken at its word: hosts get notifications from agents they never loaded (vLLM's prefill side
- * does not load the decode side that READs from it with a notification). Caller is exclusive. */
+ * does not load the decode side that READs from it with a notification). A plain engine
+ * notification (plain: not in this plugin's format) names its segment, which must then not be
+ * a loaded agent's name from another segment. Caller is exclusive. */
 static mc_kv_status_t notif_sender_check(mc_kv_backend_t *b, const char *sender,
-                                         const char *claimed)
+                                         const char *claimed, bool plain)
 {
     const kv_agent_t *named, *from = NULL;
     mc_kv_status_t st = MC_KV_SUCCESS;
 
     pthread_rwlock_rdlock(&b->agents_lock);
-    if (!(named = kv__agent_find(b, claimed)))
+    if (!(named = kv__agent_find(b, claimed)) && !plain) /* (plain: named by its segment) */
         for (from = b->agents; from && strcmp(from->segment, sender); from = from->next)
             ;
     if (named && strcmp(named->segment, sender))
@@ -118,7 +120,7 @@ int kv__get_notif(mc_kv_backend_t *b, mc_kv_notif_t *out)
         msg = n->msg + 1 + name_len;
         len = n->len - 1 - name_len;
     }
-    if ((st = notif_sender_check(b, n->sender, agent)))
+    if ((st = notif_sender_check(b, n->sender, agent, msg == n->msg)))
         return st;
     memcpy(out->agent, agent, sizeof(agent));
     out->len = len;

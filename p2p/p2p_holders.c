@@ -13,13 +13,21 @@ bool mc__p2p_holder_usable(const p2p_fetch_t *f, const p2p_holder_t *h)
            (!f->o.origin_only || h->origin);
 }
 
+/* The engine never revives a segment it declared dead: a holder tried again after a rest gets
+ * a fresh one, once nothing of ours is in flight to the old. */
+static void holder_seg_close(p2p_fetch_t *f, p2p_holder_t *h)
+{
+    if (h->seg != MC_SEGMENT_INVALID && !h->inflight &&
+        mc_segment_close(f->p2p->engine, h->seg) == 0)
+        h->seg = MC_SEGMENT_INVALID;
+}
+
 /* A holder we could not reach may be gone, or may have had a blip: an unanswered request for
  * its descriptor, a segment that would not open in time (the engine reports both as it does a
  * dead peer). It rests, P2P_LOST_REST_MS doubled each time, and is tried again; P2P_HOLDER_LOST
  * times in a row make it dead for the rest of the fetch (a gone one is: nothing listens, so
  * each try fails at once). The shards in flight from it when it failed fail together: they
- * count once. The engine never revives a segment it declared dead: ours is closed (once nothing
- * of ours is in flight to it), so that the next try opens it afresh. */
+ * count once. Its segment is closed now, or when its rest ends if shards were in flight to it. */
 void mc__p2p_holder_lost(p2p_fetch_t *f, p2p_holder_t *h, int err)
 {
     f->holders_gen++;
@@ -32,9 +40,7 @@ void mc__p2p_holder_lost(p2p_fetch_t *f, p2p_holder_t *h, int err)
         return;
     }
     h->rest_until_ms = mc__p2p_now_ms() + ((uint64_t)P2P_LOST_REST_MS << (h->lost - 1));
-    if (h->seg != MC_SEGMENT_INVALID && !h->inflight &&
-        mc_segment_close(f->p2p->engine, h->seg) == 0)
-        h->seg = MC_SEGMENT_INVALID;
+    holder_seg_close(f, h);
 }
 
 bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now)
@@ -46,6 +52,7 @@ bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now)
         if (h->rest_until_ms && now >= h->rest_until_ms) {
             h->rest_until_ms = 0;
             f->holders_gen++;
+            holder_seg_close(f, h); /* (shards were in flight to it when it failed) */
         }
         resting |= h->rest_until_ms && h->present && !h->dead && !h->bad;
     }

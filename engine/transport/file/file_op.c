@@ -653,7 +653,11 @@ static bool op_far_buffer(mc_engine_t *e, file_op_t *op, file_far_t *far)
 {
     pthread_rwlock_rdlock(&e->peers_lock);
     const mc_desc_buffer_t *rb = mc__desc_find(&op->p->desc, remote_addr(op), op->s->len);
-    const file_desc_ipc_t *x = rb ? mc__desc_part(&op->p->desc, rb, mc__file_slot) : NULL;
+    /* (a file's part is not an IPC handle: only a memory buffer's of that length is) */
+    const file_desc_ipc_t *x =
+        rb && !rb->owner && rb->part_len[mc__file_slot] == sizeof(file_desc_ipc_t)
+            ? mc__desc_part(&op->p->desc, rb, mc__file_slot)
+            : NULL;
     if (rb)
         far->b = *rb;
     far->has_ipc = x != NULL;

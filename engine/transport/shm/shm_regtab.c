@@ -1,5 +1,6 @@
 /* The owner's side of the shared registration table (see shm_int.h). */
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -122,8 +123,9 @@ void mc__shm_regtab_slot_put(mc_engine_t *e, int slot)
 
 /* How long a reader waits for a consistent table: an owner that died while rewriting it leaves
  * seq odd for good. A reader that gives up says "not covered", and the task goes over another
- * transport, which asks the owner itself. */
-#define REGTAB_WAIT_NS (2 * MC_MS)
+ * transport, which asks the owner itself. Long enough for an owner preempted mid-rewrite on a
+ * loaded machine; the reader yields its core meanwhile. */
+#define REGTAB_WAIT_NS (100 * MC_MS)
 
 bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len)
 {
@@ -149,5 +151,7 @@ bool mc__shm_regtab_covers(const mc_regtab_t *t, uint64_t addr, uint64_t len)
             deadline = now + REGTAB_WAIT_NS;
         else if (now > deadline)
             return false;
+        else
+            sched_yield();
     }
 }
