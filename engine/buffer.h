@@ -31,9 +31,9 @@ struct mc_buffer {
                                  registered later at the same address has another */
     unsigned regs;            /* registrations of exactly this range (mem.lock) */
     atomic_uint refs;         /* requests in flight that touch this buffer */
-    atomic_bool dead;         /* unregistered: waiting for refs to drain */
-    _Atomic uint64_t dead_ns; /* when it was (mc__now_ns): a peer's request that still holds it
-                                 a transfer timeout later is cut (tcp) */
+    _Atomic uint64_t dead_ns; /* when it was unregistered (mc__now_ns), 0 while it is not: its
+                                 unregister waits for refs to drain, and a peer's request
+                                 that still holds it a transfer timeout later is cut */
     void *tp[MC_TP_MAX];      /* each transport's registration (memory regions, handles), or NULL */
     uint8_t owner;            /* 0: memory of this process; else 1 + the slot of the transport that
                                  owns this opaque buffer (see above) */

@@ -170,12 +170,12 @@ void mc__mem_wake(mc_engine_t *e)
     pthread_mutex_unlock(&e->mem.drain_lock);
 }
 
-/* dead is read before the references go: once the last one has, an unregister that was waiting
+/* dead_ns is read before the references go: once the last one has, an unregister that was waiting
  * may free b at once. (A buffer that dies just after that read misses its wake-up here; its
  * unregister looks again within 10 ms.) */
 void mc__mem_put_n(mc_engine_t *e, mc_buffer_t *b, unsigned n)
 {
-    bool dead = atomic_load(&b->dead);
+    bool dead = atomic_load(&b->dead_ns) != 0;
 
     if (atomic_fetch_sub(&b->refs, n) == n && dead)
         mc__mem_wake(e);
@@ -484,7 +484,6 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, uint64_t len, b
         memmove(&v[i], &v[i + 1], (*n - (size_t)i - 1) * sizeof(*v));
         (*n)--;
         atomic_store(&b->dead_ns, mc__now_ns());
-        atomic_store(&b->dead, true);
         atomic_fetch_add(&t->dying, 1);
         tp_changed(e);
     }
@@ -536,7 +535,7 @@ static bool refs_drained(mc_engine_t *e, void *arg)
  * through the transports (same-host mappings and copies). */
 static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
 {
-    /* (2 s past the transfer timeout: tcp cuts a peer that still holds b at the timeout) */
+    /* (2 s past the transfer timeout: a peer that still holds b then is cut by its transport) */
     uint64_t deadline = mc__now_ns() + (uint64_t)e->cfg.transfer_timeout_ms * MC_MS + 2000 * MC_MS;
 
     if (!mc__mem_wait(e, refs_drained, b, deadline))

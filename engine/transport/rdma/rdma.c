@@ -239,13 +239,14 @@ static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         else
             mc_warn("rdma: %s: %s", d->name, ibv_event_type_str(t));
         d->fatal |= t == IBV_EVENT_DEVICE_FATAL; /* nothing works on it any more */
-        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE || d->fatal)
-            d->port_down = t == IBV_EVENT_PORT_ERR || d->fatal;
-        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL)
+        if (t == IBV_EVENT_PORT_ACTIVE && !d->fatal)
+            d->port_down = false;
+        if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL) {
+            d->port_down = true;
             drain_dev_qps(e, d, NULL);
-        else if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
-                 t == IBV_EVENT_QP_ACCESS_ERR)  /* ours only: a target QP stays with its link */
-            drain_dev_qps(e, d, ev.element.qp); /* matched, not dereferenced */
+        } else if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
+                   t == IBV_EVENT_QP_ACCESS_ERR) /* ours only: a target QP stays with its link */
+            drain_dev_qps(e, d, ev.element.qp);  /* matched, not dereferenced */
         ibv_ack_async_event(&ev);
     }
 }

@@ -192,8 +192,9 @@ static void outbound_timers(mc_engine_t *e, mc_peer_t *p, uint64_t now)
 
 static bool unregistered_long_ago(const mc_engine_t *e, mc_buffer_t *b, uint64_t now)
 {
-    return b && atomic_load(&b->dead) &&
-           now - atomic_load(&b->dead_ns) > (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
+    uint64_t dead = b ? atomic_load(&b->dead_ns) : 0;
+
+    return dead && now - dead > (uint64_t)e->cfg.transfer_timeout_ms * MC_MS;
 }
 
 /* Whether c still holds a buffer unregistered a transfer timeout ago, the longest that
