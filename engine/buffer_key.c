@@ -146,8 +146,8 @@ static bool same_parts(const mc_desc_t *d, const mc_desc_buffer_t *a, const mc_d
 
 /* The buffer key just added as b, of a range d holds already: true if that entry says the same
  * (b goes again); else it is of an earlier registration of the range (a registration cache, or
- * memory registered again at the same address: rdma's memory regions, and their rkeys, are new),
- * which goes. Caller holds peers_lock for writing. */
+ * memory registered again at the same address: what transports keep for it, memory regions and
+ * their keys, is new), which goes. Caller holds peers_lock for writing. */
 static bool known_as(mc_desc_t *d, mc_desc_buffer_t *b)
 {
     size_t at = (size_t)(b - d->buffers), lo = at, hi = at + 1;
