@@ -33,6 +33,11 @@
 /* A host's send runs a whole pass when none ran for this long (mc__progress_send). */
 #define SEND_PASS_NS (100 * 1000)
 
+/* A host spinning on mc_engine_progress: light passes between two whole ones, at most this
+ * many and for this long after it. */
+#define LIGHT_PASSES 7
+#define LIGHT_US     2
+
 static __thread bool in_pass;
 static __thread const mc_engine_t *pass_engine; /* whose pass (in_pass) */
 
@@ -189,16 +194,19 @@ static void transports_reap(mc_engine_t *e)
 
 /* One pass over ready events, starting at now (one clock read per pass, another when timers
  * are due). Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps
- * them, and the event fd says there is work). */
+ * them, and the event fd says there is work). now 0: a light pass (mc_engine_progress), no
+ * events, no timers, no clock. */
 static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, int n,
                          mc_pollable_t *direct, bool callbacks)
 {
     in_pass = true;
     pass_engine = e;
     e->pass_callbacks = callbacks;
-    if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)
-        e->resumed_ns = now;
-    e->last_pass_ns = now;
+    if (now) {
+        if (now - e->last_pass_ns > (uint64_t)e->cfg.io_timeout_ms * MC_MS / 2)
+            e->resumed_ns = now;
+        e->last_pass_ns = now;
+    }
     e->sends_since_pass = 0;
     for (int i = 0; i < n; i++) {
         mc_pollable_t *p = evs[i].data.ptr;
@@ -218,7 +226,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
             mc__transports[i]->progress(e);
     mc__sched_run(e);
-    if (now >= e->next_timer_ns) {
+    if (now && now >= e->next_timer_ns) {
         now = mc__now_ns(); /* later than what the pass recorded meanwhile (last_done_ns) */
         mc__sched_timers(e, now);
         mc__peers_tick(e, now);
@@ -240,7 +248,8 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
     if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
         mc__doorbell(e);
-    arm_timer(e);
+    if (now)
+        arm_timer(e);
     e->pass_callbacks = false;
     in_pass = false;
     if (atomic_load_explicit(&e->finished_any, memory_order_relaxed) && /* no locked op per pass */
@@ -449,6 +458,20 @@ int mc__progress_quiet(mc_engine_t *e)
     return progress_try(e, false, &ran, 0);
 }
 
+/* Whether this call of a host spinning on mc_engine_progress may be a light pass: what comes
+ * through memory (rings, completion queues), the host's callbacks and the transports' reaps,
+ * without the clock, epoll or the timers. A whole pass (the clock read alone was a fifth of a
+ * same-host message's path) runs at least every LIGHT_PASSES + 1 calls and LIGHT_US, and at
+ * every call while sockets are busy. */
+static bool light_due(mc_engine_t *e)
+{
+    if (!e->light_left || e->solo || e->epoll_found ||
+        mc__cycles() - e->whole_cycles >= e->light_cycles)
+        return false;
+    e->light_left--;
+    return true;
+}
+
 int mc_engine_progress(mc_engine_t *e)
 {
     if (!e)
@@ -456,15 +479,30 @@ int mc_engine_progress(mc_engine_t *e)
     if (e->has_thread)
         return 0;
     uint64_t now = 0;
-    bool ran;
+    int rc;
     if (atomic_load_explicit(&e->host_armed, memory_order_relaxed)) /* it is back */
         atomic_store_explicit(&e->host_armed, false, memory_order_relaxed);
-    if (e->has_serve_thread) { /* the pass below uses the same clock reading */
-        now = mc__now_ns();
-        atomic_store_explicit(&e->host_pass_ns, now, memory_order_relaxed);
-        atomic_fetch_add_explicit(&e->host_passes, 1, memory_order_relaxed);
+    if (e->has_serve_thread) /* (one host thread's count may be lost to another's) */
+        atomic_store_explicit(&e->host_passes,
+                              atomic_load_explicit(&e->host_passes, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    if (in_pass || pthread_mutex_trylock(&e->lock))
+        return 0;
+    if (light_due(e)) {
+        MC_LOG_SCOPE(e->cfg.log_level);
+        rc = progress_pass(e, 0, NULL, 0, NULL, true);
+        arm_for_host(e);
+    } else {
+        if (e->has_serve_thread) { /* the pass below uses the same clock reading */
+            now = mc__now_ns();
+            atomic_store_explicit(&e->host_pass_ns, now, memory_order_relaxed);
+        }
+        rc = progress_locked(e, true, now);
+        e->whole_cycles = mc__cycles();
+        e->light_left = LIGHT_PASSES;
     }
-    return progress_try(e, true, &ran, now);
+    pthread_mutex_unlock(&e->lock);
+    return rc;
 }
 
 int mc_engine_event_fd(const mc_engine_t *e)
@@ -688,6 +726,7 @@ static int engine_start(mc_engine_t *e)
     if (rc)
         return rc;
     e->implicit_progress = !e->cfg.progress_thread && e->cfg.progress_implicit;
+    e->light_cycles = LIGHT_US * mc__cycles_per_us();
     if (e->cfg.progress_thread) {
         rc = pthread_create(&e->progress_tid, NULL, progress_thread, e);
         if (rc)

@@ -107,6 +107,9 @@ struct mc_engine {
     uint64_t next_timer_ns;
     uint64_t last_pass_ns;     /* when the last progress pass started */
     unsigned sends_since_pass; /* host send sections since (mc__send_end) */
+    uint64_t whole_cycles;     /* mc__cycles() after the host's last whole pass, */
+    uint64_t light_cycles;     /* how long after it light passes may run (0: never), */
+    unsigned light_left;       /* and how many more (engine.c, mc_engine_progress) */
     uint64_t resumed_ns;       /* when progress resumed after a gap longer than MC_IO_TIMEOUT_MS/2:
                                   I/O timeouts count from here, not across our own absence */
     int armed_ms;              /* current timerfd interval (caller-progress mode) */

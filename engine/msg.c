@@ -27,7 +27,9 @@ int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 /* ---- sending ---- */
 
 /* Take a place in the target's window (queued or unacknowledged messages). The peer table's
- * lock is for other threads: a pass's own callbacks hold e->lock, under which peers go. */
+ * lock is for other threads: a pass's own callbacks hold e->lock, under which peers go. A place
+ * taken under e->lock is counted apart, without a locked instruction (the window may then be
+ * passed by as many as other threads take meanwhile). */
 static int window_take(mc_engine_t *e, mc_segment_id_t target)
 {
     bool own = mc__in_pass_of(e);
@@ -36,12 +38,17 @@ static int window_take(mc_engine_t *e, mc_segment_id_t target)
     if (!own)
         pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, target);
+    unsigned pass = p ? atomic_load_explicit(&p->queued_pass, memory_order_relaxed) : 0;
     if (!p)
         rc = mc__set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
     else if (p->state == MC_SEGMENT_DEAD)
         rc = mc__set_error(-MC_EPEERDEAD, "%s", p->dead_reason);
-    else if (atomic_fetch_add(&p->queued_msgs, 1) >= MC_MSG_WINDOW) {
-        atomic_fetch_sub(&p->queued_msgs, 1);
+    else if (own &&
+             pass + atomic_load_explicit(&p->queued_msgs, memory_order_relaxed) < MC_MSG_WINDOW)
+        atomic_store_explicit(&p->queued_pass, pass + 1, memory_order_relaxed);
+    else if (own || atomic_fetch_add(&p->queued_msgs, 1) + pass >= MC_MSG_WINDOW) {
+        if (!own)
+            atomic_fetch_sub(&p->queued_msgs, 1);
         rc = mc__set_error(-EAGAIN, "%d messages to segment %u are queued or unacknowledged",
                            MC_MSG_WINDOW, target);
     }
@@ -50,10 +57,16 @@ static int window_take(mc_engine_t *e, mc_segment_id_t target)
     return rc;
 }
 
-/* Give the place back (the message left: acknowledged, failed, or never queued). */
-static void window_give(mc_peer_t *p)
+/* Give the place back (the message left: acknowledged, failed, or never queued); pass: it was
+ * taken under e->lock, which the caller holds. */
+static void window_give(mc_peer_t *p, bool pass)
 {
-    atomic_fetch_sub(&p->queued_msgs, 1);
+    if (pass)
+        atomic_store_explicit(&p->queued_pass,
+                              atomic_load_explicit(&p->queued_pass, memory_order_relaxed) - 1,
+                              memory_order_relaxed);
+    else
+        atomic_fetch_sub(&p->queued_msgs, 1);
 }
 
 static int msg_check(const void *data, size_t len, const mc_msg_opts_t *opts)
@@ -89,7 +102,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
             pthread_rwlock_rdlock(&e->peers_lock);
         mc_peer_t *p = mc__peer_get(e, target); /* (closed meanwhile: its window went with it) */
         if (p)
-            window_give(p);
+            window_give(p, pass);
         if (!pass)
             pthread_rwlock_unlock(&e->peers_lock);
         return mc__set_error(-ENOMEM, "out of memory");
@@ -203,7 +216,7 @@ static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
     if (m->cb)
         mc__cb_hold_done(e, m->cb, m->cb_arg, status);
     if (p)
-        window_give(p);
+        window_give(p, m->pass_buf);
     m->inflight = false;
     mc__msg_put(e, m);
 }

@@ -35,7 +35,8 @@ struct mc_msg {
     uint64_t seq;  /* in its peer's stream, from 1 (progress numbers it) */
     uint32_t tx;   /* times taken: an answer to an earlier take is stale */
     unsigned refs; /* its list, and the transport's frames that point at it */
-    bool pass_buf; /* its record is from e->msg_bufs_pass */
+    bool pass_buf; /* made under e->lock: its record is from e->msg_bufs_pass, its window place
+                      in the peer's queued_pass */
     mc_done_cb cb;
     void *cb_arg;
     char data[];

@@ -81,7 +81,8 @@ struct mc_peer {
     atomic_uint busy_tasks;       /* tasks to this peer not yet released */
     atomic_uint ordered_busy;     /* ORDERED tasks routed to an MC_TP_ORDERED transport, not
                                      yet released: later ORDERED ones go there too */
-    atomic_uint queued_msgs;      /* queued or unacknowledged: at most MC_MSG_WINDOW */
+    atomic_uint queued_msgs;      /* queued or unacknowledged: at most MC_MSG_WINDOW together, */
+    atomic_uint queued_pass;      /* these taken under e->lock (only its holder writes them) */
     _Atomic uint64_t c[MC_CNT_N]; /* counters (mc_counters_t order), written by progress */
     bool desc_kick;               /* in e->descq (under e->sub_lock) */
     mc_list_t desc_link;
