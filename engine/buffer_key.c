@@ -162,7 +162,7 @@ static bool known_as(mc_desc_t *d, mc_desc_buffer_t *b)
             continue;
         if (same_parts(d, o, b))
             return true;
-        mc__desc_buffer_remove(d, o); /* (its bytes stay in parts until the next descriptor) */
+        mc__desc_buffer_replaced(d, o);
         return false;
     }
     return false;

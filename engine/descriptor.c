@@ -23,6 +23,7 @@
 
 #define DESC_MAX_BUFFERS (1u << 20)
 #define DESC_MAX_PARTS   (64u << 20) /* bytes of transport parts of all buffers */
+#define DESC_DEAD_PACK   (64u << 10) /* dead bytes in parts before they are packed away */
 
 /* ---- decoding ---- */
 
@@ -34,6 +35,12 @@ static int copy_str(json_t *v, const char *field, char *out, size_t size)
         return mc__set_error(-MC_EPROTO, "descriptor: \"%s\" missing, empty or too long", field);
     memcpy(out, s, strlen(s) + 1);
     return 0;
+}
+
+/* Bytes a part of len takes in parts (mc__desc_part_add: 8-byte aligned, one at least). */
+static size_t part_room(uint32_t len)
+{
+    return ((size_t)(len ? len : 1) + 7) & ~(size_t)7;
 }
 
 int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const void *data,
@@ -246,6 +253,46 @@ void mc__desc_buffer_remove(mc_desc_t *d, mc_desc_buffer_t *b)
     d->n_buffers--;
 }
 
+/* Copy every buffer's parts into a new parts array, in order, without the dead ones' bytes.
+ * Out of memory: they stay where they are. */
+static void parts_pack(mc_desc_t *d)
+{
+    size_t cap = 8, len = 0;
+    uint8_t *v;
+
+    for (size_t i = 0; i < d->n_buffers; i++)
+        for (unsigned slot = 0; slot < MC_TP_MAX; slot++)
+            if (d->buffers[i].part[slot])
+                cap += part_room(d->buffers[i].part_len[slot]);
+    if (!(v = malloc(cap)))
+        return;
+    for (size_t i = 0; i < d->n_buffers; i++) {
+        mc_desc_buffer_t *b = &d->buffers[i];
+        for (unsigned slot = 0; slot < MC_TP_MAX; slot++) {
+            if (!b->part[slot])
+                continue;
+            memcpy(v + len, d->parts + b->part[slot] - 1, b->part_len[slot]);
+            b->part[slot] = (uint32_t)len + 1;
+            len += part_room(b->part_len[slot]);
+        }
+    }
+    free(d->parts);
+    d->parts = v;
+    d->parts_len = len;
+    d->parts_cap = cap;
+    d->parts_dead = 0;
+}
+
+void mc__desc_buffer_replaced(mc_desc_t *d, mc_desc_buffer_t *b)
+{
+    for (unsigned slot = 0; slot < MC_TP_MAX; slot++)
+        if (b->part[slot])
+            d->parts_dead += part_room(b->part_len[slot]);
+    mc__desc_buffer_remove(d, b);
+    if (d->parts_dead >= DESC_DEAD_PACK && 2 * d->parts_dead >= d->parts_len)
+        parts_pack(d);
+}
+
 void mc__desc_free(mc_desc_t *d)
 {
     for (unsigned i = 0; i < mc__n_transports; i++) {
@@ -258,7 +305,7 @@ void mc__desc_free(mc_desc_t *d)
     free(d->parts);
     d->buffers = NULL;
     d->parts = NULL;
-    d->parts_len = d->parts_cap = 0;
+    d->parts_len = d->parts_cap = d->parts_dead = 0;
     d->n_buffers = 0;
     d->max_len = 0;
 }

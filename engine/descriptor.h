@@ -43,6 +43,7 @@ struct mc_desc {
     void *tp[MC_TP_MAX];       /* each transport's decoded part (its codec's), or NULL */
     uint8_t *parts;            /* per-buffer bytes of the transports, 8-byte aligned pieces */
     size_t parts_len, parts_cap;
+    size_t parts_dead; /* of them, the bytes of buffers replaced since (mc__desc_buffer_replaced) */
 };
 
 /* How a transport reads its parts of a peer's descriptor. Pure functions of the JSON: they are
@@ -73,6 +74,11 @@ const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_
 int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,
                         mc_desc_buffer_t **b_p);
 void mc__desc_buffer_remove(mc_desc_t *d, mc_desc_buffer_t *b);
+/* Take out b, whose range a newer entry (a buffer key) describes now. Its parts' bytes are dead;
+ * once they are half of parts (and DESC_DEAD_PACK at least), the live ones are packed together
+ * again: without it, a peer whose registration cache registers a range again and again would
+ * fill parts up to its limit, past which keys are refused. Pointers to parts do not last. */
+void mc__desc_buffer_replaced(mc_desc_t *d, mc_desc_buffer_t *b);
 
 /* Store len bytes as transport slot's part of buffer b. 0 or -ENOMEM. */
 int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const void *data,

@@ -4,6 +4,8 @@ mc_unit_test(test_meta_file SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_meta_file.c)
 mc_unit_test(test_tcp_proto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tcp_proto.c)
 # The rdma QP info codec (what a QP's end tells the other, READs it takes as target included).
 mc_unit_test(test_rdma_proto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rdma_proto.c)
+# Descriptors: the parts of buffers replaced by newer keys are packed away (engine/descriptor.c).
+mc_unit_test(test_desc SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_desc.c)
 # The message rings' records (engine/msg_ring.h): wrapped ones delivered, corrupt ones refused.
 mc_unit_test(test_msg_ring SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_msg_ring.c)
 # The epoll watch a spinning host asks instead of epoll_wait (engine/sys/epwatch.h).
