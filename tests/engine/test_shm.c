@@ -368,6 +368,55 @@ static int setup_caller_malloc(void **state)
     return setup_kind(state, 0, true, NULL);
 }
 
+static int setup_caller(void **state)
+{
+    return setup_kind(state, 1, true, NULL);
+}
+
+/* Write seed's bytes to b0 of the target after a pass, check them there: the bytes shm moved. */
+static uint64_t write_b0(fx_t *fx, int seed)
+{
+    uint64_t b0 = fx->t.eng[0].buf[0], before = shm_bytes(fx->e);
+
+    mc_engine_progress(fx->e);
+    th_fill(fx->src, BUF, seed);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, b0, BUF, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, b0, BUF, seed, 0), -1);
+    return shm_bytes(fx->e) - before;
+}
+
+/* Our host does not drive progress while the owner unregisters a buffer we mapped: the owner
+ * waits its I/O timeout for our acknowledgement, then closes our event socket. Our mappings go
+ * and tcp carries the next writes; about a second later the event socket is connected again and
+ * writes go through shared memory again, bytes checked each time. */
+static void test_event_socket_cut(void **state)
+{
+    fx_t *fx = *state;
+    th_cmd_t c = {.op = TH_CMD_UNREGISTER, .a0 = 1};
+    th_reply_t r;
+    int seed = 80;
+
+    th_fill(fx->src, BUF, seed);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, fx->src, fx->seg, fx->t.eng[0].buf[1], BUF, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_true(shm_bytes(fx->e) >= BUF);
+    int64_t t0 = th_now_ms();
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    int64_t cut = th_now_ms();
+    assert_true(cut - t0 >= 1500); /* not acknowledged: the owner waited (2 s) */
+
+    assert_int_equal(write_b0(fx, ++seed), 0); /* its pass takes the cut in: tcp */
+    bool again = false;
+    for (int64_t dl = th_now_ms() + 10000; !again && th_now_ms() < dl;) {
+        th_sleep_ms(100);
+        again = write_b0(fx, ++seed) >= BUF;
+    }
+    assert_true(again);
+    printf("shm again %lld ms after the cut\n", (long long)(th_now_ms() - cut));
+}
+
 /* The owner destroys its engine (the process and its malloc'ed memory stay): from the moment
  * mc_engine_destroy returned, no CMA may reach that memory, even from a peer that has not heard
  * yet that the engine went (here: one that ran no progress since). */
@@ -819,6 +868,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_map_racing_unregister, setup, teardown),
         cmocka_unit_test(test_free_waits_for_revoke),
         cmocka_unit_test(test_regtab_left_mid_rewrite),
+        cmocka_unit_test_setup_teardown(test_event_socket_cut, setup_caller, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

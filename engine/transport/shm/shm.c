@@ -15,6 +15,9 @@
  * mappings' write lock (copies hold the read lock), so once it acknowledged, no copy of it can
  * touch the buffer. A peer that does not answer in time has its sockets closed, which makes it
  * drop every mapping of ours. After mc_mem_free() returns, no peer writes into those pages.
+ * The peer connects its event socket again REDIAL_MS later (the wait doubling with each cut,
+ * since each cost the owner's unregister its I/O timeout), as long as the owner's process and
+ * its request socket live: until then other transports carry its tasks.
  *
  * The event socket also carries what other transports open directly (CUDA IPC, file
  * transport: the owner cannot see those copies): a peer asks the owner (GRANT) before its
@@ -45,6 +48,9 @@
 #include <unistd.h>
 
 #include "shm_int.h"
+
+#define REDIAL_MS        1000 /* after the owner cut our event socket: connect again then, */
+#define REDIAL_DOUBLINGS 6    /* the wait doubling with each cut, up to 64 s */
 
 /* Owner side: one accepted connection. Progress-owned. */
 typedef struct shm_conn {
@@ -408,7 +414,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             break;
         }
     }
-    if (rc != -EAGAIN) { /* the owner went away, or misbehaved: forget it */
+    if (rc != -EAGAIN) { /* the owner went away, cut us, or misbehaved: forget it */
         atomic_store(&s->state, SP_DEAD);
         mc__epoll_del(e, &s->ev);
         regtab_wait_stop(e, s);
@@ -416,6 +422,65 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         owe_drop(e, s);
         if (s->peer) /* no revocation reaches us any more: what was granted goes */
             mc__revoke(e, s->peer, 0, 0);
+        char c;
+        ssize_t n = s->peer && atomic_load(&s->exit_watched) /* its process lives (so far) */
+                        ? recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT)
+                        : 0;
+        if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) { /* its engine too */
+            unsigned ms = REDIAL_MS << (s->cuts < REDIAL_DOUBLINGS ? s->cuts : REDIAL_DOUBLINGS);
+            s->cuts++;
+            if (!s->redial_ns)
+                shm_of(e)->n_redial++;
+            s->redial_ns = mc__now_ns() + ms * MC_MS;
+            mc_info("shm: %s closed our event socket (a revocation we did not acknowledge within "
+                    "its I/O timeout?): its mappings are dropped and other transports carry its "
+                    "tasks; connecting again in %u ms",
+                    s->peer->name, ms);
+        }
+    }
+}
+
+static void redial_stop(mc_engine_t *e, shm_peer_t *s)
+{
+    if (s->redial_ns)
+        shm_of(e)->n_redial--;
+    s->redial_ns = 0;
+}
+
+/* Connect the event socket of s again (progress), over the old descriptor number (a host
+ * thread's GRANT that read it before the cut goes to the new socket, not to a reused number). */
+static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
+{
+    unsigned ms = REDIAL_MS << (s->cuts - 1 < REDIAL_DOUBLINGS ? s->cuts - 1 : REDIAL_DOUBLINGS);
+    char c;
+    ssize_t n = recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        redial_stop(e, s); /* its engine is gone: so are its buffers */
+        return;
+    }
+    int fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, true);
+    if (fd < 0 || fcntl(fd, F_SETFL, 0) < 0 || dup3(fd, s->ev.fd, O_CLOEXEC) < 0 ||
+        mc__epoll_add(e, &s->ev, EPOLLIN)) {
+        mc_debug("shm to %s: cannot connect the event socket again (%s): in %u ms", s->peer->name,
+                 strerror(fd < 0 ? -fd : errno), ms);
+        if (fd >= 0)
+            close(fd);
+        s->redial_ns = now + ms * MC_MS;
+        return;
+    }
+    close(fd);
+    redial_stop(e, s);
+    atomic_store_explicit(&s->state, SP_OPEN, memory_order_release);
+    mc_info("shm to %s: event socket connected again, same-host copies resume", s->peer->name);
+}
+
+static void shm_timers(mc_engine_t *e, uint64_t now)
+{
+    for (size_t i = 0; i < e->n_peers && shm_of(e)->n_redial; i++) {
+        shm_peer_t *s = e->peers[i] ? e->peers[i]->tp[mc__shm_slot] : NULL;
+        if (s && s->redial_ns && now >= s->redial_ns)
+            peer_redial(e, s, now);
     }
 }
 
@@ -822,6 +887,7 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
     s->exit_watched = false;
     s->peer = NULL;
     owe_drop(e, s);
+    redial_stop(e, s);
     mc__shm_tx_close(e, &s->tx);
     peer_unmap_all(s);
     mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
@@ -1067,6 +1133,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .accept = shm_accept,
     .submit = shm_submit,
     .progress = shm_progress,
+    .timers = shm_timers,
     .reap = shm_reap,
     .fill = mc__shm_msg_fill,
     .msg_open = mc__shm_msg_open,

@@ -94,6 +94,7 @@ typedef struct shm_engine {
     pthread_mutex_t revoke_mutex; /* one unregister revocation at a time */
     uint64_t revoke_addr, revoke_serial;
     unsigned n_owed;         /* initiator side: REVOKE_ACKs we owe, waiting for copies (progress) */
+    unsigned n_redial;       /* and peers whose event socket is to be connected again */
     atomic_uint revoke_left; /* REVOKE_ACKs still expected */
     atomic_bool revoke_req, revoke_abort;
     mc_regtab_t *regtab; /* our registrations, shared with same-host peers (CMA) */
@@ -151,6 +152,8 @@ typedef struct shm_peer {
     bool owes; /* a REVOKE_ACK for owed_addr, once no copy uses it (progress; the owner revokes
                   one buffer at a time) */
     uint64_t owed_addr, owed_serial;
+    uint64_t redial_ns; /* SP_DEAD, the owner having cut the event socket: connect it again then */
+    unsigned cuts;      /* how often the owner did (the wait doubles with each) */
 } shm_peer_t;
 
 /* SP_OPENING: connected from progress, which may not wait for the owner; the registration
