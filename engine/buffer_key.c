@@ -196,12 +196,16 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
     if (rc)
         goto out;
     size_t parts_len = p->desc.parts_len;
+    unsigned packs = p->desc.parts_packs;
     rc = mc__desc_buffer_add(&p->desc, addr, blen, loc, &b);
     if (!rc) {
         rc = key_parts(e, k, used, k[5], &p->desc, b);
-        if (rc || known_as(&p->desc, b)) { /* its bytes were the last added: taken back */
-            mc__desc_buffer_remove(&p->desc, b);
+        bool drop = rc || known_as(&p->desc, b);
+        if (drop && p->desc.parts_packs == packs) {
+            mc__desc_buffer_remove(&p->desc, b); /* its bytes were the last added: taken back */
             p->desc.parts_len = parts_len;
+        } else if (drop) {
+            mc__desc_buffer_replaced(&p->desc, b); /* packed meanwhile: they are dead */
         }
     }
 out:

@@ -43,11 +43,18 @@ static size_t part_room(uint32_t len)
     return ((size_t)(len ? len : 1) + 7) & ~(size_t)7;
 }
 
+static void parts_pack(mc_desc_t *d);
+
 int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const void *data,
                       size_t len)
 {
     size_t off = (d->parts_len + 7) & ~(size_t)7, need = off + (len ? len : 1);
 
+    if (need > DESC_MAX_PARTS && d->parts_dead) { /* (b's parts so far move with the others) */
+        parts_pack(d);
+        off = (d->parts_len + 7) & ~(size_t)7;
+        need = off + (len ? len : 1);
+    }
     if (need > DESC_MAX_PARTS)
         return mc__set_error(-MC_EPROTO, "descriptor: more than %u bytes of transport data",
                              DESC_MAX_PARTS);
@@ -281,6 +288,7 @@ static void parts_pack(mc_desc_t *d)
     d->parts_len = len;
     d->parts_cap = cap;
     d->parts_dead = 0;
+    d->parts_packs++;
 }
 
 void mc__desc_buffer_replaced(mc_desc_t *d, mc_desc_buffer_t *b)

@@ -44,6 +44,7 @@ struct mc_desc {
     uint8_t *parts;            /* per-buffer bytes of the transports, 8-byte aligned pieces */
     size_t parts_len, parts_cap;
     size_t parts_dead; /* of them, the bytes of buffers replaced since (mc__desc_buffer_replaced) */
+    unsigned parts_packs; /* how often they were packed together (offsets changed) */
 };
 
 /* How a transport reads its parts of a peer's descriptor. Pure functions of the JSON: they are

@@ -195,7 +195,7 @@ static void transports_reap(mc_engine_t *e)
 /* One pass over ready events, starting at now (one clock read per pass, another when timers
  * are due). Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps
  * them, and the event fd says there is work). now 0: a light pass (mc_engine_progress), no
- * events, no timers, no clock. */
+ * events, no timers run, no clock. */
 static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, int n,
                          mc_pollable_t *direct, bool callbacks)
 {
@@ -248,8 +248,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
     if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
         mc__doorbell(e);
-    if (now)
-        arm_timer(e);
+    arm_timer(e); /* (a light pass's callbacks may have started work that needs the tick) */
     e->pass_callbacks = false;
     in_pass = false;
     if (atomic_load_explicit(&e->finished_any, memory_order_relaxed) && /* no locked op per pass */
@@ -486,8 +485,11 @@ int mc_engine_progress(mc_engine_t *e)
         atomic_store_explicit(&e->host_passes,
                               atomic_load_explicit(&e->host_passes, memory_order_relaxed) + 1,
                               memory_order_relaxed);
-    if (in_pass || pthread_mutex_trylock(&e->lock))
+    if (in_pass || pthread_mutex_trylock(&e->lock)) {
+        if (e->has_serve_thread) /* it is in a pass: it leaves the next to us */
+            atomic_store_explicit(&e->host_pass_ns, mc__now_ns(), memory_order_relaxed);
         return 0;
+    }
     if (light_due(e)) {
         MC_LOG_SCOPE(e->cfg.log_level);
         rc = progress_pass(e, 0, NULL, 0, NULL, true);

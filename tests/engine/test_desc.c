@@ -1,12 +1,13 @@
 /* Descriptors (engine/descriptor.c): the parts of buffers replaced by newer keys are packed away,
  * so a peer that registers the same ranges again and again (a registration cache: every new key
  * replaces the entry of the range) keeps its descriptor's parts bounded, and the entries that
- * stay keep their bytes. */
+ * stay keep their bytes; with more than half the limit live too. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -95,10 +96,59 @@ static void test_replaced_parts_packed(void **state)
     mc__desc_free(&d);
 }
 
+#define BIG_RANGES 400
+#define BIG_PART   (100u << 10) /* 400 of them: 39 MiB live, more than half the 64 MiB limit */
+
+/* Range r of generation g with one BIG_PART part; the entry it replaces taken out. */
+static int add_big(mc_desc_t *d, unsigned r, unsigned g, uint8_t *bytes)
+{
+    mc_desc_buffer_t *nb;
+    int rc;
+
+    assert_int_equal(mc__desc_buffer_add(d, range_addr(r), 4096, "cpu:0", &nb), 0);
+    part_bytes(bytes, BIG_PART, r, SLOT_A, g);
+    if ((rc = mc__desc_part_add(d, nb, SLOT_A, bytes, BIG_PART)))
+        return rc;
+    for (size_t i = 0; i < d->n_buffers; i++)
+        if (&d->buffers[i] != nb && d->buffers[i].addr == range_addr(r)) {
+            mc__desc_buffer_replaced(d, &d->buffers[i]);
+            break;
+        }
+    return 0;
+}
+
+/* With more than half the limit live, the dead bytes reach the limit before they are half of
+ * parts: the part that would pass it packs them away first. */
+static void test_packed_at_the_limit(void **state)
+{
+    mc_desc_t d = {0};
+    uint8_t *bytes = malloc(BIG_PART), *want = malloc(BIG_PART);
+
+    (void)state;
+    assert_non_null(bytes);
+    assert_non_null(want);
+    for (unsigned r = 0; r < BIG_RANGES; r++)
+        assert_int_equal(add_big(&d, r, 0, bytes), 0);
+    for (unsigned g = 1; g <= 2; g++)
+        for (unsigned r = 0; r < BIG_RANGES; r++)
+            assert_int_equal(add_big(&d, r, g, bytes), 0);
+    assert_int_equal(d.n_buffers, BIG_RANGES);
+    for (unsigned r = 0; r < BIG_RANGES; r++) {
+        const mc_desc_buffer_t *b = mc__desc_find(&d, range_addr(r), 4096);
+        assert_non_null(b);
+        part_bytes(want, BIG_PART, r, SLOT_A, 2);
+        assert_memory_equal(mc__desc_part(&d, b, SLOT_A), want, BIG_PART);
+    }
+    mc__desc_free(&d);
+    free(bytes);
+    free(want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replaced_parts_packed),
+        cmocka_unit_test(test_packed_at_the_limit),
     };
     return cmocka_run_group_tests_name("desc", tests, NULL, NULL);
 }
