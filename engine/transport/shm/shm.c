@@ -50,7 +50,8 @@
 #include "shm_int.h"
 
 #define REDIAL_MS        1000 /* after the owner cut our event socket: connect again then, */
-#define REDIAL_DOUBLINGS 6    /* the wait doubling with each cut, up to 64 s */
+#define REDIAL_DOUBLINGS 6    /* the wait doubling with each cut, up to 64 s, */
+#define REDIAL_FORGET_NS (600 * MC_MS * 1000) /* and from 1 s again after 10 min up */
 
 /* Owner side: one accepted connection. Progress-owned. */
 typedef struct shm_conn {
@@ -397,6 +398,27 @@ static void revokes_settle(mc_engine_t *e)
     }
 }
 
+static void redial_stop(mc_engine_t *e, shm_peer_t *s)
+{
+    if (s->redial_ns)
+        shm_of(e)->n_redial--;
+    s->redial_ns = 0;
+}
+
+/* The owner answered on the new event socket. A mapping made since the cut (a thread that saw
+ * the peer open before it) was never revoked: they all go, and later ones see the bump. */
+static void peer_rejoined(mc_engine_t *e, shm_peer_t *s)
+{
+    s->rejoining = false;
+    redial_stop(e, s);
+    peer_unmap_all(s);
+    s->up_ns = mc__now_ns();
+    atomic_store_explicit(&s->state, SP_OPEN, memory_order_release);
+    mc_info("shm to %s: the event socket it closed (a revocation not acknowledged in time?) is "
+            "connected again: same-host copies resume",
+            s->peer->name);
+}
+
 static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     shm_peer_t *s = mc_container_of(p, shm_peer_t, ev);
@@ -407,6 +429,9 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     while ((rc = msg_recv(s->ev.fd, &m, NULL, MSG_DONTWAIT)) == 0) {
         if (m.type == SHM_REVOKE) {
             peer_revoke(e, s, m.addr, m.len);
+        } else if ((m.type == SHM_GRANT_OK || m.type == SHM_GRANT_NO) && !m.addr && s->rejoining &&
+                   s->peer) {
+            peer_rejoined(e, s);
         } else if ((m.type == SHM_GRANT_OK || m.type == SHM_GRANT_NO) && s->peer) {
             mc__grant_answer(e, s->peer, m.addr, m.len, m.type == SHM_GRANT_OK);
         } else {
@@ -416,6 +441,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     }
     if (rc != -EAGAIN) { /* the owner went away, cut us, or misbehaved: forget it */
         atomic_store(&s->state, SP_DEAD);
+        s->rejoining = false;
         mc__epoll_del(e, &s->ev);
         regtab_wait_stop(e, s);
         peer_unmap_all(s);
@@ -427,52 +453,56 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
                         ? recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT)
                         : 0;
         if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) { /* its engine too */
+            uint64_t now = mc__now_ns();
+            if (now - s->up_ns >= REDIAL_FORGET_NS)
+                s->cuts = 0;
             unsigned ms = REDIAL_MS << (s->cuts < REDIAL_DOUBLINGS ? s->cuts : REDIAL_DOUBLINGS);
             s->cuts++;
             if (!s->redial_ns)
                 shm_of(e)->n_redial++;
-            s->redial_ns = mc__now_ns() + ms * MC_MS;
-            mc_info("shm: %s closed our event socket (a revocation we did not acknowledge within "
-                    "its I/O timeout?): its mappings are dropped and other transports carry its "
-                    "tasks; connecting again in %u ms",
-                    s->peer->name, ms);
+            s->redial_ns = now + ms * MC_MS;
+            mc_debug("shm: the event socket to %s closed: its mappings are dropped and other "
+                     "transports carry its tasks; connecting again in %u ms unless it is gone",
+                     s->peer->name, ms);
         }
     }
 }
 
-static void redial_stop(mc_engine_t *e, shm_peer_t *s)
-{
-    if (s->redial_ns)
-        shm_of(e)->n_redial--;
-    s->redial_ns = 0;
-}
-
-/* Connect the event socket of s again (progress), over the old descriptor number (a host
- * thread's GRANT that read it before the cut goes to the new socket, not to a reused number). */
+/* Connect the event socket of s again (progress), over the old descriptor, and ask the owner
+ * for an answer on it (a GRANT of address 0, which it refuses): once it answered, it has taken
+ * the HELLO, so every revocation it starts from then on reaches us (peer_rejoined). */
 static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
 {
     unsigned ms = REDIAL_MS << (s->cuts - 1 < REDIAL_DOUBLINGS ? s->cuts - 1 : REDIAL_DOUBLINGS);
+    shm_msg_t m = {.type = SHM_GRANT};
     char c;
     ssize_t n = recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 
+    if (s->rejoining) /* the last try was not answered in time */
+        mc__epoll_del(e, &s->ev);
+    s->rejoining = false;
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
         redial_stop(e, s); /* its engine is gone: so are its buffers */
         return;
     }
+    s->redial_ns = now + ms * MC_MS; /* the next try, unless the owner answers first */
     int fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, true);
-    if (fd < 0 || fcntl(fd, F_SETFL, 0) < 0 || dup3(fd, s->ev.fd, O_CLOEXEC) < 0 ||
-        mc__epoll_add(e, &s->ev, EPOLLIN)) {
-        mc_debug("shm to %s: cannot connect the event socket again (%s): in %u ms", s->peer->name,
-                 strerror(fd < 0 ? -fd : errno), ms);
-        if (fd >= 0)
-            close(fd);
-        s->redial_ns = now + ms * MC_MS;
-        return;
+    bool in = fd >= 0 && fcntl(fd, F_SETFL, 0) == 0 && dup3(fd, s->ev.fd, O_CLOEXEC) >= 0;
+    int err = fd < 0 ? -fd : errno;
+    if (fd >= 0)
+        close(fd);
+    if (in && !mc__epoll_add(e, &s->ev, EPOLLIN)) {
+        if (!mc__shm_send(s->ev.fd, &m, -1)) {
+            s->rejoining = true;
+            return;
+        }
+        err = errno;
+        mc__epoll_del(e, &s->ev);
     }
-    close(fd);
-    redial_stop(e, s);
-    atomic_store_explicit(&s->state, SP_OPEN, memory_order_release);
-    mc_info("shm to %s: event socket connected again, same-host copies resume", s->peer->name);
+    if (in) /* the owner must not wait for acknowledgements on a socket nobody reads */
+        shutdown(s->ev.fd, SHUT_RDWR);
+    mc_debug("shm to %s: cannot connect the event socket again (%s): in %u ms", s->peer->name,
+             strerror(err), ms);
 }
 
 static void shm_timers(mc_engine_t *e, uint64_t now)
@@ -879,8 +909,9 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
     shm_peer_t *s = p->tp[mc__shm_slot];
 
     int st = atomic_exchange(&s->state, SP_DEAD);
-    if (st == SP_OPEN || st == SP_OPENING)
+    if (st == SP_OPEN || st == SP_OPENING || s->rejoining)
         mc__epoll_del(e, &s->ev);
+    s->rejoining = false;
     regtab_wait_stop(e, s);
     if (s->exit_watched)
         mc__epoll_del(e, &s->exit);

@@ -154,6 +154,8 @@ typedef struct shm_peer {
     uint64_t owed_addr, owed_serial;
     uint64_t redial_ns; /* SP_DEAD, the owner having cut the event socket: connect it again then */
     unsigned cuts;      /* how often the owner did (the wait doubles with each) */
+    bool rejoining;     /* connected again, waiting for the owner's first answer (progress) */
+    uint64_t up_ns;     /* when the event socket last came back */
 } shm_peer_t;
 
 /* SP_OPENING: connected from progress, which may not wait for the owner; the registration
