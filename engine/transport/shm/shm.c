@@ -17,7 +17,8 @@
  * drop every mapping of ours. After mc_mem_free() returns, no peer writes into those pages.
  * The peer connects its event socket again REDIAL_MS later (the wait doubling with each cut,
  * since each cost the owner's unregister its I/O timeout), as long as the owner's process and
- * its request socket live: until then other transports carry its tasks.
+ * its request socket live, and maps again once the owner answered on it: until then other
+ * transports carry its tasks.
  *
  * The event socket also carries what other transports open directly (CUDA IPC, file
  * transport: the owner cannot see those copies): a peer asks the owner (GRANT) before its
@@ -398,6 +399,12 @@ static void revokes_settle(mc_engine_t *e)
     }
 }
 
+/* The wait before a peer cut `cuts` times (1 at least) connects again. */
+static unsigned redial_ms(unsigned cuts)
+{
+    return REDIAL_MS << (cuts - 1 < REDIAL_DOUBLINGS ? cuts - 1 : REDIAL_DOUBLINGS);
+}
+
 static void redial_stop(mc_engine_t *e, shm_peer_t *s)
 {
     if (s->redial_ns)
@@ -456,8 +463,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
             uint64_t now = mc__now_ns();
             if (now - s->up_ns >= REDIAL_FORGET_NS)
                 s->cuts = 0;
-            unsigned ms = REDIAL_MS << (s->cuts < REDIAL_DOUBLINGS ? s->cuts : REDIAL_DOUBLINGS);
-            s->cuts++;
+            unsigned ms = redial_ms(++s->cuts);
             if (!s->redial_ns)
                 shm_of(e)->n_redial++;
             s->redial_ns = now + ms * MC_MS;
@@ -473,7 +479,7 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
  * the HELLO, so every revocation it starts from then on reaches us (peer_rejoined). */
 static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
 {
-    unsigned ms = REDIAL_MS << (s->cuts - 1 < REDIAL_DOUBLINGS ? s->cuts - 1 : REDIAL_DOUBLINGS);
+    unsigned ms = redial_ms(s->cuts);
     shm_msg_t m = {.type = SHM_GRANT};
     char c;
     ssize_t n = recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
