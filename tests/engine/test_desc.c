@@ -32,6 +32,16 @@ static uint64_t range_addr(unsigned r)
     return 0x100000ull * (r + 1);
 }
 
+/* Take out the entry that nb, just added with its parts, replaces (the other one of its range). */
+static void replace_older(mc_desc_t *d, const mc_desc_buffer_t *nb)
+{
+    for (size_t i = 0; i < d->n_buffers; i++)
+        if (&d->buffers[i] != nb && d->buffers[i].addr == nb->addr) {
+            mc__desc_buffer_replaced(d, &d->buffers[i]);
+            return;
+        }
+}
+
 /* Add range r in generation g, with both parts, and take out the entry it replaces. */
 static void add_gen(mc_desc_t *d, unsigned r, unsigned g)
 {
@@ -43,12 +53,7 @@ static void add_gen(mc_desc_t *d, unsigned r, unsigned g)
     part_bytes(b, sizeof(b), r, SLOT_B, g);
     assert_int_equal(mc__desc_part_add(d, nb, SLOT_A, a, sizeof(a)), 0);
     assert_int_equal(mc__desc_part_add(d, nb, SLOT_B, b, sizeof(b)), 0);
-    for (size_t i = 0; i < d->n_buffers; i++) {
-        if (&d->buffers[i] != nb && d->buffers[i].addr == range_addr(r)) {
-            mc__desc_buffer_replaced(d, &d->buffers[i]);
-            return;
-        }
-    }
+    replace_older(d, nb);
 }
 
 /* Every range is there once, with generation gen[r]'s bytes. */
@@ -109,11 +114,7 @@ static int add_big(mc_desc_t *d, unsigned r, unsigned g, uint8_t *bytes)
     part_bytes(bytes, BIG_PART, r, SLOT_A, g);
     if ((rc = mc__desc_part_add(d, nb, SLOT_A, bytes, BIG_PART)))
         return rc;
-    for (size_t i = 0; i < d->n_buffers; i++)
-        if (&d->buffers[i] != nb && d->buffers[i].addr == range_addr(r)) {
-            mc__desc_buffer_replaced(d, &d->buffers[i]);
-            break;
-        }
+    replace_older(d, nb);
     return 0;
 }
 

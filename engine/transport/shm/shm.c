@@ -426,6 +426,16 @@ static void peer_rejoined(mc_engine_t *e, shm_peer_t *s)
             s->peer->name);
 }
 
+/* Whether the owner's engine still answers our requests: its request socket is open (a late
+ * answer may wait there; nothing is taken from it). */
+static bool owner_engine_up(shm_peer_t *s)
+{
+    char c;
+    ssize_t n = recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
 static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     shm_peer_t *s = mc_container_of(p, shm_peer_t, ev);
@@ -455,11 +465,8 @@ static void peer_on_event(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         owe_drop(e, s);
         if (s->peer) /* no revocation reaches us any more: what was granted goes */
             mc__revoke(e, s->peer, 0, 0);
-        char c;
-        ssize_t n = s->peer && atomic_load(&s->exit_watched) /* its process lives (so far) */
-                        ? recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT)
-                        : 0;
-        if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) { /* its engine too */
+        /* its process lives (so far), and its engine too */
+        if (s->peer && atomic_load(&s->exit_watched) && owner_engine_up(s)) {
             uint64_t now = mc__now_ns();
             if (now - s->up_ns >= REDIAL_FORGET_NS)
                 s->cuts = 0;
@@ -481,13 +488,11 @@ static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
 {
     unsigned ms = redial_ms(s->cuts);
     shm_msg_t m = {.type = SHM_GRANT};
-    char c;
-    ssize_t n = recv(s->req_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 
     if (s->rejoining) /* the last try was not answered in time */
         mc__epoll_del(e, &s->ev);
     s->rejoining = false;
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+    if (!owner_engine_up(s)) {
         redial_stop(e, s); /* its engine is gone: so are its buffers */
         return;
     }
