@@ -50,6 +50,7 @@ typedef struct mc_engine_cfg {
     unsigned retry_cnt;
     unsigned transfer_timeout_ms;
     unsigned io_timeout_ms;
+    unsigned linger_ms; /* destroy: how long it waits for peers to take its messages */
     unsigned connect_timeout_ms;
     uint64_t handshake_max;
     const char *devices; /* MC_DEVICES: "" for all */

@@ -817,6 +817,7 @@ void mc_engine_destroy(mc_engine_t *e)
     if (!e)
         return;
     MC_LOG_SCOPE(e->cfg.log_level);
+    mc__msgs_linger(e);
     /* From here messages and flushes are refused (a completion callback that runs during the
      * teardown may try one): what they would queue could only be dropped. */
     atomic_store(&e->stop, true);

@@ -80,6 +80,7 @@ struct mc_engine {
     pthread_cond_t done_cond;
     atomic_int waiters;
     atomic_bool finished_any; /* a waited batch became final: wake mc_batch_wait sleepers */
+    atomic_uint lingering;    /* destroy's flushes not completed yet (mc__msgs_linger) */
 
     pthread_rwlock_t peers_lock;
     mc_peer_t **_Atomic peers; /* by id; NULL once closed. Grows by copy (peer.c) */

@@ -1,6 +1,7 @@
 /* Messages (exactly once, in order, per peer), notifications (message id 0) and flushes. See
  * msg.h for the protocol. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -524,6 +525,49 @@ int mc_peer_flush(mc_engine_t *e, mc_segment_id_t target, mc_done_cb cb, void *a
     mc__doorbell(e);
     mc__progress_implicit(e);
     return 0;
+}
+
+static void linger_flushed(void *arg, int status)
+{
+    (void)status; /* acknowledged, or the peer died: either way nothing is left to wait for */
+    atomic_fetch_sub((atomic_uint *)arg, 1);
+}
+
+void mc__msgs_linger(mc_engine_t *e)
+{
+    uint64_t end = mc__now_ns() + (uint64_t)e->cfg.linger_ms * MC_MS;
+    mc_segment_id_t *ids = NULL;
+    size_t n = 0;
+
+    if (!e->cfg.linger_ms || mc__in_progress())
+        return;
+    pthread_rwlock_rdlock(&e->peers_lock);
+    size_t n_peers = atomic_load(&e->n_peers);
+    ids = calloc(n_peers ? n_peers : 1, sizeof(*ids));
+    for (size_t i = 0; ids && i < n_peers; i++) {
+        mc_peer_t *p = mc__peer_get(e, (mc_segment_id_t)i);
+        if (p && p->state != MC_SEGMENT_DEAD &&
+            atomic_load_explicit(&p->queued_msgs, memory_order_relaxed) +
+                atomic_load_explicit(&p->queued_pass, memory_order_relaxed))
+            ids[n++] = (mc_segment_id_t)i;
+    }
+    pthread_rwlock_unlock(&e->peers_lock);
+    for (size_t i = 0; i < n; i++) {
+        atomic_fetch_add(&e->lingering, 1);
+        if (mc_peer_flush(e, ids[i], linger_flushed, &e->lingering))
+            atomic_fetch_sub(&e->lingering, 1); /* closed or dead meanwhile */
+    }
+    free(ids);
+    while (atomic_load(&e->lingering) && mc__now_ns() < end) {
+        if (e->has_thread)
+            sched_yield();
+        else
+            mc_engine_progress(e);
+    }
+    if (atomic_load(&e->lingering))
+        mc_warn("engine destroyed with messages to %u peers not acknowledged after %u ms "
+                "(MC_LINGER_MS): they fail",
+                atomic_load(&e->lingering), e->cfg.linger_ms);
 }
 
 static void flush_done(mc_engine_t *e, mc_flush_t *f, int status)

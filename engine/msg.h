@@ -106,6 +106,10 @@ void mc__flush_task_done(mc_engine_t *e, mc_task_t *t);
  * waited for it waits for that message instead. */
 void mc__flush_group_done(mc_engine_t *e, struct mc_notify_group *g, uint64_t seq);
 
+/* Engine destroy, first (MC_LINGER_MS): a flush of every live peer that has messages not
+ * acknowledged yet, the engine driven until they completed or the time is up. Not from a pass
+ * (a callback that destroys an engine: nothing could be driven). */
+void mc__msgs_linger(mc_engine_t *e);
 /* Engine destroy: every message and flush not answered yet fails with -MC_ECANCELED (their
  * callbacks then run as the engine goes). fini: free what is left. */
 void mc__msgs_cancel_all(mc_engine_t *e);

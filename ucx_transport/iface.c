@@ -2,6 +2,9 @@
  * progress that delivers them, the wake-up fd, RMA tasks in pooled batches, bounce slots and
  * the pending queue. */
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -777,8 +780,44 @@ static UCS_CLASS_DEFINE_NEW_FUNC(uct_mc_iface_t, uct_iface_t, uct_md_h, uct_work
                                  const uct_iface_params_t *, const uct_iface_config_t *);
 static UCS_CLASS_DEFINE_DELETE_FUNC(uct_mc_iface_t, uct_iface_t);
 
+/* One device per network interface that is up with an IP address (as UCX's tcp lists them),
+ * each the whole engine: UCP's client-server mode (ucp_listener, connect by sockaddr) wires an
+ * endpoint up only over transports whose device is the interface the connection came through.
+ * Where none has an address, the one device "engine" (UCP then connects by worker address). */
 static ucs_status_t query_devices(uct_md_h md, uct_tl_device_resource_t **devices_p, unsigned *n_p)
 {
+    struct ifaddrs *ifs, *i;
+    unsigned n = 0;
+
+    if (getifaddrs(&ifs))
+        ifs = NULL;
+    for (i = ifs; i; i = i->ifa_next)
+        n++;
+    uct_tl_device_resource_t *devs = n ? ucs_calloc(n, sizeof(*devs), "mooncake devices") : NULL;
+    n = 0;
+    for (i = devs ? ifs : NULL; i; i = i->ifa_next) {
+        unsigned k = 0;
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) ||
+            (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6) ||
+            strlen(i->ifa_name) >= sizeof(devs->name))
+            continue;
+        while (k < n && strcmp(devs[k].name, i->ifa_name)) /* one per interface */
+            k++;
+        if (k < n)
+            continue;
+        snprintf(devs[n].name, sizeof(devs[n].name), "%s", i->ifa_name);
+        devs[n].type = UCT_DEVICE_TYPE_NET;
+        devs[n].sys_device = UCS_SYS_DEVICE_ID_UNKNOWN;
+        n++;
+    }
+    if (ifs)
+        freeifaddrs(ifs);
+    if (n) {
+        *devices_p = devs;
+        *n_p = n;
+        return UCS_OK;
+    }
+    ucs_free(devs);
     return uct_single_device_resource(md, UCT_MC_DEV_NAME, UCT_DEVICE_TYPE_NET,
                                       UCS_SYS_DEVICE_ID_UNKNOWN, devices_p, n_p);
 }

@@ -131,7 +131,11 @@ static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
         (rc = set_one(c, "LISTEN", cfg->listen)) || (rc = set_one(c, "PROTOCOL", cfg->protocol)) ||
         /* a peer's get or put needs this side's engine, whether or not the application is
          * in a UCX call: a thread serves it once progress was not driven for 100 us */
-        (rc = mc_config_set(c, "PROGRESS_SERVE_US", "100")) || (rc = set_list(c, cfg->engine)) ||
+        (rc = mc_config_set(c, "PROGRESS_SERVE_US", "100")) ||
+        /* what UCT took (an am_bcopy returned) is sent, as a socket's bytes are after a close:
+         * closing the domain waits up to 1 s for peers to take it */
+        (!getenv("MC_LINGER_MS") && (rc = mc_config_set(c, "LINGER_MS", "1000"))) ||
+        (rc = set_list(c, cfg->engine)) ||
         /* UCT's rule: callbacks only from uct_iface_progress, so the caller drives I/O */
         (rc = mc_config_set(c, "PROGRESS_THREAD", "0")) ||
         (rc = mc_config_set(c, "PROGRESS_IMPLICIT", "0"))) {
@@ -330,14 +334,43 @@ static void segs_push(uct_mc_md_t *md, mc_segment_id_t seg)
     md->segs_to_close[md->n_segs_to_close++] = seg;
 }
 
-/* Closed by the next progress of any interface, outside engine callbacks (where closing is
- * refused). */
-void uct_mc_md_defer_close(uct_mc_md_t *md, mc_segment_id_t seg)
+static void close_later(uct_mc_md_t *md, mc_segment_id_t seg)
 {
     pthread_mutex_lock(&md->segs_lock);
     segs_push(md, seg);
     pthread_mutex_unlock(&md->segs_lock);
     atomic_store(&md->segs_retry, true);
+}
+
+typedef struct seg_flush {
+    uct_mc_md_t *md;
+    mc_segment_id_t seg;
+} seg_flush_t;
+
+static void flushed(void *arg, int status)
+{
+    seg_flush_t *f = arg;
+
+    (void)status; /* taken, or never will be (the peer died, the engine goes) */
+    close_later(f->md, f->seg);
+    free(f);
+}
+
+/* Closed once what was sent to it was taken (an endpoint destroyed right after its last
+ * am_bcopy, which UCT counts as sent: closing the segment at once would drop the message),
+ * by the next progress of any interface, outside engine callbacks (where closing is refused).
+ * The domain's close waits for the flushes up to MC_LINGER_MS. */
+void uct_mc_md_defer_close(uct_mc_md_t *md, mc_segment_id_t seg)
+{
+    seg_flush_t *f = malloc(sizeof(*f));
+
+    if (f) {
+        *f = (seg_flush_t){md, seg};
+        if (!mc_peer_flush(md->engine, seg, flushed, f))
+            return;
+        free(f); /* dead: nothing to wait for */
+    }
+    close_later(md, seg);
 }
 
 /* A segment the engine still has tasks to (-EBUSY: tasks an interface left to it as it closed,
@@ -373,7 +406,8 @@ ucs_status_t uct_mc_md_query(uct_md_h tl_md, uct_md_attr_t *attr)
 {
     (void)tl_md;
     memset(attr, 0, sizeof(*attr));
-    attr->cap.flags = UCT_MD_FLAG_REG | UCT_MD_FLAG_NEED_MEMH | UCT_MD_FLAG_NEED_RKEY;
+    attr->cap.flags =
+        UCT_MD_FLAG_REG | UCT_MD_FLAG_NEED_MEMH | UCT_MD_FLAG_NEED_RKEY | UCT_MD_FLAG_INVALIDATE;
     attr->cap.reg_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
     attr->cap.access_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
     attr->cap.max_reg = ULONG_MAX;
@@ -419,21 +453,39 @@ ucs_status_t uct_mc_mem_reg(uct_md_h tl_md, void *address, size_t length, unsign
     return UCS_OK;
 }
 
+static void invalidated(void *comp)
+{
+    uct_invoke_completion(comp, UCS_OK);
+}
+
+/* With UCT_MD_MEM_DEREG_FLAG_INVALIDATE (UCP's error handling, for a request whose peer failed:
+ * no rendezvous lane without it), comp completes once no peer reaches the memory any more: the
+ * engine's unregister returns only then (it waits for peers' I/O in progress, and cuts a
+ * same-host peer that does not let go of its mapping within MC_IO_TIMEOUT_MS). A cached region
+ * leaves the cache at once and is unregistered when its last user puts it. */
 ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *params)
 {
     uct_mc_md_t *md = ucs_derived_of(tl_md, uct_mc_md_t);
+    unsigned flags = UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags, FIELD_FLAGS, 0);
+    uct_completion_t *comp = UCT_MD_MEM_DEREG_FIELD_VALUE(params, comp, FIELD_COMPLETION, NULL);
+    bool invalidate = flags & UCT_MD_MEM_DEREG_FLAG_INVALIDATE;
     uct_mc_memh_t *memh;
 
-    if (!(params->field_mask & UCT_MD_MEM_DEREG_FIELD_MEMH) || !params->memh)
+    if (!(params->field_mask & UCT_MD_MEM_DEREG_FIELD_MEMH) || !params->memh ||
+        (invalidate && !comp))
         return UCS_ERR_INVALID_PARAM;
     memh = params->memh;
     if (memh->cached) {
+        if (invalidate)
+            ucs_rcache_region_invalidate(md->rcache, &memh->region, invalidated, comp);
         ucs_rcache_region_put(md->rcache, &memh->region);
         atomic_fetch_sub(&md->memhs, 1);
         return UCS_OK;
     }
     engine_dereg(md, memh);
     free(memh);
+    if (invalidate)
+        invalidated(comp);
     return UCS_OK;
 }
 

@@ -1,7 +1,8 @@
 /*
  * Messages and notifications: exactly once and in order while connections are killed under
  * them (ss -K, as root), every unacknowledged one reported when the peer dies, flush, standalone
- * and batch notifications, and back-pressure from a receiver that does not keep up.
+ * and batch notifications, back-pressure from a receiver that does not keep up, and a destroy
+ * that waits for its peer to take what it sent (MC_LINGER_MS).
  *
  * TH_TRANSPORT picks what carries them: tcp (the default: MC_FORCE_TCP=1 on both sides), shm
  * (same-host peers: the shared-memory ring) or rdma (MC_PROTOCOL=rdma: the ring written with
@@ -956,6 +957,57 @@ static void test_backpressure(void **state)
     th_close(e, id);
 }
 
+/* ---- linger ------------------------------------------------------------------------------------
+ */
+
+static atomic_bool destroyed;
+
+static void *destroy_thread(void *arg)
+{
+    mc_engine_destroy(arg);
+    atomic_store(&destroyed, true);
+    return NULL;
+}
+
+/* MC_LINGER_MS: an engine destroyed with notifications its peer has not taken (the peer is
+ * stopped) waits for them; the peer, continued 300 ms later, gets every one once and in order,
+ * and the destroy returns once it took them, long before the linger's 20 s. */
+static void test_linger(void **state)
+{
+    const unsigned n = 200;
+    th_cfg_t cfg;
+    th_reply_t r;
+    pthread_t tid;
+
+    (void)state;
+    config(&cfg);
+    th_target_t *t = spawn(&cfg, 4096);
+    th_set(&cfg, "LINGER_MS", "20000");
+    mc_engine_t *e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    assert_int_equal(flush_wait(e, id), 0); /* connected */
+    th_stop(t->pid);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(mc_notify_send(e, id, &i, 4), 0);
+    int64_t t0 = th_now_ms();
+    atomic_store(&destroyed, false);
+    assert_int_equal(pthread_create(&tid, NULL, destroy_thread, e), 0);
+    th_sleep_ms(300);
+    assert_false(atomic_load(&destroyed)); /* lingering */
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    assert_int_equal(pthread_join(tid, NULL), 0);
+    int64_t took = th_now_ms() - t0;
+    print_message("  the destroy returned after %lld ms\n", (long long)took);
+    assert_true(took < 10000);
+    th_cmd_t c = {.op = TH_CMD_POPS, .a0 = n, .a1 = 0, .a3 = 10000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 20000), 0);
+    assert_int_equal(r.v[0], n);
+    assert_int_equal(r.v[1], 0);
+    c = (th_cmd_t){.op = TH_CMD_POPS, .a0 = 1, .a3 = 300};
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(r.v[0], 0); /* nothing twice */
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -968,6 +1020,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_flush_notification, teardown),
         cmocka_unit_test_teardown(test_notifications, teardown),
         cmocka_unit_test_teardown(test_backpressure, teardown),
+        cmocka_unit_test_teardown(test_linger, teardown),
     };
 
     th_main(argc, argv);

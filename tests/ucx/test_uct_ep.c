@@ -17,6 +17,9 @@
  *   in flight (CLOSE_TIMEOUT 0.2 s): the engine's late callback for it touches nothing freed,
  *   and the segment to B closes once the engine let go; a cancelling flush with it in flight
  *   completes once the engine let go, after the get, and nothing writes its buffer afterwards.
+ * - memory invalidation (UCT_MD_MEM_DEREG_FLAG_INVALIDATE, which UCP's error handling needs for
+ *   its rendezvous lanes), cached and uncached registrations: the completion comes, a put
+ *   through the old key then fails and leaves the bytes alone; no completion: refused.
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
 #ifndef _GNU_SOURCE
@@ -36,6 +39,7 @@
 
 #include <ucs/async/async_fwd.h>
 #include <uct/api/uct.h>
+#include <uct/api/v2/uct_v2.h>
 
 #define WAIT_S  20.0 /* the deadline of every wait */
 #define AM_ID   5
@@ -116,14 +120,23 @@ static void modify(void *cfg, const char *const *settings, const char *what)
             fail("%s: setting %s=%s", what, settings[0], settings[1]);
 }
 
+/* Where set, the next interfaces opened report a failed endpoint here (else UCX's default). */
+static uct_error_handler_t ep_err_handler;
+
 static void iface_open(side_t *s, const char *const *iface_settings, uct_iface_h *iface_p)
 {
     uct_iface_params_t p = {.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE,
                             .open_mode = UCT_IFACE_OPEN_MODE_DEVICE};
     uct_iface_config_t *cfg;
 
+    if (ep_err_handler) {
+        p.field_mask |= UCT_IFACE_PARAM_FIELD_ERR_HANDLER | UCT_IFACE_PARAM_FIELD_ERR_HANDLER_FLAGS;
+        p.err_handler = ep_err_handler;
+        p.err_handler_flags = UCT_CB_FLAG_ASYNC;
+    }
+
     p.mode.device.tl_name = "mooncake";
-    p.mode.device.dev_name = "engine";
+    p.mode.device.dev_name = "lo"; /* a device per network interface: lo is always there */
     check_st(uct_md_iface_config_read(s->md, "mooncake", NULL, NULL, &cfg), "iface config");
     modify(cfg, iface_settings, s->name);
     check_st(uct_iface_open(s->md, s->worker, &p, cfg, iface_p), "uct_iface_open");
@@ -558,6 +571,139 @@ static void test_fence_pending(void)
     ok("fence behind puts in the pending queue: the flag is issued once they are all in");
 }
 
+/* ---- memory invalidation (UCP's error handling asks for it before it uses RMA lanes) ---- */
+
+static ucs_status_t ep_failed; /* the status A's error handler got */
+
+static ucs_status_t record_ep_failure(void *arg, uct_ep_h ep, ucs_status_t status)
+{
+    (void)arg;
+    (void)ep;
+    ep_failed = status;
+    return UCS_OK;
+}
+
+/* Wait for c, or for A's endpoint to fail; c's status, else the failure's. */
+static ucs_status_t wait_comp(side_t *a, side_t *b, const comp_t *c, ucs_status_t st,
+                              const char *what)
+{
+    double dl = now() + WAIT_S;
+
+    while (st == UCS_INPROGRESS && !c->done && ep_failed == UCS_OK) {
+        if (now() > dl)
+            fail("%s did not complete in %.0f s", what, WAIT_S);
+        progress(a);
+        progress(b);
+    }
+    if (st == UCS_INPROGRESS)
+        st = c->done ? c->status : ep_failed;
+    return st != UCS_OK ? st : ep_failed;
+}
+
+/* A writes 8 bytes into r at off with put_zcopy, then flushes: the first failure, else UCS_OK
+ * (over tcp a put completes once its bytes are in the kernel: B's refusal comes later). */
+static ucs_status_t put_wait(side_t *a, side_t *b, uct_ep_h ep, const region_t *r, size_t off,
+                             uint64_t *v, uct_mem_h v_memh)
+{
+    uct_iov_t iov = {.buffer = v, .length = sizeof(*v), .memh = v_memh, .count = 1};
+    double dl = now() + WAIT_S;
+    ucs_status_t st;
+    comp_t c;
+
+    comp_init(&c);
+    while ((st = uct_ep_put_zcopy(ep, &iov, 1, raddr(r, off), r->rkey.rkey, &c.super)) ==
+           UCS_ERR_NO_RESOURCE) {
+        if (now() > dl)
+            fail("put_zcopy refused for %.0f s", WAIT_S);
+        progress(a);
+        progress(b);
+    }
+    if ((st = wait_comp(a, b, &c, st, "put_zcopy")) != UCS_OK)
+        return st;
+    comp_init(&c);
+    while ((st = uct_ep_flush(ep, 0, &c.super)) == UCS_ERR_NO_RESOURCE) {
+        if (now() > dl)
+            fail("flush refused for %.0f s", WAIT_S);
+        progress(a);
+        progress(b);
+    }
+    return wait_comp(a, b, &c, st, "flush");
+}
+
+/* B registers two buffers, one kept in its registration cache (RMA access only) and one not
+ * (atomics too); A writes into each through its key. B deregisters each with
+ * UCT_MD_MEM_DEREG_FLAG_INVALIDATE: the completion comes, and A's next write through the same
+ * key fails and leaves B's bytes as they were. Without a completion the flag is refused. */
+static void test_mem_invalidate(void)
+{
+    static const char *const no_cache[] = {"RCACHE", "n", NULL};
+    static const uint64_t access[2] = {UCT_MD_MEM_ACCESS_RMA, UCT_MD_MEM_ACCESS_ALL};
+    side_t a, b;
+
+    for (int cache = 0; cache <= 1; cache++) {
+        ep_err_handler = record_ep_failure;
+        side_open(&a, "A", NULL, NULL);
+        ep_err_handler = NULL;
+        side_open(&b, "B", cache ? NULL : no_cache, NULL);
+        for (int k = 0; k < 2; k++) {
+            uct_md_mem_dereg_params_t dp = {.field_mask = UCT_MD_MEM_DEREG_FIELD_MEMH |
+                                                          UCT_MD_MEM_DEREG_FIELD_FLAGS,
+                                            .flags = UCT_MD_MEM_DEREG_FLAG_INVALIDATE};
+            const char *what = k ? "ACCESS_ALL" : "ACCESS_RMA";
+            uint64_t v = 0x1122334455667788ull ^ (uint64_t)k, *local;
+            uct_mem_h local_memh;
+            char packed[4096];
+            region_t r = {.owner = &b};
+            comp_t inv;
+
+            ep_failed = UCS_OK;
+            if (posix_memalign((void **)&r.buf, 4096, REG_LEN) ||
+                posix_memalign((void **)&local, 4096, 4096))
+                fail("no memory");
+            memset(r.buf, 0, REG_LEN);
+            check_st(uct_md_mem_reg(b.md, r.buf, REG_LEN, access[k], &r.memh), "mem_reg");
+            check_st(uct_md_mkey_pack(b.md, r.memh, packed), "mkey_pack");
+            check_st(uct_rkey_unpack(component, packed, &r.rkey), "rkey_unpack");
+            check_st(uct_md_mem_reg(a.md, local, 4096, UCT_MD_MEM_ACCESS_ALL, &local_memh),
+                     "mem_reg (A)");
+            uct_ep_h ep = ep_connect(&a, &b);
+            *local = v;
+            check_st(put_wait(&a, &b, ep, &r, 64, local, local_memh), "put before");
+            if (load64(&r, 64) != v)
+                fail("%s: the put before did not land", what);
+
+            dp.memh = r.memh;
+            if (uct_md_mem_dereg_v2(b.md, &dp) != UCS_ERR_INVALID_PARAM)
+                fail("%s: INVALIDATE without a completion was not refused", what);
+            comp_init(&inv);
+            dp.field_mask |= UCT_MD_MEM_DEREG_FIELD_COMPLETION;
+            dp.comp = &inv.super;
+            check_st(uct_md_mem_dereg_v2(b.md, &dp), "mem_dereg_v2 INVALIDATE");
+            if (!inv.done || inv.status != UCS_OK)
+                fail("%s (cache %d): the invalidation did not complete with UCS_OK", what, cache);
+
+            *local = ~v;
+            ucs_status_t st = put_wait(&a, &b, ep, &r, 64, local, local_memh);
+            if (st == UCS_OK)
+                fail("%s (cache %d): a put through an invalidated key succeeded", what, cache);
+            if (load64(&r, 64) != v)
+                fail("%s (cache %d): a put through an invalidated key changed the bytes", what,
+                     cache);
+            printf("ok: %s, registration cache %s: invalidated; the next put through its key "
+                   "failed (%s), the bytes unchanged\n",
+                   what, cache ? "on" : "off", ucs_status_string(st));
+            uct_ep_destroy(ep);
+            uct_md_mem_dereg(a.md, local_memh);
+            uct_rkey_release(component, &r.rkey);
+            free(local);
+            free(r.buf);
+        }
+        side_close(&b);
+        side_close(&a);
+    }
+    ok("memory invalidation");
+}
+
 /* ---- a get that B does not answer: held by A's engine until its transfer timeout ---- */
 
 #define HELD_LEN   8192
@@ -762,5 +908,6 @@ int main(void)
     test_fence_pending();
     test_close_with_get_held();
     test_flush_cancel_get_held();
+    test_mem_invalidate();
     return 0;
 }

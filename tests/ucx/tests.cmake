@@ -18,6 +18,8 @@ if(TARGET uct_mooncake)
   # happens to an operation the engine holds while the interface closes.
   add_executable(test_uct_ep ${CMAKE_CURRENT_LIST_DIR}/test_uct_ep.c)
   target_link_libraries(test_uct_ep PRIVATE PkgConfig::UCX)
+  # uct_md_mem_dereg_v2 (memory invalidation) is declared only in UCX's source tree (uct_v2.h)
+  target_include_directories(test_uct_ep SYSTEM PRIVATE "${MC_UCX_SOURCE_DIR}/src")
   add_dependencies(test_uct_ep uct_mooncake)
   add_test(NAME test_uct_ep COMMAND test_uct_ep)
   set_tests_properties(test_uct_ep PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "ucx"
@@ -25,8 +27,9 @@ if(TARGET uct_mooncake)
   # UCX's installed examples, built from Debian's libucx-dev documentation when it is there
   # (not copied into the tree), for test_ucx_tools.sh.
   set(MC_UCX_EXAMPLES /usr/share/doc/libucx-dev/examples)
-  if(EXISTS ${MC_UCX_EXAMPLES}/ucp_hello_world.c AND EXISTS ${MC_UCX_EXAMPLES}/uct_hello_world.c)
-    foreach(ex ucp_hello_world uct_hello_world)
+  if(EXISTS ${MC_UCX_EXAMPLES}/ucp_hello_world.c AND EXISTS ${MC_UCX_EXAMPLES}/uct_hello_world.c
+     AND EXISTS ${MC_UCX_EXAMPLES}/ucp_client_server.c)
+    foreach(ex ucp_hello_world uct_hello_world ucp_client_server)
       add_executable(${ex} ${MC_UCX_EXAMPLES}/${ex}.c)
       target_link_libraries(${ex} PRIVATE PkgConfig::UCX)
       target_compile_options(${ex} PRIVATE -w) # UCX's code, not ours: its warnings are not ours
