@@ -4,7 +4,7 @@
 #
 # Per round, between two processes on loopback and between two network-namespace hosts (a veth
 # link the script creates and removes):
-#   UCT level  put_bw -D zcopy, get -D zcopy            -x mooncake -d lo   vs  -x tcp
+#   UCT level  put_bw -D zcopy, get -D zcopy            -x mooncake -d engine   vs  -x tcp
 #   UCP level  ucp_put_bw, ucp_get, tag_bw              UCX_TLS=mooncake,self   vs  UCX_TLS=tcp
 # at 64 KiB and 1 MiB; and on loopback UCP tag_bw against UCX's shared-memory copy (cma, with
 # tcp for its active messages: UCX_TLS=cma,tcp). Figures are MB/s (ucx_perftest's average).
@@ -58,7 +58,7 @@ run() {
     case $test in
     put_bw | get)
         if [[ $tr == mooncake ]]; then
-            args=(-x mooncake -d lo)
+            args=(-x mooncake -d engine)
         else
             args=(-x tcp -d "$([[ $where == lo ]] && echo lo || echo $NS_DEV)")
         fi

@@ -494,11 +494,13 @@ static ucs_status_t iface_query(uct_iface_h tl_iface, uct_iface_attr_t *attr)
     attr->device_addr_len = 0;
     attr->ep_addr_len = 0;
     attr->cap.flags = UCT_IFACE_FLAG_CONNECT_TO_IFACE | UCT_IFACE_FLAG_AM_SHORT |
-                      UCT_IFACE_FLAG_AM_BCOPY | UCT_IFACE_FLAG_AM_ZCOPY | UCT_IFACE_FLAG_PUT_SHORT |
-                      UCT_IFACE_FLAG_PUT_BCOPY | UCT_IFACE_FLAG_PUT_ZCOPY |
-                      UCT_IFACE_FLAG_GET_BCOPY | UCT_IFACE_FLAG_GET_ZCOPY | UCT_IFACE_FLAG_PENDING |
+                      UCT_IFACE_FLAG_AM_BCOPY | UCT_IFACE_FLAG_AM_ZCOPY | UCT_IFACE_FLAG_PENDING |
                       UCT_IFACE_FLAG_CB_SYNC | UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE |
                       UCT_IFACE_FLAG_EP_CHECK;
+    if (!iface->netdev) /* an interface's device: UCP's first step only (query_devices) */
+        attr->cap.flags |= UCT_IFACE_FLAG_PUT_SHORT | UCT_IFACE_FLAG_PUT_BCOPY |
+                           UCT_IFACE_FLAG_PUT_ZCOPY | UCT_IFACE_FLAG_GET_BCOPY |
+                           UCT_IFACE_FLAG_GET_ZCOPY;
     attr->cap.event_flags =
         UCT_IFACE_FLAG_EVENT_SEND_COMP | UCT_IFACE_FLAG_EVENT_RECV | UCT_IFACE_FLAG_EVENT_FD;
     attr->cap.put.max_short = (unsigned)seg;
@@ -522,7 +524,8 @@ static ucs_status_t iface_query(uct_iface_h tl_iface, uct_iface_attr_t *attr)
     attr->cap.am.align_mtu = 1;
     attr->cap.am.max_hdr = 128;
     attr->cap.am.max_iov = UCT_MC_MAX_IOV;
-    attr->latency = ucs_linear_func_make(iface->config.latency, 0);
+    /* a little later on an interface's device, so that UCP's lanes go to "engine" */
+    attr->latency = ucs_linear_func_make(iface->config.latency + (iface->netdev ? 1e-6 : 0), 0);
     attr->bandwidth.dedicated = 0;
     attr->bandwidth.shared = iface->config.bandwidth;
     attr->overhead = 1e-6;
@@ -593,6 +596,9 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
     self->efd = self->epfd = -1;
     self->md = md;
     self->config = *cfg;
+    self->netdev = (params->field_mask & UCT_IFACE_PARAM_FIELD_OPEN_MODE) &&
+                   (params->open_mode & UCT_IFACE_OPEN_MODE_DEVICE) &&
+                   strcmp(params->mode.device.dev_name, UCT_MC_DEV_NAME);
     if (self->config.seg_size < 256 || self->config.bounce_slots < 1 ||
         self->config.max_tasks < BATCH_TASKS) {
         ucs_error("mooncake: SEG_SIZE must be >= 256, BOUNCE_SLOTS >= 1, MAX_TASKS >= %d",
@@ -780,46 +786,49 @@ static UCS_CLASS_DEFINE_NEW_FUNC(uct_mc_iface_t, uct_iface_t, uct_md_h, uct_work
                                  const uct_iface_params_t *, const uct_iface_config_t *);
 static UCS_CLASS_DEFINE_DELETE_FUNC(uct_mc_iface_t, uct_iface_t);
 
-/* One device per network interface that is up with an IP address (as UCX's tcp lists them),
- * each the whole engine: UCP's client-server mode (ucp_listener, connect by sockaddr) wires an
- * endpoint up only over transports whose device is the interface the connection came through.
- * Where none has an address, the one device "engine" (UCP then connects by worker address). */
+/* Add device name to devs[*n] unless it is there. */
+static void device_add(uct_tl_device_resource_t *devs, unsigned *n, const char *name)
+{
+    for (unsigned k = 0; k < *n; k++)
+        if (!strcmp(devs[k].name, name))
+            return;
+    snprintf(devs[*n].name, sizeof(devs[*n].name), "%s", name);
+    devs[*n].type = UCT_DEVICE_TYPE_NET;
+    devs[*n].sys_device = UCS_SYS_DEVICE_ID_UNKNOWN;
+    (*n)++;
+}
+
+/* The device "engine", then one per network interface that is up with an IP address (as UCX's
+ * tcp lists them). UCP's client-server mode (ucp_listener, connect by sockaddr) wires an
+ * endpoint up only over transports whose device is the interface the connection came through;
+ * an interface's device serves that first step (active messages only), after which UCP moves
+ * its lanes to "engine". Every device is the whole engine. */
 static ucs_status_t query_devices(uct_md_h md, uct_tl_device_resource_t **devices_p, unsigned *n_p)
 {
-    struct ifaddrs *ifs, *i;
-    unsigned n = 0;
+    struct ifaddrs *ifs = NULL;
+    unsigned n = 1;
 
+    (void)md;
     if (getifaddrs(&ifs))
         ifs = NULL;
-    for (i = ifs; i; i = i->ifa_next)
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
         n++;
-    uct_tl_device_resource_t *devs = n ? ucs_calloc(n, sizeof(*devs), "mooncake devices") : NULL;
+    uct_tl_device_resource_t *devs = ucs_calloc(n, sizeof(*devs), "mooncake devices");
     n = 0;
-    for (i = devs ? ifs : NULL; i; i = i->ifa_next) {
-        unsigned k = 0;
-        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) ||
-            (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6) ||
-            strlen(i->ifa_name) >= sizeof(devs->name))
-            continue;
-        while (k < n && strcmp(devs[k].name, i->ifa_name)) /* one per interface */
-            k++;
-        if (k < n)
-            continue;
-        snprintf(devs[n].name, sizeof(devs[n].name), "%s", i->ifa_name);
-        devs[n].type = UCT_DEVICE_TYPE_NET;
-        devs[n].sys_device = UCS_SYS_DEVICE_ID_UNKNOWN;
-        n++;
-    }
+    if (devs)
+        device_add(devs, &n, UCT_MC_DEV_NAME);
+    for (struct ifaddrs *i = devs ? ifs : NULL; i; i = i->ifa_next)
+        if (i->ifa_addr && (i->ifa_flags & IFF_UP) &&
+            (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6) &&
+            strlen(i->ifa_name) < sizeof(devs->name))
+            device_add(devs, &n, i->ifa_name);
     if (ifs)
         freeifaddrs(ifs);
-    if (n) {
-        *devices_p = devs;
-        *n_p = n;
-        return UCS_OK;
-    }
-    ucs_free(devs);
-    return uct_single_device_resource(md, UCT_MC_DEV_NAME, UCT_DEVICE_TYPE_NET,
-                                      UCS_SYS_DEVICE_ID_UNKNOWN, devices_p, n_p);
+    if (!devs)
+        return UCS_ERR_NO_MEMORY;
+    *devices_p = devs;
+    *n_p = n;
+    return UCS_OK;
 }
 
 static void progress_enable(uct_iface_h tl_iface, unsigned flags)

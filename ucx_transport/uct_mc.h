@@ -1,5 +1,5 @@
-/* The engine as a UCT transport: component "mooncake", transport "mooncake", one device
- * "engine".
+/* The engine as a UCT transport: component "mooncake", transport "mooncake", device "engine"
+ * and, for UCP's client-server mode, a device per network interface (active messages only).
  *
  * One engine per memory domain (md_open creates it in caller-progress mode, with a thread that
  * serves peers' RMA while the application is away); every interface of the MD shares it and
@@ -179,6 +179,7 @@ struct uct_mc_iface {
     size_t addr_len;
     uct_mc_iface_config_t config;
     size_t am_max; /* largest AM payload */
+    bool netdev;   /* on a network interface's device: active messages only (query_devices) */
 
     /* Events from engine callbacks (any thread), for this interface's progress. */
     uct_mc_iface_lock_t *lock;

@@ -136,7 +136,7 @@ static void iface_open(side_t *s, const char *const *iface_settings, uct_iface_h
     }
 
     p.mode.device.tl_name = "mooncake";
-    p.mode.device.dev_name = "lo"; /* a device per network interface: lo is always there */
+    p.mode.device.dev_name = "engine";
     check_st(uct_md_iface_config_read(s->md, "mooncake", NULL, NULL, &cfg), "iface config");
     modify(cfg, iface_settings, s->name);
     check_st(uct_iface_open(s->md, s->worker, &p, cfg, iface_p), "uct_iface_open");
