@@ -1,10 +1,10 @@
 /* Messages (exactly once, in order, per peer), notifications (message id 0) and flushes. See
  * msg.h for the protocol. */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "callbacks.h"
 #include "engine_int.h"
@@ -559,10 +559,10 @@ void mc__msgs_linger(mc_engine_t *e)
     }
     free(ids);
     while (atomic_load(&e->lingering) && mc__now_ns() < end) {
-        if (e->has_thread)
-            sched_yield();
-        else
+        if (!e->has_thread)
             mc_engine_progress(e);
+        if (atomic_load(&e->lingering)) /* a peer that is slow to answer: no core spun */
+            nanosleep(&(struct timespec){.tv_nsec = 50000}, NULL);
     }
     if (atomic_load(&e->lingering))
         mc_warn("engine destroyed with messages to %u peers not acknowledged after %u ms "

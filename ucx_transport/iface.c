@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -624,9 +625,12 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
         ucs_error("mooncake: the interface's event fd: %m");
         goto err_fds;
     }
-    rc = mc_mem_alloc(md->engine, self->config.seg_size * self->config.bounce_slots, "*",
-                      (void **)&self->bounce);
-    self->free_slots = calloc(self->config.bounce_slots, sizeof(int));
+    if (self->netdev) /* no put or get there: no bounce slot */
+        self->config.bounce_slots = 0;
+    rc = self->netdev ? 0
+                      : mc_mem_alloc(md->engine, self->config.seg_size * self->config.bounce_slots,
+                                     "*", (void **)&self->bounce);
+    self->free_slots = calloc(self->config.bounce_slots + 1, sizeof(int));
     self->tx = malloc(UCT_MC_AM_HDR + self->am_max);
     if (rc || !self->free_slots || !self->tx) {
         ucs_error("mooncake: bounce buffers: %s", rc ? mc_last_error() : "no memory");
@@ -765,7 +769,8 @@ static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
     deliver_all(self);
     uct_mc_iface_detach_flushes(self);
     drop_late_flushes(self);
-    mc_mem_free(self->md->engine, self->bounce);
+    if (self->bounce)
+        mc_mem_free(self->md->engine, self->bounce);
     uct_mc_md_close_segments(self->md);
     while (self->am_free) {
         uct_mc_am_t *am = self->am_free;
@@ -785,6 +790,19 @@ UCS_CLASS_DEFINE(uct_mc_iface_t, uct_base_iface_t);
 static UCS_CLASS_DEFINE_NEW_FUNC(uct_mc_iface_t, uct_iface_t, uct_md_h, uct_worker_h,
                                  const uct_iface_params_t *, const uct_iface_config_t *);
 static UCS_CLASS_DEFINE_DELETE_FUNC(uct_mc_iface_t, uct_iface_t);
+
+/* An interface UCX's tcp would list for this address: up and running, an IPv4 address or an
+ * IPv6 one that is neither loopback nor link-local (a container's veth has only those). */
+static bool netif_usable(const struct ifaddrs *i)
+{
+    if (!i->ifa_addr || (i->ifa_flags & (IFF_UP | IFF_RUNNING)) != (IFF_UP | IFF_RUNNING))
+        return false;
+    if (i->ifa_addr->sa_family == AF_INET)
+        return true;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)i->ifa_addr)->sin6_addr;
+    return i->ifa_addr->sa_family == AF_INET6 && !IN6_IS_ADDR_LOOPBACK(a) &&
+           !IN6_IS_ADDR_LINKLOCAL(a);
+}
 
 /* Add device name to devs[*n] unless it is there. */
 static void device_add(uct_tl_device_resource_t *devs, unsigned *n, const char *name)
@@ -818,9 +836,7 @@ static ucs_status_t query_devices(uct_md_h md, uct_tl_device_resource_t **device
     if (devs)
         device_add(devs, &n, UCT_MC_DEV_NAME);
     for (struct ifaddrs *i = devs ? ifs : NULL; i; i = i->ifa_next)
-        if (i->ifa_addr && (i->ifa_flags & IFF_UP) &&
-            (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6) &&
-            strlen(i->ifa_name) < sizeof(devs->name))
+        if (netif_usable(i) && strlen(i->ifa_name) < sizeof(devs->name))
             device_add(devs, &n, i->ifa_name);
     if (ifs)
         freeifaddrs(ifs);

@@ -73,6 +73,14 @@ ucs_status_t uct_mc_status(int rc)
 
 /* ---- settings ---- */
 
+/* Whether the environment sets name (the engine takes an empty value as unset). */
+static bool env_set(const char *name)
+{
+    const char *v = getenv(name);
+
+    return v && *v;
+}
+
 static int set_one(mc_config_t *c, const char *name, const char *value)
 {
     int rc;
@@ -120,7 +128,7 @@ static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
     }
     /* peers of a UCX application come and go: the engine's warnings about it are noise there,
      * unless MC_LOG_LEVEL (or LOG_LEVEL in UCX_MOONCAKE_ENGINE) asks for them */
-    if (!getenv("MC_LOG_LEVEL") && (rc = mc_config_set(c, "LOG_LEVEL", "error"))) {
+    if (!env_set("MC_LOG_LEVEL") && (rc = mc_config_set(c, "LOG_LEVEL", "error"))) {
         mc_config_destroy(c);
         return rc;
     }
@@ -134,7 +142,7 @@ static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
         (rc = mc_config_set(c, "PROGRESS_SERVE_US", "100")) ||
         /* what UCT took (an am_bcopy returned) is sent, as a socket's bytes are after a close:
          * closing the domain waits up to 1 s for peers to take it */
-        (!getenv("MC_LINGER_MS") && (rc = mc_config_set(c, "LINGER_MS", "1000"))) ||
+        (!env_set("MC_LINGER_MS") && (rc = mc_config_set(c, "LINGER_MS", "1000"))) ||
         (rc = set_list(c, cfg->engine)) ||
         /* UCT's rule: callbacks only from uct_iface_progress, so the caller drives I/O */
         (rc = mc_config_set(c, "PROGRESS_THREAD", "0")) ||
@@ -156,12 +164,12 @@ static int engine_reg(uct_mc_md_t *md, uct_mc_memh_t *memh, void *address, size_
     return length ? mc_mem_register(md->engine, address, length, "*") : 0;
 }
 
-static void engine_dereg(uct_mc_md_t *md, uct_mc_memh_t *memh)
+static int engine_dereg(uct_mc_md_t *md, uct_mc_memh_t *memh)
 {
     int rc = 0;
 
     if (!memh->len)
-        return;
+        return 0;
     /* the cache may hold a region that starts where this one does: drop this one */
     pthread_rwlock_rdlock(&md->engine_lock);
     if (md->engine)
@@ -169,6 +177,7 @@ static void engine_dereg(uct_mc_md_t *md, uct_mc_memh_t *memh)
     pthread_rwlock_unlock(&md->engine_lock);
     if (rc)
         ucs_error("mooncake: unregistering %p: %s", memh->addr, mc_last_error());
+    return rc;
 }
 
 static ucs_status_t rcache_mem_reg(void *context, ucs_rcache_t *rcache, void *arg,
@@ -187,10 +196,14 @@ static ucs_status_t rcache_mem_reg(void *context, ucs_rcache_t *rcache, void *ar
     return uct_mc_status(rc);
 }
 
+/* The outcome of the last region the cache unregistered on this thread: the cache calls a
+ * region's invalidation callbacks right after its mem_dereg, on the same thread. */
+static __thread int last_dereg_rc;
+
 static void rcache_mem_dereg(void *context, ucs_rcache_t *rcache, ucs_rcache_region_t *region)
 {
     (void)rcache;
-    engine_dereg(context, ucs_container_of(region, uct_mc_memh_t, region));
+    last_dereg_rc = engine_dereg(context, ucs_container_of(region, uct_mc_memh_t, region));
 }
 
 static void rcache_dump_region(void *context, ucs_rcache_t *rcache, ucs_rcache_region_t *region,
@@ -453,9 +466,10 @@ ucs_status_t uct_mc_mem_reg(uct_md_h tl_md, void *address, size_t length, unsign
     return UCS_OK;
 }
 
+/* A cached region's invalidation callback, right after its unregister: that one's outcome. */
 static void invalidated(void *comp)
 {
-    uct_invoke_completion(comp, UCS_OK);
+    uct_invoke_completion(comp, uct_mc_status(last_dereg_rc));
 }
 
 /* With UCT_MD_MEM_DEREG_FLAG_INVALIDATE (UCP's error handling, for a request whose peer failed:
@@ -482,10 +496,10 @@ ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *p
         atomic_fetch_sub(&md->memhs, 1);
         return UCS_OK;
     }
-    engine_dereg(md, memh);
+    int rc = engine_dereg(md, memh);
     free(memh);
     if (invalidate)
-        invalidated(comp);
+        uct_invoke_completion(comp, uct_mc_status(rc));
     return UCS_OK;
 }
 

@@ -177,55 +177,65 @@ examples() {
 # cs_run WHERE API SIZE ROUNDS PRINTS: one ucp_client_server pair (a UCP listener; the client
 # connects by address, with error handling on) over UCX_TLS=mooncake alone. The server prints
 # the strings of the first and the last round, which must be the client's, whole. Returns 0, or
-# 2 when the server lost the last rounds to the client's force close (below). (The server waits
-# for its next client for ever: it is ended once it reported, its output line-buffered.)
+# 2 when the client's force close overtook the last rounds (below). The server waits for its
+# next client once done ("Waiting for connection..." again): it is ended then, its output
+# line-buffered. The client must have put its lanes on device engine (UCX's debug log).
 cs_run() {
     local where=$1 api=$2 size=$3 rounds=$4 prints=$5 bin=$B/bin/ucp_client_server
     local port srv cli_rc=0 host got what="$1 ucp_client_server -c $2 -s $3"
+    local env=(UCX_TLS=mooncake UCX_LOG_LEVEL=debug)
     port=$(free_port)
+    rm -f "$LOG/ss"
     if [[ $where == loopback ]]; then
         env LD_PRELOAD="$MOD" UCX_TLS=mooncake stdbuf -oL "$bin" -l 127.0.0.1 -p "$port" \
             -c $api -s $size -i $rounds >"$LOG/ss" 2>&1 &
         srv=$!
+        echo "$srv" >>"$LOG/pids"
         host=127.0.0.1
         wait_listen "$port"
-    else
-        rm -f "$LOG/ss"
+        ucx env "${env[@]}" timeout 30 "$bin" -a "$host" -p "$port" -c $api -s $size \
+            -i $rounds >"$LOG/sc" 2>&1 || cli_rc=$?
+    else # (netns_spawn records the server for netns_down)
         srv=$(NETNS_LOG=$LOG/ss netns_spawn $P 2 env LD_PRELOAD="$MOD" \
             UCX_MOONCAKE_LISTEN="$A2:0" UCX_TLS=mooncake stdbuf -oL "$bin" -l "$A2" \
             -p "$port" -c $api -s $size -i $rounds)
         host=$A2
         wait_listen "$port" 2
-    fi
-    echo "$srv" >>"$LOG/pids"
-    if [[ $where == loopback ]]; then
-        ucx env UCX_TLS=mooncake timeout 30 "$bin" -a "$host" -p "$port" -c $api -s $size \
-            -i $rounds >"$LOG/sc" 2>&1 || cli_rc=$?
-    else
         netns_exec $P 1 timeout 30 env LD_PRELOAD="$MOD" UCX_MOONCAKE_LISTEN="$A1:0" \
-            UCX_TLS=mooncake "$bin" -a "$host" -p "$port" -c $api -s $size -i $rounds \
+            "${env[@]}" "$bin" -a "$host" -p "$port" -c $api -s $size -i $rounds \
             >"$LOG/sc" 2>&1 || cli_rc=$?
     fi
-    ((cli_rc == 0)) || { cut -c1-120 "$LOG/sc" | head -40; fail "$what: rc $cli_rc"; }
+    ((cli_rc == 0)) || { grep -v '^ABC' "$LOG/sc" | cut -c1-160 | tail -40; fail "$what: rc $cli_rc"; }
+    grep -Eq 'lane\[[0-9]+\]: +[0-9]+:mooncake/engine\.0 .*rma_bw.* am ' "$LOG/sc" ||
+        { grep 'lane\[' "$LOG/sc" | cut -c1-200; fail "$what: the client's lanes are not on engine"; }
     for _ in $(seq 100); do
-        [[ $(grep -c 'UCP TEST SUCCESS' "$LOG/ss") == "$prints" ]] && break
-        grep -q 'Connection reset by remote peer' "$LOG/ss" && break
+        (($(grep -c 'Waiting for connection' "$LOG/ss") >= 2)) && break
+        kill -0 "$srv" 2>/dev/null || break
         sleep 0.1
     done
     kill "$srv" 2>/dev/null || true
-    [[ $where == netns ]] || wait "$srv" 2>/dev/null || true
-    # the example prints what it received and a dot: ABC..Z repeated, size - 1 letters; every
-    # such line must be that
+    if [[ $where == loopback ]]; then
+        wait "$srv" 2>/dev/null || true
+        sed -i "/^$srv\$/d" "$LOG/pids"
+    fi
+    # every string the server printed (after "UCX data message was received" and the banner)
+    # must be the one sent: ABC..Z repeated, size - 1 letters, then a dot
     got=$(python3 -c "import string, sys
 n = $size - 1
-want = (string.ascii_uppercase * (n // 26 + 1))[:n] + '.'
-lines = [l.rstrip('\\n') for l in open(sys.argv[1]) if l.startswith('ABC')]
-print(len(lines) if all(l == want for l in lines) else -1)" "$LOG/ss")
+want = (string.ascii_uppercase * (n // 26 + 1))[:n].encode() + b'.'
+lines = open(sys.argv[1], 'rb').read().split(b'\\n')
+got = []
+for i, l in enumerate(lines):
+    if l == b'UCX data message was received':  # then the banner, then the string
+        rest = [m for m in lines[i + 1:] if m and not m.startswith(b'error handling')]
+        got.append(rest[1] if len(rest) > 1 and b'TEST SUCCESS' in rest[0] else b'')
+print(len(got) if all(g == want for g in got) else -1)" "$LOG/ss") ||
+        fail "$what: reading the server's output"
     [[ $got != -1 ]] || fail "$what: a string the server received differs from the one sent"
     [[ $(grep -c 'UCP TEST SUCCESS' "$LOG/ss") == "$prints" && $got == "$prints" ]] &&
         ! grep -q 'unable to\|failed on iteration' "$LOG/ss" && return 0
     grep -q 'Connection reset by remote peer' "$LOG/ss" && return 2
-    cut -c1-120 "$LOG/ss" | head -40
+    grep -v '^ABC' "$LOG/ss" | cut -c1-160 | tail -40
     fail "$what: the server did not get the strings sent"
 }
 

@@ -27,14 +27,13 @@ if(TARGET uct_mooncake)
   # UCX's installed examples, built from Debian's libucx-dev documentation when it is there
   # (not copied into the tree), for test_ucx_tools.sh.
   set(MC_UCX_EXAMPLES /usr/share/doc/libucx-dev/examples)
-  if(EXISTS ${MC_UCX_EXAMPLES}/ucp_hello_world.c AND EXISTS ${MC_UCX_EXAMPLES}/uct_hello_world.c
-     AND EXISTS ${MC_UCX_EXAMPLES}/ucp_client_server.c)
-    foreach(ex ucp_hello_world uct_hello_world ucp_client_server)
+  foreach(ex ucp_hello_world uct_hello_world ucp_client_server)
+    if(EXISTS ${MC_UCX_EXAMPLES}/${ex}.c)
       add_executable(${ex} ${MC_UCX_EXAMPLES}/${ex}.c)
       target_link_libraries(${ex} PRIVATE PkgConfig::UCX)
       target_compile_options(${ex} PRIVATE -w) # UCX's code, not ours: its warnings are not ours
-    endforeach()
-  endif()
+    endif()
+  endforeach()
   # ucx_info lists the transport, its settings and lanes; ucx_perftest (UCT and UCP tests) on
   # loopback and across two network namespaces; UCX's examples pass their own checks.
   mc_script_test(test_ucx_tools COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_ucx_tools.sh loopback
