@@ -200,7 +200,8 @@ typedef struct region {
     uct_rkey_bundle_t rkey;
 } region_t;
 
-static void region_create(region_t *r, side_t *owner)
+/* access: UCT_MD_MEM_ACCESS_* (ACCESS_ALL, with atomics, is never kept in the cache). */
+static void region_create_access(region_t *r, side_t *owner, unsigned access)
 {
     uct_md_attr_t md_attr;
     char packed[4096];
@@ -212,10 +213,14 @@ static void region_create(region_t *r, side_t *owner)
     check_st(uct_md_query(owner->md, &md_attr), "uct_md_query");
     if (md_attr.rkey_packed_size > sizeof(packed))
         fail("a packed key of %zu bytes", md_attr.rkey_packed_size);
-    check_st(uct_md_mem_reg(owner->md, r->buf, REG_LEN, UCT_MD_MEM_ACCESS_ALL, &r->memh),
-             "uct_md_mem_reg");
+    check_st(uct_md_mem_reg(owner->md, r->buf, REG_LEN, access, &r->memh), "uct_md_mem_reg");
     check_st(uct_md_mkey_pack(owner->md, r->memh, packed), "uct_md_mkey_pack");
     check_st(uct_rkey_unpack(component, packed, &r->rkey), "uct_rkey_unpack");
+}
+
+static void region_create(region_t *r, side_t *owner)
+{
+    region_create_access(r, owner, UCT_MD_MEM_ACCESS_ALL);
 }
 
 static void region_destroy(region_t *r)
@@ -637,7 +642,7 @@ static ucs_status_t put_wait(side_t *a, side_t *b, uct_ep_h ep, const region_t *
 static void test_mem_invalidate(void)
 {
     static const char *const no_cache[] = {"RCACHE", "n", NULL};
-    static const uint64_t access[2] = {UCT_MD_MEM_ACCESS_RMA, UCT_MD_MEM_ACCESS_ALL};
+    static const unsigned access[2] = {UCT_MD_MEM_ACCESS_RMA, UCT_MD_MEM_ACCESS_ALL};
     side_t a, b;
 
     for (int cache = 0; cache <= 1; cache++) {
@@ -652,18 +657,13 @@ static void test_mem_invalidate(void)
             const char *what = k ? "ACCESS_ALL" : "ACCESS_RMA";
             uint64_t v = 0x1122334455667788ull ^ (uint64_t)k, *local;
             uct_mem_h local_memh;
-            char packed[4096];
-            region_t r = {.owner = &b};
+            region_t r;
             comp_t inv;
 
             ep_failed = UCS_OK;
-            if (posix_memalign((void **)&r.buf, 4096, REG_LEN) ||
-                posix_memalign((void **)&local, 4096, 4096))
+            region_create_access(&r, &b, access[k]);
+            if (posix_memalign((void **)&local, 4096, 4096))
                 fail("no memory");
-            memset(r.buf, 0, REG_LEN);
-            check_st(uct_md_mem_reg(b.md, r.buf, REG_LEN, access[k], &r.memh), "mem_reg");
-            check_st(uct_md_mkey_pack(b.md, r.memh, packed), "mkey_pack");
-            check_st(uct_rkey_unpack(component, packed, &r.rkey), "rkey_unpack");
             check_st(uct_md_mem_reg(a.md, local, 4096, UCT_MD_MEM_ACCESS_ALL, &local_memh),
                      "mem_reg (A)");
             uct_ep_h ep = ep_connect(&a, &b);
