@@ -255,7 +255,7 @@ mc_kv_status_t kv__caps(mc_kv_backend_t *b, mc_kv_caps_t *caps_p)
         .supports_remote = 1,
         .supports_local = 1,
         .supports_notif = 1,
-        .mem_types = (1u << MC_KV_DRAM) | (have_gpu() ? 1u << MC_KV_VRAM : 0),
+        .mem_types = (1u << MC_KV_DRAM) | (1u << MC_KV_FILE) | (have_gpu() ? 1u << MC_KV_VRAM : 0),
     };
     return MC_KV_SUCCESS;
 }

@@ -14,7 +14,7 @@
 
 #define KV_PUBLIC_MAGIC 0x4b50434du /* "MCPK": a region's public data */
 #define KV_CONN_MAGIC   0x4b43434du /* "MCCK": an instance's connection info */
-#define KV_WIRE_VERSION 1           /* of a region's public data */
+#define KV_WIRE_VERSION 2           /* of a region's public data; 2: the engine address */
 #define KV_CONN_VERSION 2 /* of connection info; 2: the segment name follows the address */
 
 /* A remote agent: its connection info and the segment that reaches it. */
@@ -36,7 +36,8 @@ enum kv_md_kind { KV_MD_LOCAL, KV_MD_REMOTE };
 struct mc_kv_md {
     struct mc_kv_md *prev, *next; /* in backend->mds */
     enum kv_md_kind kind;
-    uint64_t addr, len;
+    uint64_t addr, len; /* as the host names it: a FILE region's addr is its offset in the file */
+    uint64_t base;      /* the engine's address of addr: addr itself, but for FILE regions */
     mc_kv_mem_type_t type;
     uint64_t dev_id;
     atomic_uint users; /* prepared transfers that name it, plus loopback views of a local one */

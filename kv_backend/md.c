@@ -6,6 +6,8 @@
  * or a descriptor fetch. The owner still checks every access against its registrations.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +15,8 @@
 
 #include "kv.h"
 
-/* [u32 magic][u8 version][u8 type][u16 0][u64 addr][u64 len][u64 dev_id][buffer key] */
-#define KV_PUBLIC_HDR 32
+/* [u32 magic][u8 version][u8 type][u16 0][u64 addr][u64 len][u64 dev_id][u64 base][buffer key] */
+#define KV_PUBLIC_HDR 40
 #define KV_PUBLIC_LEN (KV_PUBLIC_HDR + MC_BUFFER_KEY_SIZE)
 
 _Static_assert(KV_PUBLIC_LEN <= MC_KV_PUBLIC_MAX, "public data outgrew MC_KV_PUBLIC_MAX");
@@ -69,32 +71,77 @@ static mc_kv_status_t region_location(mc_kv_backend_t *b, const mc_kv_region_t *
         return MC_KV_SUCCESS;
     default:
         return kv__fail(b, MC_KV_ERR_NOT_SUPPORTED,
-                        "register_mem: memory type %d is not supported (DRAM and VRAM are)",
+                        "register_mem: memory type %d is not supported (DRAM, VRAM and FILE are)",
                         (int)r->type);
     }
 }
 
-mc_kv_status_t kv__register_mem(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_kv_md_t **md_p)
+/* A FILE region (NIXL's FILE_SEG): dev_id is a file descriptor of the host's, addr the offset in
+ * the file where the region starts, len its length (0: to the end of the file). The engine
+ * opens the file again through /proc/self/fd: a description of its own, so that the host's
+ * file offset and flags stay the host's; read-only if the host's descriptor is. The region's
+ * bytes are then at md->base in the engine's segment, where peers reach them as they do memory. */
+static mc_kv_status_t register_file(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_kv_md_t *md)
+{
+    mc_file_opts_t o = {.size = sizeof(o), .offset = r->addr, .length = r->len};
+    mc_file_info_t info;
+    char path[32];
+    int fl = r->dev_id <= INT_MAX ? fcntl((int)r->dev_id, F_GETFL) : -1, rc;
+
+    if (fl < 0)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "register_mem: FILE region: dev_id %llu is not an open file descriptor",
+                        (unsigned long long)r->dev_id);
+    if ((fl & O_ACCMODE) == O_RDONLY)
+        o.flags |= MC_FILE_READONLY;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", (int)r->dev_id);
+    if ((rc = mc_file_register(b->engine, path, &o, &md->base)) < 0)
+        return kv__fail_engine(b, rc, "register_mem: FILE region");
+    if ((rc = mc_file_info(b->engine, MC_SEGMENT_INVALID, md->base, &info)) < 0) {
+        mc_file_unregister(b->engine, md->base);
+        return kv__fail_engine(b, rc, "register_mem: FILE region");
+    }
+    md->addr = r->addr;
+    md->len = info.length;
+    return MC_KV_SUCCESS;
+}
+
+static mc_kv_status_t register_region(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_kv_md_t *md)
 {
     char loc[MC_LOCATION_MAX];
-    mc_kv_md_t *md;
     mc_kv_status_t st;
     int rc;
 
-    if (!r || !md_p || !r->addr || !r->len)
-        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
-                        "register_mem: NULL region or output, or an empty region");
+    if (r->type == MC_KV_FILE)
+        return register_file(b, r, md);
+    if (!r->addr || !r->len)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "register_mem: an empty region");
     if ((st = region_location(b, r, loc, sizeof(loc))))
         return st;
+    rc = mc_mem_register(b->engine, (void *)(uintptr_t)r->addr, r->len, loc);
+    if (rc < 0)
+        return kv__fail_engine(b, rc, "register_mem");
+    md->addr = md->base = r->addr;
+    md->len = r->len;
+    return MC_KV_SUCCESS;
+}
+
+mc_kv_status_t kv__register_mem(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_kv_md_t **md_p)
+{
+    mc_kv_md_t *md;
+    mc_kv_status_t st;
+
+    if (!r || !md_p)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "register_mem: NULL region or output");
     if (!(md = calloc(1, sizeof(*md))))
         return kv__fail(b, MC_KV_ERR_BACKEND, "register_mem: out of memory");
-    rc = mc_mem_register(b->engine, (void *)(uintptr_t)r->addr, r->len, loc);
-    if (rc < 0) {
+    if ((st = register_region(b, r, md))) {
         free(md);
-        return kv__fail_engine(b, rc, "register_mem");
+        return st;
     }
-    *md = (mc_kv_md_t){
-        .kind = KV_MD_LOCAL, .addr = r->addr, .len = r->len, .type = r->type, .dev_id = r->dev_id};
+    md->kind = KV_MD_LOCAL;
+    md->type = r->type;
+    md->dev_id = r->dev_id;
     md_link(b, md);
     *md_p = md;
     return MC_KV_SUCCESS;
@@ -112,7 +159,9 @@ mc_kv_status_t kv__deregister_mem(mc_kv_backend_t *b, mc_kv_md_t *md)
                         "deregister_mem: region 0x%llx+%llu is used by %u prepared transfers or "
                         "loopback views; release or unload them first",
                         (unsigned long long)md->addr, (unsigned long long)md->len, users);
-    rc = mc_mem_unregister_range(b->engine, (void *)(uintptr_t)md->addr, md->len);
+    rc = md->type == MC_KV_FILE
+             ? mc_file_unregister(b->engine, md->base)
+             : mc_mem_unregister_range(b->engine, (void *)(uintptr_t)md->addr, md->len);
     if (rc < 0)
         return kv__fail_engine(b, rc, "deregister_mem");
     md_free(b, md);
@@ -137,7 +186,8 @@ mc_kv_status_t kv__public_data(mc_kv_backend_t *b, mc_kv_md_t *md, void *buf, si
     memcpy(data + 8, &md->addr, 8);
     memcpy(data + 16, &md->len, 8);
     memcpy(data + 24, &md->dev_id, 8);
-    rc = mc_buffer_key_pack(b->engine, (void *)(uintptr_t)md->addr, data + KV_PUBLIC_HDR);
+    memcpy(data + 32, &md->base, 8);
+    rc = mc_buffer_key_pack(b->engine, (void *)(uintptr_t)md->base, data + KV_PUBLIC_HDR);
     if (rc < 0)
         return kv__fail_engine(b, rc, "public_data: the region's key");
     memcpy(buf, data, KV_PUBLIC_LEN);
@@ -353,6 +403,7 @@ static mc_kv_status_t public_parse(mc_kv_backend_t *b, const unsigned char *p, s
     memcpy(&md->addr, p + 8, 8);
     memcpy(&md->len, p + 16, 8);
     memcpy(&md->dev_id, p + 24, 8);
+    memcpy(&md->base, p + 32, 8);
     return MC_KV_SUCCESS;
 }
 

@@ -10,9 +10,9 @@
 #endif
 
 #if MC_HAVE_CUDA
-#define KV_MEM_TYPES ((1u << MC_KV_DRAM) | (1u << MC_KV_VRAM))
+#define KV_MEM_TYPES ((1u << MC_KV_DRAM) | (1u << MC_KV_VRAM) | (1u << MC_KV_FILE))
 #else
-#define KV_MEM_TYPES (1u << MC_KV_DRAM)
+#define KV_MEM_TYPES ((1u << MC_KV_DRAM) | (1u << MC_KV_FILE))
 #endif
 
 static mc_kv_plugin_t table = {

@@ -171,9 +171,11 @@ static mc_kv_status_t xfer_build(mc_kv_backend_t *b, mc_kv_xfer_t *x, const mc_k
             return st;
         if (!l->len)
             continue;
+        uint64_t la = l->md->base + (l->addr - l->md->addr), /* the engine's addresses */
+            ra = r->md->base + (r->addr - r->md->addr);
         if (last && l->md == prev_l && r->md == prev_r &&
-            (uint64_t)(uintptr_t)last->local + last->length == l->addr &&
-            last->target_offset + last->length == r->addr) {
+            (uint64_t)(uintptr_t)last->local + last->length == la &&
+            last->target_offset + last->length == ra) {
             last->length += l->len;
             continue;
         }
@@ -185,9 +187,9 @@ static mc_kv_status_t xfer_build(mc_kv_backend_t *b, mc_kv_xfer_t *x, const mc_k
         last = &x->reqs[x->n_reqs++];
         *last = (mc_request_t){
             .opcode = x->op == MC_KV_READ ? MC_READ : MC_WRITE,
-            .local = (void *)(uintptr_t)l->addr,
+            .local = (void *)(uintptr_t)la,
             .target = x->agent->seg,
-            .target_offset = r->addr,
+            .target_offset = ra,
             .length = l->len,
         };
     }

@@ -438,6 +438,16 @@ class Agent:
         an int address with length. The Region keeps the buffer alive until deregistered."""
         return Region(self, buffer_or_addr, length, mem_type, dev_id)
 
+    def register_file(self, file, offset=0, length=0):
+        """Register a file (an open file object or descriptor, which must stay open until the
+        Region is deregistered) from offset, length bytes (0: to its end): the FILE type.
+        Descriptors name offsets in the file: region.desc(k, n) is n bytes at offset + k, and
+        (offset + k, n, view) those bytes through load_local(region) or a peer's view."""
+        fd = file if isinstance(file, int) else file.fileno()
+        if not length:
+            length = max(os.fstat(fd).st_size - offset, 0)  # 0 left: the plugin says why
+        return Region(self, offset, length, FILE, fd)
+
     def load_remote(self, agent_name, conn_info):
         """Learn a peer agent from its conn_info() bytes."""
         info = _as_bytes(conn_info, "conn_info")

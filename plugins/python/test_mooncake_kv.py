@@ -356,6 +356,34 @@ class TwoAgentTest(Fixture):
                 self.assertEqual(buf[lo:lo + 4096], buf[i * 4096:(i + 1) * 4096])
             self.assertEqual(wait_notifs(a, 1), [("A", b"self")])
 
+    def test_file(self):
+        a = self.agent("A")
+        data = rand(64 * 4096, 14)
+        buf = bytearray(64 * 4096)
+        with tempfile.TemporaryFile() as f:
+            f.write(data)
+            f.flush()
+            with a.register_file(f, offset=4096) as fr, a.register(buf) as r, \
+                    a.load_local(fr) as view:
+                self.assertEqual((fr.addr, fr.len), (4096, 63 * 4096))
+                ids = scatter(63, 15)
+                with a.prepare(kv.READ, [r.desc(i * 4096, 4096) for i in range(63)],
+                               [(4096 + d * 4096, 4096, view) for d in ids], "A") as x:
+                    x.post()
+                    x.wait(10)
+                for i, d in enumerate(ids):
+                    lo = (d + 1) * 4096
+                    self.assertEqual(buf[i * 4096:(i + 1) * 4096], data[lo:lo + 4096])
+                buf[:4096] = rand(4096, 16)
+                with a.prepare(kv.WRITE, [r.desc(0, 4096)], [(4096 + 8192, 4096, view)], "A") as x:
+                    x.post()
+                    x.wait(10)
+                self.assertEqual(os.pread(f.fileno(), 4096, 4096 + 8192), buf[:4096])
+        with self.assertRaises(kv.KVError) as cm:
+            a.register(0, 4096, kv.FILE, dev_id=1 << 30)
+        self.assertEqual(cm.exception.status, kv.ERR_INVALID_PARAM)
+        self.assertIn("not an open file descriptor", str(cm.exception))
+
     def test_register_kinds(self):
         a = self.agent("A")
         carr = (ctypes.c_char * 8192)()

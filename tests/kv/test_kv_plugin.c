@@ -9,6 +9,7 @@
  * notification) until told to exit.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -755,6 +756,184 @@ static void test_merging(void **state)
     free(r);
 }
 
+/* ---- FILE regions ------------------------------------------------------------------------- */
+
+#define FILE_SZ   (2u << 20) /* the file; its region starts at FILE_OFF */
+#define FILE_OFF  (64u << 10)
+#define FILE_SEED 5
+
+/* A temporary file of FILE_SZ bytes of pattern FILE_SEED, unlinked at once (its descriptor
+ * keeps it); opened with flags. */
+static int file_make(int flags)
+{
+    char path[] = "/tmp/mc-kv-file-XXXXXX";
+    int fd = mkstemp(path);
+    uint8_t *buf = malloc(FILE_SZ);
+
+    assert_true(fd >= 0 && buf);
+    fill(buf, FILE_SZ, FILE_SEED, 0);
+    assert_int_equal(pwrite(fd, buf, FILE_SZ, 0), FILE_SZ);
+    if (flags != O_RDWR) { /* the same file again, opened as asked */
+        int fd2 = open(path, flags | O_CLOEXEC);
+        assert_true(fd2 >= 0);
+        close(fd);
+        fd = fd2;
+    }
+    unlink(path);
+    free(buf);
+    return fd;
+}
+
+static mc_kv_md_t *reg_file(mc_kv_backend_t *b, int fd, uint64_t off, uint64_t len)
+{
+    mc_kv_region_t r = {.addr = off, .len = len, .dev_id = (uint64_t)fd, .type = MC_KV_FILE};
+    mc_kv_md_t *md = NULL;
+
+    OK(b, P->register_mem(b, &r, &md));
+    return md;
+}
+
+/* -1 if the file holds pattern seed (of offset off + i at off + i) in [off, off + len). */
+static int64_t file_check(int fd, uint64_t off, uint64_t len, uint64_t seed, uint64_t pat_off)
+{
+    uint8_t *buf = malloc(len);
+    int64_t bad;
+
+    assert_int_equal(pread(fd, buf, len, (off_t)off), (ssize_t)len);
+    bad = check(buf, len, seed, pat_off);
+    free(buf);
+    return bad;
+}
+
+/* NIXL's FILE_SEG: a file descriptor as dev_id, offsets in the file as addresses. Blocks move
+ * between memory and a file of the instance itself (the loopback view), a file of another
+ * agent, and a local file and another agent's memory, scattered both ways; a read-only
+ * descriptor takes READs only; bad regions are refused. */
+static void file_case(const char *protocol)
+{
+    enum { N = 64, BLK = 4096 };
+    mc_kv_desc_t l[N], r[N];
+    mc_kv_md_t *fa, *self, *fb, *md = NULL;
+    mc_kv_xfer_t *x;
+    int fd = file_make(O_RDWR), ro = file_make(O_RDONLY);
+    pair_t p;
+
+    pair_up(&p, protocol);
+    /* The region [FILE_OFF, end of file): len 0 is "to the end". */
+    fa = reg_file(p.a, fd, FILE_OFF, 0);
+    OK(p.a, P->load_local_md(p.a, fa, &self));
+    /* READ from A's own file into A's memory: file offsets FILE_OFF + k * BLK, scattered. */
+    scatter(l, r, N, BLK, p.ma, p.mda, FILE_OFF, self, 3);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, N, "A", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    for (size_t i = 0; i < N; i++)
+        if (check((uint8_t *)(uintptr_t)l[i].addr, BLK, FILE_SEED, r[i].addr) >= 0)
+            fail_msg("block %zu wrong after a READ from the file", i);
+    OK(p.a, P->release_xfer(p.a, x));
+    /* WRITE A's memory (pattern 1) into its file, up to the file's last byte. */
+    scatter(l, r, N, BLK, p.ma, p.mda, FILE_SZ - N * BLK, self, 4);
+    fill(p.ma, N * BLK, 1, 0);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, N, "A", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    for (size_t i = 0; i < N; i++)
+        if (file_check(fd, r[i].addr, BLK, 1, l[i].addr - (uintptr_t)p.ma) >= 0)
+            fail_msg("block %zu wrong in the file after a WRITE", i);
+    OK(p.a, P->release_xfer(p.a, x));
+    assert_int_equal(file_check(fd, FILE_OFF, FILE_SZ - FILE_OFF - N * BLK, FILE_SEED, FILE_OFF),
+                     -1); /* the rest untouched */
+    /* Past the file's end, before the region's start: refused at prepare. */
+    l[0] = (mc_kv_desc_t){(uintptr_t)p.ma, BLK, 0, p.mda};
+    r[0] = (mc_kv_desc_t){FILE_SZ - BLK + 1, BLK, 0, self};
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "is not inside its region",
+           P->prep_xfer(p.a, MC_KV_READ, l, r, 1, "A", &x));
+    r[0].addr = FILE_OFF - 1;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "is not inside its region",
+           P->prep_xfer(p.a, MC_KV_READ, l, r, 1, "A", &x));
+    EXPECT(p.a, MC_KV_ERR_NOT_ALLOWED, "loopback", P->deregister_mem(p.a, fa));
+    OK(p.a, P->unload_md(p.a, self));
+    OK(p.a, P->disconnect(p.a, "A"));
+
+    /* B reaches A's file through its public data: READ into B's memory, WRITE from it. */
+    fb = load_region(p.b, "A", p.a, fa);
+    scatter(l, r, N, BLK, p.mb, p.mdb, FILE_OFF, fb, 5);
+    OK(p.b, P->prep_xfer(p.b, MC_KV_READ, l, r, N, "A", &x));
+    assert_int_equal(run(p.b, x, NULL), MC_KV_SUCCESS);
+    for (size_t i = 0; i < N; i++)
+        if (check((uint8_t *)(uintptr_t)l[i].addr, BLK, FILE_SEED, r[i].addr) >= 0)
+            fail_msg("block %zu wrong after a READ from the peer's file", i);
+    OK(p.b, P->release_xfer(p.b, x));
+    fill(p.mb, N * BLK, 9, 0);
+    scatter(l, r, N, BLK, p.mb, p.mdb, FILE_OFF + N * BLK, fb, 6);
+    OK(p.b, P->prep_xfer(p.b, MC_KV_WRITE, l, r, N, "A", &x));
+    assert_int_equal(run(p.b, x, "file-written"), MC_KV_SUCCESS);
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    assert_int_equal(wait_notif(p.a, n, 10000), 1); /* after the bytes are in A's file */
+    assert_memory_equal(n->msg, "file-written", 12);
+    for (size_t i = 0; i < N; i++)
+        if (file_check(fd, r[i].addr, BLK, 9, l[i].addr - (uintptr_t)p.mb) >= 0)
+            fail_msg("block %zu wrong in the peer's file after a WRITE", i);
+    free(n);
+    OK(p.b, P->release_xfer(p.b, x));
+    OK(p.b, P->unload_md(p.b, fb));
+    /* A's file as the local end: WRITE blocks of it to B's memory, READ B's into it. */
+    scatter(l, r, N, BLK, (uint8_t *)(uintptr_t)FILE_OFF, fa, (uintptr_t)p.mb, p.rb, 7);
+    memset(p.mb, 0, N * BLK);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, N, "B", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    for (size_t i = 0; i < N; i++)
+        if (check((uint8_t *)(uintptr_t)r[i].addr, BLK, FILE_SEED, l[i].addr) >= 0)
+            fail_msg("block %zu wrong after a WRITE from the local file", i);
+    OK(p.a, P->release_xfer(p.a, x));
+    fill(p.mb, N * BLK, 12, 0);
+    scatter(l, r, N, BLK, (uint8_t *)(uintptr_t)FILE_OFF, fa, (uintptr_t)p.mb, p.rb, 8);
+    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, N, "B", &x));
+    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    for (size_t i = 0; i < N; i++)
+        if (file_check(fd, l[i].addr, BLK, 12, r[i].addr - (uintptr_t)p.mb) >= 0)
+            fail_msg("block %zu wrong in the local file after a READ into it", i);
+    OK(p.a, P->release_xfer(p.a, x));
+    OK(p.a, P->deregister_mem(p.a, fa));
+
+    /* A read-only descriptor: READs work, WRITEs fail with the reason, the file unchanged. */
+    fa = reg_file(p.a, ro, 0, FILE_SZ);
+    fb = load_region(p.b, "A", p.a, fa);
+    l[0] = (mc_kv_desc_t){(uintptr_t)p.mb, BLK, 0, p.mdb};
+    r[0] = (mc_kv_desc_t){FILE_SZ - BLK, BLK, 0, fb};
+    OK(p.b, P->prep_xfer(p.b, MC_KV_READ, l, r, 1, "A", &x));
+    assert_int_equal(run(p.b, x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(p.mb, BLK, FILE_SEED, FILE_SZ - BLK), -1);
+    OK(p.b, P->release_xfer(p.b, x));
+    fill(p.mb, BLK, 11, 0);
+    OK(p.b, P->prep_xfer(p.b, MC_KV_WRITE, l, r, 1, "A", &x));
+    assert_int_equal(run(p.b, x, NULL), MC_KV_ERR_NOT_ALLOWED);
+    assert_non_null(strstr(P->last_error(p.b), "read-only"));
+    OK(p.b, P->release_xfer(p.b, x));
+    assert_int_equal(file_check(ro, FILE_SZ - BLK, BLK, FILE_SEED, FILE_SZ - BLK), -1);
+    OK(p.b, P->unload_md(p.b, fb));
+    OK(p.a, P->deregister_mem(p.a, fa));
+
+    /* Bad regions: not a descriptor, past the file's end, empty. */
+    mc_kv_region_t bad = {.addr = 0, .len = 0, .dev_id = 1u << 30, .type = MC_KV_FILE};
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "not an open file descriptor",
+           P->register_mem(p.a, &bad, &md));
+    bad = (mc_kv_region_t){
+        .addr = FILE_SZ - 10, .len = 20, .dev_id = (uint64_t)fd, .type = MC_KV_FILE};
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "FILE region", P->register_mem(p.a, &bad, &md));
+    bad.addr = FILE_SZ;
+    bad.len = 0;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "FILE region", P->register_mem(p.a, &bad, &md));
+    pair_down(&p);
+    close(fd);
+    close(ro);
+}
+
+static void test_file_regions(void **state)
+{
+    (void)state;
+    file_case("auto");
+    file_case("tcp");
+}
+
 /* Notifications: standalone and attached, from one sender, arrive in the order sent. */
 static void test_notif_order(void **state)
 {
@@ -1323,6 +1502,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_transfer_tcp),
         cmocka_unit_test(test_100k_descriptors),
         cmocka_unit_test(test_merging),
+        cmocka_unit_test(test_file_regions),
         cmocka_unit_test(test_notif_order),
         cmocka_unit_test(test_notif_sender),
         cmocka_unit_test(test_concurrent_handles),
