@@ -32,10 +32,16 @@
  *                            that prepares every transfer it posts (cycle_us)
  * Without --block_size and --num_descs: a sweep over 4 KiB..64 MiB blocks and 1..32768
  * descriptors with N*B <= 128 MiB per side; fewer iterations for large points (see sweep_iters).
+ *
+ * --remote_file PATH (on the peer's host): the peer's region is that file, created or truncated
+ * to N*B bytes of its pattern and registered as a FILE region (the plugin's FILE type: a file
+ * descriptor, offsets in the file), instead of memory: KV blocks offloaded to and loaded from a
+ * disk. The file is written and synced before each point and read back to verify a WRITE.
  */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -70,7 +76,7 @@
 #define SALT_LOCAL      0x4c4f43414c53414cull
 
 static struct {
-    const char *plugin, *op, *peer, *protocol, *listen, *listen_side;
+    const char *plugin, *op, *peer, *protocol, *listen, *listen_side, *remote_file;
     uint64_t block_size, num_descs, iters, seed, poll_us;
     bool json, verify, serve;
     int side_fd;
@@ -140,9 +146,9 @@ static void usage(int code)
             "usage: mooncake-kv-bench --plugin PATH [--block_size B] [--num_descs N]\n"
             "  [--op read|write] [--protocol tcp|shm|rdma|auto] [--iters K] [--json]\n"
             "  [--peer HOST:PORT] [--listen ADDR] [--opt KEY=VALUE]... [--seed S]\n"
-            "  [--verify | --no_verify] [--poll_us U]\n"
+            "  [--verify | --no_verify] [--poll_us U] [--remote_file PATH]\n"
             "peer: mooncake-kv-bench --plugin PATH --serve --listen_side HOST:PORT "
-            "[--listen ADDR]\n"
+            "[--listen ADDR] [--remote_file PATH]\n"
             "Without --block_size and --num_descs: a sweep. Sizes take K, M, G (binary).\n");
     exit(code);
 }
@@ -195,25 +201,16 @@ static void check_args(void)
 
 static void parse_args(int argc, char **argv)
 {
-    static const struct option lo[] = {{"plugin", 1, 0, 'P'},
-                                       {"block_size", 1, 0, 'b'},
-                                       {"num_descs", 1, 0, 'n'},
-                                       {"op", 1, 0, 'o'},
-                                       {"peer", 1, 0, 'r'},
-                                       {"protocol", 1, 0, 'p'},
-                                       {"iters", 1, 0, 'i'},
-                                       {"json", 0, 0, 'j'},
-                                       {"verify", 0, 0, 'v'},
-                                       {"no_verify", 0, 0, 'V'},
-                                       {"listen", 1, 0, 'l'},
-                                       {"opt", 1, 0, 'O'},
-                                       {"seed", 1, 0, 's'},
-                                       {"serve", 0, 0, 'S'},
-                                       {"listen_side", 1, 0, 'L'},
-                                       {"side_fd", 1, 0, 'F'},
-                                       {"poll_us", 1, 0, 'u'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"plugin", 1, 0, 'P'},      {"block_size", 1, 0, 'b'},
+                                       {"num_descs", 1, 0, 'n'},   {"op", 1, 0, 'o'},
+                                       {"peer", 1, 0, 'r'},        {"protocol", 1, 0, 'p'},
+                                       {"iters", 1, 0, 'i'},       {"json", 0, 0, 'j'},
+                                       {"verify", 0, 0, 'v'},      {"no_verify", 0, 0, 'V'},
+                                       {"listen", 1, 0, 'l'},      {"opt", 1, 0, 'O'},
+                                       {"seed", 1, 0, 's'},        {"serve", 0, 0, 'S'},
+                                       {"listen_side", 1, 0, 'L'}, {"side_fd", 1, 0, 'F'},
+                                       {"poll_us", 1, 0, 'u'},     {"remote_file", 1, 0, 'f'},
+                                       {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -262,6 +259,9 @@ static void parse_args(int argc, char **argv)
             break;
         case 'u':
             opt.poll_us = strcmp(optarg, "0") ? parse_num(optarg, "poll_us", false) : 0;
+            break;
+        case 'f':
+            opt.remote_file = optarg;
             break;
         case 'F':
             opt.side_fd = (int)parse_num(optarg, "side_fd", false);
@@ -673,9 +673,10 @@ static mc_kv_md_t *register_region(mc_kv_backend_t *b, void *p, uint64_t len)
 /* ---- the peer (--serve) ---- */
 
 typedef struct serve_region {
-    void *buf;
+    void *buf; /* the region, or with --remote_file the file's bytes as written and read back */
     uint64_t len;
     mc_kv_md_t *md;
+    int fd; /* --remote_file: the region */
 } serve_region_t;
 
 static void serve_free(mc_kv_backend_t *b, serve_region_t *r)
@@ -685,6 +686,40 @@ static void serve_free(mc_kv_backend_t *b, serve_region_t *r)
     check(b, P->deregister_mem(b, r->md), "deregister_mem");
     munmap(r->buf, r->len);
     r->buf = NULL;
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+}
+
+/* All of buf to (write) or from the file at offset 0. */
+static void file_io(int fd, void *buf, uint64_t len, bool write)
+{
+    for (uint64_t done = 0; done < len;) {
+        ssize_t n = write ? pwrite(fd, (char *)buf + done, len - done, (off_t)done)
+                          : pread(fd, (char *)buf + done, len - done, (off_t)done);
+        if (n <= 0)
+            fail("%s %s: %s", write ? "writing" : "reading", opt.remote_file,
+                 n ? strerror(errno) : "short file");
+        done += (uint64_t)n;
+    }
+}
+
+/* --remote_file: the file, len bytes of buf, synced and out of the page cache, as a FILE
+ * region. */
+static mc_kv_md_t *register_file(mc_kv_backend_t *b, serve_region_t *r)
+{
+    mc_kv_md_t *md;
+
+    r->fd = open(opt.remote_file, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (r->fd < 0)
+        fail("cannot open %s: %s", opt.remote_file, strerror(errno));
+    file_io(r->fd, r->buf, r->len, true);
+    if (fsync(r->fd))
+        fail("fsync %s: %s", opt.remote_file, strerror(errno));
+    posix_fadvise(r->fd, 0, 0, POSIX_FADV_DONTNEED);
+    mc_kv_region_t reg = {.addr = 0, .len = r->len, .dev_id = (uint64_t)r->fd, .type = MC_KV_FILE};
+    check(b, P->register_mem(b, &reg, &md), "register_mem (the file)");
+    return md;
 }
 
 /* MSG_REGION: a fresh buffer of the asked length filled with the asked pattern. */
@@ -700,10 +735,10 @@ static void serve_region(mc_kv_backend_t *b, serve_region_t *r, msg_t *m)
     r->buf = map_buffer(len);
     r->len = len;
     pattern_fill(r->buf, len, salt);
-    r->md = register_region(b, r->buf, len);
+    r->md = opt.remote_file ? register_file(b, r) : register_region(b, r->buf, len);
     check(b, P->public_data(b, r->md, pub, &plen), "public_data");
     msg_init(m, MSG_REGION_OK);
-    put_u64(m, (uintptr_t)r->buf);
+    put_u64(m, opt.remote_file ? 0 : (uintptr_t)r->buf); /* a file's region starts at offset 0 */
     put_bytes(m, pub, plen);
     send_msg(m);
 }
@@ -720,6 +755,8 @@ static void serve_verify(serve_region_t *r, msg_t *m)
     if (!l || !rr)
         fail("out of memory");
     make_orders(seed, n, l, rr);
+    if (r->fd >= 0)
+        file_io(r->fd, r->buf, r->len, false);
     bool ok = check_blocks(r->buf, bs, n, rr, l, salt, why, sizeof(why));
     free(l);
     free(rr);
@@ -745,7 +782,7 @@ static void serve_hello(mc_kv_backend_t *b, const char *agent)
 static int serve_main(void)
 {
     char agent[64];
-    serve_region_t r = {0};
+    serve_region_t r = {.fd = -1};
     msg_t m;
 
     role = "mooncake-kv-bench (peer)";
@@ -792,13 +829,17 @@ static void spawn_peer(void)
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the initiator */
         close(sv[0]);
         snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
-        const char *argv[8 + 2 * MAX_OPTS + 4] = {"mooncake-kv-bench", "--plugin",  loaded->path,
+        const char *argv[8 + 2 * MAX_OPTS + 6] = {"mooncake-kv-bench", "--plugin",  loaded->path,
                                                   "--serve",           "--side_fd", fdarg,
                                                   "--protocol",        opt.protocol};
         size_t n = 8;
         if (opt.listen) {
             argv[n++] = "--listen";
             argv[n++] = opt.listen;
+        }
+        if (opt.remote_file) {
+            argv[n++] = "--remote_file";
+            argv[n++] = opt.remote_file;
         }
         for (size_t i = 0; i < opt.n_opts; i++) {
             argv[n++] = "--opt";
@@ -1005,10 +1046,10 @@ static void print_point(const point_t *pt, bool header)
                "\"protocol\":\"%s\",\"iters\":%" PRIu64 ",\"gbps\":%.4f,\"descs_per_sec\":%.0f,"
                "\"descs_per_sec_incl_prep\":%.0f,\"descs_per_sec_cycle\":%.0f,\"prep_us\":%.1f,"
                "\"cycle_us\":%.1f,\"post_us_avg\":%.1f,\"post_us_p99\":%.1f,"
-               "\"post_us_min\":%.1f,\"verified\":%s}\n",
+               "\"post_us_min\":%.1f,\"verified\":%s,\"remote\":\"%s\"}\n",
                pt->bs, pt->n, op_name(pt->op), opt.protocol, pt->iters, gbps, dps, dps_prep,
                dps_cycle, pt->prep_us, pt->cycle_us, pt->avg_us, pt->p99_us, pt->min_us,
-               pt->verified ? "true" : "false");
+               pt->verified ? "true" : "false", opt.remote_file ? "file" : "memory");
     } else {
         if (header)
             printf("%-5s %-5s %10s %8s %6s %11s %12s %12s %9s %12s %12s %12s %6s\n", "op", "proto",

@@ -10,7 +10,8 @@ op = sys.argv[1]
 lines = [l for l in sys.stdin.read().splitlines() if l.strip()]
 assert len(lines) == 1, "expected one JSON line, got %r" % lines
 p = json.loads(lines[0])
-want = dict(block_size=4096, num_descs=1000, op=op, iters=5, verified=True)
+remote = sys.argv[2] if len(sys.argv) > 2 else "memory"
+want = dict(block_size=4096, num_descs=1000, op=op, iters=5, verified=True, remote=remote)
 for k, v in want.items():
     assert p.get(k) == v, "%s: %r, expected %r" % (k, p.get(k), v)
 for k in ("gbps", "descs_per_sec", "descs_per_sec_incl_prep", "descs_per_sec_cycle",
@@ -37,6 +38,20 @@ python3 -c "$4" "$3" <<<"$out"
       LABELS kv
       ENVIRONMENT "MC_BUILD_DIR=${CMAKE_BINARY_DIR};MC_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
   endforeach()
+
+  # --remote_file: the peer's region is a file (the plugin's FILE type). A WRITE, verified by
+  # the peer reading the file back, then a READ of it, verified here; the file holds N*B bytes.
+  add_test(NAME kv_bench_smoke_file COMMAND bash -c [=[
+set -euo pipefail
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+for op in write read; do
+    out=$(timeout 120 "$1" --plugin "$2" --block_size 4096 --num_descs 1000 --iters 5 \
+        --op $op --verify --json --remote_file "$dir/kv.bin")
+    python3 -c "$3" $op file <<<"$out"
+done
+[[ $(stat -c %s "$dir/kv.bin") -eq 4096000 ]]
+]=] kv_bench $<TARGET_FILE:mooncake-kv-bench> $<TARGET_FILE:mooncake_kv> "${MC_KV_BENCH_CHECK}")
 
   # The documented two-command form: a peer serving a TCP side channel on loopback, and an
   # initiator pointed at it with --peer; the peer must exit 0 after "done".
@@ -67,7 +82,7 @@ rc=$?
     exit 1
 }
 ]=] kv_bench $<TARGET_FILE:mooncake-kv-bench>)
-  set_tests_properties(kv_bench_smoke_peer kv_bench_no_plugin PROPERTIES SKIP_RETURN_CODE 77
+  set_tests_properties(kv_bench_smoke_file kv_bench_smoke_peer kv_bench_no_plugin PROPERTIES SKIP_RETURN_CODE 77
     TIMEOUT 180 LABELS kv
     ENVIRONMENT "MC_BUILD_DIR=${CMAKE_BINARY_DIR};MC_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endif()
