@@ -7,6 +7,7 @@
 
 #include "callbacks.h"
 #include "engine_int.h"
+#include "msg.h"
 #include "task.h"
 
 enum { HELD_MSG, HELD_EVENT, HELD_DONE };
@@ -37,7 +38,8 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
     held_t *h = mc_buf_alloc(&e->held_bufs, sizeof(*h) + len + 1);
 
     if (!h) {
-        mc_error("a %s was dropped: out of memory", kind_name[kind]);
+        if (kind != HELD_DONE) /* (a completion is kept by its caller instead) */
+            mc_error("a %s was dropped: out of memory", kind_name[kind]);
         return NULL;
     }
     h->size = sizeof(*h) + len + 1;
@@ -88,7 +90,7 @@ int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *
     return 0;
 }
 
-void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)
+bool mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)
 {
     held_t *h = held_new(e, HELD_DONE, NULL, 0);
 
@@ -97,6 +99,7 @@ void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)
         h->done_arg = arg;
         h->error = status;
     }
+    return h != NULL;
 }
 
 void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error, const char *why)
@@ -174,6 +177,7 @@ void mc__callbacks_run(mc_engine_t *e)
         run_one(e, h);
         held_free(e, h);
     }
+    mc__msgs_done_run(e);
     if (e->rx_held_full) { /* there is room again: take what waits */
         e->rx_held_full = false;
         mc__doorbell(e);
@@ -182,7 +186,8 @@ void mc__callbacks_run(mc_engine_t *e)
 
 bool mc__callbacks_pending(const mc_engine_t *e)
 {
-    return !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->sentq) || !mc_list_empty(&e->heldq);
+    return !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->sentq) || !mc_list_empty(&e->heldq) ||
+           !mc_list_empty(&e->done_msgs) || !mc_list_empty(&e->done_flushes);
 }
 
 void mc__callbacks_fini(mc_engine_t *e)
@@ -195,10 +200,13 @@ void mc__callbacks_fini(mc_engine_t *e)
             h->done(h->done_arg, h->error);
         free(h); /* (a ring it was lent from is freed by its transport's fini) */
     }
+    mc__msgs_done_run(e);
     mc_buf_fini(&e->held_bufs);
 }
 
 void mc__callbacks_init(mc_engine_t *e)
 {
+    mc_list_init(&e->done_msgs);
+    mc_list_init(&e->done_flushes);
     mc_buf_init(&e->held_bufs, sizeof(held_t) + MC_MSG_MAX + 1, false);
 }

@@ -26,8 +26,11 @@
 int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len,
                     mc_ring_lend_t *lend, uint64_t end);
 void mc__cb_hold_event(mc_engine_t *e, mc_segment_id_t id, int event, int error, const char *why);
-void mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
-/* Run everything held, in the order it came (tasks let go of first). */
+/* A completion: false when no record could be had for it (memory ran out): the caller keeps
+ * it (mc__msgs_done_run), so that no completion is ever lost. */
+bool mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status);
+/* Run everything held, in the order it came (tasks let go of first), then the completions that
+ * got no record. */
 void mc__callbacks_run(mc_engine_t *e);
 /* Whether anything is held. */
 bool mc__callbacks_pending(const mc_engine_t *e);

@@ -99,6 +99,8 @@ struct mc_engine {
     unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
     bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
     mc_bufcache_t held_bufs;     /* held records kept for reuse (callbacks.c) */
+    mc_list_t done_msgs;         /* sends and flushes whose completion got no held record: */
+    mc_list_t done_flushes;      /* they carry it themselves (mc__msgs_done_run) */
     mc_bufcache_t msg_bufs;      /* message records kept for reuse (msg.c): a host thread's */
     mc_bufcache_t msg_bufs_pass; /* and those made under e->lock (a pass, a send section) */
     bool pass_callbacks; /* the pass under way runs them at its end: rings may lend records */

@@ -214,8 +214,11 @@ void mc__msg_put(mc_engine_t *e, mc_msg_t *m)
 /* m leaves its peer's window: delivered (status 0) or never will be. */
 static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
 {
-    if (m->cb)
-        mc__cb_hold_done(e, m->cb, m->cb_arg, status);
+    if (m->cb && !mc__cb_hold_done(e, m->cb, m->cb_arg, status)) { /* it carries its own */
+        m->status = status;
+        m->refs++;
+        mc_list_push_back(&e->done_msgs, &m->link);
+    }
     if (p)
         window_give(p, m->pass_buf);
     m->inflight = false;
@@ -572,8 +575,28 @@ void mc__msgs_linger(mc_engine_t *e)
 
 static void flush_done(mc_engine_t *e, mc_flush_t *f, int status)
 {
-    mc__cb_hold_done(e, f->cb, f->cb_arg, status);
-    free(f);
+    if (mc__cb_hold_done(e, f->cb, f->cb_arg, status)) {
+        free(f);
+    } else { /* it carries its own */
+        f->status = status;
+        mc_list_push_back(&e->done_flushes, &f->link);
+    }
+}
+
+void mc__msgs_done_run(mc_engine_t *e)
+{
+    mc_list_t *n;
+
+    while ((n = mc_list_pop_front(&e->done_msgs))) {
+        mc_msg_t *m = mc_container_of(n, mc_msg_t, link);
+        m->cb(m->cb_arg, m->status);
+        mc__msg_put(e, m);
+    }
+    while ((n = mc_list_pop_front(&e->done_flushes))) {
+        mc_flush_t *f = mc_container_of(n, mc_flush_t, link);
+        f->cb(f->cb_arg, f->status);
+        free(f);
+    }
 }
 
 /* f waits for what the tasks in list hold of its peer p: those to p, and the notifications to p

@@ -37,6 +37,7 @@ struct mc_msg {
     unsigned refs; /* its list, and the transport's frames that point at it */
     bool pass_buf; /* made under e->lock: its record is from e->msg_bufs_pass, its window place
                       in the peer's queued_pass */
+    int status;    /* done, in e->done_msgs: what its callback is told */
     mc_done_cb cb;
     void *cb_arg;
     char data[];
@@ -53,13 +54,14 @@ typedef struct mc_notify_item {
  * batch notifications it waits for are routed, and the messages up to msg_seq (the last of those
  * notifications, if later) are acknowledged, after the flushes before it. */
 typedef struct mc_flush {
-    mc_list_t link; /* in e->flushq_in, then its peer's flushes */
+    mc_list_t link; /* in e->flushq_in, then its peer's flushes; done: in e->done_flushes */
     mc_segment_id_t target;
     unsigned tasks; /* tasks (their mc_task_t.flush) and notifications (mc_notify_group_t.flush)
                        it waits for */
     uint64_t msg_seq;
     mc_done_cb cb;
     void *cb_arg;
+    int status; /* done, in e->done_flushes: what its callback is told */
 } mc_flush_t;
 
 /* Queue a message from the submission queue onto its peer (numbered here): its number, or 0
@@ -105,6 +107,11 @@ void mc__flush_task_done(mc_engine_t *e, mc_task_t *t);
 /* g's notification was routed as message seq of its target, or let go of (seq 0): a flush that
  * waited for it waits for that message instead. */
 void mc__flush_group_done(mc_engine_t *e, struct mc_notify_group *g, uint64_t seq);
+
+/* The completions of sends and flushes that ended when no held record could be had for them
+ * (memory ran out: mc__cb_hold_done failed): they wait, with their message or flush, in
+ * e->done_msgs and e->done_flushes. Run them (callbacks.c, after what was held), then let go. */
+void mc__msgs_done_run(mc_engine_t *e);
 
 /* Engine destroy, first (MC_LINGER_MS): a flush of every live peer that has messages not
  * acknowledged yet, the engine driven until they completed or the time is up. Not from a pass

@@ -40,6 +40,9 @@ mc_unit_test(test_engine_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_api.c
 # that do not block, a flooded target).
 mc_unit_test(test_host_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_host_api.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
+# Completions of sends and flushes when every malloc fails (malloc wrapped at link time).
+mc_unit_test(test_oom_callbacks SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_oom_callbacks.c
+             LIBS -Wl,--wrap=malloc LABELS integration)
 # Messages and notifications: exactly once across killed connections and stalls, a dead peer,
 # flush, back-pressure; over tcp, and over the shared-memory ring between same-host peers.
 mc_unit_test(test_messages SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_messages.c
