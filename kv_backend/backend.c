@@ -88,6 +88,8 @@ mc_kv_status_t kv__status_of(int rc)
     case -MC_ECANCELED:
         return MC_KV_ERR_CANCELED;
     case -MC_EACCESS:
+    case -EACCES: /* (opening a FILE region) */
+    case -EPERM:
         return MC_KV_ERR_NOT_ALLOWED;
     case -EINVAL:
     case -E2BIG:

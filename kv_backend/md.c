@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "kv.h"
@@ -76,25 +77,45 @@ static mc_kv_status_t region_location(mc_kv_backend_t *b, const mc_kv_region_t *
     }
 }
 
-/* A FILE region (NIXL's FILE_SEG): dev_id is a file descriptor of the host's, addr the offset in
- * the file where the region starts, len its length (0: to the end of the file). The engine
- * opens the file again through /proc/self/fd: a description of its own, so that the host's
- * file offset and flags stay the host's; read-only if the host's descriptor is. The region's
- * bytes are then at md->base in the engine's segment, where peers reach them as they do memory. */
+/* A FILE region (NIXL's FILE_SEG): dev_id is a file descriptor of the host's (a regular file or
+ * a block device), addr the offset in the file where the region starts, len its length (0: to
+ * the end of the file). The engine opens the file again through /proc/self/fd: a description of
+ * its own, so that the host's file offset stays the host's. Its access follows the host's
+ * descriptor: read-only, or read-write (a write-only one is refused: the engine reads the
+ * file too), durable when the descriptor is O_DSYNC or O_SYNC. The region's bytes are then at
+ * md->base in the engine's segment, where peers reach them as they do memory. */
 static mc_kv_status_t register_file(mc_kv_backend_t *b, const mc_kv_region_t *r, mc_kv_md_t *md)
 {
     mc_file_opts_t o = {.size = sizeof(o), .offset = r->addr, .length = r->len};
     mc_file_info_t info;
+    struct stat st;
     char path[32];
-    int fl = r->dev_id <= INT_MAX ? fcntl((int)r->dev_id, F_GETFL) : -1, rc;
+    int fd = r->dev_id <= INT_MAX ? (int)r->dev_id : -1, fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1, rc;
 
-    if (fl < 0)
+    if (fl < 0 || fstat(fd, &st))
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "register_mem: FILE region: dev_id %llu is not an open file descriptor",
                         (unsigned long long)r->dev_id);
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) /* (never opened again: a FIFO blocks) */
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "register_mem: FILE region: descriptor %d is a %s, not a regular file or "
+                        "a block device",
+                        fd,
+                        S_ISDIR(st.st_mode)    ? "directory"
+                        : S_ISFIFO(st.st_mode) ? "pipe"
+                        : S_ISSOCK(st.st_mode) ? "socket"
+                        : S_ISCHR(st.st_mode)  ? "character device"
+                                               : "special file");
+    if ((fl & O_ACCMODE) == O_WRONLY)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "register_mem: FILE region: descriptor %d is write-only; the engine reads "
+                        "the file too (open it O_RDWR, or O_RDONLY for a region peers only read)",
+                        fd);
     if ((fl & O_ACCMODE) == O_RDONLY)
         o.flags |= MC_FILE_READONLY;
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", (int)r->dev_id);
+    if (fl & (O_DSYNC | O_SYNC))
+        o.flags |= MC_FILE_DURABLE;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
     if ((rc = mc_file_register(b->engine, path, &o, &md->base)) < 0)
         return kv__fail_engine(b, rc, "register_mem: FILE region");
     if ((rc = mc_file_info(b->engine, MC_SEGMENT_INVALID, md->base, &info)) < 0) {
@@ -392,12 +413,19 @@ static mc_kv_status_t public_parse(mc_kv_backend_t *b, const unsigned char *p, s
 {
     uint32_t magic;
 
-    if (!p || len != KV_PUBLIC_LEN || (memcpy(&magic, p, 4), magic != KV_PUBLIC_MAGIC))
+    if (!p || len < 8 || (memcpy(&magic, p, 4), magic != KV_PUBLIC_MAGIC))
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "load_remote_md: %zu bytes that are not a Mooncake region's public data",
                         len);
     if (p[4] != KV_WIRE_VERSION)
-        return kv__fail(b, MC_KV_ERR_MISMATCH, "load_remote_md: public data of version %u", p[4]);
+        return kv__fail(b, MC_KV_ERR_MISMATCH,
+                        "load_remote_md: public data of version %u; this plugin reads version %u "
+                        "(the peer's plugin is another release)",
+                        p[4], KV_WIRE_VERSION);
+    if (len != KV_PUBLIC_LEN)
+        return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
+                        "load_remote_md: %zu bytes that are not a Mooncake region's public data",
+                        len);
     md->kind = KV_MD_REMOTE;
     md->type = (mc_kv_mem_type_t)p[5];
     memcpy(&md->addr, p + 8, 8);

@@ -86,8 +86,9 @@ static struct {
 
 static const mc_kv_plugin_t *P;
 static mc_kv_loaded_t *loaded;
-static int side = -1;    /* the side channel */
-static pid_t child = -1; /* the peer we started */
+static int side = -1;       /* the side channel */
+static pid_t child = -1;    /* the peer we started */
+static bool remote_is_file; /* the peer's region is a file (its --remote_file) */
 static const char *role = "mooncake-kv-bench";
 
 /* ---- errors ---- */
@@ -191,6 +192,11 @@ static void check_args(void)
     }
     if (opt.block_size % 8) {
         fprintf(stderr, "mooncake-kv-bench: --block_size must be a multiple of 8\n");
+        exit(2);
+    }
+    if (opt.peer && opt.remote_file) {
+        fprintf(stderr, "mooncake-kv-bench: --remote_file goes to the peer's own command line "
+                        "(--serve) when it runs apart (--peer)\n");
         exit(2);
     }
     if (opt.serve && opt.side_fd < 0 && !opt.listen_side) {
@@ -384,7 +390,7 @@ static void *map_buffer(uint64_t len)
 enum msg_type {
     MSG_HELLO = 1, /* peer: agent name, connection info */
     MSG_REGION,    /* initiator: length, salt -> peer: MSG_REGION_OK */
-    MSG_REGION_OK, /* peer: address, public data */
+    MSG_REGION_OK, /* peer: address, whether it is a file, public data */
     MSG_VERIFY,    /* initiator: block size, count, seed, salt -> peer: MSG_OK */
     MSG_DONE,      /* initiator: tear down -> peer: MSG_OK */
     MSG_OK,
@@ -739,6 +745,7 @@ static void serve_region(mc_kv_backend_t *b, serve_region_t *r, msg_t *m)
     check(b, P->public_data(b, r->md, pub, &plen), "public_data");
     msg_init(m, MSG_REGION_OK);
     put_u64(m, opt.remote_file ? 0 : (uintptr_t)r->buf); /* a file's region starts at offset 0 */
+    put_u64(m, opt.remote_file != NULL);
     put_bytes(m, pub, plen);
     send_msg(m);
 }
@@ -897,6 +904,7 @@ static void remote_region(mc_kv_backend_t *b, const char *agent, uint64_t len, u
     send_msg(&m);
     expect(&m, MSG_REGION_OK, "asking the peer for its buffer");
     s->raddr = get_u64(&m);
+    remote_is_file = get_u64(&m) != 0; /* the peer's word: it may have been started apart */
     const void *pub = get_bytes(&m, &plen);
     check(b, P->load_remote_md(b, agent, pub, plen, &s->rmd), "load_remote_md");
 }
@@ -1049,7 +1057,7 @@ static void print_point(const point_t *pt, bool header)
                "\"post_us_min\":%.1f,\"verified\":%s,\"remote\":\"%s\"}\n",
                pt->bs, pt->n, op_name(pt->op), opt.protocol, pt->iters, gbps, dps, dps_prep,
                dps_cycle, pt->prep_us, pt->cycle_us, pt->avg_us, pt->p99_us, pt->min_us,
-               pt->verified ? "true" : "false", opt.remote_file ? "file" : "memory");
+               pt->verified ? "true" : "false", remote_is_file ? "file" : "memory");
     } else {
         if (header)
             printf("%-5s %-5s %10s %8s %6s %11s %12s %12s %9s %12s %12s %12s %6s\n", "op", "proto",

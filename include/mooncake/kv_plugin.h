@@ -119,11 +119,16 @@ typedef struct mc_kv_caps {
     uint32_t mem_types; /* usable now: bit 1u << mc_kv_mem_type_t */
 } mc_kv_caps_t;
 
-/* A region to register. */
+/* A region to register. FILE (NIXL's FILE_SEG): addr is the offset in the file where the region
+ * starts, len its length (0: to the end of the file), dev_id an open descriptor of a regular
+ * file or a block device, read-only or read-write (O_DSYNC or O_SYNC: a WRITE completes once
+ * its data is durable), which must stay open until deregister_mem; descriptors of a FILE region
+ * name offsets in the file. */
 typedef struct mc_kv_region {
     uint64_t addr;
     uint64_t len;
-    uint64_t dev_id; /* NUMA node hint for DRAM (ignored), CUDA device for VRAM */
+    uint64_t dev_id; /* NUMA node hint for DRAM (ignored), CUDA device for VRAM, a file
+                        descriptor for FILE */
     mc_kv_mem_type_t type;
 } mc_kv_region_t;
 

@@ -444,8 +444,8 @@ class Agent:
         Descriptors name offsets in the file: region.desc(k, n) is n bytes at offset + k, and
         (offset + k, n, view) those bytes through load_local(region) or a peer's view."""
         fd = file if isinstance(file, int) else file.fileno()
-        if not length:
-            length = max(os.fstat(fd).st_size - offset, 0)  # 0 left: the plugin says why
+        if not length:  # (a block device's size is where its end is, not st_size)
+            length = max(os.lseek(fd, 0, os.SEEK_END) - offset, 0)  # 0 left: the plugin says why
         return Region(self, offset, length, FILE, fd)
 
     def load_remote(self, agent_name, conn_info):

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -910,12 +911,35 @@ static void file_case(const char *protocol)
     OK(p.b, P->release_xfer(p.b, x));
     assert_int_equal(file_check(ro, FILE_SZ - BLK, BLK, FILE_SEED, FILE_SZ - BLK), -1);
     OK(p.b, P->unload_md(p.b, fb));
+    /* Public data of another release of the plugin: the version says so. */
+    unsigned char pub[MC_KV_PUBLIC_MAX];
+    size_t plen = sizeof(pub);
+    OK(p.a, P->public_data(p.a, fa, pub, &plen));
+    pub[4] = 1;
+    EXPECT(p.b, MC_KV_ERR_MISMATCH, "version 1", P->load_remote_md(p.b, "A", pub, 160, &md));
     OK(p.a, P->deregister_mem(p.a, fa));
 
-    /* Bad regions: not a descriptor, past the file's end, empty. */
+    /* Bad regions: not a descriptor, a pipe (opened without a writer: never reopened, which
+     * would block), a write-only descriptor, past the file's end, empty. */
     mc_kv_region_t bad = {.addr = 0, .len = 0, .dev_id = 1u << 30, .type = MC_KV_FILE};
     EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "not an open file descriptor",
            P->register_mem(p.a, &bad, &md));
+    char fifo[] = "/tmp/mc-kv-fifo-XXXXXX";
+    int tmp = mkstemp(fifo);
+    assert_true(tmp >= 0);
+    close(tmp);
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    int pfd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    assert_true(pfd >= 0);
+    unlink(fifo);
+    bad.dev_id = (uint64_t)pfd;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "is a pipe", P->register_mem(p.a, &bad, &md));
+    close(pfd);
+    int wo = file_make(O_WRONLY);
+    bad.dev_id = (uint64_t)wo;
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "write-only", P->register_mem(p.a, &bad, &md));
+    close(wo);
     bad = (mc_kv_region_t){
         .addr = FILE_SZ - 10, .len = 20, .dev_id = (uint64_t)fd, .type = MC_KV_FILE};
     EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "FILE region", P->register_mem(p.a, &bad, &md));
