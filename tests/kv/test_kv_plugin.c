@@ -806,6 +806,17 @@ static int64_t file_check(int fd, uint64_t off, uint64_t len, uint64_t seed, uin
     return bad;
 }
 
+/* Prepare, run to SUCCESS and release a transfer of n pairs. */
+static void move_ok(mc_kv_backend_t *b, mc_kv_op_t op, const mc_kv_desc_t *l, const mc_kv_desc_t *r,
+                    size_t n, const char *agent, const char *notif)
+{
+    mc_kv_xfer_t *x;
+
+    OK(b, P->prep_xfer(b, op, l, r, n, agent, &x));
+    assert_int_equal(run(b, x, notif), MC_KV_SUCCESS);
+    OK(b, P->release_xfer(b, x));
+}
+
 /* NIXL's FILE_SEG: a file descriptor as dev_id, offsets in the file as addresses. Blocks move
  * between memory and a file of the instance itself (the loopback view), a file of another
  * agent, and a local file and another agent's memory, scattered both ways; a read-only
@@ -825,21 +836,17 @@ static void file_case(const char *protocol)
     OK(p.a, P->load_local_md(p.a, fa, &self));
     /* READ from A's own file into A's memory: file offsets FILE_OFF + k * BLK, scattered. */
     scatter(l, r, N, BLK, p.ma, p.mda, FILE_OFF, self, 3);
-    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, N, "A", &x));
-    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    move_ok(p.a, MC_KV_READ, l, r, N, "A", NULL);
     for (size_t i = 0; i < N; i++)
         if (check((uint8_t *)(uintptr_t)l[i].addr, BLK, FILE_SEED, r[i].addr) >= 0)
             fail_msg("block %zu wrong after a READ from the file", i);
-    OK(p.a, P->release_xfer(p.a, x));
     /* WRITE A's memory (pattern 1) into its file, up to the file's last byte. */
     scatter(l, r, N, BLK, p.ma, p.mda, FILE_SZ - N * BLK, self, 4);
     fill(p.ma, N * BLK, 1, 0);
-    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, N, "A", &x));
-    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    move_ok(p.a, MC_KV_WRITE, l, r, N, "A", NULL);
     for (size_t i = 0; i < N; i++)
         if (file_check(fd, r[i].addr, BLK, 1, l[i].addr - (uintptr_t)p.ma) >= 0)
             fail_msg("block %zu wrong in the file after a WRITE", i);
-    OK(p.a, P->release_xfer(p.a, x));
     assert_int_equal(file_check(fd, FILE_OFF, FILE_SZ - FILE_OFF - N * BLK, FILE_SEED, FILE_OFF),
                      -1); /* the rest untouched */
     /* Past the file's end, before the region's start: refused at prepare. */
@@ -857,12 +864,10 @@ static void file_case(const char *protocol)
     /* B reaches A's file through its public data: READ into B's memory, WRITE from it. */
     fb = load_region(p.b, "A", p.a, fa);
     scatter(l, r, N, BLK, p.mb, p.mdb, FILE_OFF, fb, 5);
-    OK(p.b, P->prep_xfer(p.b, MC_KV_READ, l, r, N, "A", &x));
-    assert_int_equal(run(p.b, x, NULL), MC_KV_SUCCESS);
+    move_ok(p.b, MC_KV_READ, l, r, N, "A", NULL);
     for (size_t i = 0; i < N; i++)
         if (check((uint8_t *)(uintptr_t)l[i].addr, BLK, FILE_SEED, r[i].addr) >= 0)
             fail_msg("block %zu wrong after a READ from the peer's file", i);
-    OK(p.b, P->release_xfer(p.b, x));
     fill(p.mb, N * BLK, 9, 0);
     scatter(l, r, N, BLK, p.mb, p.mdb, FILE_OFF + N * BLK, fb, 6);
     OK(p.b, P->prep_xfer(p.b, MC_KV_WRITE, l, r, N, "A", &x));
@@ -879,20 +884,16 @@ static void file_case(const char *protocol)
     /* A's file as the local end: WRITE blocks of it to B's memory, READ B's into it. */
     scatter(l, r, N, BLK, (uint8_t *)(uintptr_t)FILE_OFF, fa, (uintptr_t)p.mb, p.rb, 7);
     memset(p.mb, 0, N * BLK);
-    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, l, r, N, "B", &x));
-    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    move_ok(p.a, MC_KV_WRITE, l, r, N, "B", NULL);
     for (size_t i = 0; i < N; i++)
         if (check((uint8_t *)(uintptr_t)r[i].addr, BLK, FILE_SEED, l[i].addr) >= 0)
             fail_msg("block %zu wrong after a WRITE from the local file", i);
-    OK(p.a, P->release_xfer(p.a, x));
     fill(p.mb, N * BLK, 12, 0);
     scatter(l, r, N, BLK, (uint8_t *)(uintptr_t)FILE_OFF, fa, (uintptr_t)p.mb, p.rb, 8);
-    OK(p.a, P->prep_xfer(p.a, MC_KV_READ, l, r, N, "B", &x));
-    assert_int_equal(run(p.a, x, NULL), MC_KV_SUCCESS);
+    move_ok(p.a, MC_KV_READ, l, r, N, "B", NULL);
     for (size_t i = 0; i < N; i++)
         if (file_check(fd, l[i].addr, BLK, 12, r[i].addr - (uintptr_t)p.mb) >= 0)
             fail_msg("block %zu wrong in the local file after a READ into it", i);
-    OK(p.a, P->release_xfer(p.a, x));
     OK(p.a, P->deregister_mem(p.a, fa));
 
     /* A read-only descriptor: READs work, WRITEs fail with the reason, the file unchanged. */
