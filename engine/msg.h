@@ -31,6 +31,8 @@ struct mc_msg {
     uint8_t id;    /* 0: a notification */
     uint8_t tp;    /* the transport that took it last */
     bool inflight; /* taken by the transport, not answered yet */
+    bool in_ring;  /* its payload is only in a ring's record, put there from src (the ring
+                      copies it into data before it goes) */
     uint32_t len;
     uint64_t seq;  /* in its peer's stream, from 1 (progress numbers it) */
     uint32_t tx;   /* times taken: an answer to an earlier take is stale */
@@ -40,8 +42,15 @@ struct mc_msg {
     int status;    /* done, in e->done_msgs: what its callback is told */
     mc_done_cb cb;
     void *cb_arg;
+    const void *src; /* while its send is on the stack: the sender's bytes, not yet in data */
     char data[];
 };
+
+/* Where m's payload is now. */
+static inline const void *mc__msg_payload(const mc_msg_t *m)
+{
+    return m->src ? m->src : m->data;
+}
 
 typedef struct mc_notify_item {
     mc_list_t link;

@@ -32,7 +32,7 @@ int mc__ring_put(uint8_t *data, uint64_t bytes, uint64_t *head, uint64_t tail, c
     h->len = m->len;
     h->id = m->id;
     h->seq = m->seq;
-    memcpy(h + 1, m->data, m->len);
+    memcpy(h + 1, mc__msg_payload(m), m->len);
     *head += need;
     return 0;
 }

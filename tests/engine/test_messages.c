@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -496,6 +498,109 @@ static void test_carrier_switch(void **state)
     assert_int_equal(tcp.msgs_sent + ring.msgs_sent, n);
     if (!over_tcp())
         assert_true(ring.msgs_sent > 0);
+    th_close(e, id);
+}
+
+/* ---- a ring cut with records in it ----------------------------------------------------------- */
+
+/* Our Unix-domain sockets connected to a named peer (as the ones to a target's shm socket are),
+ * as a bitmap of fd numbers below 1024. */
+static void unix_conns(uint8_t map[128])
+{
+    memset(map, 0, 128);
+    for (int fd = 0; fd < 1024; fd++) {
+        struct sockaddr_un a;
+        socklen_t alen = sizeof(a);
+        int domain;
+        socklen_t dlen = sizeof(domain);
+        if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dlen) == 0 && domain == AF_UNIX &&
+            getpeername(fd, (struct sockaddr *)&a, &alen) == 0 && alen > sizeof(sa_family_t))
+            map[fd / 8] |= (uint8_t)(1u << (fd % 8));
+    }
+}
+
+/* Drive a caller-progress engine until n sends completed (d), up to 30 s. */
+static void progress_until_done(mc_engine_t *e, done_t *d, unsigned n)
+{
+    int64_t dl = th_now_ms() + 30000;
+
+    while (atomic_load(&d->ok) + atomic_load(&d->failed) < n && th_now_ms() < dl)
+        mc_engine_progress(e);
+}
+
+/* Same-host messages that a caller-progress host sends go from its bytes straight into the
+ * ring, which then holds their only copy. The ring's connection is shut (as a killed socket
+ * would be) while the ring holds records the target has not taken (it is stopped): those are
+ * sent again over tcp, from the ring. Every message arrives once, in order, intact, and every
+ * send completes with 0. */
+static void test_ring_cut(void **state)
+{
+    const unsigned n = 400;
+    static uint8_t buf[2048];
+    static done_t d;
+    uint8_t before[128], after[128];
+    th_cfg_t cfg;
+    th_reply_t r;
+    int chan = -1;
+
+    (void)state;
+    if (strcmp(transport(), "shm"))
+        skip(); /* the ring is shm's */
+    memset(&d, 0, sizeof(d));
+    config(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    th_target_t *t = spawn(&cfg, 4096);
+    mc_engine_t *e = g.e = th_engine(&cfg);
+    mc_segment_id_t id = th_open(e, t, 0);
+    mc_msg_opts_t o = {.size = sizeof(o), .cb = on_done, .cb_arg = &d};
+
+    /* The first message opens the ring: its connection is the one Unix socket that is new. */
+    unix_conns(before);
+    assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, 0, 300), &o), 0);
+    progress_until_done(e, &d, 1);
+    assert_int_equal(atomic_load(&d.ok), 1);
+    unix_conns(after);
+    for (int fd = 0; fd < 1024; fd++)
+        if ((after[fd / 8] & ~before[fd / 8]) & (1u << (fd % 8))) {
+            assert_int_equal(chan, -1);
+            chan = fd;
+        }
+    assert_true(chan >= 0);
+    uint64_t ring0 = carried(e);
+    assert_int_equal(ring0, 1);
+
+    /* Stopped, the target takes nothing: the ring holds every record when it is cut. */
+    assert_int_equal(kill(t->pid, SIGSTOP), 0);
+    for (uint32_t i = 1; i <= n; i++)
+        assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, make_msg(buf, i, 256 + i * 3 % 1500), &o),
+                         0);
+    mc_engine_progress(e);
+    assert_int_equal(carried(e), ring0); /* none taken yet */
+    assert_int_equal(shutdown(chan, SHUT_RDWR), 0);
+    for (int64_t dl = th_now_ms() + 50; th_now_ms() < dl;)
+        mc_engine_progress(e);
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    progress_until_done(e, &d, n + 1);
+    th_cmd_t c = {.op = TH_CMD_MSGS, .a0 = n + 1, .a3 = 30000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 40000), 0);
+    if (r.v[0] != n + 1 || r.v[1] || r.v[2] || r.v[3])
+        print_error("received %lld, out of order %lld, bad payload %lld, bad sender %lld\n",
+                    (long long)r.v[0], (long long)r.v[1], (long long)r.v[2], (long long)r.v[3]);
+    assert_int_equal(r.v[0], n + 1);
+    assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
+    assert_int_equal(atomic_load(&d.ok), n + 1);
+    assert_int_equal(atomic_load(&d.failed), 0);
+    uint64_t over_tcp_n = carried_by(e, "tcp");
+    print_message("  through the ring %llu, over tcp after the cut %llu\n",
+                  (unsigned long long)carried(e), (unsigned long long)over_tcp_n);
+    assert_int_equal(carried(e) + over_tcp_n, n + 1);
+    assert_true(over_tcp_n > 0);
+    /* Nothing more arrives afterwards (no late duplicate). */
+    th_sleep_ms(200);
+    c.a3 = 0;
+    assert_int_equal(th_target_cmd(t, &c, &r, 10000), 0);
+    assert_int_equal(r.v[0], n + 1);
+    assert_int_equal(r.v[1] + r.v[2] + r.v[3], 0);
     th_close(e, id);
 }
 
@@ -1013,6 +1118,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_exactly_once, teardown),
         cmocka_unit_test_teardown(test_both_ways, teardown),
         cmocka_unit_test_teardown(test_carrier_switch, teardown),
+        cmocka_unit_test_teardown(test_ring_cut, teardown),
         cmocka_unit_test_teardown(test_peer_killed, teardown),
         cmocka_unit_test_teardown(test_peer_silent, teardown),
         cmocka_unit_test_teardown(test_flush, teardown),

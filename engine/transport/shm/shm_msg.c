@@ -238,16 +238,39 @@ fail:
 }
 
 /* Write m into the ring: false if it does not fit now (the ring or the fifo is full). The tail
- * last answered mostly says there is room; when it does not, the tail is read. */
-static bool tx_put(shm_tx_t *tx, const mc_msg_t *m)
+ * last answered mostly says there is room; when it does not, the tail is read. A payload put
+ * from its sender's bytes (m->src) is in the ring alone until the ring goes (tx_keep). */
+static bool tx_put(shm_tx_t *tx, mc_msg_t *m)
 {
     shm_ring_t *r = tx->ring;
 
     if (tx->fifo.n == FIFO_CAP)
         return false;
-    return !mc__ring_put(r->data, RING_BYTES, &tx->head, tx->tail, m) ||
-           !mc__ring_put(r->data, RING_BYTES, &tx->head,
-                         atomic_load_explicit(&r->tail, memory_order_acquire), m);
+    if (mc__ring_put(r->data, RING_BYTES, &tx->head, tx->tail, m)) {
+        /* The records it consumed are answered on the next pass: the messages of a ring that
+         * went round since the last answer are let go of by then. */
+        tx->due = true;
+        if (mc__ring_put(r->data, RING_BYTES, &tx->head,
+                         atomic_load_explicit(&r->tail, memory_order_acquire), m))
+            return false;
+    }
+    m->in_ring = m->src != NULL;
+    return true;
+}
+
+/* The ring is going: the payloads only it holds go into their messages, which the control link
+ * sends again. */
+static void tx_keep(shm_tx_t *tx)
+{
+    for (unsigned i = 0; i < tx->fifo.n; i++) {
+        const struct mc_ring_rec *rec = &tx->fifo.v[(tx->fifo.first + i) % tx->fifo.cap];
+        mc_msg_t *m = rec->m;
+        if (!m->in_ring)
+            continue;
+        uint64_t at = (rec->end - mc__ring_rec_bytes(m->len)) % RING_BYTES;
+        memcpy(m->data, tx->ring->data + at + MC_RING_REC_HDR, m->len);
+        m->in_ring = false;
+    }
 }
 
 /* Write what p has queued into its ring, as far as room allows. */
@@ -283,6 +306,8 @@ void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p)
 void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx)
 {
     tx_stop(e, tx);
+    if (tx->ring)
+        tx_keep(tx);
     mc__ring_fifo_free(e, &tx->fifo);
     mc_list_del(&tx->busy_link);
     if (tx->ring)
