@@ -125,8 +125,8 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
 }
 
 /* Route m, made in the progress context with its payload still at the sender's data: a carrier
- * of its peer's messages other than the control link (they write messages into memory: a ring)
- * takes it at once, straight from there; otherwise m gets its copy before the send returns. A
+ * of its peer's messages that keeps payloads where it writes them (msg_direct: shm's ring) takes
+ * it at once, straight from there; otherwise m gets its copy before the send returns. A
  * same-host message is copied once instead of twice (copies were a third of a 4 KiB one's path,
  * and more of larger ones'). */
 static void msg_route_src(mc_engine_t *e, mc_msg_t *m, const void *data)
@@ -136,7 +136,7 @@ static void msg_route_src(mc_engine_t *e, mc_msg_t *m, const void *data)
     if (mc__msg_route(e, m)) {
         mc_peer_t *p = mc__peer_get(e, m->target);
         unsigned tp = p->msg_tp;
-        if (tp != e->ctrl && p->tp[tp] && MC_TP_HAS(mc__transports[tp], fill))
+        if (p->tp[tp] && MC_TP_HAS(mc__transports[tp], msg_direct))
             mc__transports[tp]->fill(e, p);
     }
     if (!m->in_ring && m->len)

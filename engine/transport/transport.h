@@ -220,6 +220,12 @@ struct mc_transport_ops {
     int (*grant_ask)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
     void (*grant_answer)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial, bool ok);
     unsigned (*revoke)(mc_engine_t *e, mc_peer_t *p, uint64_t addr, uint64_t serial);
+
+    /* Messages over it: its fill writes a message's payload into memory it keeps until the
+     * receiver took it (a ring), which may then be the payload's only copy (mc_msg_t.in_ring),
+     * so a message sent from the progress context is filled at once, straight from the sender's
+     * bytes (msg.c, msg_route_src); other carriers get messages copied first. */
+    bool msg_direct;
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

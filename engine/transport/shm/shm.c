@@ -1182,6 +1182,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .msg_settle = mc__shm_msg_settle,
     .idle = shm_idle,
     .grant_ask = shm_grant_ask,
+    .msg_direct = true,
 };
 
 shm_tx_t *mc__shm_peer_tx(mc_peer_t *p)
