@@ -89,12 +89,12 @@ static int fx_teardown(void **state)
     fx_t *fx = *state;
 
     th_kill_all();
+    th_rmdir(fx->tdir); /* first: what follows may fail after a failed test */
+    th_rmdir(fx->idir);
     if (fx->local)
         th_buf_free(fx->e, fx->local, fx->local_len);
     if (fx->e)
         mc_engine_destroy(fx->e);
-    th_rmdir(fx->tdir);
-    th_rmdir(fx->idir);
     free(fx);
     return 0;
 }
@@ -279,6 +279,43 @@ static void test_striping(void **state)
 
 /* ---- 2. a port goes down in the middle of a transfer, then comes back ---------------------- */
 
+/* A WRITE of n requests of each bytes from buf (filled with seed) to rb, and fault written to
+ * the initiator's softverbs0 control file once that device carried 16 MiB of it: every task
+ * completes and every byte arrives. Returns how many ms after the fault the batch completed. */
+static int64_t write_through_fault(fx_t *fx, uint8_t *buf, uint64_t rb, size_t n, size_t each,
+                                   unsigned seed, const char *fault)
+{
+    const size_t len = n * each;
+    mc_batch_status_t bs;
+
+    th_fill(buf, len, seed);
+    mc_batch_t *b = submit_span(fx, MC_WRITE, buf, rb, n, each);
+    int64_t dl = th_now_ms() + 30000;
+    while (rail_bytes(fx, "softverbs0->softverbs0") < 16 * MIB && th_now_ms() < dl)
+        th_sleep_ms(2);
+    assert_true(rail_bytes(fx, "softverbs0->softverbs0") >= 16 * MIB);
+    assert_int_equal(mc_batch_status(b, &bs), 0);
+    assert_true(bs.bytes < len / 2); /* the fault hits the transfer, not its aftermath */
+    ctl_write(fx->idir, "softverbs0", fault, 0);
+    int64_t at = th_now_ms();
+    print_message("  %.*s after %llu of %llu MiB\n", (int)strcspn(fault, "\n"), fault,
+                  (unsigned long long)(bs.bytes / MIB), (unsigned long long)(len / MIB));
+
+    assert_int_equal(mc_batch_wait(b, 90000), 0);
+    int64_t took = th_now_ms() - at;
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        if (ts.state != MC_TASK_COMPLETED)
+            print_message("  task %zu: state %d: %s\n", i, ts.state, ts.reason);
+        assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    }
+    print_message("  completed %lld ms after it\n", (long long)took);
+    th_batch_destroy(fx->e, b);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb, len, seed, 0), -1);
+    return took;
+}
+
 /* 512 MiB WRITE in 64 requests while the initiator's softverbs0 port goes down: the requests
  * in flight on its QPs flush and are retried on softverbs1, so every task completes and every
  * byte arrives; the softverbs0 rails are charged errors. Once the port is up again, the paused
@@ -290,36 +327,10 @@ static void test_port_down(void **state)
     const size_t n = 64, each = 8 * MIB, len = n * each;
     uint8_t *buf = fx_local(fx, len);
     uint64_t rb = tbuf(fx, 0);
-    mc_batch_status_t bs;
     rails_t rs;
     char why[512];
 
-    th_fill(buf, len, 601);
-    mc_batch_t *b = submit_span(fx, MC_WRITE, buf, rb, n, each);
-    int64_t dl = th_now_ms() + 30000;
-    while (rail_bytes(fx, "softverbs0->softverbs0") < 16 * MIB && th_now_ms() < dl)
-        th_sleep_ms(2);
-    assert_true(rail_bytes(fx, "softverbs0->softverbs0") >= 16 * MIB);
-    assert_int_equal(mc_batch_status(b, &bs), 0);
-    assert_true(bs.bytes < len / 2); /* the fault hits the transfer, not its aftermath */
-    ctl_write(fx->idir, "softverbs0", "port=down\n", 0);
-    int64_t down_at = th_now_ms();
-    print_message("  port down after %llu of %llu MiB\n", (unsigned long long)(bs.bytes / MIB),
-                  (unsigned long long)(len / MIB));
-
-    assert_int_equal(mc_batch_wait(b, 90000), 0);
-    assert_int_equal(mc_batch_status(b, &bs), 0);
-    for (size_t i = 0; i < n; i++) {
-        mc_task_status_t ts;
-        assert_int_equal(mc_task_status(b, i, &ts), 0);
-        if (ts.state != MC_TASK_COMPLETED)
-            print_message("  task %zu: state %d: %s\n", i, ts.state, ts.reason);
-        assert_int_equal(ts.state, MC_TASK_COMPLETED);
-    }
-    print_message("  completed %lld ms after the port went down\n",
-                  (long long)(th_now_ms() - down_at));
-    th_batch_destroy(fx->e, b);
-    assert_int_equal(th_remote_check(&fx->t, 0, rb, len, 601, 0), -1);
+    write_through_fault(fx, buf, rb, n, each, 601, "port=down\n");
 
     rails_get(fx, &rs);
     rails_print(&rs);
@@ -391,6 +402,33 @@ static void test_port_down(void **state)
                      MC_TASK_COMPLETED);
     assert_int_equal(th_remote_check(&fx->t, 0, rb, 64 * MIB, 799, 0), -1);
     assert_true(rail_bytes(fx, "softverbs0->softverbs0") > before);
+}
+
+/* ---- 2b. a device dies in the middle of a transfer ------------------------------------------ */
+
+/* 512 MiB WRITE in 64 requests while the initiator's softverbs0 dies (fatal=1): it completes
+ * nothing any more, not even a flush, so what its QPs had posted is failed by the engine at once
+ * and retried on softverbs1. Every task completes, well before the transfer timeout (30 s) that
+ * used to end them, every byte arrives, and softverbs0 carries nothing afterwards. */
+static void test_device_fatal(void **state)
+{
+    fx_t *fx = *state;
+    const size_t n = 64, each = 8 * MIB;
+    uint8_t *buf = fx_local(fx, n * each);
+    uint64_t rb = tbuf(fx, 0);
+    char why[512];
+
+    assert_true(write_through_fault(fx, buf, rb, n, each, 611, "fatal=1\n") < 20000);
+
+    uint64_t dead_bytes =
+        rail_bytes(fx, "softverbs0->softverbs0") + rail_bytes(fx, "softverbs0->softverbs1");
+    th_fill(buf, 64 * MIB, 612);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_WRITE, buf, rb, 64 * MIB, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb, 64 * MIB, 612, 0), -1);
+    assert_int_equal(rail_bytes(fx, "softverbs0->softverbs0") +
+                         rail_bytes(fx, "softverbs0->softverbs1"),
+                     dead_bytes);
 }
 
 /* ---- 3. requests the target's NIC must refuse --------------------------------------------- */
@@ -874,11 +912,17 @@ int main(int argc, char **argv)
     if (!softverbs_ready())
         return 77;
     const struct CMUnitTest tests[] = {
-        CASE(test_striping, big256),           CASE(test_port_down, big512),
-        CASE(test_corrupt_rkey, small2),       CASE(test_stale_descriptor, small2),
-        CASE(test_forged_rkey, small2),        CASE(test_out_of_bounds, small2),
-        CASE(test_dead_peer, big256),          CASE(test_auto, small2),
-        CASE(test_qp_limit, two_peers_one_qp), CASE(test_reregistered_key, small2),
+        CASE(test_striping, big256),
+        CASE(test_port_down, big512),
+        CASE(test_device_fatal, big512),
+        CASE(test_corrupt_rkey, small2),
+        CASE(test_stale_descriptor, small2),
+        CASE(test_forged_rkey, small2),
+        CASE(test_out_of_bounds, small2),
+        CASE(test_dead_peer, big256),
+        CASE(test_auto, small2),
+        CASE(test_qp_limit, two_peers_one_qp),
+        CASE(test_reregistered_key, small2),
     };
     int rc = cmocka_run_group_tests_name("rdma", tests, NULL, NULL);
     th_kill_all();

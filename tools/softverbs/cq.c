@@ -159,6 +159,8 @@ SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
 /* Adds one completion; called with ctx->lock held. */
 void sv_cq_push(struct sv_cq *cq, const struct ibv_wc *wc)
 {
+    if (sv_ctx(cq->ibcq.context)->fatal) /* a dead device reports nothing */
+        return;
     if (cq->tail - cq->head >= cq->size) {
         if (!cq->overflow)
             sv_async_event(sv_ctx(cq->ibcq.context), IBV_EVENT_CQ_ERR, &cq->ibcq);

@@ -8,6 +8,11 @@
  *     drop=PCT           drop PCT percent of the packets this device sends
  *     delay_ms=N         hold every packet this device sends for N ms
  *     corrupt_rkey=0|1   flip the key byte of the rkey of every WRITE and READ request sent
+ *     fatal=1            the device dies: IBV_EVENT_DEVICE_FATAL, the port goes down, and from
+ *                        then on nothing is sent or received and no completion is ever
+ *                        reported (work requests posted before or after are never answered,
+ *                        as on a NIC whose firmware is gone); for good, whatever the file says
+ *                        later
  * A missing file or key means no fault. Every context watches the directory with inotify and
  * rereads the file when it is closed after writing or renamed into place (in its progress thread,
  * and at every ibv_post_send, so a post that follows the write sees it), so writing the file
@@ -79,6 +84,8 @@ static void sv_fault_parse(FILE *f, struct sv_fault *fl)
             fl->delay_ms = (unsigned)strtoul(val, NULL, 10);
         else if (strcmp(key, "corrupt_rkey") == 0)
             fl->corrupt_rkey = strtoul(val, NULL, 10) != 0;
+        else if (strcmp(key, "fatal") == 0)
+            fl->fatal = strtoul(val, NULL, 10) != 0;
     }
 }
 
@@ -113,9 +120,14 @@ void sv_fault_reload(struct sv_context *ctx)
         sv_fault_parse(f, &fl);
         fclose(f);
     }
-    if (fl.port_down && ctx->port_state == IBV_PORT_ACTIVE) {
+    if (fl.fatal && !ctx->fatal) {
+        ctx->fatal = true;
+        ctx->port_state = IBV_PORT_DOWN;
+        sv_async_event(ctx, IBV_EVENT_DEVICE_FATAL, NULL);
+    }
+    if (!ctx->fatal && fl.port_down && ctx->port_state == IBV_PORT_ACTIVE) {
         sv_port_down(ctx);
-    } else if (!fl.port_down && ctx->port_state != IBV_PORT_ACTIVE) {
+    } else if (!ctx->fatal && !fl.port_down && ctx->port_state != IBV_PORT_ACTIVE) {
         ctx->port_state = IBV_PORT_ACTIVE;
         sv_async_event(ctx, IBV_EVENT_PORT_ACTIVE, NULL);
     }

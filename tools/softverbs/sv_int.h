@@ -56,6 +56,7 @@ struct sv_device {
 /* Fault state of one device, read from the control file <ctl_dir>/<device name>. */
 struct sv_fault {
     bool port_down;
+    bool fatal;         /* the device is dead: see fault.c */
     unsigned drop_pct;  /* drop this percentage of outgoing packets */
     unsigned delay_ms;  /* hold every outgoing packet this long */
     bool corrupt_rkey;  /* flip bits of the rkey of outgoing WRITE and READ requests */
@@ -75,6 +76,7 @@ struct sv_context {
     int inotify_fd;
     bool stopping; /* protected by lock */
     enum ibv_port_state port_state;
+    bool fatal; /* IBV_EVENT_DEVICE_FATAL raised: nothing completes again (protected by lock) */
     struct sv_fault fault;
     struct sv_delayed *delayed_head, *delayed_tail; /* protected by lock */
     struct sv_qp *qps;                              /* protected by lock */

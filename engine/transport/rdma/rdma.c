@@ -119,7 +119,7 @@ static int dev_setup(mc_engine_t *e, const mc_rdma_t *r, mc_rdma_dev_t *d)
 
 static void dev_close(mc_engine_t *e, mc_rdma_dev_t *d)
 {
-    if (d->cq_poll.fd > 0)
+    if (d->cq_poll.fd > 0) /* (-1 once fatal: out of the loop already) */
         mc__epoll_del(e, &d->cq_poll);
     if (d->async_poll.fd > 0)
         mc__epoll_del(e, &d->async_poll);
@@ -226,6 +226,35 @@ static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
     }
 }
 
+/* A device that went fatal completes nothing any more, not even a flush: its CQ leaves the
+ * loop, and what its QPs posted fails at once as flushed requests do (slices go to another
+ * rail; the messages of its QPs went back to the control link when they drained). */
+static void dev_fatal(mc_engine_t *e, mc_rdma_dev_t *d)
+{
+    mc_list_t *pos, *tmp;
+
+    mc__epoll_del(e, &d->cq_poll);
+    d->cq_poll.fd = -1;
+    mc__rdma_msg_dev_fatal(e, d);
+    mc_list_for_each_safe(pos, tmp, &rdma_of(e)->qps)
+    {
+        mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
+        if (qp->dev != d)
+            continue;
+        qp->msg_out = 0;
+        if (!qp->outstanding) {
+            mc__rdma_qp_drain(e, qp); /* destroyed: nothing is left */
+            continue;
+        }
+        /* (a slice ended by a failed post while it was being built is no longer listed) */
+        for (unsigned left = qp->outstanding; left && !mc_list_empty(&qp->posted); left--) {
+            mc_slice_t *s = rdma_sl_of(qp->posted.next); /* the last may destroy qp */
+            struct ibv_wc wc = {.wr_id = (uintptr_t)s, .status = IBV_WC_WR_FLUSH_ERR};
+            mc__rdma_complete(e, d, &wc);
+        }
+    }
+}
+
 static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
 {
     mc_rdma_dev_t *d = mc_container_of(p, mc_rdma_dev_t, async_poll);
@@ -234,20 +263,24 @@ static void async_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     (void)events;
     while (ibv_get_async_event(d->ctx, &ev) == 0) {
         enum ibv_event_type t = ev.event_type;
+        struct ibv_qp *qp = ev.element.qp; /* (a QP event's: matched below, not dereferenced) */
+        ibv_ack_async_event(&ev); /* first: destroying a QP waits until its events read are */
         if (t == IBV_EVENT_PORT_ACTIVE)
             mc_info("rdma: %s: %s", d->name, ibv_event_type_str(t));
         else
             mc_warn("rdma: %s: %s", d->name, ibv_event_type_str(t));
+        bool was_fatal = d->fatal;
         d->fatal |= t == IBV_EVENT_DEVICE_FATAL; /* nothing works on it any more */
         if (t == IBV_EVENT_PORT_ACTIVE && !d->fatal)
             d->port_down = false;
         if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_DEVICE_FATAL) {
             d->port_down = true;
             drain_dev_qps(e, d, NULL);
+            if (d->fatal && !was_fatal)
+                dev_fatal(e, d);
         } else if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
                    t == IBV_EVENT_QP_ACCESS_ERR) /* ours only: a target QP stays with its link */
-            drain_dev_qps(e, d, ev.element.qp);  /* matched, not dereferenced */
-        ibv_ack_async_event(&ev);
+            drain_dev_qps(e, d, qp);
     }
 }
 
@@ -261,6 +294,8 @@ static void cq_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     int n;
 
     (void)events;
+    if (d->fatal) /* what it might still report was failed already (dev_fatal) */
+        return;
     while (ibv_get_cq_event(d->ch, &cq, &ctx) == 0)
         acks++;
     if (acks)

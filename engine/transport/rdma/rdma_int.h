@@ -123,6 +123,7 @@ struct mc_rdma_qp {
     uint8_t state;
     bool initiator;
     unsigned outstanding; /* work requests posted, not completed */
+    mc_list_t posted;     /* initiator: the slices they are of (rdma_slice_t.on_qp) */
     uint32_t psn;
     uint16_t pair; /* target: initiator device << 8 | ours; a new QP for a pair replaces it */
     /* The chain being built in this fill pass (posted by rdma_post_all). */
@@ -174,12 +175,19 @@ typedef struct rdma_slice {
     const char *wc_reason; /* the first completion error among its work requests */
     int wc_err;            /* ... as a code (negative), 0 if none */
     uint16_t wrs;          /* work requests not yet completed */
+    mc_list_t on_qp;       /* in its QP's posted while wrs */
 } rdma_slice_t;
 _Static_assert(sizeof(rdma_slice_t) <= MC_SLICE_PRIV, "rdma_slice_t does not fit in a slice");
 
 static inline rdma_slice_t *rdma_sl(mc_slice_t *s)
 {
     return (rdma_slice_t *)(void *)s->priv;
+}
+
+static inline mc_slice_t *rdma_sl_of(mc_list_t *on_qp)
+{
+    return (mc_slice_t *)(void *)((char *)mc_container_of(on_qp, rdma_slice_t, on_qp) -
+                                  offsetof(mc_slice_t, priv));
 }
 
 static inline mc_rdma_t *rdma_of(mc_engine_t *e)
@@ -247,6 +255,8 @@ int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
 /* qp starts draining: what its ring held that the receiver took is answered, the rest goes
  * back to the control link; a receiving ring stops. */
 void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp);
+/* dev went fatal: nothing the target QPs on it posted for messages will complete. */
+void mc__rdma_msg_dev_fatal(mc_engine_t *e, const mc_rdma_dev_t *dev);
 /* qp is destroyed: free its message state. */
 void mc__rdma_msg_free(mc_engine_t *e, mc_rdma_qp_t *qp);
 void mc__rdma_msg_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc);

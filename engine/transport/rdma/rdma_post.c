@@ -76,13 +76,12 @@ static void post_slice(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, mc_slice_t 
 
     rdma_sl(s)->qp = qp;
     rdma_sl(s)->wc_err = 0;
+    mc_list_push_back(&qp->posted, &rdma_sl(s)->on_qp);
     s->rails_tried |= 1u << (r - rdma_peer(p)->rails);
     while (left) {
         uint64_t lc = (la - lb->addr) / m->chunk, rc = (ra - rbase) / k->chunk;
         uint64_t n =
             min3(left, lb->addr + (lc + 1) * m->chunk - la, rbase + (rc + 1) * k->chunk - ra);
-        if (rd->n_wr == MC_RDMA_SCRATCH)
-            post_all(e);
         struct ibv_sge *sge = &rd->sge[rd->n_wr];
         struct ibv_send_wr *wr = &rd->wr[rd->n_wr++];
         sge->addr = la;
@@ -197,11 +196,16 @@ static bool place_one(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r, bool *empty_
     const mc_buffer_t *lb = s->task->lbuf;
     uint64_t la = (uint64_t)(uintptr_t)s->task->req.local + s->offset;
     unsigned need = pieces(s, &rb, lb, la), most = rdma_of(e)->qp_depth + MC_RDMA_SQ_SLACK;
+    most = most < MC_RDMA_SCRATCH ? most : MC_RDMA_SCRATCH;
+    /* What was built goes first if the slice's requests would not all fit after it: a post that
+     * fails must not end a slice half built (it may take its QP with it: r->qp is read after). */
+    if (need <= most && rdma_of(e)->n_wr + need > MC_RDMA_SCRATCH)
+        post_all(e);
     if (need > most || !qp_room(e, r->qp, need)) {
         if (need > most) { /* only when MC_SLICE_SIZE exceeds a memory region many times */
             mc__slice_failed(e, s, -EINVAL, false,
                              "slice crosses more memory regions than a QP's send queue holds "
-                             "(MC_RDMA_QP_DEPTH + 2)");
+                             "(MC_RDMA_QP_DEPTH + 2, at most 512)");
             return true;
         }
         /* rare: a multi-piece slice at the end of the window; it fits once the QP drains */
@@ -306,6 +310,8 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
     mc_rdma_qp_t *qp = rdma_sl(s)->qp;
     rdma_rail_t *r = qp->rail;
 
+    if (rdma_sl(s)->wrs == 1) /* its last: off the QP before the QP may go */
+        mc_list_del(&rdma_sl(s)->on_qp);
     qp->outstanding--;
     dev->cq_used--;
     if (wc->status != IBV_WC_SUCCESS) {
@@ -341,7 +347,7 @@ void mc__rdma_drain_all(mc_engine_t *e)
     while (!mc_list_empty(&rd->qps) && mc__now_ns() < deadline) {
         for (unsigned i = 0; i < rd->n_devs; i++) {
             struct ibv_wc wc[32];
-            int n = ibv_poll_cq(rd->devs[i].cq, 32, wc);
+            int n = rd->devs[i].fatal ? 0 : ibv_poll_cq(rd->devs[i].cq, 32, wc);
             for (int j = 0; j < n; j++)
                 mc__rdma_complete(e, &rd->devs[i], &wc[j]);
         }

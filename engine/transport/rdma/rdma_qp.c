@@ -67,6 +67,7 @@ mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initia
     mc_list_init(&qp->link);
     mc_list_init(&qp->bound.node);
     mc_list_init(&qp->post_link);
+    mc_list_init(&qp->posted);
     return qp;
 }
 
@@ -167,6 +168,8 @@ void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp)
         if (mc__rdma_qp_busy(qp) && ibv_modify_qp(qp->qp, &a, IBV_QP_STATE))
             mc_warn("rdma: QP %u to ERR: %s", qp->qp->qp_num, strerror(errno));
     }
+    if (qp->dev->fatal) /* its device completes nothing: what it posted never ends */
+        qp->msg_out = 0;
     if (!mc__rdma_qp_busy(qp))
         mc__rdma_qp_destroy(e, qp);
 }
@@ -411,6 +414,8 @@ int mc__rdma_ctrl_recv(mc_engine_t *e, mc_link_t *l, const void *req, size_t len
     if (in.peer_dev >= rd->n_devs)
         return mc__set_error(-MC_ENODEV, "%s has no RDMA device %u", e->name, in.peer_dev);
     d = &rd->devs[in.peer_dev];
+    if (d->fatal)
+        return mc__set_error(-MC_ENODEV, "%s is dead (a catastrophic error)", d->name);
     if (d->link != in.link)
         return mc__set_error(-MC_ENODEV, "%s is not on the link layer of the initiator", d->name);
     uint16_t pair = (uint16_t)(in.dev << 8 | in.peer_dev);
