@@ -35,6 +35,10 @@
  * peer is dead is for the control link and the owner's pidfd to say. The sender's end closing
  * (closed peer, exited process, our own engine stopping) makes the receiver drop the ring
  * without taking more: the sender answered what it could and failed the rest.
+ *
+ * A message sent from the progress context is written from its sender's bytes (msg_direct), so
+ * the record is its only copy until the receiver consumed it: a ring that goes copies what it
+ * still holds back into those messages first (tx_keep), for the control link to send again.
  */
 #include <errno.h>
 #include <stdalign.h>
