@@ -228,14 +228,14 @@ static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
 
 /* A device that went fatal completes nothing any more, not even a flush: its CQ leaves the
  * loop, and what its QPs posted fails at once as flushed requests do (slices go to another
- * rail; the messages of its QPs went back to the control link when they drained). */
+ * rail; the messages of its QPs went back to the control link when they drained, and a QP of a
+ * dead device, a target's too, lets go of its message work as it drains: mc__rdma_qp_drain). */
 static void dev_fatal(mc_engine_t *e, mc_rdma_dev_t *d)
 {
     mc_list_t *pos, *tmp;
 
     mc__epoll_del(e, &d->cq_poll);
     d->cq_poll.fd = -1;
-    mc__rdma_msg_dev_fatal(e, d);
     mc_list_for_each_safe(pos, tmp, &rdma_of(e)->qps)
     {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);

@@ -255,8 +255,6 @@ int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
 /* qp starts draining: what its ring held that the receiver took is answered, the rest goes
  * back to the control link; a receiving ring stops. */
 void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp);
-/* dev went fatal: nothing the target QPs on it posted for messages will complete. */
-void mc__rdma_msg_dev_fatal(mc_engine_t *e, const mc_rdma_dev_t *dev);
 /* qp is destroyed: free its message state. */
 void mc__rdma_msg_free(mc_engine_t *e, mc_rdma_qp_t *qp);
 void mc__rdma_msg_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *wc);

@@ -311,17 +311,6 @@ void mc__rdma_msg_settle(mc_engine_t *e, mc_peer_t *p)
 
 /* ---- receiver ---- */
 
-void mc__rdma_msg_dev_fatal(mc_engine_t *e, const mc_rdma_dev_t *dev)
-{
-    mc_list_t *pos;
-
-    for (pos = rdma_of(e)->msg_rx.next; pos != &rdma_of(e)->msg_rx; pos = pos->next) {
-        rdma_msg_rx_t *rx = mc_container_of(pos, rdma_msg_rx_t, link);
-        if (rx->qp->dev == dev)
-            rx->qp->msg_out = rx->upd_out = 0;
-    }
-}
-
 int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
                            const mc_qp_info_t *in, mc_qp_info_t *out)
 {
