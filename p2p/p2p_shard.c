@@ -1,6 +1,8 @@
-/* Shards over lists of buffers: checksums and request pieces. */
+/* Shards over lists of buffers: checksums, request pieces, and their pages backed. */
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL /* the one-shot and streaming XXH3 calls, inlined: no call per shard */
 #include <xxhash.h>
@@ -47,6 +49,20 @@ uint64_t mc__p2p_hash(const mc_p2p_buf_t *bufs, size_t n, uint64_t off, uint64_t
         len -= k;
     }
     return XXH3_64bits_digest(&st);
+}
+
+void mc__p2p_prefault(const mc_p2p_buf_t *bufs, size_t n, uint64_t off, uint64_t len)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+
+    for (pos_t p = seek_local(bufs, n, off); len > 0 && p.i < n; p.i++, p.off = 0) {
+        uint64_t k = bufs[p.i].len - p.off < len ? bufs[p.i].len - p.off : len;
+        uintptr_t from = (uintptr_t)bufs[p.i].addr + p.off, to = from + k;
+        from &= ~(page - 1);
+        to = (to + page - 1) & ~(page - 1);
+        (void)madvise((void *)from, to - from, MADV_POPULATE_WRITE); /* a hint: see p2p_shard.h */
+        len -= k;
+    }
 }
 
 int mc__p2p_checksum_all(p2p_desc_t *d, const mc_p2p_buf_t *bufs, size_t n)

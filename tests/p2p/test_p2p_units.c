@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #define XXH_INLINE_ALL
@@ -183,6 +185,33 @@ static void test_pieces_and_hash(void **state)
     mem[300] ^= 1;
     assert_int_equal(mc__p2p_verify_all(&d, lb, 3), 2);
     mc__p2p_desc_free(&d);
+}
+
+/* A shard's destination pages are backed before its READs: exactly the pages that hold its
+ * bytes, in every buffer it spans (unaligned ends rounded out), their contents untouched. */
+static void test_prefault(void **state)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *m = mmap(NULL, 16 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    mc_p2p_buf_t b[2] = {{m + 100, 3 * pg - 100}, {m + 5 * pg + 10, 4 * pg}};
+    unsigned char in[16];
+
+    (void)state;
+    assert_true(m != MAP_FAILED);
+    if (madvise(m + 15 * pg, pg, MADV_POPULATE_WRITE)) { /* the kernel has none (< 5.14) */
+        munmap(m, 16 * pg);
+        skip();
+    }
+    m[6 * pg + 7] = 0xab;
+    /* object bytes from page 1 + 101 (in b[0]) to page 7 + 15 (in b[1]) */
+    mc__p2p_prefault(b, 2, pg + 1, (3 * pg - 100) - (pg + 1) + 2 * pg + 5);
+    assert_int_equal(mincore(m, 16 * pg, in), 0);
+    for (unsigned i = 0; i < 16; i++)
+        if ((in[i] & 1) != (i == 1 || i == 2 || (i >= 5 && i <= 7) || i == 15))
+            fail_msg("page %u is %sresident", i, in[i] & 1 ? "" : "not ");
+    assert_int_equal(m[6 * pg + 7], 0xab);
+    assert_int_equal(m[5 * pg + 10], 0);
+    munmap(m, 16 * pg);
 }
 
 /* ---- choosing ---- */
@@ -566,9 +595,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),           cmocka_unit_test(test_keys),
         cmocka_unit_test(test_desc_codec),      cmocka_unit_test(test_entry_codec),
-        cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_choose),
-        cmocka_unit_test(test_least_loaded),    cmocka_unit_test(test_holder_lost),
-        cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_lost_cas),
+        cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_prefault),
+        cmocka_unit_test(test_choose),          cmocka_unit_test(test_least_loaded),
+        cmocka_unit_test(test_holder_lost),     cmocka_unit_test(test_foreign_entries),
+        cmocka_unit_test(test_lost_cas),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
