@@ -81,7 +81,6 @@ mc_kv_status_t kv__status_of(int rc)
         return MC_KV_SUCCESS;
     case -MC_EPEERDEAD:
     case -MC_ENOSEGMENT:
-    case -MC_ETIMEOUT: /* the peer did not answer in time: the host should drop it */
     case -MC_EAUTH:
     case -MC_EVERSION:
         return MC_KV_ERR_REMOTE_DISCONNECT;
