@@ -1380,6 +1380,40 @@ static void test_spinning_check(void **state)
     peer_read_teardown(&pr);
 }
 
+/* A READ that outlasts MC_TRANSFER_TIMEOUT because the peer stopped answering (SIGSTOP: alive,
+ * not gone) ends BACKEND, not REMOTE_DISCONNECT, which a host takes for a dead peer; once the
+ * peer goes on, the same handle posted again moves every byte. */
+static void test_timeout_not_disconnect(void **state)
+{
+    peer_read_t pr;
+    mc_kv_status_t st = MC_KV_SUCCESS;
+    int64_t t0;
+
+    (void)state;
+    setenv("MC_TRANSFER_TIMEOUT", "1", 1);
+    peer_read_setup(&pr);
+    unsetenv("MC_TRANSFER_TIMEOUT");
+    for (int i = 0; i < 20 && st == MC_KV_SUCCESS; i++) { /* until one is caught in flight */
+        st = P->post_xfer(pr.a, pr.x, NULL, 0);
+        if (st == MC_KV_IN_PROG) {
+            kill(pr.peer.pid, SIGSTOP);
+            st = P->check_xfer(pr.a, pr.x);
+            if (st == MC_KV_SUCCESS) /* it finished before the stop */
+                kill(pr.peer.pid, SIGCONT);
+        }
+    }
+    for (t0 = now_ms(); st == MC_KV_IN_PROG && now_ms() - t0 < 20000; sleep_ms(1))
+        st = P->check_xfer(pr.a, pr.x);
+    kill(pr.peer.pid, SIGCONT); /* before any assertion: a failed one leaves the peer running */
+    if (st != MC_KV_ERR_BACKEND)
+        fail_msg("a timed-out READ: %s: %s", mc_kv_status_name(st), P->last_error(pr.a));
+    memset(pr.mem, 0, PEER_SIZE);
+    assert_int_equal(run(pr.a, pr.x, NULL), MC_KV_SUCCESS);
+    assert_int_equal(check(pr.mem, PEER_SIZE, PEER_SEED, 0), -1);
+    peer_stop(&pr.peer);
+    peer_read_teardown(&pr);
+}
+
 /* The next notification the peer gets within timeout_ms is msg (NULL: none comes). */
 static void peer_expect_notif(peer_t *peer, const char *msg, int timeout_ms)
 {
@@ -1535,6 +1569,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_spare_handles),
         cmocka_unit_test(test_peer_process),
         cmocka_unit_test(test_spinning_check),
+        cmocka_unit_test(test_timeout_not_disconnect),
         cmocka_unit_test(test_release_notif),
         cmocka_unit_test(test_peer_death),
     };
