@@ -284,13 +284,14 @@ int mc__p2p_hold_bufs(mc_p2p_t *p2p, p2p_held_t *h, const mc_p2p_buf_t *bufs, si
  * registrations, each of which waits until nothing in flight touches its buffer. */
 static int p2p_release(mc_p2p_t *p2p, p2p_held_t *h)
 {
-    int rc = h->published ? mc_engine_unpublish(p2p->engine, h->replica_key) : 0, busy = 0;
+    /* Whenever a publish was tried: the engine keeps a key that the store refused for a while
+     * (not for good) and puts it again later. -ENOENT: never published, or gone already. */
+    int rc = h->replica_key[0] ? mc_engine_unpublish(p2p->engine, h->replica_key) : 0, busy = 0;
 
     /* If the store is down, the entry stays until our lease ends: fetchers that try it are
      * refused (the memory is no longer registered) and go elsewhere. */
     if (rc && rc != -ENOENT)
         mc__p2p_warn(p2p, "%s: withdrawing the replica entry: %s", h->name, mc_last_error());
-    h->published = false;
     while (h->n_reg > 0) {
         mc_p2p_buf_t *b = &h->bufs[--h->n_reg];
         /* A registration that is gone (-ENOENT) holds nothing. Any other failure (a request

@@ -255,16 +255,27 @@ static p2p_holder_t *holder_add(p2p_fetch_t *f, const char *segment)
 }
 
 /* An entry of another publication of the name (a forced replacement), of ourselves, or one
- * this code cannot read is ignored. */
+ * this code cannot read is ignored, and replaces what that holder's key held before: the
+ * holder no longer serves this object. */
 static void holder_put(p2p_fetch_t *f, const char *segment, const char *json, size_t len)
 {
     p2p_holder_t *h;
     p2p_entry_t e;
 
-    if (!strcmp(segment, f->p2p->segment) || mc__p2p_entry_decode(json, len, f->d.size, &e))
+    if (!strcmp(segment, f->p2p->segment))
         return;
-    if (e.id != f->d.id || e.shards != f->d.shards ||
-        !((h = holder_find(f, segment)) || (h = holder_add(f, segment)))) {
+    if (mc__p2p_entry_decode(json, len, f->d.size, &e)) {
+        if ((h = holder_find(f, segment)))
+            h->present = false;
+        return;
+    }
+    if (e.id != f->d.id || e.shards != f->d.shards) {
+        mc__p2p_entry_free(&e);
+        if ((h = holder_find(f, segment)))
+            h->present = false;
+        return;
+    }
+    if (!((h = holder_find(f, segment)) || (h = holder_add(f, segment)))) {
         mc__p2p_entry_free(&e);
         return;
     }

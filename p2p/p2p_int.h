@@ -30,7 +30,6 @@ typedef struct p2p_held {
     size_t n, n_reg;    /* bufs, and how many of them carry a registration of ours */
     int64_t object_rev; /* origin: the description's mod_revision (conditional delete) */
     uint64_t id;        /* origin: the description's id (its replica entries carry it) */
-    bool published;     /* the replica entry is on the engine's lease */
     char replica_key[P2P_KEY_MAX];
 } p2p_held_t;
 

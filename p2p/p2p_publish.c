@@ -18,10 +18,8 @@ int mc__p2p_entry_publish(mc_p2p_t *p2p, p2p_held_t *h, const p2p_entry_t *e)
         return rc;
     rc = mc_engine_publish(p2p->engine, h->replica_key, json, len);
     free(json);
-    if (rc == 0 || mc__p2p_meta_down(rc)) {
-        h->published = true;
+    if (rc == 0 || mc__p2p_meta_down(rc))
         return rc ? 1 : 0;
-    }
     return mc__p2p_error(rc, "%s: publishing the replica entry: %s", h->name, mc_last_error());
 }
 
@@ -65,8 +63,10 @@ static int register_args(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bu
     if (opts)
         memcpy(o, opts, opts->size && opts->size < sizeof(*o) ? opts->size : sizeof(*o));
     d->shard_size = o->shard_size ? o->shard_size : P2P_DEFAULT_SHARD;
-    if (d->shard_size > d->size && d->size >= P2P_MIN_SHARD)
-        d->shard_size = d->size; /* one shard all the same (and within JSON's signed integers) */
+    /* one shard all the same, and within JSON's signed integers (a size below the smallest
+     * shard is still refused below) */
+    if (d->shard_size > d->size && d->shard_size >= P2P_MIN_SHARD)
+        d->shard_size = d->size < P2P_MIN_SHARD ? P2P_MIN_SHARD : d->size;
     if (d->shard_size < P2P_MIN_SHARD)
         return mc__p2p_error(-EINVAL, "%s: shard size %llu is below %u", name,
                              (unsigned long long)d->shard_size, P2P_MIN_SHARD);

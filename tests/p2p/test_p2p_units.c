@@ -347,6 +347,42 @@ static void test_least_loaded(void **state)
     chooser_free(f);
 }
 
+/* A holder's key rewritten with an entry of another publication (a forced replacement of the
+ * object, its old entry never deleted) or one this code cannot read: the holder no longer
+ * serves this object, and its shards come from elsewhere. */
+static void test_entry_replaced(void **state)
+{
+    const char *const segs[] = {"origin:1", "r1:1"};
+    const unsigned haves[] = {15, 15};
+    p2p_fetch_t *f = chooser(segs, haves, 2);
+    uint8_t have = 15;
+    p2p_rbuf_t rb = {4096, 4 * 4096};
+    p2p_entry_t e = {.id = 8, .shards = 4, .have = &have, .bufs = &rb, .n_bufs = 1};
+    mc_meta_event_t ev = {.type = MC_META_PUT};
+    uint32_t shard;
+
+    (void)state;
+    assert_string_equal(holder_of(f, &shard), "r1:1");
+    ev.kv.key = "mooncake/p2p/x/replica/r1:1";
+    assert_int_equal(mc__p2p_entry_encode(&e, &ev.kv.value, &ev.kv.value_len), 0);
+    mc__p2p_holders_event(f, &ev); /* id 8: another publication */
+    assert_false(f->holders[1].present);
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    free(ev.kv.value);
+    e.id = 7; /* ours again */
+    assert_int_equal(mc__p2p_entry_encode(&e, &ev.kv.value, &ev.kv.value_len), 0);
+    mc__p2p_holders_event(f, &ev);
+    free(ev.kv.value);
+    assert_true(f->holders[1].present);
+    assert_string_equal(holder_of(f, &shard), "r1:1");
+    ev.kv.value = "{\"v\":2}"; /* a newer format */
+    ev.kv.value_len = strlen(ev.kv.value);
+    mc__p2p_holders_event(f, &ev);
+    assert_false(f->holders[1].present);
+    assert_string_equal(holder_of(f, &shard), "origin:1");
+    chooser_free(f);
+}
+
 /* A holder we could not reach (a blip: -MC_EPEERDEAD from one failed task) rests and is tried
  * again; unreachable P2P_HOLDER_LOST times in a row it is dead, and with no holder left the
  * fetch has nothing to wait for. */
@@ -597,8 +633,8 @@ int main(void)
         cmocka_unit_test(test_desc_codec),      cmocka_unit_test(test_entry_codec),
         cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_prefault),
         cmocka_unit_test(test_choose),          cmocka_unit_test(test_least_loaded),
-        cmocka_unit_test(test_holder_lost),     cmocka_unit_test(test_foreign_entries),
-        cmocka_unit_test(test_lost_cas),
+        cmocka_unit_test(test_entry_replaced),  cmocka_unit_test(test_holder_lost),
+        cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_lost_cas),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
