@@ -1331,6 +1331,24 @@ static void peer_read_teardown(peer_read_t *pr)
     free(pr->mem);
 }
 
+/* Post pr's READ again until one is caught in flight, then stop the peer (SIGSTOP) under it:
+ * IN_PROG with the peer stopped, or SUCCESS (running) if every post finished first. */
+static mc_kv_status_t post_and_stop(peer_read_t *pr)
+{
+    mc_kv_status_t st = MC_KV_SUCCESS;
+
+    for (int i = 0; i < 20 && st == MC_KV_SUCCESS; i++) {
+        st = P->post_xfer(pr->a, pr->x, NULL, 0);
+        if (st == MC_KV_IN_PROG) {
+            kill(pr->peer.pid, SIGSTOP);
+            st = P->check_xfer(pr->a, pr->x);
+            if (st == MC_KV_SUCCESS) /* it finished before the stop */
+                kill(pr->peer.pid, SIGCONT);
+        }
+    }
+    return st;
+}
+
 /* A host spinning on check_xfer (no pause between checks) is made to wait for the transfer a
  * little at a time instead of taking a core from the engine threads that move it: with the peer
  * stopped mid-READ, the spinning checks all say IN_PROG, some of them only after a wait, none
@@ -1338,21 +1356,13 @@ static void peer_read_teardown(peer_read_t *pr)
 static void test_spinning_check(void **state)
 {
     peer_read_t pr;
-    mc_kv_status_t st = MC_KV_SUCCESS;
+    mc_kv_status_t st;
     int64_t waits_us[21], longest_us = 0, t0;
     int waits = 0;
 
     (void)state;
     peer_read_setup(&pr);
-    for (int i = 0; i < 20 && st == MC_KV_SUCCESS; i++) { /* until one is caught in flight */
-        st = P->post_xfer(pr.a, pr.x, NULL, 0);
-        if (st == MC_KV_IN_PROG) {
-            kill(pr.peer.pid, SIGSTOP);
-            st = P->check_xfer(pr.a, pr.x);
-            if (st == MC_KV_SUCCESS) /* it finished before the stop */
-                kill(pr.peer.pid, SIGCONT);
-        }
-    }
+    st = post_and_stop(&pr);
     /* Spin until 21 checks waited (took 0.5 ms or more), or 5 s. */
     for (t0 = now_ms(); waits < 21 && st == MC_KV_IN_PROG && now_ms() - t0 < 5000;) {
         struct timespec a0, a1;
@@ -1386,22 +1396,14 @@ static void test_spinning_check(void **state)
 static void test_timeout_not_disconnect(void **state)
 {
     peer_read_t pr;
-    mc_kv_status_t st = MC_KV_SUCCESS;
+    mc_kv_status_t st;
     int64_t t0;
 
     (void)state;
     setenv("MC_TRANSFER_TIMEOUT", "1", 1);
     peer_read_setup(&pr);
     unsetenv("MC_TRANSFER_TIMEOUT");
-    for (int i = 0; i < 20 && st == MC_KV_SUCCESS; i++) { /* until one is caught in flight */
-        st = P->post_xfer(pr.a, pr.x, NULL, 0);
-        if (st == MC_KV_IN_PROG) {
-            kill(pr.peer.pid, SIGSTOP);
-            st = P->check_xfer(pr.a, pr.x);
-            if (st == MC_KV_SUCCESS) /* it finished before the stop */
-                kill(pr.peer.pid, SIGCONT);
-        }
-    }
+    st = post_and_stop(&pr);
     for (t0 = now_ms(); st == MC_KV_IN_PROG && now_ms() - t0 < 20000; sleep_ms(1))
         st = P->check_xfer(pr.a, pr.x);
     kill(pr.peer.pid, SIGCONT); /* before any assertion: a failed one leaves the peer running */
