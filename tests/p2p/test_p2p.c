@@ -518,12 +518,12 @@ static void test_errors(void **state)
     FAILS(-ENOENT, &f, "unregister taken 0");
     /* a shard size past JSON's signed integers, for an object below the smallest shard: one
      * shard of the smallest size, a description every node reads */
-    OK(&o, "publish tiny 100 23 9223372036854775808 1");
+    OK(&p, "publish tiny 100 23 9223372036854775808 1"); /* (o holds an object already) */
     OK(&f, "stat tiny");
     assert_string_equal(f.reply, "ok 100 1 1 1");
     fetch_check(&f, "tiny", 100, 1, 23, "");
     OK(&f, "delete tiny");
-    OK(&o, "unregister tiny 0");
+    OK(&p, "unregister tiny 0");
     FAILS(-EILSEQ, &f, "serve taken 65536 99 1"); /* other bytes */
     OK(&f, "serve taken 65536 21 2");
     OK(&o, "stat taken");
