@@ -264,13 +264,10 @@ static void holder_put(p2p_fetch_t *f, const char *segment, const char *json, si
 
     if (!strcmp(segment, f->p2p->segment))
         return;
-    if (mc__p2p_entry_decode(json, len, f->d.size, &e)) {
-        if ((h = holder_find(f, segment)))
-            h->present = false;
-        return;
-    }
-    if (e.id != f->d.id || e.shards != f->d.shards) {
-        mc__p2p_entry_free(&e);
+    bool decoded = !mc__p2p_entry_decode(json, len, f->d.size, &e);
+    if (!decoded || e.id != f->d.id || e.shards != f->d.shards) {
+        if (decoded)
+            mc__p2p_entry_free(&e);
         if ((h = holder_find(f, segment)))
             h->present = false;
         return;
