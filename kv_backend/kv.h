@@ -15,7 +15,10 @@
 #define KV_PUBLIC_MAGIC 0x4b50434du /* "MCPK": a region's public data */
 #define KV_CONN_MAGIC   0x4b43434du /* "MCCK": an instance's connection info */
 #define KV_WIRE_VERSION 2           /* of a region's public data; 2: the engine address */
-#define KV_CONN_VERSION 2 /* of connection info; 2: the segment name follows the address */
+#define KV_NOTIF_MAGIC  0x4e4b434du /* "MCKN": a notification this plugin sent */
+/* of connection info; 2: the segment name follows the address; 3: notifications start with
+ * KV_NOTIF_MAGIC (an agent of 2 would send ones that read as plain engine notifications) */
+#define KV_CONN_VERSION 3
 
 /* A remote agent: its connection info and the segment that reaches it. */
 typedef struct kv_agent {

@@ -1,6 +1,9 @@
 /*
  * Notifications: the engine's, which name the sender's segment; a host wants the sender's agent
- * name, so every one starts with it, and the receiver checks it against the segment.
+ * name, so every one this plugin sends starts with it, and the receiver checks it against the
+ * segment: [u32 KV_NOTIF_MAGIC][u8 agent length][agent][message]. Without the magic a plain
+ * engine notification (a process that uses the engine itself) whose first byte happened to fit
+ * read as another agent's, its message cut.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -9,27 +12,31 @@
 
 #include "kv.h"
 
-_Static_assert(1 + MC_KV_AGENT_MAX + MC_KV_NOTIF_MAX <= MC_MSG_MAX,
+#define HDR 5 /* magic and agent length */
+
+_Static_assert(HDR + MC_KV_AGENT_MAX + MC_KV_NOTIF_MAX <= MC_MSG_MAX,
                "a notification and its sender's name must fit an engine message");
 
 mc_kv_status_t kv__notif_pack(mc_kv_backend_t *b, const void *msg, size_t len, void **out_p,
                               size_t *out_len_p)
 {
     size_t name_len = strlen(b->agent);
+    uint32_t magic = KV_NOTIF_MAGIC;
     unsigned char *p;
 
     if (len > MC_KV_NOTIF_MAX || (len && !msg))
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM,
                         "notification of %zu bytes: at most %d, and not NULL", len,
                         MC_KV_NOTIF_MAX);
-    if (!(p = malloc(1 + name_len + len)))
+    if (!(p = malloc(HDR + name_len + len)))
         return kv__fail(b, MC_KV_ERR_BACKEND, "notification: out of memory");
-    p[0] = (unsigned char)name_len;
-    memcpy(p + 1, b->agent, name_len);
+    memcpy(p, &magic, 4);
+    p[4] = (unsigned char)name_len;
+    memcpy(p + HDR, b->agent, name_len);
     if (len)
-        memcpy(p + 1 + name_len, msg, len);
+        memcpy(p + HDR + name_len, msg, len);
     *out_p = p;
-    *out_len_p = 1 + name_len + len;
+    *out_len_p = HDR + name_len + len;
     return MC_KV_SUCCESS;
 }
 
@@ -95,6 +102,21 @@ static mc_kv_status_t notif_sender_check(mc_kv_backend_t *b, const char *sender,
     return st;
 }
 
+/* Whether n is one this plugin sent (*name_len_p: its agent name's length). */
+static bool notif_framed(const mc_notify_t *n, size_t *name_len_p)
+{
+    uint32_t magic = 0;
+    size_t name_len;
+
+    if (n->len < HDR)
+        return false;
+    memcpy(&magic, n->msg, 4);
+    name_len = (unsigned char)n->msg[4];
+    *name_len_p = name_len;
+    return magic == KV_NOTIF_MAGIC && name_len && name_len < MC_KV_AGENT_MAX &&
+           HDR + name_len <= n->len && n->len - HDR - name_len <= MC_KV_NOTIF_MAX;
+}
+
 int kv__get_notif(mc_kv_backend_t *b, mc_kv_notif_t *out)
 {
     mc_notify_t *n = b->notif;
@@ -107,18 +129,21 @@ int kv__get_notif(mc_kv_backend_t *b, mc_kv_notif_t *out)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "get_notif: NULL output");
     if (mc_notify_pop(b->engine, n) != 1)
         return 0;
-    name_len = n->len ? (unsigned char)n->msg[0] : 0;
-    if (!n->len || 1 + name_len > n->len || name_len >= MC_KV_AGENT_MAX ||
-        n->len - 1 - name_len > MC_KV_NOTIF_MAX) {
-        /* Not one of ours (a plain engine notification): its sender is the segment name. */
+    if (notif_framed(n, &name_len)) {
+        memcpy(agent, n->msg + HDR, name_len);
+        agent[name_len] = 0;
+        msg = n->msg + HDR + name_len;
+        len = n->len - HDR - name_len;
+    } else {
+        /* A plain engine notification: its sender is the segment name. */
+        if (n->len > MC_KV_NOTIF_MAX)
+            return kv__fail(b, MC_KV_ERR_NOT_SUPPORTED,
+                            "get_notif: a plain engine notification of %zu bytes from segment "
+                            "'%s', more than a notification holds (%d): dropped",
+                            n->len, n->sender, MC_KV_NOTIF_MAX);
         snprintf(agent, sizeof(agent), "%s", n->sender);
         msg = n->msg;
-        len = n->len < MC_KV_NOTIF_MAX ? n->len : MC_KV_NOTIF_MAX;
-    } else {
-        memcpy(agent, n->msg + 1, name_len);
-        agent[name_len] = 0;
-        msg = n->msg + 1 + name_len;
-        len = n->len - 1 - name_len;
+        len = n->len;
     }
     if ((st = notif_sender_check(b, n->sender, agent, msg == n->msg)))
         return st;

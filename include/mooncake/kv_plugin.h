@@ -241,7 +241,10 @@ typedef struct mc_kv_plugin {
      * notification dropped and last_error naming both, if it names a loaded agent but comes
      * from another process than that agent's connection info names, or comes from a loaded
      * agent's process but names another agent. A sender whose connection info is not loaded
-     * here is taken at its word (a host may hear from agents it never loaded). */
+     * here is taken at its word (a host may hear from agents it never loaded). A plain engine
+     * notification (mc_notify_send by a process that uses the engine, not this plugin) comes
+     * whole, its agent the sender's segment name; NOT_SUPPORTED, the notification dropped, for
+     * one larger than MC_KV_NOTIF_MAX. */
     int (*get_notif)(mc_kv_backend_t *b, mc_kv_notif_t *out);
 } mc_kv_plugin_t;
 

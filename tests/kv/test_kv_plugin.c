@@ -29,6 +29,7 @@
 #include <cmocka.h>
 #include <dlfcn.h>
 
+#include <mooncake/engine.h> /* (types only) */
 #include <mooncake/kv_loader.h>
 
 static const mc_kv_plugin_t *P;
@@ -580,6 +581,9 @@ static void test_bad_conn_info(void **state)
     memcpy(bad, info, len); /* B's own, its name "B" made "\0": empty after all */
     bad[6] = 0;
     EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "no NUL", P->load_remote_conn_info(p.a, "", bad, len));
+    memcpy(bad, info, len); /* an agent of version 2: its notifications carry no marker */
+    bad[4] = 2;
+    EXPECT(p.a, MC_KV_ERR_MISMATCH, "of version 2", P->load_remote_conn_info(p.a, "B2", bad, len));
     pair_down(&p);
 }
 
@@ -1046,6 +1050,83 @@ static void test_notif_sender(void **state)
     P->destroy(fake);
     P->destroy(d);
     pair_down(&p);
+    free(n);
+}
+
+/* The engine's own API, from libmooncake_te.so (this program links no Mooncake library). */
+typedef struct engine_api {
+    void *lib;
+    int (*create)(mc_config_t *, mc_engine_t **);
+    void (*destroy)(mc_engine_t *);
+    const char *(*segment_name)(mc_engine_t *);
+    int (*open_address)(mc_engine_t *, const void *, size_t, mc_segment_id_t *);
+    int (*notify_send)(mc_engine_t *, mc_segment_id_t, const void *, size_t);
+} engine_api_t;
+
+static void engine_api_load(engine_api_t *api)
+{
+    char path[4200];
+
+    snprintf(path, sizeof(path), "%s", plugin_path);
+    snprintf(strrchr(path, '/'), sizeof(path) - (size_t)(strrchr(path, '/') - path),
+             "/libmooncake_te.so");
+    if (!(api->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+        fail_msg("dlopen %s: %s", path, dlerror());
+    *(void **)&api->create = dlsym(api->lib, "mc_engine_create");
+    *(void **)&api->destroy = dlsym(api->lib, "mc_engine_destroy");
+    *(void **)&api->segment_name = dlsym(api->lib, "mc_engine_segment_name");
+    *(void **)&api->open_address = dlsym(api->lib, "mc_segment_open_address");
+    *(void **)&api->notify_send = dlsym(api->lib, "mc_notify_send");
+    assert_true(api->create && api->destroy && api->segment_name && api->open_address &&
+                api->notify_send);
+}
+
+/* A process that uses the engine itself sends B notifications: B's host gets each one whole,
+ * named by the sender's segment, even one whose first bytes look like a name (the plugin marks
+ * its own); one larger than a notification holds is refused by name and loses nothing after
+ * it. */
+static void test_notif_plain(void **state)
+{
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    unsigned char info[MC_KV_CONN_MAX], looks_framed[] = "\x03"
+                                                         "Bxxhello";
+    size_t len = sizeof(info), big_len = MC_KV_NOTIF_MAX + 1;
+    char *big = calloc(1, big_len);
+    mc_segment_id_t seg;
+    mc_engine_t *e = NULL;
+    engine_api_t api;
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    engine_api_load(&api);
+    assert_int_equal(api.create(NULL, &e), 0);
+    OK(p.b, P->conn_info(p.b, info, &len)); /* [magic][version][1]"B"[address length][address] */
+    assert_int_equal(api.open_address(e, info + 8, info[7], &seg), 0);
+    const char *sender = api.segment_name(e);
+
+    assert_int_equal(api.notify_send(e, seg, looks_framed, sizeof(looks_framed) - 1), 0);
+    assert_int_equal(api.notify_send(e, seg, big, big_len), 0);
+    assert_int_equal(api.notify_send(e, seg, "after", 5), 0);
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_string_equal(n->agent, sender);
+    assert_int_equal(n->len, sizeof(looks_framed) - 1);
+    assert_memory_equal(n->msg, looks_framed, n->len);
+    EXPECT(p.b, MC_KV_ERR_NOT_SUPPORTED, "of 64513 bytes from segment", get_notif_wait(p.b, n));
+    assert_non_null(strstr(P->last_error(p.b), sender));
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_string_equal(n->agent, sender);
+    assert_int_equal(n->len, 5);
+    assert_memory_equal(n->msg, "after", 5);
+    OK(p.a, P->gen_notif(p.a, "B", "framed", 6)); /* the plugin's own still name their agent */
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_string_equal(n->agent, "A");
+    assert_memory_equal(n->msg, "framed", 6);
+    assert_int_equal(P->get_notif(p.b, n), 0);
+    api.destroy(e);
+    dlclose(api.lib);
+    pair_down(&p);
+    free(big);
     free(n);
 }
 
@@ -1566,6 +1647,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_file_regions),
         cmocka_unit_test(test_notif_order),
         cmocka_unit_test(test_notif_sender),
+        cmocka_unit_test(test_notif_plain),
         cmocka_unit_test(test_concurrent_handles),
         cmocka_unit_test(test_repost_and_release),
         cmocka_unit_test(test_spare_handles),
