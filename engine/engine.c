@@ -730,15 +730,19 @@ static int engine_start(mc_engine_t *e)
     e->implicit_progress = !e->cfg.progress_thread && e->cfg.progress_implicit;
     e->light_cycles = LIGHT_US * mc__cycles_per_us();
     if (e->cfg.progress_thread) {
+        e->has_thread = true; /* before the thread reads it (arm_timer) */
         rc = pthread_create(&e->progress_tid, NULL, progress_thread, e);
-        if (rc)
+        if (rc) {
+            e->has_thread = false;
             return mc__set_error(-rc, "cannot start the progress thread: %s", strerror(rc));
-        e->has_thread = true;
+        }
     } else if (e->cfg.progress_serve_us) {
-        rc = pthread_create(&e->serve_tid, NULL, serve_thread, e);
-        if (rc)
-            return mc__set_error(-rc, "cannot start the serving thread: %s", strerror(rc));
         e->has_serve_thread = true;
+        rc = pthread_create(&e->serve_tid, NULL, serve_thread, e);
+        if (rc) {
+            e->has_serve_thread = false;
+            return mc__set_error(-rc, "cannot start the serving thread: %s", strerror(rc));
+        }
     }
     return 0;
 }

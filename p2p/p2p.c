@@ -195,7 +195,7 @@ static p2p_held_t **held_find(mc_p2p_t *p2p, const char *name)
     return pp;
 }
 
-int mc__p2p_claim(mc_p2p_t *p2p, const char *name, p2p_held_t **held_p)
+int mc__p2p_claim(mc_p2p_t *p2p, const char *name, bool origin, p2p_held_t **held_p)
 {
     p2p_held_t *h = calloc(1, sizeof(*h)), **pp;
     int rc = 0;
@@ -204,6 +204,7 @@ int mc__p2p_claim(mc_p2p_t *p2p, const char *name, p2p_held_t **held_p)
         return mc__p2p_error(-ENOMEM, "out of memory");
     snprintf(h->name, sizeof(h->name), "%s", name);
     h->busy = true;
+    h->origin = origin; /* before others see it (mc__p2p_take reads it) */
     pthread_mutex_lock(&p2p->lock);
     pp = held_find(p2p, name);
     if (*pp)

@@ -345,7 +345,7 @@ int mc_p2p_get_replica(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs
     bool leak = false;
     int rc = get_args(p2p, name, bufs, n, opts, &o, &total);
 
-    if (rc || (rc = mc__p2p_claim(p2p, name, &h)) != 0)
+    if (rc || (rc = mc__p2p_claim(p2p, name, false, &h)) != 0)
         return rc;
     if (!(f = fetch_new(p2p, h, &o))) {
         mc__p2p_forget(p2p, h);

@@ -67,8 +67,9 @@ int mc__p2p_bufs_check(const char *what, const mc_p2p_buf_t *bufs, size_t n, uin
 
 /* ---- the held table (p2p.c) ---- */
 
-/* Claim name for a call that sets it up: a busy entry, or -EEXIST if it is held. */
-int mc__p2p_claim(mc_p2p_t *p2p, const char *name, p2p_held_t **held_p);
+/* Claim name for a call that sets it up: a busy entry (origin: this node publishes it), or
+ * -EEXIST if it is held. */
+int mc__p2p_claim(mc_p2p_t *p2p, const char *name, bool origin, p2p_held_t **held_p);
 /* Take a held entry of that role for withdrawal (marks it busy); -ENOENT / -EBUSY. */
 int mc__p2p_take(mc_p2p_t *p2p, const char *name, bool origin, p2p_held_t **held_p);
 /* Set up: the entry is no longer busy. */

@@ -188,9 +188,8 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
     p2p_held_t *h;
     int rc = register_args(p2p, name, bufs, n, opts, &o, &d);
 
-    if (rc || (rc = mc__p2p_claim(p2p, name, &h)) != 0)
+    if (rc || (rc = mc__p2p_claim(p2p, name, true, &h)) != 0)
         return rc;
-    h->origin = true;
     rc = mc__p2p_checksum_all(&d, bufs, n);
     if (!rc)
         rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
@@ -323,7 +322,7 @@ int mc_p2p_serve(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, size
         rc = mc__p2p_error(-EILSEQ, "%s: shard %u (bytes %llu..%llu) does not match its checksum",
                            name, bad, (unsigned long long)p2p_shard_off(&d, bad),
                            (unsigned long long)(p2p_shard_off(&d, bad) + p2p_shard_len(&d, bad)));
-    if (!rc && (rc = mc__p2p_claim(p2p, name, &h)) == 0) {
+    if (!rc && (rc = mc__p2p_claim(p2p, name, false, &h)) == 0) {
         rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
         if (!rc)
             rc = publish_complete(p2p, h, &d);

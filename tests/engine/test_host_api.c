@@ -207,6 +207,52 @@ static void test_batch_reuse(void **state)
  * with -MC_ETIMEOUT soon after; Y, busy with 2 GiB of writes, also gets a small submit with a
  * 200 ms timeout queued behind them: it waits longer than that and still completes, since its
  * clock starts with its first bytes. */
+/* A READ that times out against a stalled target (SIGSTOP: alive, its tcp connection up)
+ * writes nothing into the host's memory afterwards: the answers that come once the target goes
+ * on are read and dropped, so memory the host reused keeps what it put there. */
+static void test_late_read_dropped(void **state)
+{
+    const size_t len = 4 * MIB;
+    mc_task_status_t st;
+    mc_batch_t *b;
+    th_cfg_t cfg;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "TCP_CONNS", "1");
+    th_target_t *t = spawn(0, &cfg, len, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *src = th_buf(e, len), *dst = th_buf(e, len);
+    th_fill(src, len, 41);
+    assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], len, NULL, 0),
+                     MC_TASK_COMPLETED);
+
+    th_stop(t->pid);
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = 300};
+    mc_request_t r = {.opcode = MC_READ,
+                      .local = dst,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = len};
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    int rc = mc_batch_wait(b, 10000);
+    memset(dst, 0xee, len); /* the host's again */
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    assert_int_equal(st.state, MC_TASK_TIMEOUT);
+    th_batch_destroy(e, b); /* once the engine let go of the task: its answers came */
+    for (size_t i = 0; i < len; i++)
+        if (dst[i] != 0xee)
+            fail_msg("byte %zu of the timed-out READ's memory changed after the timeout", i);
+    assert_int_equal(th_xfer(e, MC_READ, dst, seg, t->eng[0].buf[0], len, NULL, 0),
+                     MC_TASK_COMPLETED); /* the connection still serves */
+    assert_int_equal(th_check(dst, len, 41), -1);
+}
+
 static void test_submit_timeout(void **state)
 {
     const size_t big = 64 * MIB, small = 64 * KIB;
@@ -1929,6 +1975,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_batch_reuse, teardown),
         cmocka_unit_test_teardown(test_submit_timeout, teardown),
+        cmocka_unit_test_teardown(test_late_read_dropped, teardown),
         cmocka_unit_test_teardown(test_submit_opts, teardown),
         cmocka_unit_test_teardown(test_ordered_sent, teardown),
         cmocka_unit_test_teardown(test_sent_then_lost, teardown),

@@ -410,6 +410,8 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
     uint32_t avail = c->rx_end - c->rx_start;
     int rc = 1;
 
+    if (c->dst_kind == DST_MEM && mc__tcp_resp_ended(c))
+        c->dst_kind = DST_DISCARD; /* its task ended in the middle of the answer */
     if (avail) {
         uint32_t n = avail < c->left ? avail : (uint32_t)c->left;
         if (c->dst_kind != DST_DISCARD)
