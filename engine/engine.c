@@ -546,18 +546,20 @@ static void *progress_thread(void *arg)
 {
     mc_engine_t *e = arg;
     struct epoll_event evs[MAX_EVENTS];
-    bool may_sleep = false;
+    int sleep_ms = 0;
 
     mc__log_enter(e->cfg.log_level);
     while (!atomic_load(&e->stop)) {
-        int n = epoll_wait(e->epfd, evs, MAX_EVENTS, may_sleep ? tick_ms(e) : 0);
+        int n = epoll_wait(e->epfd, evs, MAX_EVENTS, sleep_ms);
         if (n < 0 && errno != EINTR) {
             mc_error("epoll_wait: %s", strerror(errno));
             break;
         }
         pthread_mutex_lock(&e->lock);
         progress_pass(e, mc__now_ns(), evs, n < 0 ? 0 : n, NULL, true);
-        may_sleep = n <= 0 && idle_arm(e);
+        /* (the tick under the lock: the lists it looks at are the pass's; what changes them
+         * after the unlock rings the doorbell) */
+        sleep_ms = n <= 0 && idle_arm(e) ? tick_ms(e) : 0;
         pthread_mutex_unlock(&e->lock);
     }
     return NULL;
@@ -839,9 +841,11 @@ void mc_engine_destroy(mc_engine_t *e)
     pass_engine = e;
     engine_abort_tasks(e);
     transports_stop(e);
-    for (size_t i = 0; i < e->n_peers; i++)
-        if (e->peers[i])
-            mc__peer_fail_all(e, e->peers[i], -MC_ECANCELED, "engine destroyed");
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = mc__peer_at(e, i);
+        if (p)
+            mc__peer_fail_all(e, p, -MC_ECANCELED, "engine destroyed");
+    }
     mc__msgs_cancel_all(e);
     mc__tasks_release(e);  /* completion callbacks still run */
     mc__callbacks_fini(e); /* and those of sends and flushes; messages and events are dropped */

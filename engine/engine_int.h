@@ -173,6 +173,12 @@ struct mc_engine {
     unsigned seen_deletions;        /* progress-owned: mc__meta_cache_deletions last looked at */
 };
 
+/* Slot i (below e->n_peers, read before) of the peer table, read without its lock (peer.c). */
+static inline mc_peer_t *mc__peer_at(mc_engine_t *e, size_t i)
+{
+    return atomic_load_explicit(&e->peers, memory_order_acquire)[i];
+}
+
 static inline void mc__count(_Atomic uint64_t *c, uint64_t v)
 {
     atomic_fetch_add_explicit(c, v, memory_order_relaxed);

@@ -753,9 +753,11 @@ void mc__msgs_cancel_all(mc_engine_t *e)
     }
     while ((n = mc_list_pop_front(&flushes)))
         flush_done(e, mc_container_of(n, mc_flush_t, link), -MC_ECANCELED);
-    for (size_t i = 0; i < e->n_peers; i++)
-        if (e->peers[i])
-            mc__msgs_fail_peer(e, e->peers[i], -MC_ECANCELED);
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = mc__peer_at(e, i);
+        if (p)
+            mc__msgs_fail_peer(e, p, -MC_ECANCELED);
+    }
 }
 
 void mc__msgs_fini(mc_engine_t *e)

@@ -20,7 +20,7 @@
 
 mc_peer_t *mc__peer_get(mc_engine_t *e, mc_segment_id_t id)
 {
-    return id < e->n_peers ? e->peers[id] : NULL;
+    return id < e->n_peers ? mc__peer_at(e, id) : NULL;
 }
 
 /* ---- which transports reach it ---- */
@@ -158,7 +158,7 @@ int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
 static mc_peer_t *peer_find_ref(mc_engine_t *e, const char *name, uint64_t instance)
 {
     for (size_t i = 0; i < e->n_peers; i++) {
-        mc_peer_t *p = e->peers[i];
+        mc_peer_t *p = mc__peer_at(e, i);
         if (!p || p->state == MC_SEGMENT_DEAD)
             continue;
         if (instance ? p->desc.instance == instance : !strcmp(p->name, name)) {
@@ -464,7 +464,7 @@ static void leases_check(mc_engine_t *e, uint64_t now)
         return;
     e->seen_deletions = deletions;
     for (size_t i = 0; i < e->n_peers; i++) {
-        mc_peer_t *p = e->peers[i];
+        mc_peer_t *p = mc__peer_at(e, i);
         mc_meta_kv_t kv;
         if (!p || !p->by_metadata || p->state != MC_SEGMENT_READY)
             continue;

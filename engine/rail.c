@@ -55,7 +55,7 @@ void mc__rails_tick(mc_engine_t *e, uint64_t now)
 {
     /* Progress context: the table and the rails are read without peers_lock (peer.h). */
     for (size_t i = 0; i < e->n_peers; i++) {
-        mc_peer_t *p = e->peers[i];
+        mc_peer_t *p = mc__peer_at(e, i);
         for (unsigned t = 0; p && t < mc__n_transports; t++)
             for (unsigned r = 0; r < p->rails[t].n; r++)
                 rail_tick(p->rails[t].v[r], now);

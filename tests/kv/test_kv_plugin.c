@@ -1053,6 +1053,50 @@ static void test_notif_sender(void **state)
     free(n);
 }
 
+/* Back-pressure on notifications: B does not pop, so A's gen_notif ends BACKEND once B's queue
+ * and A's window are full, and so does a post of empty descriptors with a notification (both
+ * with the documented "queued or unacknowledged"); once B pops, every one sent comes, in order,
+ * and none of the refused ones. */
+static void test_notif_window(void **state)
+{
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+    mc_kv_desc_t l, rd;
+    mc_kv_xfer_t *x = NULL;
+    mc_kv_status_t st = MC_KV_SUCCESS;
+    unsigned sent = 0, got = 0;
+    char msg[32];
+    pair_t p;
+
+    (void)state;
+    pair_up(&p, NULL);
+    for (int64_t end = now_ms() + 60000; now_ms() < end;) {
+        snprintf(msg, sizeof(msg), "%u", sent);
+        if ((st = P->gen_notif(p.a, "B", msg, strlen(msg))) != MC_KV_SUCCESS)
+            break;
+        sent++;
+    }
+    EXPECT(p.a, MC_KV_ERR_BACKEND, "queued or unacknowledged", st);
+    assert_true(sent >= 4096);
+    l = (mc_kv_desc_t){(uintptr_t)p.ma, 0, 0, p.mda};
+    rd = (mc_kv_desc_t){(uintptr_t)p.mb, 0, 0, p.rb};
+    OK(p.a, P->prep_xfer(p.a, MC_KV_WRITE, &l, &rd, 1, "B", &x));
+    EXPECT(p.a, MC_KV_ERR_BACKEND, "queued or unacknowledged", P->post_xfer(p.a, x, "refused", 7));
+    while (got < sent && get_notif_wait(p.b, n) == 1) {
+        snprintf(msg, sizeof(msg), "%u", got);
+        if (n->len != strlen(msg) || memcmp(n->msg, msg, n->len))
+            fail_msg("notification %u is '%.*s'", got, (int)n->len, n->msg);
+        got++;
+    }
+    assert_int_equal(got, sent);
+    assert_int_equal(run(p.a, x, "last"), MC_KV_SUCCESS); /* room again */
+    assert_int_equal(get_notif_wait(p.b, n), 1);
+    assert_memory_equal(n->msg, "last", 4);
+    assert_int_equal(P->get_notif(p.b, n), 0);
+    OK(p.a, P->release_xfer(p.a, x));
+    pair_down(&p);
+    free(n);
+}
+
 /* The engine's own API, from libmooncake_te.so (this program links no Mooncake library). */
 typedef struct engine_api {
     void *lib;
@@ -1648,6 +1692,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_notif_order),
         cmocka_unit_test(test_notif_sender),
         cmocka_unit_test(test_notif_plain),
+        cmocka_unit_test(test_notif_window),
         cmocka_unit_test(test_concurrent_handles),
         cmocka_unit_test(test_repost_and_release),
         cmocka_unit_test(test_spare_handles),

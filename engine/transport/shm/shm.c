@@ -393,7 +393,8 @@ static void peer_revoke(mc_engine_t *e, shm_peer_t *s, uint64_t addr, uint64_t s
 static void revokes_settle(mc_engine_t *e)
 {
     for (size_t i = 0; i < e->n_peers && shm_of(e)->n_owed; i++) {
-        shm_peer_t *s = e->peers[i] ? e->peers[i]->tp[mc__shm_slot] : NULL;
+        mc_peer_t *p = mc__peer_at(e, i);
+        shm_peer_t *s = p ? p->tp[mc__shm_slot] : NULL;
         if (s && s->owes && !mc__revoke(e, s->peer, s->owed_addr, s->owed_serial))
             revoke_ack(e, s, s->owed_addr);
     }
@@ -519,7 +520,8 @@ static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
 static void shm_timers(mc_engine_t *e, uint64_t now)
 {
     for (size_t i = 0; i < e->n_peers && shm_of(e)->n_redial; i++) {
-        shm_peer_t *s = e->peers[i] ? e->peers[i]->tp[mc__shm_slot] : NULL;
+        mc_peer_t *p = mc__peer_at(e, i);
+        shm_peer_t *s = p ? p->tp[mc__shm_slot] : NULL;
         if (s && s->redial_ns && now >= s->redial_ns)
             peer_redial(e, s, now);
     }

@@ -81,9 +81,11 @@ static void tcp_stop(mc_engine_t *e)
     tcp_engine_t *t = tcp_of(e);
 
     mc__tcp_idle(e); /* answers held for a pass go before the connections close */
-    for (size_t i = 0; i < e->n_peers; i++)
-        if (e->peers[i] && tcp_peer(e->peers[i]))
-            close_conns(e, &tcp_peer(e->peers[i])->conns, true);
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = mc__peer_at(e, i);
+        if (p && tcp_peer(p))
+            close_conns(e, &tcp_peer(p)->conns, true);
+    }
     close_conns(e, &t->inbound, false);
     for (unsigned i = 0; i < t->n_listens; i++) {
         mc__epoll_del(e, &t->listens[i]);
@@ -248,9 +250,11 @@ static void inbound_timers(mc_engine_t *e, uint64_t now)
 static void tcp_timers(mc_engine_t *e, uint64_t now)
 {
     /* The table is read without its lock here (peer.c): peers go only under e->lock, ours. */
-    for (size_t i = 0; i < e->n_peers; i++)
-        if (e->peers[i] && tcp_peer(e->peers[i])) /* one known by name only has none yet */
-            outbound_timers(e, e->peers[i], now);
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *p = mc__peer_at(e, i);
+        if (p && tcp_peer(p)) /* one known by name only has none yet */
+            outbound_timers(e, p, now);
+    }
     inbound_timers(e, now);
     mc__tcp_accept_resume(e, now);
 }

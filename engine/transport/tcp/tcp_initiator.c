@@ -572,7 +572,7 @@ static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r)
 static bool evict_idle(mc_engine_t *e)
 {
     for (size_t i = 0; i < e->n_peers; i++) {
-        mc_peer_t *p = e->peers[i];
+        mc_peer_t *p = mc__peer_at(e, i);
         mc_list_t *pos;
         if (!p || !tcp_peer(p))
             continue;

@@ -172,9 +172,11 @@ void mc__tcp_msgs_lost(mc_engine_t *e, mc_tcp_conn_t *c, mc_list_t *slices)
         mc__slice_free(e, s);
     }
     c->msgs_out = 0;
-    for (size_t i = 0; i < e->n_peers; i++)
-        if (e->peers[i] && tcp_peer(e->peers[i]) && tcp_peer(e->peers[i])->msg_conn == c)
-            tcp_peer(e->peers[i])->msg_conn = NULL;
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *q = mc__peer_at(e, i);
+        if (q && tcp_peer(q) && tcp_peer(q)->msg_conn == c)
+            tcp_peer(q)->msg_conn = NULL;
+    }
     if (p) /* sent again, in order, on the next connection */
         mc__msg_link_lost(e, p, e->ctrl);
 }
