@@ -10,7 +10,8 @@
  * drops one, and the last removes it. Readers (submit, the target side of every transport) take
  * mem.lock for reading; registration changes take it for writing. A buffer in use by a request in
  * flight holds a reference; unregister removes it from the table at once (new requests are
- * refused), then waits for the references to drain.
+ * refused), then waits for the references to drain. One whose wait timed out is kept apart
+ * (mem.dead): the host may not free it yet, and unregistering it again waits for it again.
  */
 #ifndef MC_BUFFER_H
 #define MC_BUFFER_H
@@ -39,6 +40,7 @@ struct mc_buffer {
                                  owns this opaque buffer (see above) */
     bool internal;            /* the engine's own (bounce buffers): published, but not listed to
                                  hosts by mc_segment_buffers */
+    struct mc_buffer *next_dead; /* in mem.dead (mem.lock) */
 };
 
 typedef struct mc_memtab {
@@ -53,6 +55,7 @@ typedef struct mc_memtab {
     pthread_cond_t drain_cond;
     _Atomic uint64_t serials; /* registrations numbered so far (mc_buffer_t.serial) */
     atomic_uint dying;        /* buffers unregistered whose unregister still waits */
+    mc_buffer_t *dead; /* out of the table, their unregister timed out: another waits again */
 } mc_memtab_t;
 
 int mc__memtab_init(mc_memtab_t *t);

@@ -81,6 +81,16 @@ void mc__memtab_fini(mc_engine_t *e)
         free(t->v[i]);
     }
     free(t->v);
+    while (t->dead) { /* their requests are gone with the engine's */
+        mc_buffer_t *b = t->dead;
+        t->dead = b->next_dead;
+        tp_deregister(e, b);
+        if (b->memfd >= 0) {
+            munmap((void *)(uintptr_t)b->addr, b->len);
+            close(b->memfd);
+        }
+        free(b);
+    }
     pthread_rwlock_destroy(&t->lock);
     pthread_mutex_destroy(&t->drain_lock);
     pthread_cond_destroy(&t->drain_cond);
@@ -491,6 +501,27 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, uint64_t len, b
     return b;
 }
 
+/* A buffer whose unregister timed out (in mem.dead), as memtab_remove would have found it, out
+ * of the list for another wait; NULL if none. */
+static mc_buffer_t *dead_take(mc_engine_t *e, uint64_t addr, uint64_t len, bool allocated)
+{
+    mc_memtab_t *t = &e->mem;
+    mc_buffer_t **pp, *b = NULL;
+
+    pthread_rwlock_wrlock(&t->lock);
+    for (pp = &t->dead; *pp; pp = &(*pp)->next_dead) {
+        if ((*pp)->addr == addr && (!len || (*pp)->len == len) &&
+            ((*pp)->memfd >= 0) == allocated) {
+            b = *pp;
+            *pp = b->next_dead;
+            atomic_fetch_add(&t->dying, 1);
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&t->lock);
+    return b;
+}
+
 bool mc__mem_wait(mc_engine_t *e, bool (*done)(mc_engine_t *, void *), void *arg,
                   uint64_t deadline_ns)
 {
@@ -564,13 +595,20 @@ static int mem_unregister(mc_engine_t *e, void *addr, uint64_t len, bool allocat
         *len_p = 0;
         return 0;
     }
-    if (!b)
+    if (b)
+        mc__publish_kick(e);
+    else if (!(b = dead_take(e, (uint64_t)(uintptr_t)addr, len, allocated)))
         return -ENOENT;
-    mc__publish_kick(e);
     rc = mem_drain(e, b);
+    if (rc) { /* b stays allocated: refs still point at it; a later call waits again */
+        pthread_rwlock_wrlock(&e->mem.lock);
+        b->next_dead = e->mem.dead;
+        e->mem.dead = b;
+        pthread_rwlock_unlock(&e->mem.lock);
+    }
     atomic_fetch_sub(&e->mem.dying, 1);
     if (rc)
-        return rc; /* b stays allocated: refs still point at it */
+        return rc;
     *memfd_p = b->memfd;
     *len_p = b->len;
     /* Remote peers' NICs can no longer reach it once the regions are gone. */

@@ -133,7 +133,8 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
  * unread) is dropped. After it returns 0 neither this engine nor any peer reads or writes the
  * buffer again. Returns -ENOENT if addr starts no buffer, -EDEADLK from a callback,
  * -MC_ETIMEOUT if references did not drain (the buffer stays unusable for new requests, and
- * must not be freed). */
+ * must not be freed yet: calling this again waits for them again, and returns 0 once they have
+ * drained). */
 MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
 
 /* mc_mem_unregister of the registration of exactly [addr, addr+len) (the latest such one),

@@ -253,6 +253,54 @@ static void test_late_read_dropped(void **state)
     assert_int_equal(th_check(dst, len, 41), -1);
 }
 
+/* An unregister that timed out may be called again. The host's own READ, whose timeout is
+ * longer than the engine's, holds the buffer while its target is stopped: the unregister gives
+ * up after the transfer timeout (and 2 s); once the target goes on and the READ ends, the same
+ * call succeeds, and a third finds nothing. */
+static void test_unregister_again(void **state)
+{
+    const size_t len = MIB;
+    mc_batch_t *b;
+    th_cfg_t cfg;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "1");
+    th_set(&cfg, "TRANSFER_TIMEOUT", "1");
+    th_set(&cfg, "IO_TIMEOUT_MS", "30000"); /* the stalled connection is not torn down */
+    th_target_t *t = spawn(0, &cfg, len, 0);
+    mc_engine_t *e = g.e[0] = th_engine(&cfg);
+    mc_segment_id_t seg = th_open(e, t, 0);
+    uint8_t *dst = aligned_alloc(4096, len);
+    assert_non_null(dst);
+    assert_int_equal(mc_mem_register(e, dst, len, "*"), 0);
+    assert_int_equal(th_xfer(e, MC_READ, dst, seg, t->eng[0].buf[0], len, NULL, 0),
+                     MC_TASK_COMPLETED);
+
+    th_stop(t->pid);
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+    mc_request_t r = {.opcode = MC_READ,
+                      .local = dst,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = len};
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    int64_t t0 = th_now_ms();
+    int rc = mc_mem_unregister(e, dst);
+    int64_t took = th_now_ms() - t0;
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    print_message("  unregister with the READ in flight: %s after %lld ms\n", mc_err_name(rc),
+                  (long long)took);
+    assert_int_equal(rc, -MC_ETIMEOUT);
+    assert_true(took >= 2900);
+    assert_int_equal(mc_batch_wait(b, 20000), 0);
+    th_batch_destroy(e, b);
+    assert_int_equal(mc_mem_unregister(e, dst), 0);
+    assert_int_equal(mc_mem_unregister(e, dst), -ENOENT);
+    free(dst);
+}
+
 static void test_submit_timeout(void **state)
 {
     const size_t big = 64 * MIB, small = 64 * KIB;
@@ -1976,6 +2024,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_batch_reuse, teardown),
         cmocka_unit_test_teardown(test_submit_timeout, teardown),
         cmocka_unit_test_teardown(test_late_read_dropped, teardown),
+        cmocka_unit_test_teardown(test_unregister_again, teardown),
         cmocka_unit_test_teardown(test_submit_opts, teardown),
         cmocka_unit_test_teardown(test_ordered_sent, teardown),
         cmocka_unit_test_teardown(test_sent_then_lost, teardown),
