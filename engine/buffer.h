@@ -41,6 +41,7 @@ struct mc_buffer {
     bool internal;            /* the engine's own (bounce buffers): published, but not listed to
                                  hosts by mc_segment_buffers */
     struct mc_buffer *next_dead; /* in mem.dead (mem.lock) */
+    bool in_dead, waited;        /* in mem.dead; a call waits for it (mem.lock) */
 };
 
 typedef struct mc_memtab {

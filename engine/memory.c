@@ -63,33 +63,31 @@ static void tp_changed(mc_engine_t *e)
             mc__transports[i]->mem_changed(e);
 }
 
+/* b, out of the table and drained, goes (an allocation's memory with it). */
+static void buffer_free(mc_engine_t *e, mc_buffer_t *b)
+{
+    tp_deregister(e, b);
+    if (b->memfd >= 0) {
+        munmap((void *)(uintptr_t)b->addr, b->len);
+        close(b->memfd);
+    }
+    free(b);
+}
+
 void mc__memtab_fini(mc_engine_t *e)
 {
     mc_memtab_t *t = &e->mem;
 
-    for (size_t i = 0; i < t->on; i++) { /* files first: nothing moves into memory any more */
-        tp_deregister(e, t->ov[i]);
-        free(t->ov[i]);
-    }
+    for (size_t i = 0; i < t->on; i++) /* files first: nothing moves into memory any more */
+        buffer_free(e, t->ov[i]);
     free(t->ov);
-    for (size_t i = 0; i < t->n; i++) {
-        tp_deregister(e, t->v[i]);
-        if (t->v[i]->memfd >= 0) {
-            munmap((void *)(uintptr_t)t->v[i]->addr, t->v[i]->len);
-            close(t->v[i]->memfd);
-        }
-        free(t->v[i]);
-    }
+    for (size_t i = 0; i < t->n; i++)
+        buffer_free(e, t->v[i]);
     free(t->v);
-    while (t->dead) { /* their requests are gone with the engine's */
+    while (t->dead) { /* their requests went with the engine's */
         mc_buffer_t *b = t->dead;
         t->dead = b->next_dead;
-        tp_deregister(e, b);
-        if (b->memfd >= 0) {
-            munmap((void *)(uintptr_t)b->addr, b->len);
-            close(b->memfd);
-        }
-        free(b);
+        buffer_free(e, b);
     }
     pthread_rwlock_destroy(&t->lock);
     pthread_mutex_destroy(&t->drain_lock);
@@ -501,22 +499,27 @@ static mc_buffer_t *memtab_remove(mc_engine_t *e, uint64_t addr, uint64_t len, b
     return b;
 }
 
-/* A buffer whose unregister timed out (in mem.dead), as memtab_remove would have found it, out
- * of the list for another wait; NULL if none. */
-static mc_buffer_t *dead_take(mc_engine_t *e, uint64_t addr, uint64_t len, bool allocated)
+/* A buffer of mem.dead (its unregister timed out) starting at addr, of length len unless 0, that
+ * is (allocated) or is not an mc_mem_alloc allocation, and that no call waits for: claimed for
+ * another wait (mem_settle); NULL if none (*busy_p: some other call waits for one). */
+static mc_buffer_t *dead_claim(mc_engine_t *e, uint64_t addr, uint64_t len, bool allocated,
+                               bool *busy_p)
 {
     mc_memtab_t *t = &e->mem;
-    mc_buffer_t **pp, *b = NULL;
+    mc_buffer_t *b;
 
+    *busy_p = false;
     pthread_rwlock_wrlock(&t->lock);
-    for (pp = &t->dead; *pp; pp = &(*pp)->next_dead) {
-        if ((*pp)->addr == addr && (!len || (*pp)->len == len) &&
-            ((*pp)->memfd >= 0) == allocated) {
-            b = *pp;
-            *pp = b->next_dead;
-            atomic_fetch_add(&t->dying, 1);
+    for (b = t->dead; b; b = b->next_dead) {
+        if (b->addr != addr || (len && b->len != len) || (b->memfd >= 0) != allocated)
+            continue;
+        if (!b->waited)
             break;
-        }
+        *busy_p = true;
+    }
+    if (b) {
+        b->waited = true;
+        atomic_fetch_add(&t->dying, 1);
     }
     pthread_rwlock_unlock(&t->lock);
     return b;
@@ -578,18 +581,43 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
     return 0;
 }
 
+/* Wait until b, out of the table, drains: 0 with b out of mem.dead (the caller frees it), or
+ * -MC_ETIMEOUT with b in mem.dead, where a later unregister of its range waits again. */
+static int mem_settle(mc_engine_t *e, mc_buffer_t *b)
+{
+    mc_memtab_t *t = &e->mem;
+    int rc = mem_drain(e, b);
+
+    pthread_rwlock_wrlock(&t->lock);
+    if (!rc && b->in_dead) {
+        mc_buffer_t **pp = &t->dead;
+        while (*pp != b)
+            pp = &(*pp)->next_dead;
+        *pp = b->next_dead;
+    } else if (rc && !b->in_dead) {
+        b->next_dead = t->dead;
+        t->dead = b;
+    }
+    b->in_dead = rc != 0;
+    b->waited = false;
+    pthread_rwlock_unlock(&t->lock);
+    atomic_fetch_sub(&t->dying, 1);
+    return rc;
+}
+
 static int mem_unregister(mc_engine_t *e, void *addr, uint64_t len, bool allocated, int *memfd_p,
                           uint64_t *len_p)
 {
+    uint64_t a = (uint64_t)(uintptr_t)addr;
     mc_buffer_t *b;
-    bool again;
+    bool again, busy;
     int rc;
 
     if (!e)
         return mc__set_error(-EINVAL, "mc_mem_unregister: NULL engine");
     if (mc__in_progress())
         return mc__set_error(-EDEADLK, "memory cannot be unregistered from a callback");
-    b = memtab_remove(e, (uint64_t)(uintptr_t)addr, len, allocated, &again);
+    b = memtab_remove(e, a, len, allocated, &again);
     if (again) {
         *memfd_p = -1; /* still registered by another caller */
         *len_p = 0;
@@ -597,24 +625,29 @@ static int mem_unregister(mc_engine_t *e, void *addr, uint64_t len, bool allocat
     }
     if (b)
         mc__publish_kick(e);
-    else if (!(b = dead_take(e, (uint64_t)(uintptr_t)addr, len, allocated)))
-        return -ENOENT;
-    rc = mem_drain(e, b);
-    if (rc) { /* b stays allocated: refs still point at it; a later call waits again */
-        pthread_rwlock_wrlock(&e->mem.lock);
-        b->next_dead = e->mem.dead;
-        e->mem.dead = b;
-        pthread_rwlock_unlock(&e->mem.lock);
-    }
-    atomic_fetch_sub(&e->mem.dying, 1);
-    if (rc)
+    else if (!(b = dead_claim(e, a, len, allocated, &busy)))
+        return busy ? mc__set_error(-EBUSY, "unregister 0x%llx: another call waits for it",
+                                    (unsigned long long)a)
+                    : -ENOENT;
+    if ((rc = mem_settle(e, b)))
         return rc;
     *memfd_p = b->memfd;
-    *len_p = b->len;
+    *len_p = len = b->len;
     /* Remote peers' NICs can no longer reach it once the regions are gone. */
     tp_deregister(e, b);
     free(b);
-    return 0;
+    /* An earlier registration of the range whose unregister timed out: the range is free only
+     * once that one drained too. */
+    while ((b = dead_claim(e, a, len, allocated, &busy))) {
+        if ((rc = mem_settle(e, b)))
+            return rc;
+        buffer_free(e, b);
+    }
+    return busy ? mc__set_error(-EBUSY,
+                                "unregister 0x%llx: another call waits for an earlier "
+                                "registration of it",
+                                (unsigned long long)a)
+                : 0;
 }
 
 int mc_mem_unregister_range(mc_engine_t *e, void *addr, size_t len)

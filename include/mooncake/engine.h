@@ -134,7 +134,8 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
  * buffer again. Returns -ENOENT if addr starts no buffer, -EDEADLK from a callback,
  * -MC_ETIMEOUT if references did not drain (the buffer stays unusable for new requests, and
  * must not be freed yet: calling this again waits for them again, and returns 0 once they have
- * drained). */
+ * drained, and with them those of any earlier registration of the same range that timed out),
+ * -EBUSY while another call waits for such a registration. */
 MC_API int mc_mem_unregister(mc_engine_t *engine, void *addr);
 
 /* mc_mem_unregister of the registration of exactly [addr, addr+len) (the latest such one),
@@ -147,7 +148,9 @@ MC_API int mc_mem_unregister_range(mc_engine_t *engine, void *addr, size_t len);
  * with mc_mem_free(). */
 MC_API int mc_mem_alloc(mc_engine_t *engine, size_t len, const char *location, void **addr_p);
 
-/* Unregister (with the guarantees of mc_mem_unregister) and unmap memory from mc_mem_alloc(). */
+/* Unregister (with the guarantees of mc_mem_unregister) and unmap memory from mc_mem_alloc().
+ * If the unregister times out (logged), the memory stays mapped: call this again later (or it
+ * goes with the engine). */
 MC_API void mc_mem_free(mc_engine_t *engine, void *addr);
 
 /* ---- files and block devices -------------------------------------------------------------- */

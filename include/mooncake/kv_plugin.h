@@ -182,9 +182,10 @@ typedef struct mc_kv_plugin {
      * public_data. BACKEND if the names do not fit in MC_KV_CONN_MAX. */
     mc_kv_status_t (*conn_info)(mc_kv_backend_t *b, void *buf, size_t *len_p);
 
-    /* Learn a remote agent from its connection info. MISMATCH if the info names another agent;
-     * NOT_ALLOWED if the agent is loaded with other info (disconnect it first). Never blocks:
-     * the connection is made at connect() or at the first transfer. */
+    /* Learn a remote agent from its connection info. MISMATCH if the info names another agent
+     * or comes from another version of this plugin (their notifications differ); NOT_ALLOWED if the
+     * agent is loaded with other info (disconnect it first). Never blocks: the connection is made
+     * at connect() or at the first transfer. */
     mc_kv_status_t (*load_remote_conn_info)(mc_kv_backend_t *b, const char *agent, const void *info,
                                             size_t len);
     /* Wait (up to the connect timeout) until the agent answers: SUCCESS, NOT_FOUND (unknown

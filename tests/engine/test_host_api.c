@@ -203,10 +203,6 @@ static void test_batch_reuse(void **state)
 
 /* ---- per-submit timeouts ------------------------------------------------------------------- */
 
-/* Two targets; X stops answering (SIGSTOP). A submit to X with a 300 ms timeout ends TIMEOUT
- * with -MC_ETIMEOUT soon after; Y, busy with 2 GiB of writes, also gets a small submit with a
- * 200 ms timeout queued behind them: it waits longer than that and still completes, since its
- * clock starts with its first bytes. */
 /* A READ that times out against a stalled target (SIGSTOP: alive, its tcp connection up)
  * writes nothing into the host's memory afterwards: the answers that come once the target goes
  * on are read and dropped, so memory the host reused keeps what it put there. */
@@ -255,8 +251,9 @@ static void test_late_read_dropped(void **state)
 
 /* An unregister that timed out may be called again. The host's own READ, whose timeout is
  * longer than the engine's, holds the buffer while its target is stopped: the unregister gives
- * up after the transfer timeout (and 2 s); once the target goes on and the READ ends, the same
- * call succeeds, and a third finds nothing. */
+ * up after the transfer timeout (and 2 s). The host registers the range again: unregistering
+ * that registration does not say the range is free while the READ still holds the earlier one.
+ * Once the target goes on and the READ ends, the call succeeds, and one more finds nothing. */
 static void test_unregister_again(void **state)
 {
     const size_t len = MIB;
@@ -287,13 +284,18 @@ static void test_unregister_again(void **state)
     assert_int_equal(mc_batch_create(e, 1, &b), 0);
     assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
     int64_t t0 = th_now_ms();
-    int rc = mc_mem_unregister(e, dst);
+    int rc = mc_mem_unregister(e, dst), rc_again = 0, rc_reg;
     int64_t took = th_now_ms() - t0;
+    if ((rc_reg = mc_mem_register(e, dst, len, "*")) == 0)
+        rc_again = mc_mem_unregister(e, dst);
     assert_int_equal(kill(t->pid, SIGCONT), 0);
-    print_message("  unregister with the READ in flight: %s after %lld ms\n", mc_err_name(rc),
-                  (long long)took);
+    print_message("  unregister with the READ in flight: %s after %lld ms; again, the range "
+                  "registered anew meanwhile: %s\n",
+                  mc_err_name(rc), (long long)took, mc_err_name(rc_again));
     assert_int_equal(rc, -MC_ETIMEOUT);
     assert_true(took >= 2900);
+    assert_int_equal(rc_reg, 0);
+    assert_int_equal(rc_again, -MC_ETIMEOUT);
     assert_int_equal(mc_batch_wait(b, 20000), 0);
     th_batch_destroy(e, b);
     assert_int_equal(mc_mem_unregister(e, dst), 0);
@@ -301,6 +303,10 @@ static void test_unregister_again(void **state)
     free(dst);
 }
 
+/* Two targets; X stops answering (SIGSTOP). A submit to X with a 300 ms timeout ends TIMEOUT
+ * with -MC_ETIMEOUT soon after; Y, busy with 2 GiB of writes, also gets a small submit with a
+ * 200 ms timeout queued behind them: it waits longer than that and still completes, since its
+ * clock starts with its first bytes. */
 static void test_submit_timeout(void **state)
 {
     const size_t big = 64 * MIB, small = 64 * KIB;

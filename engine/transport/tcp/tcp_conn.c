@@ -410,8 +410,11 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
     uint32_t avail = c->rx_end - c->rx_start;
     int rc = 1;
 
-    if (c->dst_kind == DST_MEM && mc__tcp_resp_ended(c))
-        c->dst_kind = DST_DISCARD; /* its task ended in the middle of the answer */
+    /* A READ's answer to a task that ended (timed out against a stalled peer, failed) is read
+     * and dropped: the host may have reused that memory already. */
+    if (c->dst_kind == DST_MEM && c->outbound &&
+        atomic_load_explicit(&c->resp->task->state, memory_order_relaxed) >= MC_TASK_COMPLETED)
+        c->dst_kind = DST_DISCARD;
     if (avail) {
         uint32_t n = avail < c->left ? avail : (uint32_t)c->left;
         if (c->dst_kind != DST_DISCARD)

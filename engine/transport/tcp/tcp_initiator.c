@@ -396,9 +396,7 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
         if (c->fr.aux == 0 && c->fr.type == MC_FR_READ_RESP) {
             if (c->fr.length != s->len)
                 break;
-            /* The answer to a task that ended (timed out against a stalled peer, failed,
-             * canceled) is read and dropped: the host may reuse that memory already. */
-            c->dst_kind = mc__tcp_resp_ended(c) ? DST_DISCARD : DST_MEM;
+            c->dst_kind = DST_MEM; /* (dropped if its task ends: rx_payload) */
             c->dst = (uint8_t *)s->task->req.local + s->offset;
         } else {
             c->dst_kind = c->fr.aux == 0 && c->fr.length ? DST_DISCARD : DST_CTRL;

@@ -183,14 +183,6 @@ static inline void mc__tcp_handshake_cut(mc_tcp_conn_t *c)
         c->rail->recheck = true;
 }
 
-/* Outbound, reading a READ's answer into memory: whether the task it answers ended meanwhile
- * (timed out, failed, canceled): then the rest is read and dropped. */
-static inline bool mc__tcp_resp_ended(const mc_tcp_conn_t *c)
-{
-    return c->outbound && c->resp &&
-           atomic_load_explicit(&c->resp->task->state, memory_order_relaxed) >= MC_TASK_COMPLETED;
-}
-
 /* tcp_conn.c: connection mechanics */
 mc_tcp_conn_t *mc__tcp_conn_new(mc_engine_t *e, int fd, bool outbound);
 void mc__tcp_conn_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events);
