@@ -203,6 +203,25 @@ static void test_batch_reuse(void **state)
 
 /* ---- per-submit timeouts ------------------------------------------------------------------- */
 
+/* Stop t (SIGSTOP: alive, its tcp connections up) and submit a READ of len bytes of its buffer
+ * into dst, with a timeout of its own: the batch, its task in flight. */
+static mc_batch_t *read_from_stopped(mc_engine_t *e, th_target_t *t, mc_segment_id_t seg, void *dst,
+                                     size_t len, unsigned timeout_ms)
+{
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = timeout_ms};
+    mc_request_t r = {.opcode = MC_READ,
+                      .local = dst,
+                      .target = seg,
+                      .target_offset = t->eng[0].buf[0],
+                      .length = len};
+    mc_batch_t *b;
+
+    th_stop(t->pid);
+    assert_int_equal(mc_batch_create(e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    return b;
+}
+
 /* A READ that times out against a stalled target (SIGSTOP: alive, its tcp connection up)
  * writes nothing into the host's memory afterwards: the answers that come once the target goes
  * on are read and dropped, so memory the host reused keeps what it put there. */
@@ -210,7 +229,6 @@ static void test_late_read_dropped(void **state)
 {
     const size_t len = 4 * MIB;
     mc_task_status_t st;
-    mc_batch_t *b;
     th_cfg_t cfg;
 
     (void)state;
@@ -225,15 +243,7 @@ static void test_late_read_dropped(void **state)
     assert_int_equal(th_xfer(e, MC_WRITE, src, seg, t->eng[0].buf[0], len, NULL, 0),
                      MC_TASK_COMPLETED);
 
-    th_stop(t->pid);
-    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = 300};
-    mc_request_t r = {.opcode = MC_READ,
-                      .local = dst,
-                      .target = seg,
-                      .target_offset = t->eng[0].buf[0],
-                      .length = len};
-    assert_int_equal(mc_batch_create(e, 1, &b), 0);
-    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    mc_batch_t *b = read_from_stopped(e, t, seg, dst, len, 300);
     int rc = mc_batch_wait(b, 10000);
     memset(dst, 0xee, len); /* the host's again */
     assert_int_equal(kill(t->pid, SIGCONT), 0);
@@ -257,7 +267,6 @@ static void test_late_read_dropped(void **state)
 static void test_unregister_again(void **state)
 {
     const size_t len = MIB;
-    mc_batch_t *b;
     th_cfg_t cfg;
 
     (void)state;
@@ -274,15 +283,7 @@ static void test_unregister_again(void **state)
     assert_int_equal(th_xfer(e, MC_READ, dst, seg, t->eng[0].buf[0], len, NULL, 0),
                      MC_TASK_COMPLETED);
 
-    th_stop(t->pid);
-    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
-    mc_request_t r = {.opcode = MC_READ,
-                      .local = dst,
-                      .target = seg,
-                      .target_offset = t->eng[0].buf[0],
-                      .length = len};
-    assert_int_equal(mc_batch_create(e, 1, &b), 0);
-    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    mc_batch_t *b = read_from_stopped(e, t, seg, dst, len, 30000);
     int64_t t0 = th_now_ms();
     int rc = mc_mem_unregister(e, dst), rc_again = 0, rc_reg;
     int64_t took = th_now_ms() - t0;
