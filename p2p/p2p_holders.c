@@ -259,21 +259,20 @@ static p2p_holder_t *holder_add(p2p_fetch_t *f, const char *segment)
  * holder no longer serves this object. */
 static void holder_put(p2p_fetch_t *f, const char *segment, const char *json, size_t len)
 {
-    p2p_holder_t *h;
     p2p_entry_t e;
 
     if (!strcmp(segment, f->p2p->segment))
         return;
     bool decoded = !mc__p2p_entry_decode(json, len, f->d.size, &e);
-    if (!decoded || e.id != f->d.id || e.shards != f->d.shards) {
+    bool ours = decoded && e.id == f->d.id && e.shards == f->d.shards;
+    p2p_holder_t *h = holder_find(f, segment);
+    if (ours && !h)
+        h = holder_add(f, segment);
+    if (!ours || !h) { /* (!h: out of memory for a new holder) */
         if (decoded)
             mc__p2p_entry_free(&e);
-        if ((h = holder_find(f, segment)))
+        if (h)
             h->present = false;
-        return;
-    }
-    if (!((h = holder_find(f, segment)) || (h = holder_add(f, segment)))) {
-        mc__p2p_entry_free(&e);
         return;
     }
     mc__p2p_entry_free(&h->e);
