@@ -55,13 +55,19 @@ static held_t *held_new(mc_engine_t *e, int kind, const void *data, size_t len)
     return h;
 }
 
+/* Give a lent record back to its ring. */
+static void lend_return(mc_engine_t *e, mc_ring_lend_t *lend, uint64_t end)
+{
+    lend->returned = end;
+    lend->n--;
+    mc__reap_mark(e, lend->slot);
+}
+
 /* Done with h: the ring that lent its message gets the record back. */
 static void held_free(mc_engine_t *e, held_t *h)
 {
-    if (h->lend) {
-        h->lend->returned = h->end;
-        h->lend->n--;
-    }
+    if (h->lend)
+        lend_return(e, h->lend, h->end);
     mc_buf_free(&e->held_bufs, h, h->size);
 }
 
@@ -71,6 +77,14 @@ int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *
     if (e->n_held_msgs >= MC_MSG_WINDOW) {
         e->rx_held_full = true;
         return -EAGAIN;
+    }
+    /* Ahead of everything held, it runs first: only while nothing is. */
+    if (lend && e->n_quick < MC_QUICK_MAX && mc_list_empty(&e->heldq)) {
+        e->quick[e->n_quick++] = (mc_quick_t){
+            .from = sender, .msg = data, .len = len, .lend = lend, .end = end, .id = id};
+        lend->n++;
+        e->n_held_msgs++;
+        return 0;
     }
     held_t *h = held_new(e, HELD_MSG, data, lend ? 0 : len);
     if (!h)
@@ -130,39 +144,53 @@ void mc__handler_set(mc_engine_t *e, unsigned id, mc_msg_cb mcb, mc_peer_cb pcb,
     pthread_mutex_unlock(&e->handlers_lock);
 }
 
-static void run_one(mc_engine_t *e, held_t *h)
+/* Read the handler of message id (1..255) or, id 0, the peer handler, with its argument. */
+static void handler_get(mc_engine_t *e, unsigned id, mc_msg_cb *mcb, mc_peer_cb *pcb, void **arg)
 {
-    mc_msg_cb mcb = NULL;
-    mc_peer_cb pcb = NULL;
-    void *arg;
-    unsigned seq;
-
-    if (h->kind == HELD_DONE) {
-        h->done(h->done_arg, h->error);
-        return;
-    }
     /* A pair a setter is writing, or wrote meanwhile, is read again. */
     for (unsigned tries = 0;; tries++) {
         if (tries >= 64)
             sched_yield(); /* its setter was descheduled between its two stores */
-        seq = atomic_load_explicit(&e->handlers_seq, memory_order_acquire);
-        if (h->kind == HELD_MSG) {
-            mcb = atomic_load_explicit(&e->handlers[h->msg_id], memory_order_relaxed);
-            arg = atomic_load_explicit(&e->handler_args[h->msg_id], memory_order_relaxed);
+        unsigned seq = atomic_load_explicit(&e->handlers_seq, memory_order_acquire);
+        if (id) {
+            *mcb = atomic_load_explicit(&e->handlers[id], memory_order_relaxed);
+            *arg = atomic_load_explicit(&e->handler_args[id], memory_order_relaxed);
         } else {
-            pcb = atomic_load_explicit(&e->peer_cb, memory_order_relaxed);
-            arg = atomic_load_explicit(&e->peer_cb_arg, memory_order_relaxed);
+            *pcb = atomic_load_explicit(&e->peer_cb, memory_order_relaxed);
+            *arg = atomic_load_explicit(&e->peer_cb_arg, memory_order_relaxed);
         }
         atomic_thread_fence(memory_order_acquire);
         if (!(seq & 1) && seq == atomic_load_explicit(&e->handlers_seq, memory_order_relaxed))
-            break;
+            return;
     }
-    if (h->kind == HELD_MSG && mcb)
-        mcb(arg, h->from, h->msg_id, h->msg, h->len);
-    else if (h->kind == HELD_MSG)
-        mc_warn("message id %u from %s dropped: no handler", h->msg_id, h->from);
-    else if (pcb)
-        pcb(arg, h->peer, (mc_peer_event_t)h->event, h->error, h->len ? h->data : NULL);
+}
+
+static void run_msg(mc_engine_t *e, uint8_t id, const char *from, const void *msg, size_t len)
+{
+    mc_msg_cb mcb;
+    void *arg;
+
+    handler_get(e, id, &mcb, NULL, &arg);
+    if (mcb)
+        mcb(arg, from, id, msg, len);
+    else
+        mc_warn("message id %u from %s dropped: no handler", id, from);
+}
+
+static void run_one(mc_engine_t *e, held_t *h)
+{
+    mc_peer_cb pcb;
+    void *arg;
+
+    if (h->kind == HELD_DONE) {
+        h->done(h->done_arg, h->error);
+    } else if (h->kind == HELD_MSG) {
+        run_msg(e, h->msg_id, h->from, h->msg, h->len);
+    } else {
+        handler_get(e, 0, NULL, &pcb, &arg);
+        if (pcb)
+            pcb(arg, h->peer, (mc_peer_event_t)h->event, h->error, h->len ? h->data : NULL);
+    }
 }
 
 void mc__callbacks_run(mc_engine_t *e)
@@ -170,6 +198,13 @@ void mc__callbacks_run(mc_engine_t *e)
     mc_list_t *n;
 
     mc__tasks_release(e);
+    for (unsigned i = 0; i < e->n_quick; i++) { /* (a handler holds nothing quick) */
+        mc_quick_t *q = &e->quick[i];
+        e->n_held_msgs--;
+        run_msg(e, q->id, q->from, q->msg, q->len);
+        lend_return(e, q->lend, q->end);
+    }
+    e->n_quick = 0;
     while ((n = mc_list_pop_front(&e->heldq))) {
         held_t *h = mc_container_of(n, held_t, link);
         if (h->kind == HELD_MSG)
@@ -186,8 +221,9 @@ void mc__callbacks_run(mc_engine_t *e)
 
 bool mc__callbacks_pending(const mc_engine_t *e)
 {
-    return !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->sentq) || !mc_list_empty(&e->heldq) ||
-           !mc_list_empty(&e->done_msgs) || !mc_list_empty(&e->done_flushes);
+    return e->n_quick || !mc_list_empty(&e->releaseq) || !mc_list_empty(&e->sentq) ||
+           !mc_list_empty(&e->heldq) || !mc_list_empty(&e->done_msgs) ||
+           !mc_list_empty(&e->done_flushes);
 }
 
 void mc__callbacks_fini(mc_engine_t *e)
@@ -200,6 +236,7 @@ void mc__callbacks_fini(mc_engine_t *e)
             h->done(h->done_arg, h->error);
         free(h); /* (a ring it was lent from is freed by its transport's fini) */
     }
+    e->n_quick = 0; /* messages: dropped */
     mc__msgs_done_run(e);
     mc_buf_fini(&e->held_bufs);
 }

@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "engine_int.h"
+#include "util/thread_buf.h"
 #include "transport/transport.h"
 
 /* ---- parsers ---- */
@@ -89,13 +90,17 @@ static int parse_protocol(const char *v, uint64_t *num_p)
 /* The default metadata: a directory of this user's, no server needed. */
 static const char *default_metadata(void)
 {
-    static __thread char buf[512];
+    static mc_thread_buf_t tb = MC_THREAD_BUF_INIT(512);
+    static __thread void *mine;
+    char *buf = mc__thread_buf(&tb, &mine);
     const char *rt = getenv("XDG_RUNTIME_DIR");
 
+    if (!buf)
+        return "file:///tmp/mooncake-metadata"; /* (no memory for this user's name of it) */
     if (rt && *rt)
-        snprintf(buf, sizeof(buf), "file://%s/mooncake-metadata", rt);
+        snprintf(buf, tb.size, "file://%s/mooncake-metadata", rt);
     else
-        snprintf(buf, sizeof(buf), "file:///tmp/mooncake-metadata-%u", (unsigned)getuid());
+        snprintf(buf, tb.size, "file:///tmp/mooncake-metadata-%u", (unsigned)getuid());
     return buf;
 }
 

@@ -38,17 +38,18 @@
 #define LIGHT_PASSES 7
 #define LIGHT_US     2
 
-static __thread bool in_pass;
-static __thread const mc_engine_t *pass_engine; /* whose pass (in_pass) */
+/* The engine whose pass this thread is in, or NULL. Initial-exec (util/thread_buf.h): a
+ * spinning host reads it several times per call, each a __tls_get_addr call otherwise. */
+static __thread const mc_engine_t *pass_engine __attribute__((tls_model("initial-exec")));
 
 bool mc__in_progress(void)
 {
-    return in_pass;
+    return pass_engine != NULL;
 }
 
 bool mc__in_pass_of(const mc_engine_t *e)
 {
-    return in_pass && pass_engine == e;
+    return pass_engine == e;
 }
 
 void mc__doorbell(mc_engine_t *e)
@@ -86,8 +87,8 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p)
     epoll_ctl(e->epfd, EPOLL_CTL_DEL, p->fd, NULL);
 }
 
-/* Move everything other threads queued into the progress context. */
-static void drain_submissions(mc_engine_t *e)
+/* Move everything other threads queued into the progress context: whether there was any. */
+static bool drain_submissions(mc_engine_t *e)
 {
     mc_list_t tasks, msgs, flushes, cancels, *pos, *tmp, *n;
 
@@ -98,7 +99,7 @@ static void drain_submissions(mc_engine_t *e)
     /* Most passes of a spinning host find nothing queued: two lock pairs were a sixth of an
      * idle ping-pong's samples. A push racing with this look rings the doorbell after it. */
     if (!atomic_load_explicit(&e->sub_any, memory_order_acquire))
-        return;
+        return false;
     pthread_mutex_lock(&e->sub_lock);
     atomic_store_explicit(&e->sub_any, false, memory_order_relaxed);
     mc_list_splice_back(&tasks, &e->subq);
@@ -137,6 +138,7 @@ static void drain_submissions(mc_engine_t *e)
         mc_list_del(pos);
         mc__sched_cancel(e, mc_container_of(pos, mc_batch_t, cancel_link));
     }
+    return true;
 }
 
 /* Timer ticks: fast while tasks are active or an unregister waits (a peer's request that holds
@@ -183,13 +185,28 @@ static void drain_fd(int fd)
         ;
 }
 
-/* The end of a pass: the transports send what it prepared. */
-static void transports_reap(mc_engine_t *e)
+/* The end of a pass: the transports send what it prepared. whole: every transport's reap;
+ * otherwise (a light pass, a host's send section) those marked due and those that do not mark
+ * (transport.h, reap_marked), unless one kept work for this pass. */
+static void transports_reap(mc_engine_t *e, bool whole)
 {
+    unsigned due = e->reapers & (whole || e->pass_soon ? ~0u : e->reap_due | e->reap_always);
+
+    e->reap_due = 0;
     e->pass_soon = false; /* a reap that keeps work for the next pass says so again */
-    for (unsigned i = 0; i < mc__n_transports; i++)
-        if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
-            mc__transports[i]->reap(e);
+    for (; due; due &= due - 1)
+        mc__transports[__builtin_ctz(due)]->reap(e);
+}
+
+/* The end of a pass: threads waiting for tasks (mc_batch_wait) look again if some finished. */
+static void wake_waiters(mc_engine_t *e)
+{
+    if (atomic_load_explicit(&e->finished_any, memory_order_relaxed) && /* no locked op per pass */
+        atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
+        pthread_mutex_lock(&e->done_lock);
+        pthread_cond_broadcast(&e->done_cond);
+        pthread_mutex_unlock(&e->done_lock);
+    }
 }
 
 /* One pass over ready events, starting at now (one clock read per pass, another when timers
@@ -199,7 +216,6 @@ static void transports_reap(mc_engine_t *e)
 static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, int n,
                          mc_pollable_t *direct, bool callbacks)
 {
-    in_pass = true;
     pass_engine = e;
     e->pass_callbacks = callbacks;
     if (now) {
@@ -221,11 +237,12 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         e->solo_ns = now;
         n++; /* handled as if epoll had reported it: the caller looks again at once */
     }
-    drain_submissions(e);
+    bool started = drain_submissions(e);
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
             mc__transports[i]->progress(e);
-    mc__sched_run(e);
+    if (!mc_list_empty(&e->active_peers))
+        mc__sched_run(e);
     if (now && now >= e->next_timer_ns) {
         now = mc__now_ns(); /* later than what the pass recorded meanwhile (last_done_ns) */
         mc__sched_timers(e, now);
@@ -239,24 +256,22 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
     }
     /* Callbacks last, with nothing of a transport's on the stack; what they queue (messages,
      * notifications of the tasks they end) goes out in the same pass. */
-    if (callbacks) {
+    if (callbacks && mc__callbacks_pending(e)) {
         mc__callbacks_run(e);
         mc__sched_run(e);
+        started = true;
     }
-    transports_reap(e);
+    transports_reap(e, now != 0);
     if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
         e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
     if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
         mc__doorbell(e);
-    arm_timer(e); /* (a light pass's callbacks may have started work that needs the tick) */
+    /* What a light pass starts that needs the tick comes from the queues or the callbacks */
+    if (now || started)
+        arm_timer(e);
     e->pass_callbacks = false;
-    in_pass = false;
-    if (atomic_load_explicit(&e->finished_any, memory_order_relaxed) && /* no locked op per pass */
-        atomic_exchange(&e->finished_any, false) && atomic_load(&e->waiters)) {
-        pthread_mutex_lock(&e->done_lock);
-        pthread_cond_broadcast(&e->done_cond);
-        pthread_mutex_unlock(&e->done_lock);
-    }
+    pass_engine = NULL;
+    wake_waiters(e);
     return n;
 }
 
@@ -276,7 +291,7 @@ bool mc__progress_may_sleep(mc_engine_t *e)
 {
     bool ok;
 
-    if (in_pass || pthread_mutex_trylock(&e->lock))
+    if (pass_engine || pthread_mutex_trylock(&e->lock))
         return false; /* another thread is in a pass: look again soon */
     ok = idle_arm(e);
     pthread_mutex_unlock(&e->lock);
@@ -388,7 +403,7 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran, uint64_t now)
     int rc;
 
     *ran = false;
-    if (in_pass || pthread_mutex_trylock(&e->lock))
+    if (pass_engine || pthread_mutex_trylock(&e->lock))
         return 0;
     *ran = true;
     rc = progress_locked(e, callbacks, now);
@@ -412,9 +427,8 @@ int mc__progress_try(mc_engine_t *e)
  * drives those (a doorbell, an epoll_wait and a read per message otherwise, UCX's am_short). */
 bool mc__send_begin(mc_engine_t *e)
 {
-    if (e->has_thread || in_pass || pthread_mutex_trylock(&e->lock))
+    if (e->has_thread || pass_engine || pthread_mutex_trylock(&e->lock))
         return false;
-    in_pass = true;
     pass_engine = e;
     drain_submissions(e); /* what this thread queued before goes first */
     return true;
@@ -424,14 +438,14 @@ void mc__send_end(mc_engine_t *e)
 {
     uint64_t now = e->implicit_progress && e->sends_since_pass++ ? mc__now_ns() : 0;
     if (now && now - e->last_pass_ns >= SEND_PASS_NS) {
-        in_pass = false;
+        pass_engine = NULL;
         progress_locked(e, true, now);
         pthread_mutex_unlock(&e->lock);
         return;
     }
     mc__sched_run(e);
-    transports_reap(e);
-    in_pass = false;
+    transports_reap(e, false);
+    pass_engine = NULL;
     /* A host that armed and then sent (another fd woke it, another thread sent) sleeps on the
      * event fd: what this send started (a ring the receiver now consumes, an answer to come)
      * was not armed, so it is woken to run a pass and arm again. */
@@ -471,6 +485,63 @@ static bool light_due(mc_engine_t *e)
     return true;
 }
 
+/* The transports started: whose reaps run (reapers), which of them also when not marked, and
+ * whether they allow express passes (each one with a progress hook has an express op). */
+static void reapers_setup(mc_engine_t *e)
+{
+    e->express_ok = true;
+    for (unsigned i = 0; i < mc__n_transports; i++) {
+        const mc_transport_ops_t *t = mc__transports[i];
+        if (!e->tp[i])
+            continue;
+        if (MC_TP_HAS(t, reap))
+            e->reapers |= 1u << i;
+        if (MC_TP_HAS(t, reap) && !MC_TP_HAS(t, reap_marked))
+            e->reap_always |= 1u << i;
+        if (MC_TP_HAS(t, progress) && !MC_TP_HAS(t, express))
+            e->express_ok = false;
+    }
+}
+
+/* A light pass of an engine with nothing under way (no peer active; nothing held, submitted or
+ * kept for this pass), as a spinning host that exchanges messages makes most of its calls: the
+ * transports take what arrived through memory (express ops), the handlers run, and what they
+ * started (a reply, a submit) goes out as in any pass. The rest of a light pass (every hook,
+ * reap and list) was most of such a call's cost. False: it is a whole light pass instead. */
+static bool express_pass(mc_engine_t *e)
+{
+    if (!e->express_ok || !mc_list_empty(&e->active_peers) || e->pass_soon ||
+        mc__callbacks_pending(e) || atomic_load_explicit(&e->sub_any, memory_order_relaxed))
+        return false;
+    pass_engine = e;
+    e->pass_callbacks = true;
+    e->sends_since_pass = 0;
+    for (unsigned i = 0; i < mc__n_transports; i++) {
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], express) && !mc__transports[i]->express(e)) {
+            progress_pass(e, 0, NULL, 0, NULL, true); /* (what was taken is run there) */
+            return true;
+        }
+    }
+    bool started = false;
+    if (mc__callbacks_pending(e)) {
+        mc__callbacks_run(e);
+        started = true;
+    }
+    if (!mc_list_empty(&e->active_peers))
+        mc__sched_run(e);
+    transports_reap(e, false);
+    if (e->pass_soon)
+        e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
+    if (mc__callbacks_pending(e))
+        mc__doorbell(e);
+    if (started)
+        arm_timer(e);
+    e->pass_callbacks = false;
+    pass_engine = NULL;
+    wake_waiters(e);
+    return true;
+}
+
 int mc_engine_progress(mc_engine_t *e)
 {
     if (!e)
@@ -485,14 +556,16 @@ int mc_engine_progress(mc_engine_t *e)
         atomic_store_explicit(&e->host_passes,
                               atomic_load_explicit(&e->host_passes, memory_order_relaxed) + 1,
                               memory_order_relaxed);
-    if (in_pass || pthread_mutex_trylock(&e->lock)) {
+    if (pass_engine || pthread_mutex_trylock(&e->lock)) {
         if (e->has_serve_thread) /* it is in a pass: it leaves the next to us */
             atomic_store_explicit(&e->host_pass_ns, mc__now_ns(), memory_order_relaxed);
         return 0;
     }
     if (light_due(e)) {
         MC_LOG_SCOPE(e->cfg.log_level);
-        rc = progress_pass(e, 0, NULL, 0, NULL, true);
+        rc = 0;
+        if (!express_pass(e))
+            rc = progress_pass(e, 0, NULL, 0, NULL, true);
         arm_for_host(e);
     } else {
         if (e->has_serve_thread) { /* the pass below uses the same clock reading */
@@ -525,7 +598,7 @@ int mc_engine_arm(mc_engine_t *e)
     if (e->has_thread)
         return 0;
     atomic_store(&e->arm_explicit, true);
-    if (in_pass || pthread_mutex_trylock(&e->lock))
+    if (pass_engine || pthread_mutex_trylock(&e->lock))
         return -EAGAIN; /* another thread is in a pass: look again */
     /* callbacks a serving pass held for the host are work too */
     ok = !mc__callbacks_pending(e) && idle_arm(e);
@@ -731,6 +804,7 @@ static int engine_start(mc_engine_t *e)
         return rc;
     e->implicit_progress = !e->cfg.progress_thread && e->cfg.progress_implicit;
     e->light_cycles = LIGHT_US * mc__cycles_per_us();
+    reapers_setup(e);
     if (e->cfg.progress_thread) {
         e->has_thread = true; /* before the thread reads it (arm_timer) */
         rc = pthread_create(&e->progress_tid, NULL, progress_thread, e);
@@ -835,9 +909,7 @@ void mc_engine_destroy(mc_engine_t *e)
     mc__meta_cache_stop(e);
     pthread_mutex_lock(&e->lock);
     /* (this thread may be in a pass of another engine: a callback of it destroys this one) */
-    bool was_in_pass = in_pass;
     const mc_engine_t *was_engine = pass_engine;
-    in_pass = true;
     pass_engine = e;
     engine_abort_tasks(e);
     transports_stop(e);
@@ -853,7 +925,6 @@ void mc_engine_destroy(mc_engine_t *e)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], reap))
             mc__transports[i]->reap(e);
     mc__sched_fini(e);
-    in_pass = was_in_pass;
     pass_engine = was_engine;
     pthread_mutex_unlock(&e->lock);
     mc__peers_fini(e);

@@ -96,13 +96,18 @@ struct mc_engine {
     mc_list_t releaseq;   /* tasks let go of in this pass: callbacks at its end (mc_task_t.alink) */
     mc_list_t sentq;      /* tasks whose on_sent runs at the end of the pass (mc_task_t.slink) */
     mc_list_t heldq;      /* messages, peer events, completions for the host (callbacks.c) */
-    unsigned n_held_msgs; /* messages in heldq: past MC_MSG_WINDOW, senders wait */
-    bool rx_held_full;    /* a message was refused for that: wake progress once they ran */
+    unsigned n_held_msgs; /* messages in heldq and quick: past MC_MSG_WINDOW, senders wait */
+    mc_quick_t quick[MC_QUICK_MAX]; /* messages lent while nothing else is held: they run */
+    unsigned n_quick;               /* first, without a held record each (callbacks.c) */
+    bool rx_held_full;           /* a message was refused for that: wake progress once they ran */
     mc_bufcache_t held_bufs;     /* held records kept for reuse (callbacks.c) */
     mc_list_t done_msgs;         /* sends and flushes whose completion got no held record: */
     mc_list_t done_flushes;      /* they carry it themselves (mc__msgs_done_run) */
     mc_bufcache_t msg_bufs;      /* message records kept for reuse (msg.c): a host thread's */
     mc_bufcache_t msg_bufs_pass; /* and those made under e->lock (a pass, a send section) */
+    unsigned reap_due;           /* transports (bit = slot) with reap_marked whose reap has work */
+    unsigned reapers, reap_always; /* transports with a reap; of them, those that do not mark */
+    bool express_ok;     /* every transport started can take part in an express pass (engine.c) */
     bool pass_callbacks; /* the pass under way runs them at its end: rings may lend records */
     struct mc_rx_streams *rx_streams; /* next message expected of each stream (msg.c) */
     mc_slice_t *slice_free;           /* free list */
@@ -202,6 +207,12 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p);
 static inline void mc__sub_mark(mc_engine_t *e)
 {
     atomic_store_explicit(&e->sub_any, true, memory_order_release);
+}
+
+/* Transport slot left work for its reap (transport.h, reap_marked). Progress context. */
+static inline void mc__reap_mark(mc_engine_t *e, unsigned slot)
+{
+    e->reap_due |= 1u << slot;
 }
 
 /* Copy a segment name into a buffer of MC_NAME_MAX bytes (cut if longer; no printf per

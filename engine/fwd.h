@@ -30,6 +30,18 @@ typedef struct mc_transport_ops mc_transport_ops_t;
 typedef struct mc_ring_lend {
     unsigned n;        /* records lent whose handlers did not run yet */
     uint64_t returned; /* while n: the ring position up to which every record was given back */
+    unsigned slot;     /* the lending transport's: its reap gives them back (mc__reap_mark) */
 } mc_ring_lend_t;
+
+/* A message lent by a ring and handed to its handler without a held record (callbacks.c). */
+#define MC_QUICK_MAX 16
+typedef struct mc_quick {
+    const char *from;
+    const void *msg;
+    size_t len;
+    mc_ring_lend_t *lend;
+    uint64_t end;
+    uint8_t id;
+} mc_quick_t;
 
 #endif

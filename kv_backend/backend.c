@@ -10,6 +10,7 @@
 
 #include "kv.h"
 #include "sys/cudart.h"
+#include "util/thread_buf.h"
 
 #if MC_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -57,18 +58,30 @@ const mc_kv_option_t *kv__options(size_t *n_p)
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
-static __thread char tls_error[512]; /* the calling thread's copy of the last message */
+/* The calling thread's copy of the last message (on the heap: util/thread_buf.h). */
+#define TLS_ERROR_MAX 512
+static mc_thread_buf_t tls_error_buf = MC_THREAD_BUF_INIT(TLS_ERROR_MAX);
+static __thread void *tls_error_mine;
+_Static_assert(sizeof(((mc_kv_backend_t *)0)->error) <= TLS_ERROR_MAX, "a backend's message fits");
+
+static char *tls_error(void)
+{
+    return mc__thread_buf(&tls_error_buf, &tls_error_mine);
+}
 
 mc_kv_status_t kv__fail(mc_kv_backend_t *b, mc_kv_status_t status, const char *fmt, ...)
 {
+    char msg[TLS_ERROR_MAX], *mine = tls_error();
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(tls_error, sizeof(tls_error), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    if (mine)
+        memcpy(mine, msg, sizeof(msg));
     if (b) {
         pthread_mutex_lock(&b->lock);
-        memcpy(b->error, tls_error, sizeof(b->error));
+        memcpy(b->error, msg, sizeof(b->error));
         pthread_mutex_unlock(&b->lock);
     }
     return status;
@@ -115,12 +128,16 @@ mc_kv_status_t kv__fail_engine(mc_kv_backend_t *b, int rc, const char *what)
 
 const char *kv__last_error(mc_kv_backend_t *b)
 {
+    char *mine = tls_error();
+
+    if (!mine)
+        return "out of memory (the message could not be kept)";
     if (b) {
         pthread_mutex_lock(&b->lock);
-        memcpy(tls_error, b->error, sizeof(tls_error));
+        memcpy(mine, b->error, sizeof(b->error));
         pthread_mutex_unlock(&b->lock);
     }
-    return tls_error;
+    return mine;
 }
 
 /* ---- create / destroy --------------------------------------------------------------------- */

@@ -138,6 +138,11 @@ struct mc_transport_ops {
     void (*progress)(mc_engine_t *e);
     void (*timers)(mc_engine_t *e, uint64_t now);
     void (*reap)(mc_engine_t *e);
+    /* An express pass (engine.c): a light pass of an engine with nothing under way. Take what
+     * arrived through memory for the host's handlers (mc__msg_deliver) and return true, or
+     * return false, having done nothing, when this pass must be a whole light one (work of its
+     * own). A transport with a progress hook and no express op never lets a pass be express. */
+    bool (*express)(mc_engine_t *e);
 
     /* Control requests between a transport and its counterpart on a peer. ctrl_recv: a request
      * arrived on link l; returns the status answered, the answer in ans (at most MC_CTRL_MAX
@@ -226,6 +231,11 @@ struct mc_transport_ops {
      * so a message sent from the progress context is filled at once, straight from the sender's
      * bytes (msg.c, msg_route_src); other carriers get messages copied first. */
     bool msg_direct;
+
+    /* Its reap has work only where it said so (mc__reap_mark, engine_int.h): then it runs at
+     * the end of a whole pass, and of a light pass or a host's send section only once marked
+     * (a spinning host's passes and sends otherwise paid every transport's reap). */
+    bool reap_marked;
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

@@ -9,11 +9,14 @@
 #include <mooncake/error.h>
 
 #include "log.h"
+#include "thread_buf.h"
 
 int mc__log_level = MC_LOG_WARN;
-__thread int mc__log_scope = MC_LOG_UNSET;
+__thread int mc__log_scope __attribute__((tls_model("initial-exec"))) = MC_LOG_UNSET;
 
-static __thread char last_error[512];
+#define ERROR_MAX 512
+static mc_thread_buf_t last_error_buf = MC_THREAD_BUF_INIT(ERROR_MAX);
+static __thread void *last_error; /* its ERROR_MAX bytes, once this thread had an error */
 
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
@@ -33,19 +36,21 @@ void mc__log(int level, const char *fmt, ...)
  * printing a buffer into itself garbles it. */
 int mc__set_error(int code, const char *fmt, ...)
 {
-    char msg[sizeof(last_error)];
+    char msg[ERROR_MAX];
+    char *to = mc__thread_buf(&last_error_buf, &last_error);
     va_list ap;
 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    memcpy(last_error, msg, sizeof(msg));
+    if (to)
+        memcpy(to, msg, sizeof(msg));
     return code;
 }
 
 const char *mc_last_error(void)
 {
-    return last_error;
+    return last_error ? last_error : ""; /* (none yet, or no memory to keep one) */
 }
 
 const char *mc_strerror(int err)
@@ -101,17 +106,4 @@ __attribute__((constructor)) static void log_level_from_env(void)
 
     if (level != MC_LOG_UNSET)
         mc__log_level = level;
-}
-
-int mc__log_enter(int level)
-{
-    int saved = mc__log_scope;
-
-    mc__log_scope = level;
-    return saved;
-}
-
-void mc__log_leave(int *saved)
-{
-    mc__log_scope = *saved;
 }

@@ -16,8 +16,10 @@
 enum { MC_LOG_OFF = -1, MC_LOG_ERROR = 0, MC_LOG_WARN = 1, MC_LOG_INFO = 2, MC_LOG_DEBUG = 3 };
 #define MC_LOG_UNSET (-100)
 
-extern int mc__log_level;          /* the process's */
-extern __thread int mc__log_scope; /* the engine's this thread works for, or MC_LOG_UNSET */
+extern int mc__log_level; /* the process's */
+/* the engine's this thread works for, or MC_LOG_UNSET; initial-exec, as engine.c's pass_engine:
+ * it is set and restored at every call of the API */
+extern __thread int mc__log_scope __attribute__((tls_model("initial-exec")));
 
 static inline int mc__log_threshold(void)
 {
@@ -42,8 +44,20 @@ int mc__set_error(int code, const char *fmt, ...) __attribute__((format(printf, 
 /* Log at `level` (an engine's) until the end of the enclosing block. */
 #define MC_LOG_SCOPE(level)                                                                        \
     int mc__log_saved __attribute__((cleanup(mc__log_leave), unused)) = mc__log_enter(level)
-int mc__log_enter(int level); /* returns the level it replaces */
-void mc__log_leave(int *saved);
+
+/* Returns the level it replaces. */
+static inline int mc__log_enter(int level)
+{
+    int saved = mc__log_scope;
+
+    mc__log_scope = level;
+    return saved;
+}
+
+static inline void mc__log_leave(int *saved)
+{
+    mc__log_scope = *saved;
+}
 
 /* "off, error, warn, info, debug" or -1..3 into a level; -1 if it is none of them. */
 int mc__log_level_parse(const char *v);

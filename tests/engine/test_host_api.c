@@ -1429,6 +1429,7 @@ static struct {
     int tag[2];             /* each handler's argument */
     atomic_ulong calls[2];  /* messages each handler took */
     atomic_ulong next, bad; /* the next message's number; a wrong argument or number */
+    atomic_ulong swaps;     /* handlers set by the swapper */
     atomic_bool stop;
     mc_engine_t *host;
 } swap;
@@ -1465,15 +1466,18 @@ static void on_swap_b(void *arg, const char *from, uint8_t id, const void *data,
 static void *swapper(void *arg)
 {
     (void)arg;
-    for (unsigned i = 0; !atomic_load(&swap.stop); i++)
+    for (unsigned i = 0; !atomic_load(&swap.stop); i++) {
         mc_msg_handler_set(swap.host, TH_MSG_ID, i % 2 ? on_swap_b : on_swap_a, &swap.tag[i % 2]);
+        atomic_fetch_add(&swap.swaps, 1);
+    }
     return NULL;
 }
 
 /* Handlers are read by progress without a lock (a sequence lock): a thread that swaps the
  * handler and its argument as fast as it can while 2*10^4 messages arrive over the same-host
  * ring never lets a handler run with the other's argument, every message runs one handler,
- * once, in order, and both handlers get some. */
+ * once, in order, and both handlers get some (the messages go in bursts, each once the swapper
+ * ran since the last: a burst can be delivered while the swapper waits for a core). */
 static void test_handler_swap(void **state)
 {
     mc_segment_id_t seg;
@@ -1492,6 +1496,11 @@ static void test_handler_swap(void **state)
     int64_t dl = th_now_ms() + 30000;
     int rc = 0;
     for (uint64_t n = 0; n < SWAP_N && th_now_ms() < dl && (!rc || rc == -EAGAIN);) {
+        if (n % (SWAP_N / 20) == 0) {
+            unsigned long seen = atomic_load(&swap.swaps);
+            while (atomic_load(&swap.swaps) < seen + 2 && th_now_ms() < dl)
+                sched_yield();
+        }
         rc = mc_msg_send(snd, seg, TH_MSG_ID, &n, sizeof(n));
         if (rc == -EAGAIN)
             sched_yield();

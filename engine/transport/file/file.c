@@ -391,9 +391,16 @@ static void file_progress(mc_engine_t *e)
 {
     if (file_quiet(file_of(e)))
         return;
+    mc__reap_mark(e, mc__file_slot);
     mc__file_io_reap(e);
     mc__file_copy_reap(e, &file_of(e)->copy);
     file_work(e);
+}
+
+/* An express pass only while there is nothing to do here. */
+static bool file_express(mc_engine_t *e)
+{
+    return file_quiet(file_of(e));
 }
 
 /* A device's copies signal nothing the loop can sleep on: it keeps polling while any is in
@@ -469,4 +476,6 @@ const mc_transport_ops_t mc__file_ops = {
     .idle = file_idle,
     .grant_answer = mc__file_grant_answer,
     .revoke = mc__file_revoke,
+    .express = file_express,
+    .reap_marked = true,
 };

@@ -67,6 +67,7 @@ static file_op_t *op_alloc(mc_engine_t *e)
     op->bound.kind = FB_OP;
     mc_list_init(&op->link);
     fe->n_ops++;
+    mc__reap_mark(e, mc__file_slot);
     return op;
 }
 
@@ -315,6 +316,7 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
     mc__peer_activate(e, op->p); /* its next slices may go */
     fe->n_ops--;
     fe->kicked = true;
+    mc__reap_mark(e, mc__file_slot);
     op->s = NULL;
     mc_list_push_back(&fe->ops_free, &op->link);
 }
@@ -589,6 +591,7 @@ static void release_queue(mc_engine_t *e, file_op_t *op)
     }
     if (!fp->n_release)
         mc_list_push_back(&file_of(e)->rel_peers, &fp->rel_link);
+    mc__reap_mark(e, mc__file_slot);
     fp->release[fp->n_release++] = op->lend_id;
 }
 

@@ -32,6 +32,7 @@ void mc__file_chunk_put(mc_engine_t *e, file_chunk_t *c)
     c->owner = NULL;
     mc_list_push_back(c->lend ? &fe->free_lend : &fe->free_local, &c->link);
     fe->kicked = true;
+    mc__reap_mark(e, mc__file_slot);
 }
 
 static void chunk_quarantine(mc_engine_t *e, file_chunk_t *c)

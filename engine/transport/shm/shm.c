@@ -133,6 +133,7 @@ static void conn_bury(mc_engine_t *e, shm_conn_t *c)
     c->p.fd = -1;
     mc_list_del(&c->link);
     mc_list_push_back(&se->grave, &c->link);
+    mc__reap_mark(e, mc__shm_slot);
     atomic_fetch_sub(&e->n_links, 1);
     if (c->owes_ack) { /* counts as acknowledged */
         c->owes_ack = false;
@@ -935,6 +936,7 @@ static void shm_peer_close(mc_engine_t *e, mc_peer_t *p)
     mc__shm_tx_close(e, &s->tx);
     peer_unmap_all(s);
     mc_list_push_back(&shm_of(e)->peers_grave, &s->link);
+    mc__reap_mark(e, mc__shm_slot);
     p->tp[mc__shm_slot] = NULL;
 }
 
@@ -1185,6 +1187,8 @@ const mc_transport_ops_t mc__shm_ops = {
     .idle = shm_idle,
     .grant_ask = shm_grant_ask,
     .msg_direct = true,
+    .express = mc__shm_msg_express,
+    .reap_marked = true,
 };
 
 shm_tx_t *mc__shm_peer_tx(mc_peer_t *p)

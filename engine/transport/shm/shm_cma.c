@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include "shm_int.h"
+#include "../../util/thread_buf.h"
 
 #define CMA_IOV         1024       /* iovecs per process_vm_readv/writev call (IOV_MAX) */
 #define CMA_PIECE_TASKS 256        /* a long run is shared out in pieces of at most this many */
@@ -71,14 +72,22 @@ static ssize_t cma_big(shm_peer_t *s, const mc_task_t *t)
 static void cma_move(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n, unsigned hint,
                      cma_call_t *r)
 {
-    static __thread struct iovec liov[CMA_IOV], riov[CMA_IOV]; /* 32 KiB: not on the stack */
+    static mc_thread_buf_t tb = MC_THREAD_BUF_INIT(2 * CMA_IOV * sizeof(struct iovec));
+    static __thread void *mine; /* 32 KiB: not on the stack */
+    struct iovec few[2][8], *liov = mc__thread_buf(&tb, &mine), *riov = liov + CMA_IOV;
+    size_t max = CMA_IOV;
+    if (!liov) { /* no memory for them: a few at a time */
+        liov = few[0];
+        riov = few[1];
+        max = 8;
+    }
     unsigned l = lane_take(s, hint);
     _Atomic uint64_t *lane = &s->regtab->slot[s->slot].lane[l];
     uint64_t bytes = 0;
     size_t j = i, k = 0;
 
     atomic_fetch_add(lane, 1);
-    for (; j < n && k < CMA_IOV && cma_like(&tasks[i], &tasks[j]) &&
+    for (; j < n && k < max && cma_like(&tasks[i], &tasks[j]) &&
            (!k || bytes + tasks[j].req.length <= CMA_CALL_BYTES) &&
            mc__shm_regtab_covers(s->regtab, tasks[j].req.target_offset, tasks[j].req.length);
          j++, k++) {

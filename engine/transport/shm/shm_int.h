@@ -198,6 +198,7 @@ const char *mc__shm_peer_addr(mc_peer_t *p);
 void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p);
 bool mc__shm_msg_idle(mc_engine_t *e);
 void mc__shm_msg_progress(mc_engine_t *e);
+bool mc__shm_msg_express(mc_engine_t *e);
 void mc__shm_msg_settle(mc_engine_t *e, mc_peer_t *p);
 void mc__shm_tx_init(shm_tx_t *tx, mc_peer_t *p);
 void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx);

@@ -341,6 +341,7 @@ shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd)
     }
     rx->fd = fd;
     rx->ring = r;
+    rx->lend.slot = mc__shm_slot;
     rx->tail = rx->given = atomic_load(&r->tail);
     rx->stream = r->stream; /* read once: the sender cannot change who it is */
     memcpy(rx->sender, r->sender, sizeof(rx->sender));
@@ -360,22 +361,27 @@ static void rx_give(shm_rx_t *rx)
     kick_if_armed(&rx->ring->tx_armed, rx->fd);
 }
 
-/* Take what the ring holds, in order, up to RX_BUDGET records. -EIO: a record that cannot be
- * (the ring is not one, or the sender wrote over it). */
-static int rx_poll(mc_engine_t *e, shm_rx_t *rx)
+/* Take what the ring holds, in order, up to RX_BUDGET records, and give back what was not lent
+ * to handlers. A ring with a record that cannot be one (it is not a ring, or the sender wrote
+ * over it) is closed. */
+static void rx_poll(mc_engine_t *e, shm_rx_t *rx)
 {
     shm_ring_t *r = rx->ring;
 
+    if (rx->corrupt)
+        return;
     /* The next record's line is on its way by the time head says it is there: otherwise a
      * spinning receiver takes two cache misses in a row per message, head's and the record's. */
     __builtin_prefetch(r->data + rx->tail % RING_BYTES);
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    int rc =
+    if (head != rx->tail &&
         mc__ring_take(e, mc__shm_slot, r->data, RING_BYTES, head, &rx->tail, rx->sender, rx->stream,
-                      RX_BUDGET, &rx->blocked, e->pass_callbacks ? &rx->lend : NULL);
-
+                      RX_BUDGET, &rx->blocked, e->pass_callbacks ? &rx->lend : NULL)) {
+        mc_warn("shm: the message ring from %s is corrupt: closing it", rx->sender);
+        rx->corrupt = true;
+        shutdown(rx->fd, SHUT_RDWR); /* its connection goes, and the sender hears it */
+    }
     rx_give(rx);
-    return rc;
 }
 
 void mc__shm_msg_give(mc_engine_t *e)
@@ -397,9 +403,10 @@ static void rx_free(shm_rx_t *rx)
 void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx)
 {
     mc_list_del(&rx->link);
-    if (rx->lend.n)
+    if (rx->lend.n) {
         mc_list_push_back(&shm_of(e)->rx_lent, &rx->link);
-    else
+        mc__reap_mark(e, mc__shm_slot);
+    } else
         rx_free(rx);
 }
 
@@ -424,21 +431,24 @@ void mc__shm_msg_progress(mc_engine_t *e)
     shm_engine_t *se = shm_of(e);
     mc_list_t *pos, *tmp;
 
-    mc_list_for_each_safe(pos, tmp, &se->rx_rings)
-    {
-        shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
-        if (!rx->corrupt && rx_poll(e, rx)) {
-            mc_warn("shm: the message ring from %s is corrupt: closing it", rx->sender);
-            rx->corrupt = true;
-            shutdown(rx->fd, SHUT_RDWR); /* its connection goes, and the sender hears it */
-        }
-    }
+    mc_list_for_each_safe(pos, tmp, &se->rx_rings) rx_poll(e, mc_container_of(pos, shm_rx_t, link));
     mc_list_for_each_safe(pos, tmp, &se->tx_busy)
     {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
         if (tx_due(e, tx))
             tx_poll(e, tx);
     }
+}
+
+/* An express pass takes only what the rings hold: their senders' answers wait for a whole
+ * pass (within LIGHT_US), as does everything else of a pass. */
+bool mc__shm_msg_express(mc_engine_t *e)
+{
+    mc_list_t *pos;
+
+    for (pos = shm_of(e)->rx_rings.next; pos != &shm_of(e)->rx_rings; pos = pos->next)
+        rx_poll(e, mc_container_of(pos, shm_rx_t, link));
+    return true;
 }
 
 bool mc__shm_msg_idle(mc_engine_t *e)

@@ -397,4 +397,5 @@ const mc_transport_ops_t mc__tcp_ops = {
     .address_text = tcp_address_text,
     .address_reachable = tcp_address_reachable,
     .ctrl_answer = mc__tcp_ctrl_answer,
+    .reap_marked = true,
 };

@@ -108,6 +108,7 @@ static void conn_bury(mc_engine_t *e, mc_tcp_conn_t *c)
     close(c->pollable.fd);
     mc_list_del(&c->node);
     mc_list_push_back(&tcp_of(e)->graveyard, &c->node);
+    mc__reap_mark(e, mc__tcp_slot);
     atomic_fetch_sub(&e->n_links, 1);
 }
 
@@ -150,6 +151,7 @@ void mc__tcp_answer_later(mc_engine_t *e, mc_tcp_conn_t *c)
     if (!c->in_later) {
         c->in_later = true;
         mc_list_push_back(&tcp_of(e)->acks_later, &c->later);
+        mc__reap_mark(e, mc__tcp_slot);
     }
 }
 
