@@ -124,6 +124,8 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
     return 0;
 }
 
+static uint64_t route(mc_engine_t *e, mc_msg_t *m, bool now);
+
 /* Route m, made in the progress context with its payload still at the sender's data: a carrier
  * of its peer's messages that keeps payloads where it writes them (msg_direct: shm's ring) takes
  * it at once, straight from there; otherwise m gets its copy before the send returns. A
@@ -133,12 +135,7 @@ static void msg_route_src(mc_engine_t *e, mc_msg_t *m, const void *data)
 {
     m->src = data;
     m->refs++; /* (a route that fails at once lets go of it) */
-    if (mc__msg_route(e, m)) {
-        mc_peer_t *p = mc__peer_get(e, m->target);
-        unsigned tp = p->msg_tp;
-        if (p->tp[tp] && MC_TP_HAS(mc__transports[tp], msg_direct))
-            mc__transports[tp]->fill(e, p);
-    }
+    route(e, m, true);
     if (!m->in_ring && m->len)
         memcpy(m->data, data, m->len);
     m->src = NULL;
@@ -163,7 +160,7 @@ static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
         if (!rc && src)
             msg_route_src(e, m, data);
         else if (!rc)
-            mc__msg_route(e, m);
+            route(e, m, true);
         if (!section)
             return rc;
         if (!rc) {
@@ -277,7 +274,11 @@ static void faster_carrier(mc_engine_t *e, mc_peer_t *p)
     }
 }
 
-uint64_t mc__msg_route(mc_engine_t *e, mc_msg_t *m)
+/* Queue m on its peer, numbered. now: a carrier that keeps payloads where it writes them
+ * (msg_direct: shm's ring) takes it at once, and the peer is left for the scheduler only if it
+ * could not (a message sent from a send section or a callback; the scheduler's walk of the
+ * active peers was a tenth of a same-host message's path). */
+static uint64_t route(mc_engine_t *e, mc_msg_t *m, bool now)
 {
     mc_peer_t *p = mc__peer_get(e, m->target); /* the table is read without its lock here */
 
@@ -285,11 +286,20 @@ uint64_t mc__msg_route(mc_engine_t *e, mc_msg_t *m)
         msg_done(e, p, m, p ? -MC_EPEERDEAD : -MC_ECANCELED);
         return 0;
     }
-    m->seq = ++p->msg_seq;
+    uint64_t seq = m->seq = ++p->msg_seq;
     mc_list_push_back(&p->msgq, &m->link);
     faster_carrier(e, p);
-    mc__peer_activate(e, p);
-    return p->msg_seq;
+    const mc_transport_ops_t *tp = mc__transports[p->msg_tp];
+    if (now && p->tp[p->msg_tp] && MC_TP_HAS(tp, msg_direct))
+        tp->fill(e, p);
+    if (!mc_list_empty(&p->msgq))
+        mc__peer_activate(e, p);
+    return seq;
+}
+
+uint64_t mc__msg_route(mc_engine_t *e, mc_msg_t *m)
+{
+    return route(e, m, false);
 }
 
 mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp)
