@@ -291,10 +291,10 @@ bool mc__progress_may_sleep(mc_engine_t *e)
 {
     bool ok;
 
-    if (pass_engine || pthread_mutex_trylock(&e->lock))
+    if (pass_engine || !mc_lock_try(&e->lock))
         return false; /* another thread is in a pass: look again soon */
     ok = idle_arm(e);
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
     return ok;
 }
 
@@ -403,11 +403,11 @@ static int progress_try(mc_engine_t *e, bool callbacks, bool *ran, uint64_t now)
     int rc;
 
     *ran = false;
-    if (pass_engine || pthread_mutex_trylock(&e->lock))
+    if (pass_engine || !mc_lock_try(&e->lock))
         return 0;
     *ran = true;
     rc = progress_locked(e, callbacks, now);
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
     return rc;
 }
 
@@ -427,7 +427,7 @@ int mc__progress_try(mc_engine_t *e)
  * drives those (a doorbell, an epoll_wait and a read per message otherwise, UCX's am_short). */
 bool mc__send_begin(mc_engine_t *e)
 {
-    if (e->has_thread || pass_engine || pthread_mutex_trylock(&e->lock))
+    if (e->has_thread || pass_engine || !mc_lock_try(&e->lock))
         return false;
     pass_engine = e;
     drain_submissions(e); /* what this thread queued before goes first */
@@ -440,7 +440,7 @@ void mc__send_end(mc_engine_t *e)
     if (now && now - e->last_pass_ns >= SEND_PASS_NS) {
         pass_engine = NULL;
         progress_locked(e, true, now);
-        pthread_mutex_unlock(&e->lock);
+        mc_unlock(&e->lock);
         return;
     }
     mc__sched_run(e);
@@ -452,7 +452,7 @@ void mc__send_end(mc_engine_t *e)
     if (mc__callbacks_pending(e) || e->pass_soon || atomic_load(&e->host_armed))
         mc__doorbell(e);
     arm_for_host(e);
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
 }
 
 bool mc__progress_implicit(mc_engine_t *e)
@@ -556,7 +556,7 @@ int mc_engine_progress(mc_engine_t *e)
         atomic_store_explicit(&e->host_passes,
                               atomic_load_explicit(&e->host_passes, memory_order_relaxed) + 1,
                               memory_order_relaxed);
-    if (pass_engine || pthread_mutex_trylock(&e->lock)) {
+    if (pass_engine || !mc_lock_try(&e->lock)) {
         if (e->has_serve_thread) /* it is in a pass: it leaves the next to us */
             atomic_store_explicit(&e->host_pass_ns, mc__now_ns(), memory_order_relaxed);
         return 0;
@@ -576,7 +576,7 @@ int mc_engine_progress(mc_engine_t *e)
         e->whole_cycles = mc__cycles();
         e->light_left = LIGHT_PASSES;
     }
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
     return rc;
 }
 
@@ -598,7 +598,7 @@ int mc_engine_arm(mc_engine_t *e)
     if (e->has_thread)
         return 0;
     atomic_store(&e->arm_explicit, true);
-    if (pass_engine || pthread_mutex_trylock(&e->lock))
+    if (pass_engine || !mc_lock_try(&e->lock))
         return -EAGAIN; /* another thread is in a pass: look again */
     /* callbacks a serving pass held for the host are work too */
     ok = !mc__callbacks_pending(e) && idle_arm(e);
@@ -607,7 +607,7 @@ int mc_engine_arm(mc_engine_t *e)
     /* until the host calls in again, what arrives is its to handle: the serving thread would
      * take the wake-up from under it and hold the callbacks */
     atomic_store(&e->host_armed, ok);
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
     return ok ? 0 : -EAGAIN;
 }
 
@@ -628,12 +628,12 @@ static void *progress_thread(void *arg)
             mc_error("epoll_wait: %s", strerror(errno));
             break;
         }
-        pthread_mutex_lock(&e->lock);
+        mc_lock(&e->lock);
         progress_pass(e, mc__now_ns(), evs, n < 0 ? 0 : n, NULL, true);
         /* (the tick under the lock: the lists it looks at are the pass's; what changes them
          * after the unlock rings the doorbell) */
         sleep_ms = n <= 0 && idle_arm(e) ? tick_ms(e) : 0;
-        pthread_mutex_unlock(&e->lock);
+        mc_unlock(&e->lock);
     }
     return NULL;
 }
@@ -697,7 +697,6 @@ static int engine_fds(mc_engine_t *e)
 
 static void engine_init_state(mc_engine_t *e)
 {
-    pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->sub_lock, NULL);
     pthread_mutex_init(&e->done_lock, NULL);
     pthread_cond_init(&e->done_cond, NULL);
@@ -907,7 +906,7 @@ void mc_engine_destroy(mc_engine_t *e)
     }
     mc__publish_stop(e);
     mc__meta_cache_stop(e);
-    pthread_mutex_lock(&e->lock);
+    mc_lock(&e->lock);
     /* (this thread may be in a pass of another engine: a callback of it destroys this one) */
     const mc_engine_t *was_engine = pass_engine;
     pass_engine = e;
@@ -926,7 +925,7 @@ void mc_engine_destroy(mc_engine_t *e)
             mc__transports[i]->reap(e);
     mc__sched_fini(e);
     pass_engine = was_engine;
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
     mc__peers_fini(e);
     mc__memtab_fini(e);
     transports_fini(e); /* after the peers and the memory registrations are gone */

@@ -33,6 +33,7 @@
 #include "sys/epwatch.h"
 #include "util/bufcache.h"
 #include "util/list.h"
+#include "util/lock.h"
 #include "util/log.h"
 #include "topology/topology.h"
 #include "util/time.h"
@@ -57,7 +58,7 @@ struct mc_engine {
     uint64_t instance;
     int epfd, doorbell, timerfd;
 
-    pthread_mutex_t lock; /* the progress context */
+    mc_lock_t lock; /* the progress context (util/lock.h) */
     pthread_t progress_tid;
     pthread_t serve_tid; /* caller mode with PROGRESS_SERVE_US */
     bool has_serve_thread;

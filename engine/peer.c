@@ -113,10 +113,10 @@ static void peer_discard(mc_engine_t *e, mc_peer_t *p)
     bool lock = !mc__in_pass_of(e);
 
     if (lock)
-        pthread_mutex_lock(&e->lock);
+        mc_lock(&e->lock);
     peer_free(e, p);
     if (lock)
-        pthread_mutex_unlock(&e->lock);
+        mc_unlock(&e->lock);
 }
 
 int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)

@@ -344,7 +344,7 @@ int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
         return mc__set_error(-EINVAL, "NULL engine");
     if (mc__in_progress())
         return mc__set_error(-EDEADLK, "segments cannot be closed from a callback");
-    pthread_mutex_lock(&e->lock);
+    mc_lock(&e->lock);
     pthread_rwlock_wrlock(&e->peers_lock);
     p = mc__peer_get(e, id);
     if (!p)
@@ -361,6 +361,6 @@ int mc_segment_close(mc_engine_t *e, mc_segment_id_t id)
     pthread_rwlock_unlock(&e->peers_lock);
     if (destroy)
         mc__peer_destroy(e, p);
-    pthread_mutex_unlock(&e->lock);
+    mc_unlock(&e->lock);
     return rc;
 }
