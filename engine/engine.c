@@ -209,6 +209,34 @@ static void wake_waiters(mc_engine_t *e)
     }
 }
 
+/* The host's callbacks, if any are held, and what they queued (messages, notifications of the
+ * tasks they end) sent in the same pass: whether they ran. */
+static bool pass_callbacks(mc_engine_t *e)
+{
+    if (!mc__callbacks_pending(e))
+        return false;
+    mc__callbacks_run(e);
+    if (!mc_list_empty(&e->active_peers))
+        mc__sched_run(e);
+    return true;
+}
+
+/* The end of a pass (whole: with the clock and timers); started: it may have started work that
+ * needs the tick (what it took from the queues, what its callbacks did). */
+static void pass_end(mc_engine_t *e, bool whole, bool started)
+{
+    transports_reap(e, whole);
+    if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
+        e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
+    if (e->pass_callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
+        mc__doorbell(e);
+    if (whole || started || e->pass_soon)
+        arm_timer(e);
+    e->pass_callbacks = false;
+    pass_engine = NULL;
+    wake_waiters(e);
+}
+
 /* One pass over ready events, starting at now (one clock read per pass, another when timers
  * are due). Caller holds e->lock. callbacks: run the host's at its end (a quiet pass keeps
  * them, and the event fd says there is work). now 0: a light pass (mc_engine_progress), no
@@ -254,24 +282,10 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         e->next_timer_ns = now + TICK_BUSY_MS * MC_MS;
         mc__sched_run(e);
     }
-    /* Callbacks last, with nothing of a transport's on the stack; what they queue (messages,
-     * notifications of the tasks they end) goes out in the same pass. */
-    if (callbacks && mc__callbacks_pending(e)) {
-        mc__callbacks_run(e);
-        mc__sched_run(e);
-        started = true;
-    }
-    transports_reap(e, now != 0);
-    if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
-        e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
-    if (callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
-        mc__doorbell(e);
-    /* What a light pass starts that needs the tick comes from the queues or the callbacks */
-    if (now || started)
-        arm_timer(e);
-    e->pass_callbacks = false;
-    pass_engine = NULL;
-    wake_waiters(e);
+    /* Callbacks last, with nothing of a transport's on the stack. */
+    if (callbacks)
+        started |= pass_callbacks(e);
+    pass_end(e, now != 0, started);
     return n;
 }
 
@@ -522,23 +536,7 @@ static bool express_pass(mc_engine_t *e)
             return true;
         }
     }
-    bool started = false;
-    if (mc__callbacks_pending(e)) {
-        mc__callbacks_run(e);
-        started = true;
-    }
-    if (!mc_list_empty(&e->active_peers))
-        mc__sched_run(e);
-    transports_reap(e, false);
-    if (e->pass_soon)
-        e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
-    if (mc__callbacks_pending(e))
-        mc__doorbell(e);
-    if (started)
-        arm_timer(e);
-    e->pass_callbacks = false;
-    pass_engine = NULL;
-    wake_waiters(e);
+    pass_end(e, false, pass_callbacks(e));
     return true;
 }
 
