@@ -38,9 +38,9 @@
 #define LIGHT_PASSES 7
 #define LIGHT_US     2
 
-/* The engine whose pass this thread is in, or NULL. Initial-exec (util/thread_buf.h): a
- * spinning host reads it several times per call, each a __tls_get_addr call otherwise. */
-static __thread const mc_engine_t *pass_engine __attribute__((tls_model("initial-exec")));
+/* The engine whose pass this thread is in, or NULL. MC_TLS_HOT (util/log.h): a spinning host
+ * reads it several times per call, each a __tls_get_addr call otherwise. */
+static __thread const mc_engine_t *pass_engine MC_TLS_HOT;
 
 bool mc__in_progress(void)
 {
@@ -87,8 +87,8 @@ void mc__epoll_del(mc_engine_t *e, mc_pollable_t *p)
     epoll_ctl(e->epfd, EPOLL_CTL_DEL, p->fd, NULL);
 }
 
-/* Move everything other threads queued into the progress context: whether there was any. */
-static bool drain_submissions(mc_engine_t *e)
+/* Move everything other threads queued into the progress context. */
+static void drain_submissions(mc_engine_t *e)
 {
     mc_list_t tasks, msgs, flushes, cancels, *pos, *tmp, *n;
 
@@ -99,7 +99,7 @@ static bool drain_submissions(mc_engine_t *e)
     /* Most passes of a spinning host find nothing queued: two lock pairs were a sixth of an
      * idle ping-pong's samples. A push racing with this look rings the doorbell after it. */
     if (!atomic_load_explicit(&e->sub_any, memory_order_acquire))
-        return false;
+        return;
     pthread_mutex_lock(&e->sub_lock);
     atomic_store_explicit(&e->sub_any, false, memory_order_relaxed);
     mc_list_splice_back(&tasks, &e->subq);
@@ -138,7 +138,6 @@ static bool drain_submissions(mc_engine_t *e)
         mc_list_del(pos);
         mc__sched_cancel(e, mc_container_of(pos, mc_batch_t, cancel_link));
     }
-    return true;
 }
 
 /* Timer ticks: fast while tasks are active or an unregister waits (a peer's request that holds
@@ -210,28 +209,25 @@ static void wake_waiters(mc_engine_t *e)
 }
 
 /* The host's callbacks, if any are held, and what they queued (messages, notifications of the
- * tasks they end) sent in the same pass: whether they ran. */
-static bool pass_callbacks(mc_engine_t *e)
+ * tasks they end) sent in the same pass. */
+static void pass_callbacks(mc_engine_t *e)
 {
     if (!mc__callbacks_pending(e))
-        return false;
+        return;
     mc__callbacks_run(e);
     if (!mc_list_empty(&e->active_peers))
         mc__sched_run(e);
-    return true;
 }
 
-/* The end of a pass (whole: with the clock and timers); started: it may have started work that
- * needs the tick (what it took from the queues, what its callbacks did). */
-static void pass_end(mc_engine_t *e, bool whole, bool started)
+/* The end of a pass (whole: with the clock and timers). */
+static void pass_end(mc_engine_t *e, bool whole)
 {
     transports_reap(e, whole);
     if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
         e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
     if (e->pass_callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
         mc__doorbell(e);
-    if (whole || started || e->pass_soon)
-        arm_timer(e);
+    arm_timer(e); /* (a light pass too: what it or a send before it started may need the tick) */
     e->pass_callbacks = false;
     pass_engine = NULL;
     wake_waiters(e);
@@ -265,7 +261,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         e->solo_ns = now;
         n++; /* handled as if epoll had reported it: the caller looks again at once */
     }
-    bool started = drain_submissions(e);
+    drain_submissions(e);
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
             mc__transports[i]->progress(e);
@@ -284,8 +280,8 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
     }
     /* Callbacks last, with nothing of a transport's on the stack. */
     if (callbacks)
-        started |= pass_callbacks(e);
-    pass_end(e, now != 0, started);
+        pass_callbacks(e);
+    pass_end(e, now != 0);
     return n;
 }
 
@@ -536,7 +532,8 @@ static bool express_pass(mc_engine_t *e)
             return true;
         }
     }
-    pass_end(e, false, pass_callbacks(e));
+    pass_callbacks(e);
+    pass_end(e, false);
     return true;
 }
 

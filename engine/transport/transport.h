@@ -133,16 +133,12 @@ struct mc_transport_ops {
     void (*submit)(mc_engine_t *e, mc_task_t *tasks, size_t n);
     void (*fill)(mc_engine_t *e, mc_peer_t *p);
 
-    /* Progress hooks: every pass before the scheduler runs, every timer tick (50 ms while
-     * busy), and at the end of every pass. */
+    /* Progress hooks: every pass before the scheduler runs, except express ones (express,
+     * below); every timer tick (50 ms while busy); and at the end of every whole pass, of the
+     * others only when marked (reap_marked, below). */
     void (*progress)(mc_engine_t *e);
     void (*timers)(mc_engine_t *e, uint64_t now);
     void (*reap)(mc_engine_t *e);
-    /* An express pass (engine.c): a light pass of an engine with nothing under way. Take what
-     * arrived through memory for the host's handlers (mc__msg_deliver) and return true, or
-     * return false, having done nothing, when this pass must be a whole light one (work of its
-     * own). A transport with a progress hook and no express op never lets a pass be express. */
-    bool (*express)(mc_engine_t *e);
 
     /* Control requests between a transport and its counterpart on a peer. ctrl_recv: a request
      * arrived on link l; returns the status answered, the answer in ans (at most MC_CTRL_MAX
@@ -236,6 +232,12 @@ struct mc_transport_ops {
      * the end of a whole pass, and of a light pass or a host's send section only once marked
      * (a spinning host's passes and sends otherwise paid every transport's reap). */
     bool reap_marked;
+
+    /* An express pass (engine.c): a light pass of an engine with nothing under way. Take what
+     * arrived through memory for the host's handlers (mc__msg_deliver) and return true, or
+     * return false, having done nothing, when this pass must be a whole light one (work of its
+     * own). A transport with a progress hook and no express op never lets a pass be express. */
+    bool (*express)(mc_engine_t *e);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

@@ -6,8 +6,9 @@
 
 #include "lock.h"
 
-#define SPINS 128 /* looks before the first nap: most holds are a pass, well under a microsecond   \
-                   */
+#define SPINS                                                                                      \
+    128 /* looks before the first nap: most holds are a pass, well under a microsecond             \
+         */
 
 static inline void relax(void)
 {

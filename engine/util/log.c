@@ -12,7 +12,7 @@
 #include "thread_buf.h"
 
 int mc__log_level = MC_LOG_WARN;
-__thread int mc__log_scope __attribute__((tls_model("initial-exec"))) = MC_LOG_UNSET;
+__thread int mc__log_scope MC_TLS_HOT = MC_LOG_UNSET;
 
 #define ERROR_MAX 512
 static mc_thread_buf_t last_error_buf = MC_THREAD_BUF_INIT(ERROR_MAX);

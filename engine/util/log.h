@@ -16,10 +16,21 @@
 enum { MC_LOG_OFF = -1, MC_LOG_ERROR = 0, MC_LOG_WARN = 1, MC_LOG_INFO = 2, MC_LOG_DEBUG = 3 };
 #define MC_LOG_UNSET (-100)
 
+/* The thread-locals read at every API call (this header's log scope, engine.c's pass engine):
+ * initial-exec, one load each, unless built with -DMC_TLS_INITIAL_EXEC=OFF. A library that
+ * has them needs its whole TLS block (util/thread_buf.h: 40-48 bytes) in glibc's static TLS
+ * when it is dlopen'd; a process that used that up first gets "cannot allocate memory in
+ * static TLS block" from dlopen. */
+#ifdef MC_TLS_DYNAMIC
+#define MC_TLS_HOT
+#else
+#define MC_TLS_HOT __attribute__((tls_model("initial-exec")))
+#endif
+
 extern int mc__log_level; /* the process's */
 /* the engine's this thread works for, or MC_LOG_UNSET; initial-exec, as engine.c's pass_engine:
  * it is set and restored at every call of the API */
-extern __thread int mc__log_scope __attribute__((tls_model("initial-exec")));
+extern __thread int mc__log_scope MC_TLS_HOT;
 
 static inline int mc__log_threshold(void)
 {

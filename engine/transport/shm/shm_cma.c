@@ -74,12 +74,13 @@ static void cma_move(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n, unsign
 {
     static mc_thread_buf_t tb = MC_THREAD_BUF_INIT(2 * CMA_IOV * sizeof(struct iovec));
     static __thread void *mine; /* 32 KiB: not on the stack */
-    struct iovec few[2][8], *liov = mc__thread_buf(&tb, &mine), *riov = liov + CMA_IOV;
-    size_t max = CMA_IOV;
-    if (!liov) { /* no memory for them: a few at a time */
+    struct iovec few[2][8], *liov = mc__thread_buf(&tb, &mine), *riov = few[1];
+    size_t max = 8;
+    if (liov) {
+        riov = liov + CMA_IOV;
+        max = CMA_IOV;
+    } else { /* no memory for them: a few at a time */
         liov = few[0];
-        riov = few[1];
-        max = 8;
     }
     unsigned l = lane_take(s, hint);
     _Atomic uint64_t *lane = &s->regtab->slot[s->slot].lane[l];
