@@ -6,9 +6,8 @@
 
 #include "lock.h"
 
-#define SPINS                                                                                      \
-    128 /* looks before the first nap: most holds are a pass, well under a microsecond             \
-         */
+/* Looks before the first nap: most holds are a pass, well under a microsecond. */
+#define SPINS 128
 
 static inline void relax(void)
 {
