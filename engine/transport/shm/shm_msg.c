@@ -426,29 +426,28 @@ void mc__shm_rx_lent_free(mc_engine_t *e, bool all)
 
 /* ---- both ---- */
 
-void mc__shm_msg_progress(mc_engine_t *e)
+/* Take what the rings hold. An express pass does only this: the answers to our own messages
+ * wait for a whole pass (within LIGHT_US), as does everything else of a pass. */
+bool mc__shm_msg_express(mc_engine_t *e)
 {
-    shm_engine_t *se = shm_of(e);
     mc_list_t *pos, *tmp;
 
-    mc_list_for_each_safe(pos, tmp, &se->rx_rings) rx_poll(e, mc_container_of(pos, shm_rx_t, link));
-    mc_list_for_each_safe(pos, tmp, &se->tx_busy)
+    mc_list_for_each_safe(pos, tmp, &shm_of(e)->rx_rings)
+        rx_poll(e, mc_container_of(pos, shm_rx_t, link));
+    return true;
+}
+
+void mc__shm_msg_progress(mc_engine_t *e)
+{
+    mc_list_t *pos, *tmp;
+
+    mc__shm_msg_express(e);
+    mc_list_for_each_safe(pos, tmp, &shm_of(e)->tx_busy)
     {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
         if (tx_due(e, tx))
             tx_poll(e, tx);
     }
-}
-
-/* An express pass takes only what the rings hold: their senders' answers wait for a whole
- * pass (within LIGHT_US), as does everything else of a pass. */
-bool mc__shm_msg_express(mc_engine_t *e)
-{
-    mc_list_t *pos;
-
-    for (pos = shm_of(e)->rx_rings.next; pos != &shm_of(e)->rx_rings; pos = pos->next)
-        rx_poll(e, mc_container_of(pos, shm_rx_t, link));
-    return true;
 }
 
 bool mc__shm_msg_idle(mc_engine_t *e)
