@@ -1228,6 +1228,133 @@ static void test_engine_arm_send(void **state)
     }
 }
 
+/* A same-host ring between a side that only spins and one that sleeps whenever it waits:
+ * the spinner skips the fence before its wake-up check (MC_SHM_MEMBARRIER, shm_msg.c) until
+ * the sleeper first arms, which runs a membarrier. Every sleep of the sleeper must still end
+ * with a kick, for a ping (the spinner moved head) and for the answer to its pong (the spinner
+ * moved tail), with either side's membarriers off too. Each pair is a fresh ring, whose first
+ * arm is the switch from skipping to fencing. */
+#define SPIN_N 2000
+
+static struct {
+    mc_engine_t *e; /* the spinner: caller progress, never arms */
+    mc_segment_id_t seg;
+    atomic_int pings, pongs, sent, bad;
+} spin;
+
+static void spin_check(atomic_int *count, const void *data, size_t len)
+{
+    int v;
+
+    if (len != sizeof(v) || (memcpy(&v, data, sizeof(v)), v != atomic_load(count) + 1))
+        atomic_fetch_add(&spin.bad, 1);
+    atomic_fetch_add(count, 1);
+}
+
+static void on_spin_ping(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    (void)arg, (void)sender, (void)id;
+    spin_check(&spin.pings, data, len);
+}
+
+static void on_spin_pong(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    (void)arg, (void)sender, (void)id;
+    spin_check(&spin.pongs, data, len);
+}
+
+static void on_spin_sent(void *arg, int status)
+{
+    (void)arg;
+    if (status == 0)
+        atomic_fetch_add(&spin.sent, 1);
+}
+
+/* Ping k once pong k-1 came, progressing all the time, and a little after it: the ping lands
+ * anywhere on the sleeper's way from its handler to its sleep. */
+static void *spinner(void *arg)
+{
+    int64_t dl = th_now_ms() + 20000;
+
+    (void)arg;
+    for (int k = 1; k <= SPIN_N && th_now_ms() < dl; k++) {
+        while (atomic_load(&spin.pongs) < k - 1 && th_now_ms() < dl)
+            mc_engine_progress(spin.e);
+        for (int i = rand() % 1024; i > 0; i--) /* up to some 50 us */
+            mc_engine_progress(spin.e);
+        while (mc_msg_send(spin.e, spin.seg, TH_MSG_ID, &k, sizeof(k)) == -EAGAIN)
+            mc_engine_progress(spin.e);
+    }
+    while (atomic_load(&spin.pongs) < SPIN_N && th_now_ms() < dl)
+        mc_engine_progress(spin.e);
+    return NULL;
+}
+
+static void test_arm_spinning_peer(void **state)
+{
+    const char *mb[][2] = {{"1", "1"}, {"0", "1"}, {"1", "0"}}; /* spinner, sleeper */
+
+    (void)state;
+    for (int k = 0; k < 6; k++) {
+        mc_msg_opts_t o = {.size = sizeof(o), .cb = on_spin_sent};
+        mc_segment_id_t seg;
+        th_cfg_t cfg;
+        pthread_t t;
+        int fd;
+
+        th_config(&cfg);
+        th_set(&cfg, "PROTOCOL", "shm");
+        th_set(&cfg, "PROGRESS_THREAD", "0");
+        th_set(&cfg, "SHM_MEMBARRIER", "%s", mb[k % 3][0]);
+        spin.e = g.e[0] = th_engine(&cfg);
+        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+        th_set(&cfg, "SHM_MEMBARRIER", "%s", mb[k % 3][1]);
+        mc_engine_t *host = g.e[1] = th_engine(&cfg);
+        fd = mc_engine_event_fd(host);
+        assert_true(fd >= 0);
+        assert_int_equal(mc_msg_handler_set(spin.e, TH_MSG_ID, on_spin_pong, NULL), 0);
+        assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_spin_ping, NULL), 0);
+        assert_int_equal(mc_segment_open_nb(spin.e, mc_engine_segment_name(host), &spin.seg), 0);
+        assert_int_equal(mc_segment_open_nb(host, mc_engine_segment_name(spin.e), &seg), 0);
+        atomic_store(&spin.pings, 0);
+        atomic_store(&spin.pongs, 0);
+        atomic_store(&spin.sent, 0);
+        atomic_store(&spin.bad, 0);
+        assert_int_equal(pthread_create(&t, NULL, spinner, NULL), 0);
+        int64_t dl = th_now_ms() + 20000;
+        int slept = 0;
+        /* wait for ping n and the answer to pong n-1, sleeping whenever armed; then pong n */
+        for (int n = 1; n <= SPIN_N + 1 && th_now_ms() < dl; n++) {
+            bool armed = false;
+            while (((n <= SPIN_N && atomic_load(&spin.pings) < n) ||
+                    atomic_load(&spin.sent) < n - 1) &&
+                   th_now_ms() < dl) {
+                if (armed) {
+                    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                    if (poll(&pfd, 1, 500) != 1) /* well before the 1 s tick */
+                        fail_msg("pair %d, message %d: a sleep without its kick", k, n);
+                    slept++;
+                }
+                mc_engine_progress(host);
+                armed = mc_engine_arm(host) == 0;
+            }
+            if (n <= SPIN_N)
+                while (mc_msg_send_ex(host, seg, TH_MSG_ID, &n, sizeof(n), &o) == -EAGAIN)
+                    mc_engine_progress(host);
+        }
+        assert_int_equal(pthread_join(t, NULL), 0);
+        assert_int_equal(atomic_load(&spin.pings), SPIN_N);
+        assert_int_equal(atomic_load(&spin.pongs), SPIN_N);
+        assert_int_equal(atomic_load(&spin.sent), SPIN_N);
+        assert_int_equal(atomic_load(&spin.bad), 0);
+        assert_true(slept > 0);
+        mc_counters_t c;
+        assert_int_equal(mc_stats_transport(host, "shm", &c), 0);
+        assert_true(c.msgs_sent > SPIN_N / 2); /* the ring (the first may go before it is up) */
+        arm_pair_destroy();
+    }
+}
+
 /* Same-host messages that a serving thread takes for a host that does not progress: the
  * sender hears at once that they are taken (its flush completes; in a pass that runs the
  * handlers they are read in place, and answered once they ran), and its ring may then go:
@@ -2058,6 +2185,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_caller_solo, teardown),
         cmocka_unit_test_teardown(test_engine_arm, teardown),
         cmocka_unit_test_teardown(test_engine_arm_send, teardown),
+        cmocka_unit_test_teardown(test_arm_spinning_peer, teardown),
         cmocka_unit_test_teardown(test_served_messages, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),

@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "shm_int.h"
+#include "shm_wake.h"
 
 #define REDIAL_MS        1000 /* after the owner cut our event socket: connect again then, */
 #define REDIAL_DOUBLINGS 6    /* the wait doubling with each cut, up to 64 s, */
@@ -991,6 +992,9 @@ static const mc_setting_t shm_settings[] = {
     {"SHM_CMA_THREADS", "auto", 0, 0, parse_helpers,
      "helper threads that move a long run of same-host CMA requests next to the submitting "
      "thread; auto: one less than the CPUs the process may use, at most 3; 0: none"},
+    {"SHM_MEMBARRIER", "1", 0, 0, mc__parse_bool,
+     "same-host message rings skip a fence per message while their other side spins, and "
+     "that side runs one membarrier(2) before it first sleeps; 0: the fence every time"},
     {0},
 };
 
@@ -1017,6 +1021,7 @@ static int shm_init(mc_engine_t *e)
     pthread_mutex_init(&se->revoke_mutex, NULL);
     pthread_mutex_init(&se->crew_lock, NULL);
     se->cma_helpers = (unsigned)mc__config_num(e->conf, "SHM_CMA_THREADS");
+    se->mb = mc__wake_mb_init(mc__config_num(e->conf, "SHM_MEMBARRIER") != 0);
     se->listen.fd = -1;
     fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *)&sun, sun_of(se->name, &sun)) < 0 ||

@@ -80,6 +80,7 @@ typedef struct shm_tx {
     uint64_t wait_end;   /* head after the last record whose sender waits for its answer */
     uint64_t polled_ns;  /* the pass that last read the tail */
     bool due;            /* read it at the next pass: the ring or fifo is full, or idle */
+    bool sleeper;        /* our wake word says we may sleep, and its membarrier ran */
     mc_peer_t *peer;
 } shm_tx_t;
 /* The receiving end of one ring, on an accepted message connection. */
@@ -104,8 +105,9 @@ typedef struct shm_engine {
     mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
     mc_list_t rx_lent;                 /* detached rings whose records are still lent */
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
-    unsigned cma_helpers;              /* MC_SHM_CMA_THREADS, resolved */
-    pthread_mutex_t crew_lock;         /* the helpers start with the first long CMA run */
+    bool mb;                   /* MC_SHM_MEMBARRIER, and this process registered (shm_wake.h) */
+    unsigned cma_helpers;      /* MC_SHM_CMA_THREADS, resolved */
+    pthread_mutex_t crew_lock; /* the helpers start with the first long CMA run */
     bool crew_tried;
     mc_crew_t *crew; /* NULL: none (off, not needed yet, or they could not start) */
 } shm_engine_t;

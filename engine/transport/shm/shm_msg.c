@@ -22,12 +22,10 @@
  * and put a cache miss on the path of both sides' next message (UCX's FIFO, likewise, reads its
  * tail only when it looks full).
  *
- * Wake-ups: a side about to sleep (transport idle op) sets its flag in the ring and looks once
- * more; the other side, after moving head (or tail), sends one SHM_KICK datagram on the
- * connection if it finds the flag set, clearing it. The flags sit on both sides of a
- * sequentially consistent fence, so a record is either seen before sleeping or kicked.
- * Spinning hosts (caller-progress mode without the event fd) never set them: no syscall per
- * message at all.
+ * Wake-ups (shm_wake.h): a side about to sleep arms its wake word in the ring; the other side,
+ * after moving head (or tail), sends one SHM_KICK datagram on the connection if it finds it
+ * armed. Spinning hosts (caller-progress mode without the event fd) never arm: no syscall per
+ * message at all, and, with membarrier(2), no fence either.
  *
  * The connection is the ring's lifeline. The receiver's end closing (its engine or process
  * went, or it would not take the ring) makes the sender answer what was consumed and give the
@@ -52,23 +50,23 @@
 #include <unistd.h>
 
 #include "shm_int.h"
+#include "shm_wake.h"
 
 #define RING_BYTES   (512u << 10)
-#define RING_MAGIC   0x474e4952434du     /* "MCRING" */
+#define RING_MAGIC   0x32474e4952434du   /* "MCRING2" */
 #define FIFO_CAP     (2 * MC_MSG_WINDOW) /* records in the ring, resends included */
 #define RX_BUDGET    1024u               /* records taken per ring per pass */
 #define ANSWER_BATCH 64u                 /* records answered together at most, unless waited for */
 #define ANSWER_NS    (100 * 1000)        /* and at least this often */
 
 enum { TX_NONE, TX_UP, TX_OFF };
-
 struct shm_ring {
     uint64_t magic, bytes, stream;
     char sender[MC_NAME_MAX];
     alignas(64) _Atomic uint64_t head; /* written by the sender */
-    _Atomic uint32_t rx_armed;         /* the receiver may sleep: kick it */
+    _Atomic uint32_t rx_wake;          /* the receiver's WAKE_* (it sleeps waiting for head) */
     alignas(64) _Atomic uint64_t tail; /* written by the receiver */
-    _Atomic uint32_t tx_armed;         /* the sender may sleep waiting for tail: kick it */
+    _Atomic uint32_t tx_wake;          /* the sender's WAKE_* (it sleeps waiting for tail) */
     alignas(64) uint8_t data[];
 };
 
@@ -83,6 +81,8 @@ struct shm_rx {
     char sender[MC_NAME_MAX];
     bool blocked; /* the head record was refused: the next pass tries it again */
     bool corrupt; /* not read any more: its connection is being shut */
+    bool sleeper; /* WAKE_SLEEPER is set, and the membarrier it needed ran */
+    bool mb;      /* the sender's membarriers reach us (ours and its WAKE_MB) */
 };
 
 _Static_assert(RING_BYTES >= 4 * (MC_MSG_MAX + MC_RING_REC_HDR),
@@ -93,16 +93,15 @@ static size_t ring_size(void)
     return sizeof(shm_ring_t) + RING_BYTES;
 }
 
-/* After moving our index: kick the other side if it said it may sleep. A kick that cannot
- * go (other than a full socket, which holds kicks already) leaves the flag for the next one. */
-static void kick_if_armed(_Atomic uint32_t *armed, int fd)
+/* After moving our index: kick the other side if its wake word w says it may sleep. A kick
+ * that cannot go (other than a full socket, which holds kicks already) leaves it armed for the
+ * next one. mb: our process is registered for membarriers (shm_wake.h). */
+static void kick_if_armed(_Atomic uint32_t *w, int fd, bool mb)
 {
     shm_msg_t k = {.type = SHM_KICK};
 
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(armed, memory_order_relaxed) && atomic_exchange(armed, 0) &&
-        mc__shm_send(fd, &k, -1) && errno != EAGAIN)
-        atomic_store(armed, 1);
+    if (mc__wake_check(w, mb) && mc__shm_send(fd, &k, -1) && errno != EAGAIN)
+        atomic_fetch_or(w, WAKE_ARMED);
 }
 
 /* ---- sender ---- */
@@ -205,6 +204,7 @@ bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p)
     tx->ring->magic = RING_MAGIC;
     tx->ring->bytes = RING_BYTES;
     tx->ring->stream = p->msg_stream;
+    tx->ring->tx_wake = shm_of(e)->mb ? WAKE_MB : 0;
     snprintf(tx->ring->sender, sizeof(tx->ring->sender), "%s", e->name);
     fd = mc__shm_connect(addr, ROLE_MSG, e->instance, true);
     if (fd < 0) {
@@ -302,7 +302,7 @@ void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p)
     if (!wrote)
         return;
     atomic_store_explicit(&r->head, tx->head, memory_order_release);
-    kick_if_armed(&r->rx_armed, tx->chan.fd);
+    kick_if_armed(&r->rx_wake, tx->chan.fd, shm_of(e)->mb);
     if (mc_list_empty(&tx->busy_link))
         mc_list_push_back(&shm_of(e)->tx_busy, &tx->busy_link);
 }
@@ -342,6 +342,9 @@ shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd)
     rx->fd = fd;
     rx->ring = r;
     rx->lend.slot = mc__shm_slot;
+    rx->mb = shm_of(e)->mb;
+    if (rx->mb) /* before it can sleep: the sender reads it as it likes */
+        atomic_fetch_or(&r->rx_wake, WAKE_MB);
     rx->tail = rx->given = atomic_load(&r->tail);
     rx->stream = r->stream; /* read once: the sender cannot change who it is */
     memcpy(rx->sender, r->sender, sizeof(rx->sender));
@@ -358,7 +361,7 @@ static void rx_give(shm_rx_t *rx)
         return;
     rx->given = given;
     atomic_store_explicit(&rx->ring->tail, given, memory_order_release);
-    kick_if_armed(&rx->ring->tx_armed, rx->fd);
+    kick_if_armed(&rx->ring->tx_wake, rx->fd, rx->mb);
 }
 
 /* Take what the ring holds, in order, up to RX_BUDGET records, and give back what was not lent
@@ -458,17 +461,16 @@ bool mc__shm_msg_idle(mc_engine_t *e)
 
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
         shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
-        atomic_store(&rx->ring->rx_armed, 1);
-        atomic_thread_fence(memory_order_seq_cst);
-        busy |= !rx->blocked && !rx->corrupt &&
-                atomic_load_explicit(&rx->ring->head, memory_order_relaxed) != rx->tail;
+        busy |= !mc__wake_arm(&rx->ring->rx_wake, &rx->sleeper) ||
+                (!rx->blocked && !rx->corrupt &&
+                 atomic_load_explicit(&rx->ring->head, memory_order_relaxed) != rx->tail);
     }
     for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
-        atomic_store(&tx->ring->tx_armed, 1);
-        atomic_thread_fence(memory_order_seq_cst);
-        if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
-            tx->fifo.v[tx->fifo.first].end)
+        if (!mc__wake_arm(&tx->ring->tx_wake, &tx->sleeper))
+            busy = true;
+        else if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
+                 tx->fifo.v[tx->fifo.first].end)
             busy = tx->due = true; /* consumed: answered before sleeping */
     }
     return busy;

@@ -1,0 +1,58 @@
+/*
+ * Wake-ups across a ring in shared memory (shm_msg.c's message rings).
+ *
+ * Each side has a wake word in the ring. A side about to sleep (the transport's idle op) sets
+ * WAKE_ARMED in its word and looks at the other side's index once more; the other side, after
+ * moving its index, takes WAKE_ARMED if it finds it set and kicks the sleeper (a datagram on the
+ * ring's connection). The store of the index and the load of the word, and the store of the
+ * word and the load of the index, sit on both sides of a sequentially consistent fence: a
+ * record is either seen before sleeping or kicked. Sides that spin never arm.
+ *
+ * Nor need the side that moves an index fence, where membarrier(2) allows (MC_SHM_MEMBARRIER):
+ * the fence waits for the store buffer to drain, a wait for the other core at every message.
+ * A side whose process registered for global expedited membarriers sets WAKE_MB in its word:
+ * "I run a membarrier before I first sleep". The other side, if its own process registered,
+ * skips the fence while that word shows WAKE_MB without WAKE_SLEEPER. Before its first sleep, a
+ * WAKE_MB side sets WAKE_SLEEPER and runs one membarrier, which puts a full barrier on every CPU
+ * that runs a thread of a registered process at that moment (a thread not running has passed
+ * one since). The skipping side's instructions fall on either side of that barrier: an index it
+ * stored before is visible once the membarrier returns, and a check after it sees WAKE_SLEEPER
+ * and fences. So a side that ever sleeps pays one membarrier per ring (some 25 us in a VM,
+ * IPIs), and a side that only spins costs its peer no fence per message.
+ */
+#ifndef MC_SHM_WAKE_H
+#define MC_SHM_WAKE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum {
+    WAKE_ARMED = 1,   /* may sleep now: kick */
+    WAKE_SLEEPER = 2, /* has slept, or is about to: the other side fences */
+    WAKE_MB = 4,      /* runs a membarrier before its first sleep */
+};
+
+/* Register this process for global expedited membarriers if want (the first call in each
+ * process that wants them tries): whether it is registered. */
+bool mc__wake_mb_init(bool want);
+
+/* After moving our index (a release store): whether to kick the other side, whose word is w
+ * (WAKE_ARMED taken if so). mb: our process is registered. */
+static inline bool mc__wake_check(_Atomic uint32_t *w, bool mb)
+{
+    uint32_t v = atomic_load_explicit(w, memory_order_relaxed);
+
+    if (!mb || (v & (WAKE_MB | WAKE_SLEEPER)) != WAKE_MB) {
+        atomic_thread_fence(memory_order_seq_cst);
+        v = atomic_load_explicit(w, memory_order_relaxed);
+    }
+    return (v & WAKE_ARMED) && (atomic_fetch_and(w, ~(uint32_t)WAKE_ARMED) & WAKE_ARMED);
+}
+
+/* About to sleep, our word w: armed, with what the other side wrote before visible after the
+ * call (look at its index then). *sleeper: WAKE_SLEEPER set and its membarrier run (false for
+ * a new ring). False if a membarrier failed: not armed, the next look tries again. */
+bool mc__wake_arm(_Atomic uint32_t *w, bool *sleeper);
+
+#endif
