@@ -3,15 +3,23 @@
  * Lock: four threads each add 10^5 times to a plain counter under it, and the total is exact;
  * a thread that waits while another holds the lock for 30 ms (many naps) marks it and takes it
  * once it is free, and mc_lock_try fails while it is held. Buffers: each thread gets its
- * own, zeroed, the same one at every call, and keeps what it wrote while others write theirs. */
+ * own, zeroed, the same one at every call, and keeps what it wrote while others write theirs;
+ * a thread that used one exits safely after the library that made it was unloaded. */
+#include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "util/lock.h"
@@ -134,12 +142,70 @@ static void test_thread_buf(void **state)
     assert_ptr_equal(mc__thread_buf(&buf, &mine), b);
 }
 
+/* The library carries the buffers' keys; a host that dlopen'd it (the KV plugin and the UCX
+ * module carry the engine inside) may dlclose it while a thread that used a buffer lives on.
+ * That thread's exit must not run a destructor that went with the library (it crashed so). In
+ * a child: a thread gets an error from the loaded engine (its message is in a buffer), the
+ * library goes, then the thread exits. */
+static struct {
+    pthread_barrier_t meet;
+    void *lib;
+} unload;
+
+static void *error_then_wait(void *arg)
+{
+    int (*progress)(void *);
+    const char *(*last_error)(void);
+
+    (void)arg;
+    *(void **)&progress = dlsym(unload.lib, "mc_engine_progress");
+    *(void **)&last_error = dlsym(unload.lib, "mc_last_error");
+    if (!progress || !last_error || progress(NULL) != -EINVAL ||
+        !strstr(last_error(), "NULL engine"))
+        _exit(3);
+    pthread_barrier_wait(&unload.meet); /* the library goes */
+    pthread_barrier_wait(&unload.meet);
+    return NULL;
+}
+
+static void test_buf_outlives_library(void **state)
+{
+    char path[4096];
+    int status;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/lib/libmooncake_te.so.0", getenv("MC_BUILD_DIR"));
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        pthread_t t;
+        signal(SIGSEGV, SIG_DFL); /* not cmocka's: the parent reads how the child ended */
+        if (!(unload.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+            _exit(2);
+        pthread_barrier_init(&unload.meet, NULL, 2);
+        if (pthread_create(&t, NULL, error_then_wait, NULL))
+            _exit(2);
+        pthread_barrier_wait(&unload.meet);
+        if (dlclose(unload.lib))
+            _exit(4);
+        pthread_barrier_wait(&unload.meet);
+        pthread_join(t, NULL); /* its exit ran what the keys left */
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status))
+        fail_msg("the thread's exit after the unload died of signal %d", WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lock_counts),
         cmocka_unit_test(test_lock_sleeper),
         cmocka_unit_test(test_thread_buf),
+        cmocka_unit_test(test_buf_outlives_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
