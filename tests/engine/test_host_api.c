@@ -1240,6 +1240,8 @@ static struct {
     mc_engine_t *e; /* the spinner: caller progress, never arms */
     mc_segment_id_t seg;
     atomic_int pings, pongs, sent, bad;
+    atomic_int pinged; /* pings the spinner sent */
+    atomic_bool stop;
 } spin;
 
 static void spin_check(atomic_int *count, const void *data, size_t len)
@@ -1277,15 +1279,16 @@ static void *spinner(void *arg)
     int64_t dl = th_now_ms() + 20000;
 
     (void)arg;
-    for (int k = 1; k <= SPIN_N && th_now_ms() < dl; k++) {
-        while (atomic_load(&spin.pongs) < k - 1 && th_now_ms() < dl)
+    for (int k = 1; k <= SPIN_N && th_now_ms() < dl && !atomic_load(&spin.stop); k++) {
+        while (atomic_load(&spin.pongs) < k - 1 && th_now_ms() < dl && !atomic_load(&spin.stop))
             mc_engine_progress(spin.e);
         for (int i = rand() % 1024; i > 0; i--) /* up to some 50 us */
             mc_engine_progress(spin.e);
         while (mc_msg_send(spin.e, spin.seg, TH_MSG_ID, &k, sizeof(k)) == -EAGAIN)
             mc_engine_progress(spin.e);
+        atomic_store(&spin.pinged, k);
     }
-    while (atomic_load(&spin.pongs) < SPIN_N && th_now_ms() < dl)
+    while (atomic_load(&spin.pongs) < SPIN_N && th_now_ms() < dl && !atomic_load(&spin.stop))
         mc_engine_progress(spin.e);
     return NULL;
 }
@@ -1320,6 +1323,8 @@ static void test_arm_spinning_peer(void **state)
         atomic_store(&spin.pongs, 0);
         atomic_store(&spin.sent, 0);
         atomic_store(&spin.bad, 0);
+        atomic_store(&spin.pinged, 0);
+        atomic_store(&spin.stop, false);
         assert_int_equal(pthread_create(&t, NULL, spinner, NULL), 0);
         int64_t dl = th_now_ms() + 20000;
         int slept = 0;
@@ -1331,8 +1336,16 @@ static void test_arm_spinning_peer(void **state)
                    th_now_ms() < dl) {
                 if (armed) {
                     struct pollfd pfd = {.fd = fd, .events = POLLIN};
-                    if (poll(&pfd, 1, 500) != 1) /* well before the 1 s tick */
+                    /* a kick is owed once the spinner sent ping n or took pong n-1 (a spinner
+                     * starved that long did not yet): woken well before the 1 s tick */
+                    if (poll(&pfd, 1, 500) == 0 &&
+                        ((atomic_load(&spin.pings) < n && atomic_load(&spin.pinged) >= n) ||
+                         (atomic_load(&spin.sent) < n - 1 && atomic_load(&spin.pongs) >= n - 1)) &&
+                        poll(&pfd, 1, 200) == 0) {
+                        atomic_store(&spin.stop, true);
+                        pthread_join(t, NULL);
                         fail_msg("pair %d, message %d: a sleep without its kick", k, n);
+                    }
                     slept++;
                 }
                 mc_engine_progress(host);

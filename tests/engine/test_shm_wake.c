@@ -8,9 +8,12 @@
  * - membarriers off (MC_SHM_MEMBARRIER=0, or no registration): both fence.
  * The same meeting with the membarrier left out (a mover that skips, a sleeper that does not
  * know) is run first and its misses are printed: where they are not zero (x86's store buffer
- * shows some in 10^5), the harness does meet in the window the protocol closes. They are not
- * asserted: whether a machine shows them is its own affair. */
+ * shows up to some 10^2 in 2*10^5, some runs none), the harness does meet in the window the
+ * protocol closes. They are not asserted: whether a machine shows them is its own affair. With
+ * the membarrier taken out of mc__wake_arm, the fresh rings failed 4 runs of 5 here; a mere
+ * delay in its place passes, so the test shows the window closed, not how. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdalign.h>
 #include <stdarg.h>
@@ -41,8 +44,9 @@ static void meet(unsigned *sense)
         atomic_store(&L.meet, 0);
         atomic_store_explicit(&L.phase, *sense, memory_order_release);
     } else
-        while (atomic_load_explicit(&L.phase, memory_order_acquire) != *sense)
-            ;
+        for (unsigned i = 1; atomic_load_explicit(&L.phase, memory_order_acquire) != *sense; i++)
+            if (i % 1024 == 0) /* the other thread may not be running: a busy machine */
+                sched_yield();
 }
 
 static void *mover(void *arg)
@@ -95,7 +99,7 @@ static void test_wake(void **state)
     if (L.mb) {
         unsigned unsafe = run(UNSAFE, 200000);
         printf("without the membarrier: %u sleeps without a kick in 200000\n", unsafe);
-        assert_int_equal(run(FRESH, 100000), 0);
+        assert_int_equal(run(FRESH, 50000), 0);
     } else
         printf("no membarrier here: only the fenced protocol is checked\n");
     assert_int_equal(run(SLEPT, 200000), 0);

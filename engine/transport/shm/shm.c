@@ -189,7 +189,8 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         } else if (m.type == SHM_RING && c->role == ROLE_MSG && !c->rx && fd >= 0) {
             c->rx = mc__shm_rx_attach(e, c->p.fd, fd);
             if (!c->rx) {
-                mc_warn("shm: a message ring that is not one: dropping it");
+                mc_warn("shm: a message ring that is not one (or of another version of the "
+                        "engine): dropping it, its messages go over the control link");
                 rc = -EIO;
             }
         } else if (m.type == SHM_KICK && c->role == ROLE_MSG) {

@@ -25,7 +25,7 @@
  * Wake-ups (shm_wake.h): a side about to sleep arms its wake word in the ring; the other side,
  * after moving head (or tail), sends one SHM_KICK datagram on the connection if it finds it
  * armed. Spinning hosts (caller-progress mode without the event fd) never arm: no syscall per
- * message at all, and, with membarrier(2), no fence either.
+ * message at all, and, with membarrier(2), no fence for their peers either.
  *
  * The connection is the ring's lifeline. The receiver's end closing (its engine or process
  * went, or it would not take the ring) makes the sender answer what was consumed and give the
@@ -82,7 +82,7 @@ struct shm_rx {
     bool blocked; /* the head record was refused: the next pass tries it again */
     bool corrupt; /* not read any more: its connection is being shut */
     bool sleeper; /* WAKE_SLEEPER is set, and the membarrier it needed ran */
-    bool mb;      /* the sender's membarriers reach us (ours and its WAKE_MB) */
+    bool mb;      /* our process is registered for membarriers (shm_wake.h) */
 };
 
 _Static_assert(RING_BYTES >= 4 * (MC_MSG_MAX + MC_RING_REC_HDR),
@@ -93,9 +93,8 @@ static size_t ring_size(void)
     return sizeof(shm_ring_t) + RING_BYTES;
 }
 
-/* After moving our index: kick the other side if its wake word w says it may sleep. A kick
- * that cannot go (other than a full socket, which holds kicks already) leaves it armed for the
- * next one. mb: our process is registered for membarriers (shm_wake.h). */
+/* After moving our index: kick the other side if mc__wake_check says so. A kick that cannot go
+ * (other than a full socket, which holds kicks already) leaves it armed for the next one. */
 static void kick_if_armed(_Atomic uint32_t *w, int fd, bool mb)
 {
     shm_msg_t k = {.type = SHM_KICK};

@@ -18,7 +18,10 @@
  * one since). The skipping side's instructions fall on either side of that barrier: an index it
  * stored before is visible once the membarrier returns, and a check after it sees WAKE_SLEEPER
  * and fences. So a side that ever sleeps pays one membarrier per ring (some 25 us in a VM,
- * IPIs), and a side that only spins costs its peer no fence per message.
+ * IPIs), and a side that only spins costs its peer no fence per message. WAKE_SLEEPER stays:
+ * a host that spins but waited once (mc_batch_wait, an unregister) has its peers fence from
+ * then on, as before this. A membarrier that fails after the first one (-ENOMEM) keeps its
+ * side awake until one succeeds.
  */
 #ifndef MC_SHM_WAKE_H
 #define MC_SHM_WAKE_H
@@ -41,6 +44,9 @@ bool mc__wake_mb_init(bool want);
  * (WAKE_ARMED taken if so). mb: our process is registered. */
 static inline bool mc__wake_check(_Atomic uint32_t *w, bool mb)
 {
+    /* The compiler keeps the index store before the load (the CPU may not, and need not: the
+     * membarrier's IPI comes between two instructions, in program order). */
+    atomic_signal_fence(memory_order_seq_cst);
     uint32_t v = atomic_load_explicit(w, memory_order_relaxed);
 
     if (!mb || (v & (WAKE_MB | WAKE_SLEEPER)) != WAKE_MB) {
