@@ -238,6 +238,12 @@ struct mc_transport_ops {
      * return false, having done nothing, when this pass must be a whole light one (work of its
      * own). A transport with a progress hook and no express op never lets a pass be express. */
     bool (*express)(mc_engine_t *e);
+
+    /* Task t of ours is about to end TIMEOUT or FAILED (progress context) and slices of it may
+     * be in flight here: once this returns, nothing more of them may land in its local memory,
+     * which the host may reuse as soon as it sees the state. Not needed where late answers are
+     * dropped as they arrive (tcp reads and drops those of a final task). */
+    void (*abandon)(mc_engine_t *e, mc_task_t *t);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

@@ -14,6 +14,7 @@
  * and left alone while an engine of this process lives.
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -839,6 +840,50 @@ static void test_dead_peer(void **state)
     assert_true(th_now_ms() - t0 <= 10000);
 }
 
+/* ---- 10. a READ that times out ------------------------------------------------------------ */
+
+/* A READ that times out against a stalled target (SIGSTOP: alive, its QPs up) writes nothing
+ * into the host's memory afterwards, as over tcp: its QP goes to ERR before the task ends, so
+ * the answers the target sends once it goes on are dropped by our device. The QP's rail gets a
+ * new one, and the next READ moves the bytes. */
+static void test_late_read_dropped(void **state)
+{
+    fx_t *fx = *state;
+    const size_t len = 4 * MIB;
+    uint64_t rb = tbuf(fx, 0);
+    mc_submit_opts_t o = {.size = sizeof(o), .timeout_ms = 300};
+    mc_task_status_t st;
+    mc_batch_t *b;
+    char why[512];
+
+    uint8_t *dst = fx_local(fx, len);
+    th_fill(dst, len, 77);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_WRITE, dst, rb, len, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    th_stop(fx->t.pid);
+    mc_request_t r = {
+        .opcode = MC_READ, .local = dst, .target = fx->seg, .target_offset = rb, .length = len};
+    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit_ex(b, &r, 1, &o), 0);
+    int rc = mc_batch_wait(b, 10000);
+    memset(dst, 0xee, len); /* the host's again */
+    assert_int_equal(kill(fx->t.pid, SIGCONT), 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    assert_int_equal(st.state, MC_TASK_TIMEOUT);
+    th_batch_destroy(fx->e, b); /* once the engine let go of the task */
+    th_sleep_ms(300);           /* the target answers what it had */
+    for (size_t i = 0; i < len; i++)
+        if (dst[i] != 0xee)
+            fail_msg("byte %zu of the timed-out READ's memory changed after the timeout", i);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_READ, dst, rb, len, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, len, 77), -1);
+    mc_counters_t c;
+    counters(fx->e, "rdma", &c);
+    assert_true(c.bytes_read >= len); /* over rdma, not another transport */
+}
+
 /* ---- main --------------------------------------------------------------------------------- */
 
 /* The cases inject faults through softverbs' control files: they need its devices, two of
@@ -923,6 +968,7 @@ int main(int argc, char **argv)
         CASE(test_auto, small2),
         CASE(test_qp_limit, two_peers_one_qp),
         CASE(test_reregistered_key, small2),
+        CASE(test_late_read_dropped, small2),
     };
     int rc = cmocka_run_group_tests_name("rdma", tests, NULL, NULL);
     th_kill_all();

@@ -552,4 +552,5 @@ const mc_transport_ops_t mc__rdma_ops = {
     .msg_settle = mc__rdma_msg_settle,
     .progress = mc__rdma_msg_progress,
     .idle = mc__rdma_msg_idle,
+    .abandon = mc__rdma_abandon,
 };

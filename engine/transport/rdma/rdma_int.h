@@ -227,6 +227,8 @@ int mc__rdma_qp_info_decode(const uint8_t *in, size_t len, mc_qp_info_t *q);
 mc_rdma_qp_t *mc__rdma_qp_create(mc_engine_t *e, mc_rdma_dev_t *dev, bool initiator, bool msg);
 int mc__rdma_qp_connect(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote);
 void mc__rdma_qp_info(const mc_rdma_qp_t *qp, mc_qp_info_t *q);
+/* A READ of t times out or fails: the QPs holding its requests go (transport op abandon). */
+void mc__rdma_abandon(mc_engine_t *e, mc_task_t *t);
 /* Stop using qp: to ERR so that posted requests flush; destroyed once none is left. */
 void mc__rdma_qp_drain(mc_engine_t *e, mc_rdma_qp_t *qp);
 void mc__rdma_qp_destroy(mc_engine_t *e, mc_rdma_qp_t *qp);

@@ -334,6 +334,32 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
         slice_end(e, s, r);
 }
 
+/* A READ of t that times out or fails with requests on a QP: the QP goes to ERR before the task
+ * ends, so that the answers still to come are dropped by the NIC instead of written into memory
+ * the host may have reused (tcp drops them on arrival). The QP's other slices flush and go
+ * elsewhere, as after any QP failure, without charging the rail. */
+void mc__rdma_abandon(mc_engine_t *e, mc_task_t *t)
+{
+    rdma_peer_t *rp = rdma_peer(t->peer);
+
+    if (!rp || t->req.opcode != MC_READ)
+        return;
+    for (unsigned i = 0; i < rp->n_rails; i++) {
+        mc_rdma_qp_t *qp = rp->rails[i].qp;
+        mc_list_t *pos;
+        if (!qp || qp->state == QP_DRAINING)
+            continue;
+        for (pos = qp->posted.next; pos != &qp->posted; pos = pos->next)
+            if (rdma_sl_of(pos)->task == t) {
+                mc_info("rdma: rail %s to %s: a READ ended before its answers came: its QP "
+                        "goes, so that they are dropped",
+                        rp->rails[i].base.name, t->peer->name);
+                mc__rdma_qp_drain(e, qp);
+                break;
+            }
+    }
+}
+
 /* Engine teardown: every QP is draining (their control links are closed); collect the flushed
  * requests so their tasks release, then destroy what is left. */
 void mc__rdma_drain_all(mc_engine_t *e)
