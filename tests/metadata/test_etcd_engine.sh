@@ -70,11 +70,21 @@ for ((i = 0; i < 100 && $(n_segments) < 2; i++)); do sleep 0.1; done
 [[ $(n_segments) == 2 ]] || fail "segments not published after etcd came back: $(n_segments)"
 leases=$(ctl lease list | sed -n 's/^\([0-9a-f]\{6,\}\)$/\1/p')
 [[ $(echo "$leases" | grep -c .) == 2 ]] || fail "expected 2 leases, got: $leases"
+# Each lease holds its engine's segment; revoking it takes the key (an engine may publish again
+# at once, under a new lease, so the keys are not counted in between).
+for l in $leases; do
+    ctl lease timetolive "$l" --keys | grep -q "mooncake/ram/" || fail "lease $l holds no segment"
+done
 for l in $leases; do ctl lease revoke "$l" >/dev/null || fail "cannot revoke lease $l"; done
-[[ $(n_segments) == 0 ]] || fail "revoking the leases left segments behind"
+for l in $leases; do
+    ctl lease timetolive "$l" | grep -q "already expired" || fail "lease $l outlived its revoke"
+done
 echo "leases revoked; waiting for both engines to publish again"
 for ((i = 0; i < 100 && $(n_segments) < 2; i++)); do sleep 0.1; done
 [[ $(n_segments) == 2 ]] || fail "segments not re-published after their leases were lost"
+for l in $(ctl lease list | sed -n 's/^\([0-9a-f]\{6,\}\)$/\1/p'); do
+    grep -qx "$l" <<<"$leases" && fail "lease $l was revoked but is listed again"
+done
 ctl get --prefix mooncake/rpc_meta/ --keys-only | grep -c . | grep -qx 2 ||
     fail "endpoints not re-published"
 
