@@ -80,7 +80,7 @@ typedef struct shm_tx {
     uint64_t wait_end;   /* head after the last record whose sender waits for its answer */
     uint64_t polled_ns;  /* the pass that last read the tail */
     bool due;            /* read it at the next pass: the ring or fifo is full, or idle */
-    bool sleeper;        /* our wake word says we may sleep, and its membarrier ran */
+    bool sleeper;        /* our wake word is marked, and its membarrier ran (shm_wake.h) */
     mc_peer_t *peer;
 } shm_tx_t;
 /* The receiving end of one ring, on an accepted message connection. */

@@ -81,7 +81,7 @@ struct shm_rx {
     char sender[MC_NAME_MAX];
     bool blocked; /* the head record was refused: the next pass tries it again */
     bool corrupt; /* not read any more: its connection is being shut */
-    bool sleeper; /* WAKE_SLEEPER is set, and the membarrier it needed ran */
+    bool sleeper; /* our wake word is marked, and its membarrier ran (shm_wake.h) */
     bool mb;      /* our process is registered for membarriers (shm_wake.h) */
 };
 
@@ -456,20 +456,34 @@ bool mc__shm_msg_idle(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
     mc_list_t *pos;
-    bool busy = false;
+    bool busy = false, barrier = false;
 
+    /* Rings this side never slept on are marked first, then one membarrier covers them all. */
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
         shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
-        busy |= !mc__wake_arm(&rx->ring->rx_wake, &rx->sleeper) ||
-                (!rx->blocked && !rx->corrupt &&
-                 atomic_load_explicit(&rx->ring->head, memory_order_relaxed) != rx->tail);
+        if (!rx->sleeper)
+            barrier |= mc__wake_mark(&rx->ring->rx_wake);
     }
     for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
-        if (!mc__wake_arm(&tx->ring->tx_wake, &tx->sleeper))
-            busy = true;
-        else if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
-                 tx->fifo.v[tx->fifo.first].end)
+        if (!tx->sleeper)
+            barrier |= mc__wake_mark(&tx->ring->tx_wake);
+    }
+    if (barrier && !mc__wake_barrier())
+        return true; /* not armed: the next look tries again */
+    for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
+        shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
+        rx->sleeper = true;
+        mc__wake_arm(&rx->ring->rx_wake);
+        busy |= !rx->blocked && !rx->corrupt &&
+                atomic_load_explicit(&rx->ring->head, memory_order_relaxed) != rx->tail;
+    }
+    for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
+        shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
+        tx->sleeper = true;
+        mc__wake_arm(&tx->ring->tx_wake);
+        if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
+            tx->fifo.v[tx->fifo.first].end)
             busy = tx->due = true; /* consumed: answered before sleeping */
     }
     return busy;

@@ -39,21 +39,14 @@ bool mc__wake_mb_init(bool want)
     return ok;
 }
 
-bool mc__wake_arm(_Atomic uint32_t *w, bool *sleeper)
+bool mc__wake_barrier(void)
 {
-    if (!*sleeper) {
-        uint32_t v = atomic_fetch_or(w, WAKE_SLEEPER);
-        if ((v & WAKE_MB) && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) < 0) {
-            static atomic_bool said;
-            if (!atomic_exchange(&said, true))
-                mc_warn("shm: membarrier: %s: a message ring keeps its side awake",
-                        strerror(errno));
-            return false;
-        }
-        mc_debug("shm: a ring's side may sleep from now on: the other side fences");
-        *sleeper = true;
+    if (membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) < 0) {
+        static atomic_bool said;
+        if (!atomic_exchange(&said, true))
+            mc_warn("shm: membarrier: %s: message rings keep their side awake", strerror(errno));
+        return false;
     }
-    atomic_fetch_or(w, WAKE_ARMED);
-    atomic_thread_fence(memory_order_seq_cst);
+    mc_debug("shm: rings' sides may sleep from now on: the other sides fence");
     return true;
 }

@@ -18,7 +18,8 @@
  * one since). The skipping side's instructions fall on either side of that barrier: an index it
  * stored before is visible once the membarrier returns, and a check after it sees WAKE_SLEEPER
  * and fences. So a side that ever sleeps pays one membarrier per ring (some 25 us in a VM,
- * IPIs), and a side that only spins costs its peer no fence per message. WAKE_SLEEPER stays:
+ * IPIs; one for all the rings it first sleeps on at once), and a side that only spins costs its
+ * peer no fence per message. WAKE_SLEEPER stays:
  * a host that spins but waited once (mc_batch_wait, an unregister) has its peers fence from
  * then on, as before this. A membarrier that fails after the first one (-ENOMEM) keeps its
  * side awake until one succeeds.
@@ -56,9 +57,24 @@ static inline bool mc__wake_check(_Atomic uint32_t *w, bool mb)
     return (v & WAKE_ARMED) && (atomic_fetch_and(w, ~(uint32_t)WAKE_ARMED) & WAKE_ARMED);
 }
 
-/* About to sleep, our word w: armed, with what the other side wrote before visible after the
- * call (look at its index then). *sleeper: WAKE_SLEEPER set and its membarrier run (false for
- * a new ring). False if a membarrier failed: not armed, the next look tries again. */
-bool mc__wake_arm(_Atomic uint32_t *w, bool *sleeper);
+/* About to sleep for the first time on a ring, our word w: WAKE_SLEEPER set. Whether a
+ * membarrier must follow (mc__wake_barrier, one for all the rings marked) before the first
+ * arm: we said WAKE_MB, so the other side may be skipping its fence. */
+static inline bool mc__wake_mark(_Atomic uint32_t *w)
+{
+    return atomic_fetch_or(w, WAKE_SLEEPER) & WAKE_MB;
+}
+
+/* The membarrier after marks; false if it failed (the marks stay: mark again, and try again
+ * later, before arming those rings). */
+bool mc__wake_barrier(void);
+
+/* About to sleep, our word w (marked, and its barrier run, once): armed, with what the other
+ * side wrote before visible after the call (look at its index then). */
+static inline void mc__wake_arm(_Atomic uint32_t *w)
+{
+    atomic_fetch_or(w, WAKE_ARMED);
+    atomic_thread_fence(memory_order_seq_cst);
+}
 
 #endif
