@@ -119,6 +119,7 @@ static unsigned rate_wait(p2p_fetch_t *f, uint64_t len)
 static bool start_shards(p2p_fetch_t *f, unsigned *wait_p)
 {
     bool held_back = false;
+    uint32_t backed = UINT32_MAX; /* the shard whose local pages were backed last */
 
     pthread_mutex_lock(&f->lock);
     mc__p2p_holders_rest(f, mc__p2p_now_ms());
@@ -132,6 +133,19 @@ static bool start_shards(p2p_fetch_t *f, unsigned *wait_p)
             *wait_p = wait < *wait_p ? wait : *wait_p;
             held_back = true;
             break;
+        }
+        if (shard != backed) {
+            /* Backing a shard's pages (mc__p2p_prefault) takes milliseconds: not under f->lock,
+             * which the engine's completion callbacks and the watch thread take. Holders may
+             * have changed meanwhile: its holder is chosen again (only this thread starts
+             * shards, so the shard itself is still missing). */
+            pthread_mutex_unlock(&f->lock);
+            mc__p2p_prefault(f->h->bufs, f->h->n, p2p_shard_off(&f->d, shard),
+                             p2p_shard_len(&f->d, shard));
+            backed = shard;
+            pthread_mutex_lock(&f->lock);
+            if (!mc__p2p_choose_holder(f, shard, &holder))
+                continue;
         }
         p2p_slot_t *s = f->slots;
         while (s->busy)

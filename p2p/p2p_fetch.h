@@ -119,6 +119,9 @@ void mc__p2p_holder_lost(p2p_fetch_t *f, p2p_holder_t *h, int err);
 /* Holders whose rest is over are usable again; whether some holder still rests. Under
  * f->lock. */
 bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now);
+/* The least loaded usable holder of shard in the best class, ties at random; the holder that
+ * failed it last only if there is no other. False: none. Under f->lock. */
+bool mc__p2p_choose_holder(p2p_fetch_t *f, uint32_t shard, size_t *holder_p);
 
 /* p2p_slot.c */
 int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t holder);

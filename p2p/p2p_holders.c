@@ -96,9 +96,7 @@ static bool holder_better(const p2p_holder_t *a, const p2p_holder_t *b)
                                               : a->inflight < b->inflight;
 }
 
-/* The least loaded usable holder of shard in the best class, ties at random; the holder that
- * failed it last only if there is no other. */
-static bool choose_holder(p2p_fetch_t *f, uint32_t shard, size_t *holder_p)
+bool mc__p2p_choose_holder(p2p_fetch_t *f, uint32_t shard, size_t *holder_p)
 {
     size_t best = SIZE_MAX, ties = 0, last = f->last_holder[shard];
 
@@ -187,7 +185,7 @@ static bool pick_once(p2p_fetch_t *f, uint32_t *shard_p, size_t *holder_p)
 
     if (!(f->o.order == MC_P2P_RANDOM ? pick_random(f, &shard) : pick_rarest(f, &shard)))
         return false;
-    if (!choose_holder(f, shard, holder_p))
+    if (!mc__p2p_choose_holder(f, shard, holder_p))
         return false;
     *shard_p = shard;
     return true;

@@ -93,7 +93,6 @@ int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t hol
         h->seg = MC_SEGMENT_INVALID;
         return mc__p2p_error(rc, "opening %s: %s", h->segment, mc_last_error());
     }
-    mc__p2p_prefault(f->h->bufs, f->h->n, off, len);
     n = mc__p2p_pieces(f->h->bufs, f->h->n, h->e.bufs, h->e.n_bufs, h->seg, off, len, NULL, 0);
     reqs = malloc(n * sizeof(*reqs));
     if (!reqs)
