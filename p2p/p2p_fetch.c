@@ -136,9 +136,9 @@ static bool start_shards(p2p_fetch_t *f, unsigned *wait_p)
         }
         if (shard != backed) {
             /* Backing a shard's pages (mc__p2p_prefault) takes milliseconds: not under f->lock,
-             * which the engine's completion callbacks and the watch thread take. Holders may
-             * have changed meanwhile: its holder is chosen again (only this thread starts
-             * shards, so the shard itself is still missing). */
+             * which the store threads take (the replica watch, our entry's publisher). Holders
+             * may have changed meanwhile: its holder is chosen again (only this thread starts
+             * and ends shards, so the shard itself is still missing). */
             pthread_mutex_unlock(&f->lock);
             mc__p2p_prefault(f->h->bufs, f->h->n, p2p_shard_off(&f->d, shard),
                              p2p_shard_len(&f->d, shard));

@@ -19,10 +19,9 @@
  * stored before is visible once the membarrier returns, and a check after it sees WAKE_SLEEPER
  * and fences. So a side that ever sleeps pays one membarrier per ring (some 25 us in a VM,
  * IPIs; one for all the rings it first sleeps on at once), and a side that only spins costs its
- * peer no fence per message. WAKE_SLEEPER stays:
- * a host that spins but waited once (mc_batch_wait, an unregister) has its peers fence from
- * then on, as before this. A membarrier that fails after the first one (-ENOMEM) keeps its
- * side awake until one succeeds.
+ * peer no fence per message. WAKE_SLEEPER stays: a host that spins but waited once
+ * (mc_batch_wait, an unregister) has its peers fence from then on, as before this. A
+ * membarrier that fails after the first one (-ENOMEM) keeps its side awake until one succeeds.
  */
 #ifndef MC_SHM_WAKE_H
 #define MC_SHM_WAKE_H
