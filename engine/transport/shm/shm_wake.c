@@ -1,7 +1,7 @@
 /* Wake-ups across a ring in shared memory: the membarrier side (shm_wake.h). */
 #include <errno.h>
 #include <linux/membarrier.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -9,9 +9,10 @@
 #include "shm_wake.h"
 #include "util/log.h"
 
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static pid_t reg_pid; /* the process that tried (a fork's child tries for itself) */
-static bool registered;
+/* The process that registered (a fork's child registers for itself), and whether it could.
+ * Two threads may both register at once: the calls are idempotent, the answers the same. */
+static _Atomic pid_t reg_pid;
+static atomic_bool registered;
 
 static int membarrier(int cmd)
 {
@@ -20,23 +21,21 @@ static int membarrier(int cmd)
 
 bool mc__wake_mb_init(bool want)
 {
-    bool ok;
+    pid_t me = getpid();
 
     if (!want)
         return false;
-    pthread_mutex_lock(&reg_lock);
-    if (reg_pid != getpid()) {
-        reg_pid = getpid();
+    if (atomic_load(&reg_pid) != me) {
         /* and a first one: a sandbox that lets it through lets the others */
-        registered = membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0 &&
-                     membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0;
-        if (!registered)
+        bool ok = membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0 &&
+                  membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0;
+        if (!ok)
             mc_info("shm: no membarrier (%s): same-host message rings fence every wake-up check",
                     strerror(errno));
+        atomic_store(&registered, ok);
+        atomic_store(&reg_pid, me);
     }
-    ok = registered;
-    pthread_mutex_unlock(&reg_lock);
-    return ok;
+    return atomic_load(&registered);
 }
 
 bool mc__wake_barrier(void)
