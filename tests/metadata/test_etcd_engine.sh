@@ -32,6 +32,7 @@ etcd_start "$work/etcd" >/dev/null || fail "etcd did not start"
 export MC_METADATA=etcd://$ETCD_ENDPOINT MC_METADATA_TTL=3 MC_LOG_LEVEL=error
 ctl() { ETCDCTL_API=3 etcdctl --endpoints="$ETCD_ENDPOINT" --command-timeout=2s "$@"; }
 n_segments() { ctl get --prefix mooncake/ram/ --keys-only 2>/dev/null | grep -c . ; }
+lease_ids() { ctl lease list | sed -n 's/^\([0-9a-f]\{6,\}\)$/\1/p'; }
 
 "$bin/mooncake-bench" --mode target --metadata "$MC_METADATA" --buffer_size 8388608 \
     >"$work/target.out" 2>"$work/target.err" &
@@ -68,7 +69,7 @@ etcd__healthy "$ETCD_URL" || fail "etcd did not come back"
 echo "etcd back"
 for ((i = 0; i < 100 && $(n_segments) < 2; i++)); do sleep 0.1; done
 [[ $(n_segments) == 2 ]] || fail "segments not published after etcd came back: $(n_segments)"
-leases=$(ctl lease list | sed -n 's/^\([0-9a-f]\{6,\}\)$/\1/p')
+leases=$(lease_ids)
 [[ $(echo "$leases" | grep -c .) == 2 ]] || fail "expected 2 leases, got: $leases"
 # Each lease holds its engine's segment; revoking it takes the key (an engine may publish again
 # at once, under a new lease, so the keys are not counted in between).
@@ -82,7 +83,7 @@ done
 echo "leases revoked; waiting for both engines to publish again"
 for ((i = 0; i < 100 && $(n_segments) < 2; i++)); do sleep 0.1; done
 [[ $(n_segments) == 2 ]] || fail "segments not re-published after their leases were lost"
-for l in $(ctl lease list | sed -n 's/^\([0-9a-f]\{6,\}\)$/\1/p'); do
+for l in $(lease_ids); do
     grep -qx "$l" <<<"$leases" && fail "lease $l was revoked but is listed again"
 done
 ctl get --prefix mooncake/rpc_meta/ --keys-only | grep -c . | grep -qx 2 ||

@@ -60,6 +60,7 @@
 #define ANSWER_NS    (100 * 1000)        /* and at least this often */
 
 enum { TX_NONE, TX_UP, TX_OFF };
+
 struct shm_ring {
     uint64_t magic, bytes, stream;
     char sender[MC_NAME_MAX];
