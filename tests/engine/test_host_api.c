@@ -1233,8 +1233,12 @@ static void test_engine_arm_send(void **state)
  * the sleeper first arms, which runs a membarrier. Every sleep of the sleeper must still end
  * with a kick, for a ping (the spinner moved head) and for the answer to its pong (the spinner
  * moved tail), with either side's membarriers off too. Each pair is a fresh ring, whose first
- * arm is the switch from skipping to fencing. */
+ * arm is the switch from skipping to fencing. Halfway, the sleeper spins until its rings are
+ * unmarked (a timer tick without a sleep: the spinner skips its fence again), then sleeps
+ * again, which must mark them (and run a membarrier) as the first sleep did. */
 #define SPIN_N 2000
+
+unsigned mc__shm_msg_sleepers(mc_engine_t *e); /* shm_int.h: the white-box check below */
 
 static struct {
     mc_engine_t *e; /* the spinner: caller progress, never arms */
@@ -1331,6 +1335,13 @@ static void test_arm_spinning_peer(void **state)
         /* wait for ping n and the answer to pong n-1, sleeping whenever armed; then pong n */
         for (int n = 1; n <= SPIN_N + 1 && th_now_ms() < dl; n++) {
             bool armed = false;
+            if (n == SPIN_N / 2) { /* marked by the sleeps so far; unmarked after a tick */
+                assert_true(mc__shm_msg_sleepers(host) > 0);
+                int64_t spun = th_now_ms() + 3000;
+                while (mc__shm_msg_sleepers(host) > 0 && th_now_ms() < spun)
+                    mc_engine_progress(host);
+                assert_int_equal(mc__shm_msg_sleepers(host), 0);
+            }
             while (((n <= SPIN_N && atomic_load(&spin.pings) < n) ||
                     atomic_load(&spin.sent) < n - 1) &&
                    th_now_ms() < dl) {
@@ -1361,6 +1372,7 @@ static void test_arm_spinning_peer(void **state)
         assert_int_equal(atomic_load(&spin.sent), SPIN_N);
         assert_int_equal(atomic_load(&spin.bad), 0);
         assert_true(slept > 0);
+        assert_true(mc__shm_msg_sleepers(host) > 0); /* the sleeps after the spin marked again */
         mc_counters_t c;
         assert_int_equal(mc_stats_transport(host, "shm", &c), 0);
         assert_true(c.msgs_sent > SPIN_N / 2); /* the ring (the first may go before it is up) */

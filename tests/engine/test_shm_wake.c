@@ -6,6 +6,8 @@
  * - a fresh ring: the mover skips its fence (both processes registered for membarriers) and
  *   the sleeper's first arm runs the membarrier;
  * - a sleeper that slept before (WAKE_SLEEPER): both fence;
+ * - a sleeper that slept before, then spun through a timer tick (mc__wake_unmark): the mover
+ *   skips its fence again, and the next sleep marks the word and runs the membarrier anew;
  * - membarriers off (MC_SHM_MEMBARRIER=0, or no registration): both fence.
  * The same meeting with the membarrier left out (a mover that skips, a sleeper that does not
  * know) is run first and its misses are printed: where they are not zero (x86's store buffer
@@ -27,7 +29,7 @@
 
 #include "transport/shm/shm_wake.h"
 
-enum { FRESH, SLEPT, NO_MB, UNSAFE };
+enum { FRESH, SLEPT, UNMARKED, NO_MB, UNSAFE };
 
 static struct {
     alignas(64) _Atomic uint64_t head;
@@ -80,7 +82,11 @@ static unsigned run(int mode, unsigned n)
     for (uint64_t i = 1; i <= n; i++) {
         /* a fresh ring's word, or one whose side slept before */
         bool sleeper = mode == SLEPT || mode == UNSAFE;
-        atomic_store(&L.word, mode == SLEPT ? WAKE_MB | WAKE_SLEEPER : mode == NO_MB ? 0 : WAKE_MB);
+        atomic_store(&L.word, mode == SLEPT || mode == UNMARKED ? WAKE_MB | WAKE_SLEEPER
+                              : mode == NO_MB                   ? 0
+                                                                : WAKE_MB);
+        if (mode == UNMARKED) /* it spun through a tick since (shm_msg.c's timers) */
+            mc__wake_unmark(&L.word);
         meet(&sense);
         if (!sleeper) /* a ring's first sleep (shm_msg.c's idle op) */
             assert_true(!mc__wake_mark(&L.word) || mc__wake_barrier());
@@ -103,6 +109,7 @@ static void test_wake(void **state)
         unsigned unsafe = run(UNSAFE, 200000);
         printf("without the membarrier: %u sleeps without a kick in 200000\n", unsafe);
         assert_int_equal(run(FRESH, 50000), 0);
+        assert_int_equal(run(UNMARKED, 50000), 0);
     } else
         printf("no membarrier here: only the fenced protocol is checked\n");
     assert_int_equal(run(SLEPT, 200000), 0);

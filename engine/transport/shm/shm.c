@@ -522,6 +522,7 @@ static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
 
 static void shm_timers(mc_engine_t *e, uint64_t now)
 {
+    mc__shm_msg_timers(e);
     for (size_t i = 0; i < e->n_peers && shm_of(e)->n_redial; i++) {
         mc_peer_t *p = mc__peer_at(e, i);
         shm_peer_t *s = p ? p->tp[mc__shm_slot] : NULL;
@@ -1019,6 +1020,7 @@ static int shm_init(mc_engine_t *e)
     mc_list_init(&se->rx_rings);
     mc_list_init(&se->rx_lent);
     mc_list_init(&se->tx_busy);
+    mc_list_init(&se->tx_slept);
     pthread_mutex_init(&se->revoke_mutex, NULL);
     pthread_mutex_init(&se->crew_lock, NULL);
     se->cma_helpers = (unsigned)mc__config_num(e->conf, "SHM_CMA_THREADS");

@@ -73,14 +73,15 @@ typedef struct shm_tx {
     mc_pollable_t chan; /* the channel socket: kicks, and the receiver's end */
     int state;          /* TX_NONE, TX_UP, TX_OFF */
     shm_ring_t *ring;
-    uint64_t head;       /* bytes written */
-    mc_ring_fifo_t fifo; /* records not answered yet */
-    mc_list_t busy_link; /* in shm_engine_t.tx_busy while fifo.n */
-    uint64_t tail;       /* the receiver's tail as last read: answered up to there (shm_msg.c) */
-    uint64_t wait_end;   /* head after the last record whose sender waits for its answer */
-    uint64_t polled_ns;  /* the pass that last read the tail */
-    bool due;            /* read it at the next pass: the ring or fifo is full, or idle */
-    bool sleeper;        /* our wake word is marked, and its membarrier ran (shm_wake.h) */
+    uint64_t head;        /* bytes written */
+    mc_ring_fifo_t fifo;  /* records not answered yet */
+    mc_list_t busy_link;  /* in shm_engine_t.tx_busy while fifo.n */
+    uint64_t tail;        /* the receiver's tail as last read: answered up to there (shm_msg.c) */
+    uint64_t wait_end;    /* head after the last record whose sender waits for its answer */
+    uint64_t polled_ns;   /* the pass that last read the tail */
+    bool due;             /* read it at the next pass: the ring or fifo is full, or idle */
+    bool sleeper;         /* our wake word is marked, and its membarrier ran (shm_wake.h) */
+    mc_list_t slept_link; /* in shm_engine_t.tx_slept while sleeper */
     mc_peer_t *peer;
 } shm_tx_t;
 /* The receiving end of one ring, on an accepted message connection. */
@@ -105,6 +106,8 @@ typedef struct shm_engine {
     mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
     mc_list_t rx_lent;                 /* detached rings whose records are still lent */
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
+    mc_list_t tx_slept;                /* shm_tx_t whose wake word is marked */
+    unsigned sleeps, sleeps_ticked;    /* idle ops: all, and by the last timer tick */
     bool mb;                   /* MC_SHM_MEMBARRIER, and this process registered (shm_wake.h) */
     unsigned cma_helpers;      /* MC_SHM_CMA_THREADS, resolved */
     pthread_mutex_t crew_lock; /* the helpers start with the first long CMA run */
@@ -199,6 +202,8 @@ shm_tx_t *mc__shm_peer_tx(mc_peer_t *p);
 const char *mc__shm_peer_addr(mc_peer_t *p);
 void mc__shm_msg_fill(mc_engine_t *e, mc_peer_t *p);
 bool mc__shm_msg_idle(mc_engine_t *e);
+void mc__shm_msg_timers(mc_engine_t *e);
+unsigned mc__shm_msg_sleepers(mc_engine_t *e);
 void mc__shm_msg_progress(mc_engine_t *e);
 bool mc__shm_msg_express(mc_engine_t *e);
 void mc__shm_msg_settle(mc_engine_t *e, mc_peer_t *p);

@@ -112,6 +112,7 @@ void mc__shm_tx_init(shm_tx_t *tx, mc_peer_t *p)
     tx->chan.fd = -1;
     tx->peer = p;
     mc_list_init(&tx->busy_link);
+    mc_list_init(&tx->slept_link);
 }
 
 /* Answer the records the receiver consumed. */
@@ -314,6 +315,8 @@ void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx)
         tx_keep(tx);
     mc__ring_fifo_free(e, &tx->fifo);
     mc_list_del(&tx->busy_link);
+    mc_list_del(&tx->slept_link);
+    tx->sleeper = false;
     if (tx->ring)
         munmap(tx->ring, ring_size());
     tx->ring = NULL;
@@ -459,7 +462,9 @@ bool mc__shm_msg_idle(mc_engine_t *e)
     mc_list_t *pos;
     bool busy = false, barrier = false;
 
-    /* Rings this side never slept on are marked first, then one membarrier covers them all. */
+    se->sleeps++;
+    /* Rings this side never slept on (or not for a tick) are marked first, then one membarrier
+     * covers them all. */
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
         shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
         if (!rx->sleeper)
@@ -481,6 +486,8 @@ bool mc__shm_msg_idle(mc_engine_t *e)
     }
     for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
+        if (!tx->sleeper)
+            mc_list_push_back(&se->tx_slept, &tx->slept_link);
         tx->sleeper = true;
         mc__wake_arm(&tx->ring->tx_wake);
         if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
@@ -488,4 +495,46 @@ bool mc__shm_msg_idle(mc_engine_t *e)
             busy = tx->due = true; /* consumed: answered before sleeping */
     }
     return busy;
+}
+
+/* A timer tick: if this side did not go to sleep since the last one, it spins, and its rings'
+ * other sides may skip their fence again (shm_wake.h, mc__wake_unmark). */
+void mc__shm_msg_timers(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
+    mc_list_t *pos;
+
+    if (se->sleeps != se->sleeps_ticked) {
+        se->sleeps_ticked = se->sleeps;
+        return;
+    }
+    for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
+        shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
+        if (rx->sleeper)
+            mc__wake_unmark(&rx->ring->rx_wake);
+        rx->sleeper = false;
+    }
+    while (!mc_list_empty(&se->tx_slept)) {
+        shm_tx_t *tx = mc_container_of(se->tx_slept.next, shm_tx_t, slept_link);
+        mc__wake_unmark(&tx->ring->tx_wake);
+        tx->sleeper = false;
+        mc_list_del(&tx->slept_link);
+    }
+}
+
+/* For tests (progress context, or the host's thread between its calls in caller mode): the
+ * rings whose wake word this side has marked. */
+unsigned mc__shm_msg_sleepers(mc_engine_t *e)
+{
+    shm_engine_t *se = shm_of(e);
+    unsigned n = 0;
+    mc_list_t *pos;
+
+    if (!se)
+        return 0;
+    for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next)
+        n += mc_container_of(pos, shm_rx_t, link)->sleeper;
+    for (pos = se->tx_slept.next; pos != &se->tx_slept; pos = pos->next)
+        n++;
+    return n;
 }

@@ -17,11 +17,14 @@
  * that runs a thread of a registered process at that moment (a thread not running has passed
  * one since). The skipping side's instructions fall on either side of that barrier: an index it
  * stored before is visible once the membarrier returns, and a check after it sees WAKE_SLEEPER
- * and fences. So a side that ever sleeps pays one membarrier per ring (some 25 us in a VM,
- * IPIs; one for all the rings it first sleeps on at once), and a side that only spins costs its
- * peer no fence per message. WAKE_SLEEPER stays: a host that spins but waited once
- * (mc_batch_wait, an unregister) has its peers fence from then on, as before this. A
- * membarrier that fails after the first one (-ENOMEM) keeps its side awake until one succeeds.
+ * and fences. So a side that sleeps pays one membarrier per ring (some 25 us in a VM, IPIs;
+ * one for all the rings it first sleeps on at once), and a side that only spins costs its peer
+ * no fence per message. A side that then spins through a whole timer tick without sleeping (a
+ * host that waited once: mc_batch_wait, an unregister) takes WAKE_SLEEPER back
+ * (mc__wake_unmark), and its peers skip their fence again; its next sleep marks and runs a
+ * membarrier as a first one does, so at most one a tick (50 ms while busy). Its WAKE_ARMED stays
+ * as it was: set a tick ago or more, any peer sees it and kicks. A membarrier that fails after
+ * the first one (-ENOMEM) keeps its side awake until one succeeds.
  */
 #ifndef MC_SHM_WAKE_H
 #define MC_SHM_WAKE_H
@@ -62,6 +65,14 @@ static inline bool mc__wake_check(_Atomic uint32_t *w, bool mb)
 static inline bool mc__wake_mark(_Atomic uint32_t *w)
 {
     return atomic_fetch_or(w, WAKE_SLEEPER) & WAKE_MB;
+}
+
+/* Our word w, marked before, while we are awake and have not armed it for a whole tick:
+ * WAKE_SLEEPER taken back (the other side may skip its fence again). The next sleep on the ring
+ * marks it again. */
+static inline void mc__wake_unmark(_Atomic uint32_t *w)
+{
+    atomic_fetch_and(w, ~(uint32_t)WAKE_SLEEPER);
 }
 
 /* The membarrier after marks; false if it failed (the marks stay: mark again, and try again
