@@ -33,7 +33,7 @@ enum { FRESH, SLEPT, UNMARKED, NO_MB, UNSAFE };
 
 static struct {
     alignas(64) _Atomic uint64_t head;
-    _Atomic uint32_t word; /* the sleeper's, next to head as in a ring */
+    alignas(64) _Atomic uint32_t word; /* the sleeper's, in a line of its own as in a ring */
     alignas(64) atomic_uint meet, phase;
     int mode;
     bool mb, kicked, stop;

@@ -53,7 +53,7 @@
 #include "shm_wake.h"
 
 #define RING_BYTES   (512u << 10)
-#define RING_MAGIC   0x32474e4952434du   /* "MCRING2" */
+#define RING_MAGIC   0x33474e4952434du   /* "MCRING3" */
 #define FIFO_CAP     (2 * MC_MSG_WINDOW) /* records in the ring, resends included */
 #define RX_BUDGET    1024u               /* records taken per ring per pass */
 #define ANSWER_BATCH 64u                 /* records answered together at most, unless waited for */
@@ -65,9 +65,11 @@ struct shm_ring {
     uint64_t magic, bytes, stream;
     char sender[MC_NAME_MAX];
     alignas(64) _Atomic uint64_t head; /* written by the sender */
-    _Atomic uint32_t rx_wake;          /* the receiver's WAKE_* (it sleeps waiting for head) */
     alignas(64) _Atomic uint64_t tail; /* written by the receiver */
-    _Atomic uint32_t tx_wake;          /* the sender's WAKE_* (it sleeps waiting for tail) */
+    /* A line of their own, read after every move and written only to sleep: next to head or
+     * tail the read missed, the other side's polling having taken the line. */
+    alignas(64) _Atomic uint32_t rx_wake; /* the receiver's WAKE_* (it sleeps waiting for head) */
+    _Atomic uint32_t tx_wake;             /* the sender's WAKE_* (it sleeps waiting for tail) */
     alignas(64) uint8_t data[];
 };
 
