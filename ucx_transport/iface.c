@@ -74,7 +74,7 @@ static void lock_put(uct_mc_iface_lock_t *l)
 static void queue_locked(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
 {
     ev->next = NULL;
-    *iface->evq_tail = ev;
+    __atomic_store_n(iface->evq_tail, ev, __ATOMIC_RELAXED); /* (deliver_all peeks at the head) */
     iface->evq_tail = &ev->next;
     if (iface->armed) {
         uint64_t one = 1;
@@ -377,14 +377,20 @@ static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
     }
 }
 
+/* The queue's head is looked at without the lock first: most calls of a worker that polls find
+ * it empty, and taking the mutex for that was 3% of a UCT ping-pong's samples. An event
+ * queued just after the look is taken by the next call (and a worker about to sleep looks under
+ * the lock: iface_event_arm). */
 static unsigned deliver_all(uct_mc_iface_t *iface)
 {
     uct_mc_ev_t *ev;
     unsigned n = 0;
 
+    if (!__atomic_load_n(&iface->evq_head, __ATOMIC_RELAXED))
+        return 0;
     pthread_mutex_lock(&iface->lock->mutex);
     ev = iface->evq_head;
-    iface->evq_head = NULL;
+    __atomic_store_n(&iface->evq_head, NULL, __ATOMIC_RELAXED);
     iface->evq_tail = &iface->evq_head;
     pthread_mutex_unlock(&iface->lock->mutex);
     while (ev) {
