@@ -996,7 +996,8 @@ static const mc_setting_t shm_settings[] = {
      "thread; auto: one less than the CPUs the process may use, at most 3; 0: none"},
     {"SHM_MEMBARRIER", "1", 0, 0, mc__parse_bool,
      "same-host message rings skip a fence per message while their other side spins, and "
-     "that side runs one membarrier(2) before it first sleeps; 0: the fence every time"},
+     "that side runs one membarrier(2) before it first sleeps (and again after a timer tick "
+     "spent spinning); 0: the fence every time"},
     {0},
 };
 

@@ -81,7 +81,7 @@ typedef struct shm_tx {
     uint64_t polled_ns;   /* the pass that last read the tail */
     bool due;             /* read it at the next pass: the ring or fifo is full, or idle */
     bool sleeper;         /* our wake word is marked, and its membarrier ran (shm_wake.h) */
-    mc_list_t slept_link; /* in shm_engine_t.tx_slept while sleeper */
+    mc_list_t slept_link; /* in shm_engine_t.tx_slept while its word is marked */
     mc_peer_t *peer;
 } shm_tx_t;
 /* The receiving end of one ring, on an accepted message connection. */
@@ -106,7 +106,7 @@ typedef struct shm_engine {
     mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
     mc_list_t rx_lent;                 /* detached rings whose records are still lent */
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
-    mc_list_t tx_slept;                /* shm_tx_t whose wake word is marked */
+    mc_list_t tx_slept;                /* shm_tx_t whose wake word we marked */
     unsigned sleeps, sleeps_ticked;    /* idle ops: all, and by the last timer tick */
     bool mb;                   /* MC_SHM_MEMBARRIER, and this process registered (shm_wake.h) */
     unsigned cma_helpers;      /* MC_SHM_CMA_THREADS, resolved */

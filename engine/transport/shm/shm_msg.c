@@ -474,8 +474,12 @@ bool mc__shm_msg_idle(mc_engine_t *e)
     }
     for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
-        if (!tx->sleeper)
-            barrier |= mc__wake_mark(&tx->ring->tx_wake);
+        if (tx->sleeper)
+            continue;
+        barrier |= mc__wake_mark(&tx->ring->tx_wake);
+        /* marked: the timers unmark it, even if the membarrier fails now */
+        if (mc_list_empty(&tx->slept_link))
+            mc_list_push_back(&se->tx_slept, &tx->slept_link);
     }
     if (barrier && !mc__wake_barrier())
         return true; /* not armed: the next look tries again */
@@ -488,8 +492,6 @@ bool mc__shm_msg_idle(mc_engine_t *e)
     }
     for (pos = se->tx_busy.next; pos != &se->tx_busy; pos = pos->next) {
         shm_tx_t *tx = mc_container_of(pos, shm_tx_t, busy_link);
-        if (!tx->sleeper)
-            mc_list_push_back(&se->tx_slept, &tx->slept_link);
         tx->sleeper = true;
         mc__wake_arm(&tx->ring->tx_wake);
         if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
@@ -500,7 +502,8 @@ bool mc__shm_msg_idle(mc_engine_t *e)
 }
 
 /* A timer tick: if this side did not go to sleep since the last one, it spins, and its rings'
- * other sides may skip their fence again (shm_wake.h, mc__wake_unmark). */
+ * other sides may skip their fence again (shm_wake.h, mc__wake_unmark). Every rx ring is
+ * unmarked, and every tx ring on tx_slept: those marked before a membarrier that failed too. */
 void mc__shm_msg_timers(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
@@ -512,8 +515,7 @@ void mc__shm_msg_timers(mc_engine_t *e)
     }
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
         shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
-        if (rx->sleeper)
-            mc__wake_unmark(&rx->ring->rx_wake);
+        mc__wake_unmark(&rx->ring->rx_wake);
         rx->sleeper = false;
     }
     while (!mc_list_empty(&se->tx_slept)) {
@@ -525,7 +527,7 @@ void mc__shm_msg_timers(mc_engine_t *e)
 }
 
 /* For tests (progress context, or the host's thread between its calls in caller mode): the
- * rings whose wake word this side has marked. */
+ * rings whose wake word this side has marked (rx rings: and armed since). */
 unsigned mc__shm_msg_sleepers(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);

@@ -35,7 +35,7 @@
 
 enum {
     WAKE_ARMED = 1,   /* may sleep now: kick */
-    WAKE_SLEEPER = 2, /* has slept, or is about to: the other side fences */
+    WAKE_SLEEPER = 2, /* has slept since its last unmark, or is about to: the other fences */
     WAKE_MB = 4,      /* runs a membarrier before its first sleep */
 };
 
@@ -59,17 +59,17 @@ static inline bool mc__wake_check(_Atomic uint32_t *w, bool mb)
     return (v & WAKE_ARMED) && (atomic_fetch_and(w, ~(uint32_t)WAKE_ARMED) & WAKE_ARMED);
 }
 
-/* About to sleep for the first time on a ring, our word w: WAKE_SLEEPER set. Whether a
- * membarrier must follow (mc__wake_barrier, one for all the rings marked) before the first
- * arm: we said WAKE_MB, so the other side may be skipping its fence. */
+/* About to sleep for the first time on a ring (or the first since it was unmarked), our word
+ * w: WAKE_SLEEPER set. Whether a membarrier must follow (mc__wake_barrier, one for all the rings
+ * marked) before the first arm: we said WAKE_MB, so the other side may be skipping its fence. */
 static inline bool mc__wake_mark(_Atomic uint32_t *w)
 {
     return atomic_fetch_or(w, WAKE_SLEEPER) & WAKE_MB;
 }
 
-/* Our word w, marked before, while we are awake and have not armed it for a whole tick:
- * WAKE_SLEEPER taken back (the other side may skip its fence again). The next sleep on the ring
- * marks it again. */
+/* Our word w, marked before, when this side has not armed it for a whole tick (another thread
+ * of the host may still sleep armed: its WAKE_ARMED stays): WAKE_SLEEPER taken back (the other
+ * side may skip its fence again). The next sleep on the ring marks it again. */
 static inline void mc__wake_unmark(_Atomic uint32_t *w)
 {
     atomic_fetch_and(w, ~(uint32_t)WAKE_SLEEPER);
