@@ -464,7 +464,7 @@ bool mc__shm_msg_idle(mc_engine_t *e)
     mc_list_t *pos;
     bool busy = false, barrier = false;
 
-    se->sleeps++;
+    se->slept = true;
     /* Rings this side never slept on (or not for a tick) are marked first, then one membarrier
      * covers them all. */
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
@@ -509,8 +509,8 @@ void mc__shm_msg_timers(mc_engine_t *e)
     shm_engine_t *se = shm_of(e);
     mc_list_t *pos;
 
-    if (se->sleeps != se->sleeps_ticked) {
-        se->sleeps_ticked = se->sleeps;
+    if (se->slept) {
+        se->slept = false;
         return;
     }
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
