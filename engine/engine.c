@@ -52,6 +52,11 @@ bool mc__in_pass_of(const mc_engine_t *e)
     return pass_engine == e;
 }
 
+bool mc__progress_solo(const mc_engine_t *e)
+{
+    return e->solo != NULL;
+}
+
 void mc__doorbell(mc_engine_t *e)
 {
     uint64_t one = 1;
@@ -390,6 +395,8 @@ static int progress_locked(mc_engine_t *e, bool callbacks, uint64_t now)
         now = mc__now_ns();
     /* (signed: a clock read before another thread's pass counts as just now) */
     solo = e->solo && (int64_t)(now - e->solo_ns) < (int64_t)EPOLL_QUIET_NS;
+    if (e->solo && !solo) /* quiet for EPOLL_QUIET_NS: light passes may run again */
+        e->solo = NULL;
     ask = solo ? (int64_t)(now - e->epoll_ns) >= (int64_t)EPOLL_SOLO_NS
                : e->epoll_found || epoll_due(e, now);
     if (ask) {

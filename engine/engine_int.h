@@ -232,6 +232,9 @@ void mc__doorbell(mc_engine_t *e);
 bool mc__in_progress(void);
 /* Whether this thread is in a progress pass of e (its lock held: callbacks included). */
 bool mc__in_pass_of(const mc_engine_t *e);
+/* For tests (caller mode, between the host's calls): whether a socket is read without asking
+ * epoll (engine.c, progress_locked), which keeps a spinning host from light passes. */
+bool mc__progress_solo(const mc_engine_t *e);
 /* Caller-progress mode, before an internal wait polls the event fd: whether it may sleep (the
  * transports armed their wake-ups and nothing came meanwhile). */
 bool mc__progress_may_sleep(mc_engine_t *e);
