@@ -30,7 +30,8 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 ucx() { env LD_PRELOAD="$MOD" "$@"; }
 source "$here/../../bench/lib.sh" # free_port, listening
-# wait_listen PORT [HOST]: until a server listens on PORT (in namespace host HOST), up to 10 s
+# wait_listen PORT [HOST [OUT]]: until a server listens on PORT (in namespace host HOST; ""
+# for this one), up to 10 s; on failure, the end of the server's output OUT is shown
 wait_listen() {
     for _ in $(seq 200); do
         if [[ -z ${2:-} ]]; then
@@ -41,6 +42,7 @@ wait_listen() {
         fi
         sleep 0.05
     done
+    [[ -n ${3:-} && -f ${3:-} ]] && { echo "the server's output:"; tail -20 "$3"; }
     fail "no server listening on port $1"
 }
 
@@ -85,7 +87,7 @@ run_pair() {
     fi
     echo "$srv" >>"$LOG/pids"
     if [[ $where == loopback ]]; then
-        wait_listen "$port"
+        wait_listen "$port" "" "$LOG/srv"
     else
         wait_listen "$port" 2
     fi
@@ -147,7 +149,7 @@ examples() {
         ucx env UCX_TLS=mooncake,self "$ucp_hw" $mode -p "$port" -s $size >"$LOG/hs" 2>&1 &
         srv=$!
         echo $srv >>"$LOG/pids"
-        wait_listen "$port"
+        wait_listen "$port" "" "$LOG/hs"
         ucx env UCX_TLS=mooncake,self timeout 30 "$ucp_hw" $mode -n 127.0.0.1 -p "$port" \
             -s $size >"$LOG/hc" 2>&1 || { cat "$LOG/hc"; fail "ucp_hello_world $mode -s $size"; }
         wait $srv || { cat "$LOG/hs"; fail "ucp_hello_world server $mode -s $size"; }
@@ -164,7 +166,7 @@ examples() {
         ucx "$uct_hw" -d engine -t mooncake -p "$port" $fn >"$LOG/us" 2>&1 &
         srv=$!
         echo $srv >>"$LOG/pids"
-        wait_listen "$port"
+        wait_listen "$port" "" "$LOG/us"
         ucx timeout 30 "$uct_hw" -d engine -t mooncake -n 127.0.0.1 -p "$port" $fn \
             >"$LOG/uc" 2>&1 || { cat "$LOG/uc"; fail "uct_hello_world $fn"; }
         wait $srv || { cat "$LOG/us"; fail "uct_hello_world server $fn"; }
@@ -192,7 +194,7 @@ cs_run() {
         srv=$!
         echo "$srv" >>"$LOG/pids"
         host=127.0.0.1
-        wait_listen "$port"
+        wait_listen "$port" "" "$LOG/ss"
         ucx env "${env[@]}" timeout 30 "$bin" -a "$host" -p "$port" -c $api -s $size \
             -i $rounds >"$LOG/sc" 2>&1 || cli_rc=$?
     else # (netns_spawn records the server for netns_down)
@@ -200,7 +202,7 @@ cs_run() {
             UCX_MOONCAKE_LISTEN="$A2:0" UCX_TLS=mooncake stdbuf -oL "$bin" -l "$A2" \
             -p "$port" -c $api -s $size -i $rounds)
         host=$A2
-        wait_listen "$port" 2
+        wait_listen "$port" 2 "$LOG/ss"
         netns_exec $P 1 timeout 30 env LD_PRELOAD="$MOD" UCX_MOONCAKE_LISTEN="$A1:0" \
             "${env[@]}" "$bin" -a "$host" -p "$port" -c $api -s $size -i $rounds \
             >"$LOG/sc" 2>&1 || cli_rc=$?
