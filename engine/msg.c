@@ -28,11 +28,18 @@ int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 
 /* ---- sending ---- */
 
-/* Take a place in the target's window (queued or unacknowledged messages). The peer table's
- * lock is for other threads: a pass's own callbacks hold e->lock, under which peers go. A place
- * taken under e->lock is counted apart, without a locked instruction (the window may then be
- * passed by as many as other threads take meanwhile). */
-static int window_take(mc_engine_t *e, mc_segment_id_t target)
+/* Whether one more message of len bytes fits a window that holds msgs of bytes. */
+static bool window_fits(unsigned msgs, unsigned bytes, size_t len)
+{
+    return msgs < MC_MSG_WINDOW && (!msgs || bytes + len <= MC_MSG_WINDOW_BYTES);
+}
+
+/* Take a place in the target's window (queued or unacknowledged messages, and their payload
+ * bytes: a peer's 4096 queued 4 KiB messages held 16 MiB, which the heap grew for and gave back
+ * at every pass). The peer table's lock is for other threads: a pass's own callbacks hold
+ * e->lock, under which peers go. A place taken under e->lock is counted apart, without a locked
+ * instruction (the window may then be passed by as many as other threads take meanwhile). */
+static int window_take(mc_engine_t *e, mc_segment_id_t target, size_t len)
 {
     bool own = mc__in_pass_of(e);
     int rc = 0;
@@ -40,35 +47,56 @@ static int window_take(mc_engine_t *e, mc_segment_id_t target)
     if (!own)
         pthread_rwlock_rdlock(&e->peers_lock);
     mc_peer_t *p = mc__peer_get(e, target);
-    unsigned pass = p ? atomic_load_explicit(&p->queued_pass, memory_order_relaxed) : 0;
-    if (!p)
+    if (!p) {
         rc = mc__set_error(-MC_ENOSEGMENT, "message target %u is not open", target);
-    else if (p->state == MC_SEGMENT_DEAD)
+    } else if (p->state == MC_SEGMENT_DEAD) {
         rc = mc__set_error(-MC_EPEERDEAD, "%s", p->dead_reason);
-    else if (own &&
-             pass + atomic_load_explicit(&p->queued_msgs, memory_order_relaxed) < MC_MSG_WINDOW)
-        atomic_store_explicit(&p->queued_pass, pass + 1, memory_order_relaxed);
-    else if (own || atomic_fetch_add(&p->queued_msgs, 1) + pass >= MC_MSG_WINDOW) {
-        if (!own)
+    } else {
+        unsigned pass = atomic_load_explicit(&p->queued_pass, memory_order_relaxed);
+        unsigned pass_bytes = atomic_load_explicit(&p->queued_pass_bytes, memory_order_relaxed);
+        if (own) {
+            if (window_fits(pass + atomic_load_explicit(&p->queued_msgs, memory_order_relaxed),
+                            pass_bytes +
+                                atomic_load_explicit(&p->queued_bytes, memory_order_relaxed),
+                            len)) {
+                atomic_store_explicit(&p->queued_pass, pass + 1, memory_order_relaxed);
+                atomic_store_explicit(&p->queued_pass_bytes, pass_bytes + (unsigned)len,
+                                      memory_order_relaxed);
+            } else {
+                rc = -EAGAIN;
+            }
+        } else if (!window_fits(atomic_fetch_add(&p->queued_msgs, 1) + pass,
+                                atomic_fetch_add(&p->queued_bytes, (unsigned)len) + pass_bytes,
+                                len)) {
             atomic_fetch_sub(&p->queued_msgs, 1);
-        rc = mc__set_error(-EAGAIN, "%d messages to segment %u are queued or unacknowledged",
-                           MC_MSG_WINDOW, target);
+            atomic_fetch_sub(&p->queued_bytes, (unsigned)len);
+            rc = -EAGAIN;
+        }
     }
+    if (rc == -EAGAIN)
+        mc__set_error_str(rc, "the target's message window is full (MC_MSG_WINDOW messages or "
+                              "MC_MSG_WINDOW_BYTES bytes queued or unacknowledged)");
     if (!own)
         pthread_rwlock_unlock(&e->peers_lock);
     return rc;
 }
 
 /* Give the place back (the message left: acknowledged, failed, or never queued); pass: it was
- * taken under e->lock, which the caller holds. */
-static void window_give(mc_peer_t *p, bool pass)
+ * taken under e->lock. */
+static void window_give(mc_peer_t *p, bool pass, size_t len)
 {
-    if (pass)
+    if (pass) {
         atomic_store_explicit(&p->queued_pass,
                               atomic_load_explicit(&p->queued_pass, memory_order_relaxed) - 1,
                               memory_order_relaxed);
-    else
+        atomic_store_explicit(&p->queued_pass_bytes,
+                              atomic_load_explicit(&p->queued_pass_bytes, memory_order_relaxed) -
+                                  (unsigned)len,
+                              memory_order_relaxed);
+    } else {
         atomic_fetch_sub(&p->queued_msgs, 1);
+        atomic_fetch_sub(&p->queued_bytes, (unsigned)len);
+    }
 }
 
 static int msg_check(const void *data, size_t len, const mc_msg_opts_t *opts)
@@ -95,7 +123,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
 
     if (opts)
         memcpy(&o, opts, opts->size);
-    rc = window_take(e, target);
+    rc = window_take(e, target, len);
     if (rc)
         return rc;
     bool pass = mc__in_pass_of(e);
@@ -105,7 +133,7 @@ static int msg_new(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const voi
             pthread_rwlock_rdlock(&e->peers_lock);
         mc_peer_t *p = mc__peer_get(e, target); /* (closed meanwhile: its window went with it) */
         if (p)
-            window_give(p, pass);
+            window_give(p, pass, len);
         if (!pass)
             pthread_rwlock_unlock(&e->peers_lock);
         return mc__set_error(-ENOMEM, "out of memory");
@@ -243,7 +271,7 @@ static void msg_done(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, int status)
         mc_list_push_back(&e->done_msgs, &m->link);
     }
     if (p)
-        window_give(p, m->pass_buf);
+        window_give(p, m->pass_buf, m->len);
     m->inflight = false;
     mc__msg_put(e, m);
 }

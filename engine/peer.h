@@ -78,13 +78,15 @@ struct mc_peer {
     unsigned n_order;
     void *tp[MC_TP_MAX]; /* each transport's private state for this peer */
     mc_rail_set_t rails[MC_TP_MAX];
-    atomic_uint busy_tasks;       /* tasks to this peer not yet released */
-    atomic_uint ordered_busy;     /* ORDERED tasks routed to an MC_TP_ORDERED transport, not
-                                     yet released: later ORDERED ones go there too */
-    atomic_uint queued_msgs;      /* queued or unacknowledged: at most MC_MSG_WINDOW together, */
-    atomic_uint queued_pass;      /* these taken under e->lock (only its holder writes them) */
-    _Atomic uint64_t c[MC_CNT_N]; /* counters (mc_counters_t order), written by progress */
-    bool desc_kick;               /* in e->descq (under e->sub_lock) */
+    atomic_uint busy_tasks;        /* tasks to this peer not yet released */
+    atomic_uint ordered_busy;      /* ORDERED tasks routed to an MC_TP_ORDERED transport, not
+                                      yet released: later ORDERED ones go there too */
+    atomic_uint queued_msgs;       /* queued or unacknowledged: at most MC_MSG_WINDOW together, */
+    atomic_uint queued_pass;       /* these taken under e->lock (only its holder writes them); */
+    atomic_uint queued_bytes;      /* their payload bytes: at most MC_MSG_WINDOW_BYTES together */
+    atomic_uint queued_pass_bytes; /* ... of queued_pass */
+    _Atomic uint64_t c[MC_CNT_N];  /* counters (mc_counters_t order), written by progress */
+    bool desc_kick;                /* in e->descq (under e->sub_lock) */
     mc_list_t desc_link;
     mc_desc_t *pending_desc; /* newer descriptor from another thread (under e->sub_lock) */
 

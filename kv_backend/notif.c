@@ -62,9 +62,9 @@ mc_kv_status_t kv__gen_notif(mc_kv_backend_t *b, const char *agent, const void *
     free(p);
     if (rc == -EAGAIN)
         return kv__fail(b, MC_KV_ERR_BACKEND,
-                        "gen_notif: %d notifications to '%s' are queued or unacknowledged (the "
-                        "peer does not keep up); retry later",
-                        MC_MSG_WINDOW, agent);
+                        "gen_notif: the message window to '%s' is full (%d notifications or %d "
+                        "bytes queued or unacknowledged: the peer does not keep up); retry later",
+                        agent, MC_MSG_WINDOW, MC_MSG_WINDOW_BYTES);
     return rc < 0 ? kv__fail_engine(b, rc, "gen_notif") : MC_KV_SUCCESS;
 }
 

@@ -48,6 +48,18 @@ int mc__set_error(int code, const char *fmt, ...)
     return code;
 }
 
+int mc__set_error_str(int code, const char *reason)
+{
+    char *to = mc__thread_buf(&last_error_buf, &last_error);
+
+    if (to) {
+        size_t n = strnlen(reason, ERROR_MAX - 1);
+        memcpy(to, reason, n);
+        to[n] = 0;
+    }
+    return code;
+}
+
 const char *mc_last_error(void)
 {
     return last_error ? last_error : ""; /* (none yet, or no memory to keep one) */

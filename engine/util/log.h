@@ -52,6 +52,10 @@ void mc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* Record a reason for mc_last_error() and return code. */
 int mc__set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The same for a fixed reason, without formatting it: for outcomes a caller meets at a high
+ * rate (a full window, which a sender retries until it has room). */
+int mc__set_error_str(int code, const char *reason);
+
 /* Log at `level` (an engine's) until the end of the enclosing block. */
 #define MC_LOG_SCOPE(level)                                                                        \
     int mc__log_saved __attribute__((cleanup(mc__log_leave), unused)) = mc__log_enter(level)

@@ -43,13 +43,14 @@ typedef struct mc_engine mc_engine_t;
 typedef struct mc_batch mc_batch_t;
 typedef uint32_t mc_segment_id_t;
 
-#define MC_SEGMENT_INVALID ((mc_segment_id_t)-1)
-#define MC_NAME_MAX        128         /* segment names, including the terminating NUL */
-#define MC_LOCATION_MAX    32          /* "cpu:0", "cuda:3", ... */
-#define MC_MSG_MAX         (64 * 1024) /* largest message or notification payload */
-#define MC_MSG_WINDOW      4096        /* messages per peer queued or unacknowledged */
-#define MC_ADDRESS_MAX     64          /* largest mc_engine_address */
-#define MC_BUFFER_KEY_SIZE 128         /* every mc_buffer_key_pack key */
+#define MC_SEGMENT_INVALID  ((mc_segment_id_t)-1)
+#define MC_NAME_MAX         128         /* segment names, including the terminating NUL */
+#define MC_LOCATION_MAX     32          /* "cpu:0", "cuda:3", ... */
+#define MC_MSG_MAX          (64 * 1024) /* largest message or notification payload */
+#define MC_MSG_WINDOW       4096        /* messages per peer queued or unacknowledged, */
+#define MC_MSG_WINDOW_BYTES (1 << 20)   /* and their payload bytes (one message always fits) */
+#define MC_ADDRESS_MAX      64          /* largest mc_engine_address */
+#define MC_BUFFER_KEY_SIZE  128         /* every mc_buffer_key_pack key */
 
 /* ---- configuration ------------------------------------------------------------------------ */
 
@@ -430,8 +431,8 @@ typedef struct mc_submit_opts {
 /* Append count requests as tasks (indices continue from the previous submit). All requests are
  * validated first: on error nothing is submitted and nothing will ever complete for them.
  * Errors: -EINVAL (bad opcode, local range not registered, batch full, bad options),
- * -MC_ENOSEGMENT (target not open), -EAGAIN (the notification's target has MC_MSG_WINDOW
- * messages queued or unacknowledged: the notification takes its place in that window at
+ * -MC_ENOSEGMENT (target not open), -EAGAIN (the notification's target's message window is
+ * full, as for mc_msg_send: the notification takes its place in that window at
  * submit, so that it is never refused once the data landed; try again once the target took
  * some). A zero-length request is a no-op that completes at once.
  * Never blocks: a task whose remote range is not inside one buffer of the descriptor we hold
@@ -482,8 +483,9 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
 /* Messages and notifications to one peer are delivered exactly once and in the order sent, as
  * long as the peer's process lives: each is acknowledged by the receiver once it is in its
  * handler queue, resent over another connection after a failure, and dropped by the receiver
- * if it sees it twice. At most MC_MSG_WINDOW of them per peer are queued or unacknowledged;
- * past that, sends return -EAGAIN (a receiver that does not keep up slows its senders down,
+ * if it sees it twice. At most MC_MSG_WINDOW of them per peer, and MC_MSG_WINDOW_BYTES of their
+ * payload (one is always let through), are queued or unacknowledged; past that, sends return
+ * -EAGAIN (a receiver that does not keep up slows its senders down,
  * it never drops). If the peer dies, the ones it did not acknowledge fail: their completion
  * callbacks get -MC_EPEERDEAD and the peer event says how many. A peer that stays unreachable
  * (no connection to it succeeds, none is refused either: a host that lost power) while messages
@@ -510,9 +512,10 @@ typedef struct mc_msg_opts {
     void *cb_arg;
 } mc_msg_opts_t;
 
-/* Send a message to a peer. The data is copied. -EAGAIN if MC_MSG_WINDOW messages to that peer
- * are queued or unacknowledged; -EINVAL if len > MC_MSG_MAX; -MC_EPEERDEAD if the peer is dead;
- * -MC_ECANCELED from a callback that runs while the engine is destroyed. opts may be NULL. */
+/* Send a message to a peer. The data is copied. -EAGAIN if the peer's window is full (see
+ * above: MC_MSG_WINDOW messages, or MC_MSG_WINDOW_BYTES of payload); -EINVAL if len > MC_MSG_MAX;
+ * -MC_EPEERDEAD if the peer is dead; -MC_ECANCELED from a callback that runs while the engine is
+ * destroyed. opts may be NULL. */
 MC_API int mc_msg_send_ex(mc_engine_t *engine, mc_segment_id_t target, uint8_t id, const void *data,
                           size_t len, const mc_msg_opts_t *opts);
 

@@ -417,6 +417,7 @@ static void child_pops(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
     static mc_notify_t n;
     int64_t dl = th_now_ms() + (int64_t)c->a3;
     uint32_t want = (uint32_t)c->a1, seq;
+    size_t len = c->a2 ? (size_t)c->a2 : 4;
 
     while ((uint64_t)r->v[0] < c->a0) {
         if (mc_notify_pop(ce->e, &n) != 1) {
@@ -426,7 +427,7 @@ static void child_pops(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
             continue;
         }
         memcpy(&seq, n.msg, 4);
-        r->v[1] += n.len != 4 || seq != want;
+        r->v[1] += n.len != len || seq != want;
         want = seq + 1;
         r->v[0]++;
     }

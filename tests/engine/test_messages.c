@@ -396,6 +396,22 @@ static void on_echo(void *arg, const char *sender, uint8_t id, const void *data,
     atomic_store(&echoes.received, n + 1);
 }
 
+/* Whether message i of len bytes may go: fewer than window unechoed, and their bytes and its
+ * own within a quarter of MC_MSG_WINDOW_BYTES. The target's window for the echoes also holds
+ * those we took and have not answered yet (an answer waits for a connection that was killed):
+ * the slack keeps it from filling, as window (256) does for MC_MSG_WINDOW. */
+static bool echo_room(uint32_t i, size_t len, unsigned window)
+{
+    uint32_t from = atomic_load(&echoes.received);
+    size_t bytes = len;
+
+    if (i - from >= window)
+        return false;
+    for (uint32_t j = from; j < i; j++)
+        bytes += echoes.lens[j];
+    return i == from || bytes <= MC_MSG_WINDOW_BYTES / 4;
+}
+
 /* Both engines send: the target's handler sends every message back as it gets it, while the
  * connections both ways are killed (tcp, rdma) and the target is stopped at random. Over tcp
  * both directions then share one connection (the reply travels with the answer): every message
@@ -431,9 +447,10 @@ static void test_both_ways(void **state)
         size_t len = msg_len(&rnd, i);
         echoes.lens[i] = (uint32_t)len;
         make_msg(buf, i, len);
-        /* at most `window` unechoed, so the target's own window never fills */
+        /* at most `window` unechoed, and their bytes within MC_MSG_WINDOW_BYTES, so the
+         * target's own window never fills */
         int64_t dl = th_now_ms() + 60000;
-        while (i - atomic_load(&echoes.received) >= window && th_now_ms() < dl)
+        while (!echo_room(i, len, window) && th_now_ms() < dl)
             mc_engine_progress(e);
         assert_int_equal(send_msg(e, id, TH_MSG_ID, buf, len, NULL), 0);
     }
@@ -972,15 +989,18 @@ static void test_notifications(void **state)
 
 /* ---- back-pressure --------------------------------------------------------------------------- */
 
-/* Send notifications numbered from *next until the sender has said -EAGAIN for quiet_ms in a
- * row; returns how many went. */
-static unsigned fill_up(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms)
+/* Send notifications of len bytes (4 or more), numbered from *next in their first 4, until the
+ * sender has said -EAGAIN for quiet_ms in a row; returns how many went. */
+static unsigned fill_up_len(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms,
+                            size_t len)
 {
+    static char msg[MC_MSG_MAX];
     unsigned sent = 0;
     int64_t since = 0;
 
     for (;;) {
-        int rc = mc_notify_send(e, id, next, 4);
+        memcpy(msg, next, 4);
+        int rc = mc_notify_send(e, id, msg, len);
         if (rc == 0) {
             (*next)++;
             sent++;
@@ -994,6 +1014,11 @@ static unsigned fill_up(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int 
             return sent;
         th_sleep_ms(1);
     }
+}
+
+static unsigned fill_up(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms)
+{
+    return fill_up_len(e, id, next, quiet_ms, 4);
 }
 
 /* A receiver whose application does not pop: past its queue limit it refuses, the sender's
@@ -1054,6 +1079,20 @@ static void test_backpressure(void **state)
     expect_pop(t, "landed", t->eng[0].buf[0], 4096, 4242);
     th_batch_destroy(e, b);
     th_buf_free(e, src, 4096);
+
+    /* The window also bounds payload bytes: a stopped target takes MC_MSG_WINDOW_BYTES of the
+     * largest notifications, and then not even a small one; they all arrive once it goes on. */
+    assert_int_equal(flush_wait(e, id), 0);
+    th_stop(t->pid);
+    first = next;
+    more = fill_up_len(e, id, &next, 300, MC_MSG_MAX);
+    assert_int_equal(more, MC_MSG_WINDOW_BYTES / MC_MSG_MAX);
+    assert_int_equal(mc_notify_send(e, id, &next, 4), -EAGAIN);
+    assert_int_equal(kill(t->pid, SIGCONT), 0);
+    c = (th_cmd_t){.op = TH_CMD_POPS, .a0 = more, .a1 = first, .a2 = MC_MSG_MAX, .a3 = 30000};
+    assert_int_equal(th_target_cmd(t, &c, &r, 40000), 0);
+    assert_int_equal(r.v[0], more);
+    assert_int_equal(r.v[1], 0);
     th_close(e, id);
 }
 
