@@ -7,7 +7,10 @@
 #   UCT level  put_bw -D zcopy, get -D zcopy            -x mooncake -d engine   vs  -x tcp
 #   UCP level  ucp_put_bw, ucp_get, tag_bw              UCX_TLS=mooncake,self   vs  UCX_TLS=tcp
 # at 64 KiB and 1 MiB; and on loopback UCP tag_bw against UCX's shared-memory copy (cma, with
-# tcp for its active messages: UCX_TLS=cma,tcp). Figures are MB/s (ucx_perftest's average).
+# tcp for its active messages: UCX_TLS=cma,tcp). Eager messages (active messages all the way):
+#   UCP level  tag_bw, stream_bw at 4 KiB and 16 KiB    UCX_TLS=mooncake,self   vs  UCX_TLS=tcp
+# and on loopback against UCX's shared-memory active messages (UCX_TLS=posix,self).
+# Figures are MB/s (ucx_perftest's average).
 # Targets (issue 14): UCP put/get over mooncake >= 4x UCX tcp at 1 MiB and ucp_get >= 10x at
 # 64 KiB; UCT zcopy put >= 0.9x UCX tcp's; on one host UCP tag_bw at 1 MiB >= 0.8x cma.
 #
@@ -49,7 +52,7 @@ cleanup() {
 trap cleanup EXIT
 
 # One ucx_perftest pair. run WHERE TRANSPORT TEST SIZE ITERS: prints MB/s or "null".
-#   WHERE: lo | ns;  TRANSPORT: mooncake | tcp | cma
+#   WHERE: lo | ns;  TRANSPORT: mooncake | tcp | cma | posix
 run() {
     local where=$1 tr=$2 test=$3 size=$4 iters=$5 port env=() args=() srv host i rc=0
     case $tr in
@@ -68,6 +71,7 @@ run() {
         mooncake) env+=(UCX_TLS=mooncake,self) ;;
         tcp) env+=(UCX_TLS=tcp) ;;
         cma) env+=(UCX_TLS=cma,tcp) ;;
+        posix) env+=(UCX_TLS=posix,self) ;;
         esac ;;
     esac
     port=$(free_port)
@@ -130,6 +134,8 @@ if [[ ${UCT_SKIP:-} != *netns* ]] && (netns_require) >/dev/null 2>&1; then
     done
 fi
 
+EAGER_SIZES=(4096 16384)
+EAGER_TESTS=(tag_bw stream_bw)
 for ((r = 1; r <= ROUNDS; r++)); do
     echo "round $r/$ROUNDS" >&2
     for where in "${WHERES[@]}"; do
@@ -145,6 +151,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
                 record "${where}_${tr}_tag_bw_$size" "$(run $where $tr tag_bw $size $n)"
             done
             [[ $where == lo ]] && record "lo_cma_tag_bw_$size" "$(run lo cma tag_bw $size $n)"
+        done
+        for size in "${EAGER_SIZES[@]}"; do
+            for t in "${EAGER_TESTS[@]}"; do
+                for tr in mooncake tcp posix; do
+                    [[ $tr == posix && $where != lo ]] && continue
+                    record "${where}_${tr}_${t}_$size" "$(run $where $tr $t $size 50000)"
+                done
+            done
         done
     done
 done
@@ -174,6 +188,19 @@ for where in "${WHERES[@]}"; do
             printf '%-34s %12s %12s %8s\n' "lo tag_bw $size (vs cma)" "$m" "$u" "$x"
             json+=",\"lo_cma_tag_bw_$size\":$u,\"lo_tag_bw_${size}_vs_cma\":$x"
         fi
+    done
+    for size in "${EAGER_SIZES[@]}"; do
+        for t in "${EAGER_TESTS[@]}"; do
+            for peer in tcp posix; do
+                [[ $peer == posix && $where != lo ]] && continue
+                m=$(median "${where}_mooncake_${t}_$size")
+                u=$(median "${where}_${peer}_${t}_$size")
+                x=$(ratio x "${where}_mooncake_${t}_$size" "${where}_${peer}_${t}_$size")
+                printf '%-34s %12s %12s %8s\n' "$where $t $size (vs $peer)" "$m" "$u" "$x"
+                [[ $peer == tcp ]] && json+=",\"${where}_mooncake_${t}_$size\":$m"
+                json+=",\"${where}_${peer}_${t}_$size\":$u,\"${where}_${t}_${size}_vs_$peer\":$x"
+            done
+        done
     done
 done
 echo "$json}"

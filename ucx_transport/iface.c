@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <ucs/time/time.h>
@@ -91,45 +92,19 @@ void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
     pthread_mutex_unlock(&iface->lock->mutex);
 }
 
-/* Active messages above AM_SMALL bytes go through buffers of the largest engine message (not
- * this side's am_max: a peer's may be larger), kept for reuse up to AM_CACHED: allocating and
- * freeing large blocks at this rate costs page faults. */
-#define AM_SMALL  256
-#define AM_CACHED 64
-#define AM_LARGE  (MC_MSG_MAX - UCT_MC_AM_HDR)
+/* Active message buffers come from a cache by size class (util/bufcache.h): a peer's window of
+ * 4 KiB messages allocated and freed at every pass cost the receiver a page fault per message
+ * (glibc gave the heap's top back each time), and UCP's tag_bw ran at 0.2 GB/s. */
+#define AM_LARGE (MC_MSG_MAX - UCT_MC_AM_HDR)
 
 static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len)
 {
-    uct_mc_am_t *am = NULL;
-
-    if (len <= AM_SMALL)
-        return malloc(sizeof(*am) + AM_SMALL);
-    pthread_mutex_lock(&iface->lock->mutex);
-    if (iface->am_free) {
-        am = iface->am_free;
-        iface->am_free = (uct_mc_am_t *)am->ev.next;
-        iface->n_am_free--;
-    }
-    pthread_mutex_unlock(&iface->lock->mutex);
-    return am ? am : malloc(sizeof(*am) + AM_LARGE);
+    return mc_buf_alloc(&iface->am_bufs, sizeof(uct_mc_am_t) + len);
 }
 
 static void am_put(uct_mc_iface_t *iface, uct_mc_am_t *am)
 {
-    bool kept = false;
-
-    if (am->len > AM_SMALL) {
-        pthread_mutex_lock(&iface->lock->mutex);
-        kept = iface->n_am_free < AM_CACHED;
-        if (kept) {
-            am->ev.next = &iface->am_free->ev;
-            iface->am_free = am;
-            iface->n_am_free++;
-        }
-        pthread_mutex_unlock(&iface->lock->mutex);
-    }
-    if (!kept)
-        free(am);
+    mc_buf_free(&iface->am_bufs, am, sizeof(*am) + am->len);
 }
 
 /* An active message: [u16 interface id][u32 its nonce][u8 AM id][AM data]. */
@@ -407,12 +382,14 @@ static unsigned iface_progress(uct_iface_h tl_iface)
     uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
     unsigned n;
 
+    if (__atomic_load_n(&iface->asleep, __ATOMIC_RELAXED))
+        __atomic_store_n(&iface->asleep, false, __ATOMIC_RELAXED);
     mc_engine_progress(iface->md->engine);
     n = deliver_all(iface);
     if (n)
         recycle_batches(iface);
     /* resources may have come back without an event (a peer's message window): try again */
-    iface->round++;
+    __atomic_store_n(&iface->round, iface->round + 1, __ATOMIC_RELAXED);
     iface->blocked = false;
     if (iface->n_stashed)
         uct_mc_ep_send_stashed(iface);
@@ -423,43 +400,95 @@ static unsigned iface_progress(uct_iface_h tl_iface)
     return n;
 }
 
-/* Taken only by a worker that sleeps: the engine's fd joins then, because an engine whose fd
- * is taken arms wake-ups (a cost for its peers) until the first mc_engine_arm. */
 static ucs_status_t iface_event_fd_get(uct_iface_h tl_iface, int *fd_p)
 {
-    uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
-    struct epoll_event eev = {.events = EPOLLIN};
-
-    if (!iface->engine_fd_added) {
-        if (epoll_ctl(iface->epfd, EPOLL_CTL_ADD, mc_engine_event_fd(iface->md->engine), &eev)) {
-            ucs_error("mooncake: watching the engine's event fd: %m");
-            return UCS_ERR_IO_ERROR;
-        }
-        iface->engine_fd_added = true;
-    }
-    *fd_p = iface->epfd;
+    *fd_p = ucs_derived_of(tl_iface, uct_mc_iface_t)->epfd;
     return UCS_OK;
 }
 
-/* Ready to sleep unless the engine has work or something is queued. */
+/* The interfaces of a domain share its engine, which any of them drives while its worker calls
+ * progress. UCP arms the interfaces it does not use while it spins on another (the active
+ * message devices of network interfaces, an endpoint-less worker's). Arming the engine for
+ * them turned the spinning side's sends into wake-ups: each one after such an arm wrote the
+ * engine's doorbell, which woke UCP's async thread to arm again (UCP's tag_bw, 50,000 messages
+ * of 4 KiB: 1,611 doorbells; 34 now). So an interface about to sleep arms the engine, and takes
+ * its fd into its own, only when no other interface is awake; otherwise it sleeps on its own
+ * events, which the awake one's progress queues, and on a timer, in case that one stops calling
+ * progress without arming, or closes (one that made no progress call for ENGINE_STALE_MS is not
+ * counted). */
+#define ENGINE_STALE_MS 10
+
+/* Caller holds md->lock. */
+static bool another_drives(uct_mc_iface_t *iface)
+{
+    ucs_time_t now = ucs_get_time(), stale = ucs_time_from_msec(ENGINE_STALE_MS);
+    uct_mc_md_t *md = iface->md;
+    bool another = false;
+
+    for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
+        uct_mc_iface_t *x = md->ifaces[i];
+        if (!x || x == iface || __atomic_load_n(&x->asleep, __ATOMIC_RELAXED))
+            continue;
+        uint64_t round = __atomic_load_n(&x->round, __ATOMIC_RELAXED);
+        if (round != x->seen_round) {
+            x->seen_round = round;
+            x->seen_time = now;
+        }
+        another |= now - x->seen_time < stale;
+    }
+    return another;
+}
+
+/* The engine's fd in epfd, or not, and the timer of a sleeper that does not drive it. */
+static ucs_status_t sleep_fds(uct_mc_iface_t *iface, bool drive)
+{
+    struct epoll_event eev = {.events = EPOLLIN};
+    struct itimerspec its = {.it_value.tv_nsec = drive ? 0 : ENGINE_STALE_MS * 1000000L};
+
+    if (drive != iface->engine_fd_in) {
+        if (epoll_ctl(iface->epfd, drive ? EPOLL_CTL_ADD : EPOLL_CTL_DEL,
+                      mc_engine_event_fd(iface->md->engine), &eev)) {
+            ucs_error("mooncake: the engine's event fd: %m");
+            return UCS_ERR_IO_ERROR;
+        }
+        iface->engine_fd_in = drive;
+    }
+    if (timerfd_settime(iface->tfd, 0, &its, NULL)) {
+        ucs_error("mooncake: the interface's timer: %m");
+        return UCS_ERR_IO_ERROR;
+    }
+    return UCS_OK;
+}
+
+/* Ready to sleep unless something is queued, or this interface drives the engine and the engine
+ * has work. */
 static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
 {
     uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    uct_mc_md_t *md = iface->md;
     uint64_t x;
-    bool busy;
+    bool busy, drive;
 
     (void)events;
-    if (mc_engine_arm(iface->md->engine))
-        return UCS_ERR_BUSY;
     pthread_mutex_lock(&iface->lock->mutex);
     busy = iface->evq_head != NULL;
     if (!busy) {
         while (read(iface->efd, &x, sizeof(x)) > 0)
             ;
+        while (read(iface->tfd, &x, sizeof(x)) > 0)
+            ;
         iface->armed = true;
     }
     pthread_mutex_unlock(&iface->lock->mutex);
-    return busy ? UCS_ERR_BUSY : UCS_OK;
+    if (busy)
+        return UCS_ERR_BUSY;
+    pthread_mutex_lock(&md->lock);
+    drive = !another_drives(iface);
+    busy = drive && mc_engine_arm(md->engine);
+    if (!busy) /* from here on the others' arms count it out */
+        __atomic_store_n(&iface->asleep, true, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&md->lock);
+    return busy ? UCS_ERR_BUSY : sleep_fds(iface, drive);
 }
 
 /* ---- flush and fence ---- */
@@ -600,7 +629,8 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
                               tl_config UCS_STATS_ARG(NULL) UCS_STATS_ARG(UCT_MC_NAME));
     /* UCS classes are not zero-filled */
     memset((char *)self + sizeof(self->super), 0, sizeof(*self) - sizeof(self->super));
-    self->efd = self->epfd = -1;
+    self->efd = self->epfd = self->tfd = -1;
+    self->asleep = true; /* it drives nothing until its first progress */
     self->md = md;
     self->config = *cfg;
     self->netdev = (params->field_mask & UCT_IFACE_PARAM_FIELD_OPEN_MODE) &&
@@ -617,6 +647,7 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
     self->lock = lock_new(md);
     if (!self->lock)
         return UCS_ERR_NO_MEMORY;
+    mc_buf_init(&self->am_bufs, sizeof(uct_mc_am_t) + AM_LARGE, true);
     self->evq_tail = &self->evq_head;
     self->pending_tail = &self->pending_head;
     self->round = 1; /* a new endpoint's blocked_round, 0, is no round */
@@ -626,8 +657,11 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
         goto err_fds;
     }
     self->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    self->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     self->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (self->efd < 0 || self->epfd < 0 || epoll_ctl(self->epfd, EPOLL_CTL_ADD, self->efd, &eev)) {
+    if (self->efd < 0 || self->tfd < 0 || self->epfd < 0 ||
+        epoll_ctl(self->epfd, EPOLL_CTL_ADD, self->efd, &eev) ||
+        epoll_ctl(self->epfd, EPOLL_CTL_ADD, self->tfd, &eev)) {
         ucs_error("mooncake: the interface's event fd: %m");
         goto err_fds;
     }
@@ -667,8 +701,11 @@ err_bounce:
 err_fds:
     if (self->efd >= 0)
         close(self->efd);
+    if (self->tfd >= 0)
+        close(self->tfd);
     if (self->epfd >= 0)
         close(self->epfd);
+    mc_buf_fini(&self->am_bufs);
     pthread_mutex_lock(&self->lock->mutex);
     lock_put(self->lock);
     return UCS_ERR_IO_ERROR;
@@ -778,14 +815,11 @@ static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
     if (self->bounce)
         mc_mem_free(self->md->engine, self->bounce);
     uct_mc_md_close_segments(self->md);
-    while (self->am_free) {
-        uct_mc_am_t *am = self->am_free;
-        self->am_free = (uct_mc_am_t *)am->ev.next;
-        free(am);
-    }
+    mc_buf_fini(&self->am_bufs);
     free(self->tx);
     free(self->free_slots);
     close(self->efd);
+    close(self->tfd);
     close(self->epfd);
     pthread_mutex_lock(&self->lock->mutex);
     self->lock->closed = true;

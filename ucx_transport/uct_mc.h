@@ -23,6 +23,7 @@
 #include <mooncake/engine.h>
 
 #include "ucx_compat.h"
+#include "util/bufcache.h"
 
 #define UCT_MC_NAME       "mooncake"
 #define UCT_MC_DEV_NAME   "engine"
@@ -184,16 +185,22 @@ struct uct_mc_iface {
     /* Events from engine callbacks (any thread), for this interface's progress. */
     uct_mc_iface_lock_t *lock;
     uct_mc_ev_t *evq_head, **evq_tail;
-    int efd, epfd; /* an eventfd raised when armed; epoll over it and the engine's fd */
+    int efd, epfd; /* an eventfd raised when armed; epoll over it, tfd and maybe the engine's fd */
     bool armed;
-    uct_mc_am_t *am_free; /* large active message buffers for reuse */
-    unsigned n_am_free;
-    bool engine_fd_added; /* to epfd, once a worker asked for the fd */
+    mc_bufcache_t am_bufs; /* active message buffers for reuse */
+
+    /* Sleeping, with the other interfaces of the domain (iface.c, iface_event_arm). */
+    bool asleep;          /* armed since its last progress, or never progressed (atomic) */
+    uint64_t seen_round;  /* under md->lock: its round when another's arm last saw it move, */
+    ucs_time_t seen_time; /* and when that was */
+    bool engine_fd_in;    /* the engine's fd is in epfd: this interface's worker drives it */
+    int tfd; /* a timer in epfd: a sleeper that left the engine to another looks again */
 
     /* The rest is the worker's own (UCT operations and progress). */
     bool blocked;     /* an interface-wide resource ran out since the last progress */
     bool dispatching; /* in uct_mc_pending_dispatch */
-    uint64_t round;   /* progress calls: an endpoint's block lasts one round */
+    uint64_t round;   /* progress calls (atomic: other arms read it): an endpoint's block lasts
+                       * one round */
     bool closing;
     uct_mc_batch_t *cur, *full, *free_batches;
     size_t tasks_inflight;

@@ -20,6 +20,9 @@
  * - memory invalidation (UCT_MD_MEM_DEREG_FLAG_INVALIDATE, which UCP's error handling needs for
  *   its rendezvous lanes), cached and uncached registrations: the completion comes, a put
  *   through the old key then fails and leaves the bytes alone; no completion: refused.
+ * - two interfaces (workers) of B's domain, one asleep: while the other calls progress, traffic
+ *   to that one does not wake the sleeper, a message for the sleeper does; once the other stops
+ *   calling progress (without arming), the sleeper still wakes for its messages.
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
 #ifndef _GNU_SOURCE
@@ -28,6 +31,7 @@
 #include <dirent.h>
 #include <inttypes.h>
 #include <malloc.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -898,6 +902,134 @@ static void test_flush_cancel_get_held(void)
        "get's buffer untouched after");
 }
 
+/* ---- sleeping on one interface while another of the domain drives its engine ---- */
+
+static ucs_status_t count_handler(void *arg, void *data, size_t length, unsigned flags)
+{
+    (void)data;
+    (void)length;
+    (void)flags;
+    (*(unsigned *)arg)++;
+    return UCS_OK;
+}
+
+static bool readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+
+    return poll(&p, 1, ms) == 1;
+}
+
+/* Arm s's interface to sleep, progressing it while the arm says BUSY. */
+static void arm_iface(side_t *s, const char *what)
+{
+    ucs_status_t st;
+    double dl = now() + WAIT_S;
+
+    while ((st = uct_iface_event_arm(s->iface, UCT_EVENT_RECV)) == UCS_ERR_BUSY) {
+        if (now() > dl)
+            fail("%s: the arm said BUSY for %.0f s", what, WAIT_S);
+        progress(s);
+    }
+    check_st(st, what);
+}
+
+/* One am_short from a to ep's peer, sent again while refused. */
+static void am_short_one(side_t *a, uct_ep_h ep)
+{
+    uint64_t hdr = 42;
+    ucs_status_t st;
+    double dl = now() + WAIT_S;
+
+    while ((st = uct_ep_am_short(ep, AM_ID, hdr, NULL, 0)) == UCS_ERR_NO_RESOURCE) {
+        if (now() > dl)
+            fail("am_short refused for %.0f s", WAIT_S);
+        progress(a);
+    }
+    check_st(st, "am_short");
+}
+
+/* Progress a (and other, if not NULL) until fd is readable. */
+static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
+{
+    for (double dl = now() + WAIT_S; !readable(fd, 0);) {
+        if (now() > dl)
+            fail("%s: the sleeping interface was not woken in %.0f s", what, WAIT_S);
+        progress(a);
+        if (other)
+            progress(other);
+    }
+}
+
+static void test_shared_engine_sleep(void)
+{
+    side_t a, b, b2;
+    unsigned got_b = 0, got_b2 = 0;
+    int fd;
+
+    side_open(&a, "A", NULL, NULL);
+    side_open(&b, "B", NULL, NULL);
+    b2 = b; /* a second worker, and its interface, on B's domain */
+    b2.name = "B2";
+    check_st(uct_worker_create(b.async, UCS_THREAD_MODE_SINGLE, &b2.worker), "worker");
+    iface_open(&b2, NULL, &b2.iface);
+    check_st(uct_iface_get_address(b2.iface, (uct_iface_addr_t *)b2.addr), "address");
+    check_st(uct_iface_set_am_handler(b.iface, AM_ID, count_handler, &got_b, 0), "handler");
+    check_st(uct_iface_set_am_handler(b2.iface, AM_ID, count_handler, &got_b2, 0), "handler");
+    uct_ep_h to_b = ep_connect(&a, &b), to_b2 = ep_connect(&a, &b2);
+    check_st(uct_iface_event_fd_get(b.iface, &fd), "uct_iface_event_fd_get");
+
+    /* B2 has just called progress, B sleeps: a message to B2 does not wake B, even while B2
+     * has not taken it yet (B's timer does, after 10 ms: what is seen later proves nothing) */
+    progress(&b2);
+    arm_iface(&b, "B's arm");
+    double t0 = now();
+    am_short_one(&a, to_b2);
+    if (readable(fd, 3) && now() - t0 < 0.008)
+        fail("a sleeping interface was woken by a message to another one of its domain");
+    for (double dl = now() + WAIT_S; got_b2 < 1;) {
+        if (now() > dl)
+            fail("B2 did not get its message in %.0f s", WAIT_S);
+        progress(&a);
+        progress(&b2);
+    }
+    /* a message for B wakes it, through B2's progress */
+    am_short_one(&a, to_b);
+    wait_readable(fd, &a, &b2, "a message for it, B2 calling progress");
+    for (double dl = now() + WAIT_S; got_b < 1;) {
+        if (now() > dl)
+            fail("B did not get its message in %.0f s", WAIT_S);
+        progress(&b);
+    }
+    /* B2 stops calling progress without arming: B still wakes for a message, by its timer
+     * first, then (B2 left out now) by the engine's fd, B2 never called again */
+    progress(&b2);
+    arm_iface(&b, "B's arm");
+    am_short_one(&a, to_b);
+    wait_readable(fd, &a, NULL, "B2 stopped");
+    for (double dl = now() + WAIT_S; got_b < 2;) {
+        if (now() > dl)
+            fail("B did not get its second message in %.0f s", WAIT_S);
+        progress(&b);
+    }
+    arm_iface(&b, "B's arm, B2 stopped");
+    am_short_one(&a, to_b);
+    wait_readable(fd, &a, NULL, "B2 left out");
+    for (double dl = now() + WAIT_S; got_b < 3;) {
+        if (now() > dl)
+            fail("B did not get its third message in %.0f s", WAIT_S);
+        progress(&b);
+    }
+    uct_ep_destroy(to_b);
+    uct_ep_destroy(to_b2);
+    uct_iface_close(b2.iface);
+    uct_worker_destroy(b2.worker);
+    side_close(&a);
+    side_close(&b);
+    ok("an interface asleep while another of its domain calls progress: not woken by that "
+       "one's messages, woken by its own, and still once the other stops");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -909,5 +1041,6 @@ int main(void)
     test_close_with_get_held();
     test_flush_cancel_get_held();
     test_mem_invalidate();
+    test_shared_engine_sleep();
     return 0;
 }
