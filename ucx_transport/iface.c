@@ -407,57 +407,53 @@ static ucs_status_t iface_event_fd_get(uct_iface_h tl_iface, int *fd_p)
 }
 
 /* The interfaces of a domain share its engine, which any of them drives while its worker calls
- * progress. UCP arms the interfaces it does not use while it spins on another (the active
- * message devices of network interfaces, an endpoint-less worker's). Arming the engine for
- * them turned the spinning side's sends into wake-ups: each one after such an arm wrote the
+ * progress. UCP arms the interfaces it does not use (each interface device's, an endpoint-less
+ * worker's) from its progress loop while it spins on another. Arming the engine for them
+ * turned the spinning side's sends into wake-ups: each one after such an arm wrote the
  * engine's doorbell, which woke UCP's async thread to arm again (UCP's tag_bw, 50,000 messages
- * of 4 KiB: 1,611 doorbells; 34 now). So an interface about to sleep arms the engine, and takes
- * its fd into its own, only when no other interface is awake; otherwise it sleeps on its own
- * events, which the awake one's progress queues, and on a timer, in case that one stops calling
- * progress without arming, or closes (one that made no progress call for ENGINE_STALE_MS is not
- * counted). */
+ * of 4 KiB: 1,611 doorbells; 34 now). So an interface about to sleep drives the engine (arms
+ * it, and takes its fd into its own) only when no other interface of the domain is awake
+ * (called progress since its last arm). Otherwise it sleeps on its own events, which the awake
+ * one's progress queues: that one's worker, if it is this worker, arms that interface before
+ * it sleeps, which then drives; another worker may stop calling progress without arming, or
+ * close its interface, so then a timer makes this one look again after ENGINE_STALE_MS, when
+ * an awake interface whose progress calls did not move for that long (since another's arm
+ * first saw them move) is not counted. Left: a driver asleep whose wake-up (a shm ring's kick)
+ * another worker took before it stopped without arming wakes at the engine's next tick (up
+ * to 1 s). */
 #define ENGINE_STALE_MS 10
 
-/* Caller holds md->lock. */
-static bool another_drives(uct_mc_iface_t *iface)
+/* Whether other interfaces of the domain are awake: on this worker, on another. Caller holds
+ * md->lock. */
+static void others_awake(uct_mc_iface_t *iface, bool *same, bool *other)
 {
     ucs_time_t now = ucs_get_time(), stale = ucs_time_from_msec(ENGINE_STALE_MS);
     uct_mc_md_t *md = iface->md;
-    bool another = false;
 
+    *same = *other = false;
     for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
         uct_mc_iface_t *x = md->ifaces[i];
         if (!x || x == iface || __atomic_load_n(&x->asleep, __ATOMIC_RELAXED))
             continue;
+        if (x->super.worker == iface->super.worker) {
+            *same = true;
+            continue;
+        }
         uint64_t round = __atomic_load_n(&x->round, __ATOMIC_RELAXED);
         if (round != x->seen_round) {
             x->seen_round = round;
             x->seen_time = now;
         }
-        another |= now - x->seen_time < stale;
+        *other |= now - x->seen_time < stale;
     }
-    return another;
 }
 
-/* The engine's fd in epfd, or not, and the timer of a sleeper that does not drive it. */
-static ucs_status_t sleep_fds(uct_mc_iface_t *iface, bool drive)
+static void timer_set(uct_mc_iface_t *iface, bool on)
 {
-    struct epoll_event eev = {.events = EPOLLIN};
-    struct itimerspec its = {.it_value.tv_nsec = drive ? 0 : ENGINE_STALE_MS * 1000000L};
+    struct itimerspec its = {.it_value.tv_nsec = on ? ENGINE_STALE_MS * 1000000L : 0};
 
-    if (drive != iface->engine_fd_in) {
-        if (epoll_ctl(iface->epfd, drive ? EPOLL_CTL_ADD : EPOLL_CTL_DEL,
-                      mc_engine_event_fd(iface->md->engine), &eev)) {
-            ucs_error("mooncake: the engine's event fd: %m");
-            return UCS_ERR_IO_ERROR;
-        }
-        iface->engine_fd_in = drive;
-    }
-    if (timerfd_settime(iface->tfd, 0, &its, NULL)) {
-        ucs_error("mooncake: the interface's timer: %m");
-        return UCS_ERR_IO_ERROR;
-    }
-    return UCS_OK;
+    if (timerfd_settime(iface->tfd, 0, &its, NULL))
+        ucs_warn("mooncake: the interface's timer: %m");
 }
 
 /* Ready to sleep unless something is queued, or this interface drives the engine and the engine
@@ -466,8 +462,9 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
 {
     uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
     uct_mc_md_t *md = iface->md;
+    struct epoll_event eev = {.events = EPOLLIN};
+    bool busy, same, other, drive;
     uint64_t x;
-    bool busy, drive;
 
     (void)events;
     pthread_mutex_lock(&iface->lock->mutex);
@@ -483,12 +480,24 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
     if (busy)
         return UCS_ERR_BUSY;
     pthread_mutex_lock(&md->lock);
-    drive = !another_drives(iface);
+    others_awake(iface, &same, &other);
+    drive = !same && !other;
     busy = drive && mc_engine_arm(md->engine);
     if (!busy) /* from here on the others' arms count it out */
         __atomic_store_n(&iface->asleep, true, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&md->lock);
-    return busy ? UCS_ERR_BUSY : sleep_fds(iface, drive);
+    if (busy)
+        return UCS_ERR_BUSY;
+    timer_set(iface, other);
+    if (drive != iface->engine_fd_in) {
+        if (epoll_ctl(iface->epfd, drive ? EPOLL_CTL_ADD : EPOLL_CTL_DEL,
+                      mc_engine_event_fd(md->engine), &eev)) {
+            ucs_error("mooncake: the engine's event fd: %m");
+            return UCS_ERR_IO_ERROR;
+        }
+        iface->engine_fd_in = drive;
+    }
+    return UCS_OK;
 }
 
 /* ---- flush and fence ---- */

@@ -193,7 +193,7 @@ struct uct_mc_iface {
     bool asleep;          /* armed since its last progress, or never progressed (atomic) */
     uint64_t seen_round;  /* under md->lock: its round when another's arm last saw it move, */
     ucs_time_t seen_time; /* and when that was */
-    bool engine_fd_in;    /* the engine's fd is in epfd: this interface's worker drives it */
+    bool engine_fd_in;    /* the engine's fd is in epfd (it drives the engine) */
     int tfd; /* a timer in epfd: a sleeper that left the engine to another looks again */
 
     /* The rest is the worker's own (UCT operations and progress). */

@@ -29,6 +29,7 @@
 #define _GNU_SOURCE
 #endif
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <poll.h>
@@ -920,18 +921,35 @@ static bool readable(int fd, int ms)
     return poll(&p, 1, ms) == 1;
 }
 
-/* Arm s's interface to sleep, progressing it while the arm says BUSY. */
-static void arm_iface(side_t *s, const char *what)
+/* Arm iface (of s's worker) to sleep, progressing s while the arm says BUSY. */
+static void arm_iface(uct_iface_h iface, side_t *s, const char *what)
 {
     ucs_status_t st;
     double dl = now() + WAIT_S;
 
-    while ((st = uct_iface_event_arm(s->iface, UCT_EVENT_RECV)) == UCS_ERR_BUSY) {
+    while ((st = uct_iface_event_arm(iface, UCT_EVENT_RECV)) == UCS_ERR_BUSY) {
         if (now() > dl)
             fail("%s: the arm said BUSY for %.0f s", what, WAIT_S);
         progress(s);
     }
     check_st(st, what);
+}
+
+/* Entries of epoll fd fd (/proc/self/fdinfo): an interface's holds its eventfd and its timer,
+ * and the engine's fd while it drives the engine. */
+static int epoll_entries(int fd)
+{
+    char path[64], line[256];
+    int n = 0;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+    if (!(f = fopen(path, "r")))
+        fail("%s: %s", path, strerror(errno));
+    while (fgets(line, sizeof(line), f))
+        n += !strncmp(line, "tfd:", 4);
+    fclose(f);
+    return n;
 }
 
 /* One am_short from a to ep's peer, sent again while refused. */
@@ -949,23 +967,29 @@ static void am_short_one(side_t *a, uct_ep_h ep)
     check_st(st, "am_short");
 }
 
-/* Progress a (and other, if not NULL) until fd is readable. */
-static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
+/* Progress a (and other, if not NULL) until fd is readable, up to s seconds. */
+static void wait_readable_s(int fd, side_t *a, side_t *other, double s, const char *what)
 {
-    for (double dl = now() + WAIT_S; !readable(fd, 0);) {
+    for (double dl = now() + s; !readable(fd, 0);) {
         if (now() > dl)
-            fail("%s: the sleeping interface was not woken in %.0f s", what, WAIT_S);
+            fail("%s: the sleeping interface was not woken in %.1f s", what, s);
         progress(a);
         if (other)
             progress(other);
     }
 }
 
+static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
+{
+    wait_readable_s(fd, a, other, WAIT_S, what);
+}
+
 static void test_shared_engine_sleep(void)
 {
     side_t a, b, b2;
     unsigned got_b = 0, got_b2 = 0;
-    int fd;
+    uct_iface_h b3;
+    int fd, fd3;
 
     side_open(&a, "A", NULL, NULL);
     side_open(&b, "B", NULL, NULL);
@@ -979,11 +1003,14 @@ static void test_shared_engine_sleep(void)
     uct_ep_h to_b = ep_connect(&a, &b), to_b2 = ep_connect(&a, &b2);
     check_st(uct_iface_event_fd_get(b.iface, &fd), "uct_iface_event_fd_get");
 
-    /* B2 has just called progress, B sleeps: a message to B2 does not wake B, even while B2
-     * has not taken it yet (B's timer does, after 10 ms: what is seen later proves nothing) */
+    /* B2 has just called progress, B sleeps without the engine: a message to B2 does not wake
+     * B, even while B2 has not taken it yet (B's timer does, after 10 ms: what is seen later
+     * proves nothing) */
     progress(&b2);
-    arm_iface(&b, "B's arm");
     double t0 = now();
+    arm_iface(b.iface, &b, "B's arm");
+    if (epoll_entries(fd) != 2)
+        fail("B took the engine's fd while B2 was awake");
     am_short_one(&a, to_b2);
     if (readable(fd, 3) && now() - t0 < 0.008)
         fail("a sleeping interface was woken by a message to another one of its domain");
@@ -1001,10 +1028,10 @@ static void test_shared_engine_sleep(void)
             fail("B did not get its message in %.0f s", WAIT_S);
         progress(&b);
     }
-    /* B2 stops calling progress without arming: B still wakes for a message, by its timer
-     * first, then (B2 left out now) by the engine's fd, B2 never called again */
+    /* B2 stops calling progress without arming: B's timer wakes it, its arm then leaves B2
+     * out and drives the engine, and a message for B wakes it through the engine's fd */
     progress(&b2);
-    arm_iface(&b, "B's arm");
+    arm_iface(b.iface, &b, "B's arm");
     am_short_one(&a, to_b);
     wait_readable(fd, &a, NULL, "B2 stopped");
     for (double dl = now() + WAIT_S; got_b < 2;) {
@@ -1012,7 +1039,9 @@ static void test_shared_engine_sleep(void)
             fail("B did not get its second message in %.0f s", WAIT_S);
         progress(&b);
     }
-    arm_iface(&b, "B's arm, B2 stopped");
+    arm_iface(b.iface, &b, "B's arm, B2 stopped");
+    if (epoll_entries(fd) != 3)
+        fail("B did not take the engine's fd once B2 had stopped for 10 ms");
     am_short_one(&a, to_b);
     wait_readable(fd, &a, NULL, "B2 left out");
     for (double dl = now() + WAIT_S; got_b < 3;) {
@@ -1020,14 +1049,55 @@ static void test_shared_engine_sleep(void)
             fail("B did not get its third message in %.0f s", WAIT_S);
         progress(&b);
     }
-    uct_ep_destroy(to_b);
+    /* B drives and sleeps; B2 calls progress again, takes a message of its own (and with it
+     * the kick that B's arm asked for), and stops without arming: a later message for B wakes
+     * B at the engine's next tick (1 s) */
+    arm_iface(b.iface, &b, "B's arm, driving");
+    am_short_one(&a, to_b2);
+    for (double dl = now() + WAIT_S; got_b2 < 2;) {
+        if (now() > dl)
+            fail("B2 did not get its second message in %.0f s", WAIT_S);
+        progress(&a);
+        progress(&b2);
+    }
+    am_short_one(&a, to_b);
+    wait_readable_s(fd, &a, NULL, 3, "B2 took B's wake-up and stopped");
+    for (double dl = now() + WAIT_S; got_b < 4;) {
+        if (now() > dl)
+            fail("B did not get its fourth message in %.0f s", WAIT_S);
+        progress(&b);
+    }
     uct_ep_destroy(to_b2);
     uct_iface_close(b2.iface);
     uct_worker_destroy(b2.worker);
+
+    /* Two interfaces of one worker (UCP's unused one and its own): the first armed while the
+     * other was awake sleeps without the engine and without a timer, the second drives, and
+     * an idle worker stays asleep; a message for the first wakes the second, whose progress
+     * wakes the first */
+    iface_open(&b, NULL, &b3);
+    check_st(uct_iface_event_fd_get(b3, &fd3), "uct_iface_event_fd_get");
+    progress(&b);
+    arm_iface(b.iface, &b, "B's arm, B3 awake");
+    arm_iface(b3, &b, "B3's arm");
+    if (epoll_entries(fd) != 2 || epoll_entries(fd3) != 3)
+        fail("of two interfaces of one worker, the one armed last does not drive alone");
+    if (readable(fd, 50)) /* (the driver may be: the engine's timer ticks) */
+        fail("an idle worker's interface that does not drive the engine was woken");
+    am_short_one(&a, to_b);
+    wait_readable(fd3, &a, NULL, "a message for B, B3 driving");
+    for (double dl = now() + WAIT_S; got_b < 5;) {
+        if (now() > dl)
+            fail("B did not get its fifth message in %.0f s", WAIT_S);
+        progress(&b);
+    }
+    uct_iface_close(b3);
+    uct_ep_destroy(to_b);
     side_close(&a);
     side_close(&b);
     ok("an interface asleep while another of its domain calls progress: not woken by that "
-       "one's messages, woken by its own, and still once the other stops");
+       "one's messages, woken by its own, and still once the other stops, or took its wake-up "
+       "and stopped; an idle worker's two interfaces stay asleep");
 }
 
 int main(void)
