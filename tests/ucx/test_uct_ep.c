@@ -979,6 +979,18 @@ static void wait_readable_s(int fd, side_t *a, side_t *other, double s, const ch
     }
 }
 
+/* Progress a (if not NULL) and s until *got reaches want. */
+static void wait_got(const unsigned *got, unsigned want, side_t *a, side_t *s)
+{
+    for (double dl = now() + WAIT_S; *got < want;) {
+        if (now() > dl)
+            fail("%s got %u of %u messages in %.0f s", s->name, *got, want, WAIT_S);
+        if (a)
+            progress(a);
+        progress(s);
+    }
+}
+
 static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
 {
     wait_readable_s(fd, a, other, WAIT_S, what);
@@ -1014,59 +1026,33 @@ static void test_shared_engine_sleep(void)
     am_short_one(&a, to_b2);
     if (readable(fd, 3) && now() - t0 < 0.008)
         fail("a sleeping interface was woken by a message to another one of its domain");
-    for (double dl = now() + WAIT_S; got_b2 < 1;) {
-        if (now() > dl)
-            fail("B2 did not get its message in %.0f s", WAIT_S);
-        progress(&a);
-        progress(&b2);
-    }
+    wait_got(&got_b2, 1, &a, &b2);
     /* a message for B wakes it, through B2's progress */
     am_short_one(&a, to_b);
     wait_readable(fd, &a, &b2, "a message for it, B2 calling progress");
-    for (double dl = now() + WAIT_S; got_b < 1;) {
-        if (now() > dl)
-            fail("B did not get its message in %.0f s", WAIT_S);
-        progress(&b);
-    }
+    wait_got(&got_b, 1, NULL, &b);
     /* B2 stops calling progress without arming: B's timer wakes it, its arm then leaves B2
      * out and drives the engine, and a message for B wakes it through the engine's fd */
     progress(&b2);
     arm_iface(b.iface, &b, "B's arm");
     am_short_one(&a, to_b);
     wait_readable(fd, &a, NULL, "B2 stopped");
-    for (double dl = now() + WAIT_S; got_b < 2;) {
-        if (now() > dl)
-            fail("B did not get its second message in %.0f s", WAIT_S);
-        progress(&b);
-    }
+    wait_got(&got_b, 2, NULL, &b);
     arm_iface(b.iface, &b, "B's arm, B2 stopped");
     if (epoll_entries(fd) != 3)
         fail("B did not take the engine's fd once B2 had stopped for 10 ms");
     am_short_one(&a, to_b);
     wait_readable(fd, &a, NULL, "B2 left out");
-    for (double dl = now() + WAIT_S; got_b < 3;) {
-        if (now() > dl)
-            fail("B did not get its third message in %.0f s", WAIT_S);
-        progress(&b);
-    }
+    wait_got(&got_b, 3, NULL, &b);
     /* B drives and sleeps; B2 calls progress again, takes a message of its own (and with it
      * the kick that B's arm asked for), and stops without arming: a later message for B wakes
      * B at the engine's next tick (1 s) */
     arm_iface(b.iface, &b, "B's arm, driving");
     am_short_one(&a, to_b2);
-    for (double dl = now() + WAIT_S; got_b2 < 2;) {
-        if (now() > dl)
-            fail("B2 did not get its second message in %.0f s", WAIT_S);
-        progress(&a);
-        progress(&b2);
-    }
+    wait_got(&got_b2, 2, &a, &b2);
     am_short_one(&a, to_b);
     wait_readable_s(fd, &a, NULL, 3, "B2 took B's wake-up and stopped");
-    for (double dl = now() + WAIT_S; got_b < 4;) {
-        if (now() > dl)
-            fail("B did not get its fourth message in %.0f s", WAIT_S);
-        progress(&b);
-    }
+    wait_got(&got_b, 4, NULL, &b);
     uct_ep_destroy(to_b2);
     uct_iface_close(b2.iface);
     uct_worker_destroy(b2.worker);
@@ -1086,11 +1072,7 @@ static void test_shared_engine_sleep(void)
         fail("an idle worker's interface that does not drive the engine was woken");
     am_short_one(&a, to_b);
     wait_readable(fd3, &a, NULL, "a message for B, B3 driving");
-    for (double dl = now() + WAIT_S; got_b < 5;) {
-        if (now() > dl)
-            fail("B did not get its fifth message in %.0f s", WAIT_S);
-        progress(&b);
-    }
+    wait_got(&got_b, 5, NULL, &b);
     uct_iface_close(b3);
     uct_ep_destroy(to_b);
     side_close(&a);
