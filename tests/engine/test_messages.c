@@ -447,8 +447,8 @@ static void test_both_ways(void **state)
         size_t len = msg_len(&rnd, i);
         echoes.lens[i] = (uint32_t)len;
         make_msg(buf, i, len);
-        /* at most `window` unechoed, and their bytes within MC_MSG_WINDOW_BYTES, so the
-         * target's own window never fills */
+        /* at most `window` unechoed, and their bytes within a quarter of
+         * MC_MSG_WINDOW_BYTES, so the target's own window never fills */
         int64_t dl = th_now_ms() + 60000;
         while (!echo_room(i, len, window) && th_now_ms() < dl)
             mc_engine_progress(e);
@@ -991,8 +991,8 @@ static void test_notifications(void **state)
 
 /* Send notifications of len bytes (4 or more), numbered from *next in their first 4, until the
  * sender has said -EAGAIN for quiet_ms in a row; returns how many went. */
-static unsigned fill_up_len(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms,
-                            size_t len)
+static unsigned fill_up(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms,
+                        size_t len)
 {
     static char msg[MC_MSG_MAX];
     unsigned sent = 0;
@@ -1016,11 +1016,6 @@ static unsigned fill_up_len(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, 
     }
 }
 
-static unsigned fill_up(mc_engine_t *e, mc_segment_id_t id, uint32_t *next, int quiet_ms)
-{
-    return fill_up_len(e, id, next, quiet_ms, 4);
-}
-
 /* A receiver whose application does not pop: past its queue limit it refuses, the sender's
  * window fills and sends return -EAGAIN; once it pops, everything arrives once and in order.
  * A receiver that does not progress at all (stopped) has the same effect. */
@@ -1037,7 +1032,7 @@ static void test_backpressure(void **state)
     mc_segment_id_t id = th_open(e, t, 0);
 
     /* Nobody pops at the target. */
-    unsigned sent = fill_up(e, id, &next, 1000);
+    unsigned sent = fill_up(e, id, &next, 1000, 4);
     print_message("  %u notifications went before the sender was held back\n", sent);
     assert_true(sent >= MC_MSG_WINDOW);
     assert_true(sent <= 65536 + MC_MSG_WINDOW);
@@ -1051,7 +1046,7 @@ static void test_backpressure(void **state)
     assert_int_equal(flush_wait(e, id), 0);
     th_stop(t->pid);
     uint32_t first = next;
-    unsigned more = fill_up(e, id, &next, 300);
+    unsigned more = fill_up(e, id, &next, 300, 4);
     assert_int_equal(more, MC_MSG_WINDOW);
     /* A submit with a notification is refused then, before anything moves: its notification
      * would find no place once the data landed. */
@@ -1085,7 +1080,7 @@ static void test_backpressure(void **state)
     assert_int_equal(flush_wait(e, id), 0);
     th_stop(t->pid);
     first = next;
-    more = fill_up_len(e, id, &next, 300, MC_MSG_MAX);
+    more = fill_up(e, id, &next, 300, MC_MSG_MAX);
     assert_int_equal(more, MC_MSG_WINDOW_BYTES / MC_MSG_MAX);
     assert_int_equal(mc_notify_send(e, id, &next, 4), -EAGAIN);
     assert_int_equal(kill(t->pid, SIGCONT), 0);
