@@ -70,6 +70,16 @@ static void lock_put(uct_mc_iface_lock_t *l)
     }
 }
 
+static void wake_locked(uct_mc_iface_t *iface)
+{
+    if (iface->armed) {
+        uint64_t one = 1;
+        iface->armed = false;
+        if (write(iface->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            ucs_warn("mooncake: waking the interface: %m");
+    }
+}
+
 /* Caller holds iface->lock, so that a closing interface, which takes it last, sees the event
  * queued and its eventfd written. */
 static void queue_locked(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
@@ -77,12 +87,14 @@ static void queue_locked(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
     ev->next = NULL;
     __atomic_store_n(iface->evq_tail, ev, __ATOMIC_RELAXED); /* (deliver_all peeks at the head) */
     iface->evq_tail = &ev->next;
-    if (iface->armed) {
-        uint64_t one = 1;
-        iface->armed = false;
-        if (write(iface->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-            ucs_warn("mooncake: waking the interface: %m");
-    }
+    wake_locked(iface);
+}
+
+static void wake(uct_mc_iface_t *iface)
+{
+    pthread_mutex_lock(&iface->lock->mutex);
+    wake_locked(iface);
+    pthread_mutex_unlock(&iface->lock->mutex);
 }
 
 void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
@@ -377,14 +389,20 @@ static unsigned deliver_all(uct_mc_iface_t *iface)
     return n;
 }
 
+static void take_over(uct_mc_iface_t *iface);
+
 static unsigned iface_progress(uct_iface_h tl_iface)
 {
     uct_mc_iface_t *iface = ucs_derived_of(tl_iface, uct_mc_iface_t);
+    uct_mc_iface_t *driver;
     unsigned n;
 
     if (__atomic_load_n(&iface->asleep, __ATOMIC_RELAXED))
         __atomic_store_n(&iface->asleep, false, __ATOMIC_RELAXED);
     mc_engine_progress(iface->md->engine);
+    driver = __atomic_load_n(&iface->md->driver, __ATOMIC_RELAXED);
+    if (driver && driver != iface)
+        take_over(iface);
     n = deliver_all(iface);
     if (n)
         recycle_batches(iface);
@@ -418,10 +436,40 @@ static ucs_status_t iface_event_fd_get(uct_iface_h tl_iface, int *fd_p)
  * it sleeps, which then drives; another worker may stop calling progress without arming, or
  * close its interface, so then a timer makes this one look again after ENGINE_STALE_MS, when
  * an awake interface whose progress calls did not move for that long (since another's arm
- * first saw them move) is not counted. Left: a driver asleep whose wake-up (a shm ring's kick)
- * another worker took before it stopped without arming wakes at the engine's next tick (up
- * to 1 s). */
+ * first saw them move) is not counted. The engine's wake-ups are the driver's alone: another
+ * worker's progress may take them (a shm ring's kick) and stop without arming, so that
+ * worker's first progress after the driver's arm wakes the driver (take_over), which then
+ * sleeps as the others do, with the timer. An interface that closes while it drives wakes
+ * those asleep. */
 #define ENGINE_STALE_MS 10
+
+/* Caller holds md->lock. */
+void uct_mc_iface_wake_sleepers(uct_mc_md_t *md)
+{
+    for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
+        uct_mc_iface_t *x = md->ifaces[i];
+        if (x && __atomic_load_n(&x->asleep, __ATOMIC_RELAXED))
+            wake(x);
+    }
+}
+
+/* Another interface drove the engine while it slept: iface's progress has just been the
+ * engine's. Once per arm of the driver. */
+static void take_over(uct_mc_iface_t *iface)
+{
+    uct_mc_md_t *md = iface->md;
+    uct_mc_iface_t *d;
+
+    pthread_mutex_lock(&md->lock);
+    d = md->driver;
+    if (d && d != iface) {
+        __atomic_store_n(&md->driver, NULL, __ATOMIC_RELAXED);
+        /* its own worker arms it again before that sleeps */
+        if (d->super.worker != iface->super.worker)
+            wake(d);
+    }
+    pthread_mutex_unlock(&md->lock);
+}
 
 /* Whether other interfaces of the domain are awake: on this worker, on another. Caller holds
  * md->lock. */
@@ -482,8 +530,13 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
     pthread_mutex_lock(&md->lock);
     others_awake(iface, &same, &other);
     drive = !same && !other;
+    /* set before the engine's arm: a progress that takes the wake-ups it asks for sees it */
+    if (drive || md->driver == iface)
+        __atomic_store_n(&md->driver, drive ? iface : NULL, __ATOMIC_RELAXED);
     busy = drive && mc_engine_arm(md->engine);
-    if (!busy) /* from here on the others' arms count it out */
+    if (busy)
+        __atomic_store_n(&md->driver, NULL, __ATOMIC_RELAXED);
+    else /* from here on the others' arms count it out */
         __atomic_store_n(&iface->asleep, true, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&md->lock);
     if (busy)

@@ -326,6 +326,10 @@ void uct_mc_md_remove_iface(uct_mc_md_t *md, uct_mc_iface_t *iface)
 {
     pthread_mutex_lock(&md->lock);
     md->ifaces[iface->id] = NULL;
+    if (md->driver == iface) { /* those asleep look again: one of them drives then */
+        md->driver = NULL;
+        uct_mc_iface_wake_sleepers(md);
+    }
     pthread_mutex_unlock(&md->lock);
 }
 

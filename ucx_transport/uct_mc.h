@@ -57,8 +57,9 @@ typedef struct uct_mc_md {
     pthread_rwlock_t engine_lock; /* the engine going, against the cache's late releases */
     ucs_rcache_t *rcache;         /* NULL: every registration goes to the engine */
     _Atomic unsigned long memhs;  /* handles from the cache not yet released */
-    pthread_mutex_t lock;         /* ifaces */
+    pthread_mutex_t lock;         /* ifaces, driver */
     uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
+    uct_mc_iface_t *driver; /* armed the engine to sleep on it (atomic reads; iface.c) */
     /* Segments of freed endpoints, closed from progress (uct_mc_md_close_segments) */
     pthread_mutex_t segs_lock;
     mc_segment_id_t *segs_to_close;
@@ -264,6 +265,7 @@ extern ucs_config_field_t uct_mc_md_config_table[];
 extern uct_tl_t uct_mc_tl;
 ucs_status_t uct_mc_iface_estimate_perf(uct_iface_h tl_iface, uct_perf_attr_t *attr);
 void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev);
+void uct_mc_iface_wake_sleepers(uct_mc_md_t *md); /* caller holds md->lock */
 void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
 void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int error,
                        const char *reason);

@@ -967,12 +967,12 @@ static void am_short_one(side_t *a, uct_ep_h ep)
     check_st(st, "am_short");
 }
 
-/* Progress a (and other, if not NULL) until fd is readable, up to s seconds. */
-static void wait_readable_s(int fd, side_t *a, side_t *other, double s, const char *what)
+/* Progress a (and other, if not NULL) until fd is readable, up to WAIT_S. */
+static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
 {
-    for (double dl = now() + s; !readable(fd, 0);) {
+    for (double dl = now() + WAIT_S; !readable(fd, 0);) {
         if (now() > dl)
-            fail("%s: the sleeping interface was not woken in %.1f s", what, s);
+            fail("%s: the sleeping interface was not woken in %.0f s", what, WAIT_S);
         progress(a);
         if (other)
             progress(other);
@@ -989,11 +989,6 @@ static void wait_got(const unsigned *got, unsigned want, side_t *a, side_t *s)
             progress(a);
         progress(s);
     }
-}
-
-static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
-{
-    wait_readable_s(fd, a, other, WAIT_S, what);
 }
 
 static void test_shared_engine_sleep(void)
@@ -1044,14 +1039,28 @@ static void test_shared_engine_sleep(void)
     am_short_one(&a, to_b);
     wait_readable(fd, &a, NULL, "B2 left out");
     wait_got(&got_b, 3, NULL, &b);
-    /* B drives and sleeps; B2 calls progress again, takes a message of its own (and with it
-     * the kick that B's arm asked for), and stops without arming: a later message for B wakes
-     * B at the engine's next tick (1 s) */
+    /* B drives and sleeps; B2 calls progress again and takes a message of its own (and with
+     * it the kick that B's arm asked for): that progress wakes B, whose arm leaves the engine
+     * to B2 and sets the timer; B2 stops without arming: B's timer wakes it, B drives again,
+     * and a message for B wakes it (before, it waited for the engine's next tick, 1 s) */
     arm_iface(b.iface, &b, "B's arm, driving");
+    if (epoll_entries(fd) != 3 || readable(fd, 0))
+        fail("B does not sleep on the engine's fd");
     am_short_one(&a, to_b2);
     wait_got(&got_b2, 2, &a, &b2);
+    if (!readable(fd, 0))
+        fail("B2's progress took the engine from B, asleep, without waking it");
+    progress(&b);
+    arm_iface(b.iface, &b, "B's arm, B2 awake again");
+    if (epoll_entries(fd) != 2)
+        fail("B kept the engine's fd while B2 was awake");
+    wait_readable(fd, &a, NULL, "B's timer, B2 stopped again");
+    progress(&b);
+    arm_iface(b.iface, &b, "B's arm, B2 stopped again");
+    if (epoll_entries(fd) != 3)
+        fail("B did not take the engine's fd back once B2 had stopped for 10 ms");
     am_short_one(&a, to_b);
-    wait_readable_s(fd, &a, NULL, 3, "B2 took B's wake-up and stopped");
+    wait_readable(fd, &a, NULL, "a message for B, driving again");
     wait_got(&got_b, 4, NULL, &b);
     uct_ep_destroy(to_b2);
     uct_iface_close(b2.iface);
@@ -1073,13 +1082,25 @@ static void test_shared_engine_sleep(void)
     am_short_one(&a, to_b);
     wait_readable(fd3, &a, NULL, "a message for B, B3 driving");
     wait_got(&got_b, 5, NULL, &b);
+    /* the driver closes: the other wakes, and drives */
+    arm_iface(b.iface, &b, "B's arm, B3 awake");
+    arm_iface(b3, &b, "B3's arm");
+    if (epoll_entries(fd) != 2 || epoll_entries(fd3) != 3 || readable(fd, 0))
+        fail("of two interfaces of one worker, the one armed last does not drive alone");
     uct_iface_close(b3);
+    if (!readable(fd, 0))
+        fail("the interface driving the engine closed without waking the other, asleep");
+    progress(&b);
+    arm_iface(b.iface, &b, "B's arm, B3 closed");
+    if (epoll_entries(fd) != 3)
+        fail("B does not drive the engine once B3 closed");
     uct_ep_destroy(to_b);
     side_close(&a);
     side_close(&b);
     ok("an interface asleep while another of its domain calls progress: not woken by that "
-       "one's messages, woken by its own, and still once the other stops, or took its wake-up "
-       "and stopped; an idle worker's two interfaces stay asleep");
+       "one's messages, woken by its own, and still once the other stops; woken when the other "
+       "takes the engine it drove, or that closes; an idle worker's two interfaces stay "
+       "asleep");
 }
 
 int main(void)
