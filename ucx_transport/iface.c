@@ -16,6 +16,7 @@
 #include <ucs/time/time.h>
 
 #include "uct_mc.h"
+#include "util/log.h" /* MC_TLS_HOT */
 
 #define BATCH_TASKS 512
 
@@ -109,14 +110,47 @@ void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
  * (glibc gave the heap's top back each time), and UCP's tag_bw ran at 0.2 GB/s. */
 #define AM_LARGE (MC_MSG_MAX - UCT_MC_AM_HDR)
 
-static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len)
+static uct_mc_am_t *am_get(uct_mc_iface_t *iface, size_t len, bool own)
 {
-    return mc_buf_alloc(&iface->am_bufs, sizeof(uct_mc_am_t) + len);
+    uct_mc_am_t *am = mc_buf_alloc(own ? &iface->am_own : &iface->am_bufs, sizeof(*am) + len);
+
+    if (am) {
+        am->ev.kind = EV_AM;
+        am->own = own;
+    }
+    return am;
 }
 
 static void am_put(uct_mc_iface_t *iface, uct_mc_am_t *am)
 {
-    mc_buf_free(&iface->am_bufs, am, sizeof(*am) + am->len);
+    mc_buf_free(am->own ? &iface->am_own : &iface->am_bufs, am, sizeof(*am) + am->len);
+}
+
+/* The interface whose progress call runs the engine on this thread (iface_progress). */
+static __thread uct_mc_iface_t *progressing MC_TLS_HOT;
+
+/* A message for the interface whose progress runs this pass, on the worker's thread: no lock is
+ * needed to reach it (it cannot close meanwhile) nor for its own queue, which its progress
+ * empties right after the pass. Five mutexes a message less (the domain's, the buffer cache's
+ * twice, the queue's twice). Messages of one sender stay in order: the queue's events come
+ * before those queued for it by other workers' passes, which come after this one, unless that
+ * queue held some already when the pass met its first message; then this pass queues there
+ * too. */
+static bool on_own_msg(uct_mc_iface_t *iface, uint8_t am_id, const uint8_t *data, unsigned len)
+{
+    uct_mc_am_t *am;
+
+    if (!iface->own_head && __atomic_load_n(&iface->evq_head, __ATOMIC_RELAXED))
+        return false;
+    if (!(am = am_get(iface, len, true)))
+        return false;
+    am->id = am_id;
+    am->len = len;
+    memcpy(am->data, data, len);
+    am->ev.next = NULL;
+    *iface->own_tail = &am->ev;
+    iface->own_tail = &am->ev.next;
+    return true;
 }
 
 /* An active message: [u16 interface id][u32 its nonce][u8 AM id][AM data]. */
@@ -135,13 +169,16 @@ void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *dat
         return;
     }
     iid = (unsigned)p[0] | (unsigned)p[1] << 8;
+    iface = progressing;
+    if (iface && iface->md == md && iface->id == iid && !memcmp(&iface->nonce, p + 2, 4) &&
+        on_own_msg(iface, am_id, p + UCT_MC_AM_HDR, (unsigned)(len - UCT_MC_AM_HDR)))
+        return;
     pthread_mutex_lock(&md->lock);
     iface = iid < UCT_MC_MAX_IFACES ? md->ifaces[iid] : NULL;
     if (iface && memcmp(&iface->nonce, p + 2, 4)) /* for an earlier interface of that id */
         iface = NULL;
-    am = iface ? am_get(iface, len - UCT_MC_AM_HDR) : NULL;
+    am = iface ? am_get(iface, len - UCT_MC_AM_HDR, false) : NULL;
     if (am) {
-        am->ev.kind = EV_AM;
         am->id = am_id;
         am->len = (unsigned)(len - UCT_MC_AM_HDR);
         memcpy(am->data, p + UCT_MC_AM_HDR, am->len);
@@ -370,11 +407,19 @@ static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
  * the lock: iface_event_arm). */
 static unsigned deliver_all(uct_mc_iface_t *iface)
 {
-    uct_mc_ev_t *ev;
+    uct_mc_ev_t *ev = iface->own_head;
     unsigned n = 0;
 
+    if (ev) { /* first: on_own_msg */
+        iface->own_head = NULL;
+        iface->own_tail = &iface->own_head;
+        for (uct_mc_ev_t *next; ev; ev = next, n++) {
+            next = ev->next;
+            deliver(iface, ev);
+        }
+    }
     if (!__atomic_load_n(&iface->evq_head, __ATOMIC_RELAXED))
-        return 0;
+        return n;
     pthread_mutex_lock(&iface->lock->mutex);
     ev = iface->evq_head;
     __atomic_store_n(&iface->evq_head, NULL, __ATOMIC_RELAXED);
@@ -399,7 +444,9 @@ static unsigned iface_progress(uct_iface_h tl_iface)
 
     if (__atomic_load_n(&iface->asleep, __ATOMIC_RELAXED))
         __atomic_store_n(&iface->asleep, false, __ATOMIC_RELAXED);
+    progressing = iface;
     mc_engine_progress(iface->md->engine);
+    progressing = NULL;
     driver = __atomic_load_n(&iface->md->driver, __ATOMIC_RELAXED);
     if (driver && driver != iface)
         take_over(iface);
@@ -710,7 +757,9 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
     if (!self->lock)
         return UCS_ERR_NO_MEMORY;
     mc_buf_init(&self->am_bufs, sizeof(uct_mc_am_t) + AM_LARGE, true);
+    mc_buf_init(&self->am_own, sizeof(uct_mc_am_t) + AM_LARGE, false);
     self->evq_tail = &self->evq_head;
+    self->own_tail = &self->own_head;
     self->pending_tail = &self->pending_head;
     self->round = 1; /* a new endpoint's blocked_round, 0, is no round */
     rc = mc_engine_address(md->engine, self->addr + UCT_MC_ADDR_HDR, &len);
@@ -768,6 +817,7 @@ err_fds:
     if (self->epfd >= 0)
         close(self->epfd);
     mc_buf_fini(&self->am_bufs);
+    mc_buf_fini(&self->am_own);
     pthread_mutex_lock(&self->lock->mutex);
     lock_put(self->lock);
     return UCS_ERR_IO_ERROR;
@@ -878,6 +928,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_mc_iface_t)
         mc_mem_free(self->md->engine, self->bounce);
     uct_mc_md_close_segments(self->md);
     mc_buf_fini(&self->am_bufs);
+    mc_buf_fini(&self->am_own);
     free(self->tx);
     free(self->free_slots);
     close(self->efd);

@@ -162,6 +162,7 @@ typedef struct uct_mc_flush {
 typedef struct uct_mc_am {
     uct_mc_ev_t ev;
     uint8_t id;
+    bool own; /* from am_own (queued by the interface's own progress) */
     unsigned len;
     char data[];
 } uct_mc_am_t;
@@ -189,6 +190,10 @@ struct uct_mc_iface {
     int efd, epfd; /* an eventfd raised when armed; epoll over it, tfd and maybe the engine's fd */
     bool armed;
     mc_bufcache_t am_bufs; /* active message buffers for reuse */
+    /* Active messages that the engine's pass in this interface's own progress call handed over,
+     * and their buffers: the worker's alone, no lock (iface.c, uct_mc_md_on_msg) */
+    uct_mc_ev_t *own_head, **own_tail;
+    mc_bufcache_t am_own;
 
     /* Sleeping, with the other interfaces of the domain (iface.c, iface_event_arm). */
     bool asleep;          /* armed since its last progress, or never progressed (atomic) */

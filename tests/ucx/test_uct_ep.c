@@ -1103,6 +1103,72 @@ static void test_shared_engine_sleep(void)
        "asleep");
 }
 
+/* ---- active messages taken by another worker's progress, then by the interface's own ---- */
+
+static ucs_status_t order_handler(void *arg, void *data, size_t length, unsigned flags)
+{
+    unsigned *got = arg;
+    uint64_t seq;
+
+    (void)flags;
+    if (length != sizeof(seq))
+        fail("an active message of %zu bytes, not %zu", length, sizeof(seq));
+    memcpy(&seq, data, sizeof(seq));
+    if (seq != *got)
+        fail("active message %" PRIu64 " arrived as number %u", seq, *got);
+    (*got)++;
+    return UCS_OK;
+}
+
+static void am_short_seq(side_t *a, uct_ep_h ep, unsigned from, unsigned to)
+{
+    for (unsigned i = from; i < to; i++) {
+        ucs_status_t st;
+        double dl = now() + WAIT_S;
+        while ((st = uct_ep_am_short(ep, AM_ID, i, NULL, 0)) == UCS_ERR_NO_RESOURCE) {
+            if (now() > dl)
+                fail("am_short refused for %.0f s", WAIT_S);
+            progress(a);
+        }
+        check_st(st, "am_short");
+    }
+}
+
+/* Messages for B that B2 (another worker on B's domain) took from the engine wait in B's queue;
+ * the next ones, which B's own progress takes, come after them (that progress hands what it
+ * takes over without a lock, ahead of that queue, unless the queue held some already). */
+static void test_own_queue_order(void)
+{
+    side_t a, b, b2;
+    unsigned got = 0;
+
+    side_open(&a, "A", NULL, NULL);
+    side_open(&b, "B", NULL, NULL);
+    b2 = b;
+    b2.name = "B2";
+    check_st(uct_worker_create(b.async, UCS_THREAD_MODE_SINGLE, &b2.worker), "worker");
+    iface_open(&b2, NULL, &b2.iface);
+    check_st(uct_iface_set_am_handler(b.iface, AM_ID, order_handler, &got, 0), "handler");
+    uct_ep_h to_b = ep_connect(&a, &b);
+
+    for (unsigned round = 0; round < 3; round++) {
+        unsigned base = round * 20;
+        am_short_seq(&a, to_b, base, base + 10);
+        flush_ep(to_b, &a, &b2, "messages for B in B2's progress"); /* in B's queue now */
+        if (got != base)
+            fail("B's handler ran from B2's progress");
+        am_short_seq(&a, to_b, base + 10, base + 20);
+        wait_got(&got, base + 20, &a, &b);
+    }
+    uct_ep_destroy(to_b);
+    uct_iface_close(b2.iface);
+    uct_worker_destroy(b2.worker);
+    side_close(&a);
+    side_close(&b);
+    ok("active messages another worker's progress took for an interface, then its own progress: "
+       "in the order sent");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1115,5 +1181,6 @@ int main(void)
     test_flush_cancel_get_held();
     test_mem_invalidate();
     test_shared_engine_sleep();
+    test_own_queue_order();
     return 0;
 }
