@@ -368,6 +368,18 @@ static void frame_done(mc_engine_t *e, mc_tcp_conn_t *c)
         mc__tcp_in_frame(e, c);
 }
 
+/* Whether the payload's left bytes go from the socket straight to their place rather than
+ * through the staging buffer: a large part of a transfer's data (no copy then), not a frame
+ * the engine reads itself (a message) that several of fit in the staging buffer. Those come
+ * several to a read (a 16 KiB message took two reads of its own: UCP's stream_bw over the UCX
+ * module between two namespaces, 16 KiB, ran at half UCX tcp's rate) and are read where they
+ * lie when staged whole. */
+static bool rx_direct(const mc_tcp_conn_t *c, uint64_t left)
+{
+    return left >= MC_TCP_RX_DIRECT && c->dst_kind != DST_DISCARD &&
+           (c->dst_kind != DST_CTRL || c->fr.length > MC_TCP_RX_BUF / 2);
+}
+
 static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
 {
     int rc = mc__tcp_frame_decode(c->rx + c->rx_start, e->cfg.handshake_max, &c->fr);
@@ -378,13 +390,13 @@ static int parse_header(mc_engine_t *e, mc_tcp_conn_t *c)
         return rc;
     }
     c->have_hdr = true;
-    c->expect_large = c->fr.length >= MC_TCP_RX_DIRECT;
     c->dst_kind = DST_NONE;
     c->left = c->fr.length;
     c->ctrl_len = c->fr.length;
     rc = c->outbound ? mc__tcp_out_header(e, c) : mc__tcp_in_header(e, c);
     if (rc)
         return rc;
+    c->expect_large = rx_direct(c, c->fr.length);
     if (c->dst_kind == DST_CTRL && c->fr.type == MC_FR_MSG &&
         c->rx_end - c->rx_start >= c->fr.length) { /* staged whole: delivered where it lies */
         c->msg = c->rx + c->rx_start;
@@ -424,7 +436,7 @@ static int rx_payload(mc_engine_t *e, mc_tcp_conn_t *c)
         c->dst += c->dst_kind != DST_DISCARD ? n : 0;
         c->rx_start += n;
         c->left -= n;
-    } else if (c->left >= MC_TCP_RX_DIRECT && c->dst_kind != DST_DISCARD) {
+    } else if (rx_direct(c, c->left)) {
         ssize_t n = recv(c->pollable.fd, c->dst, c->left, 0);
         if (n <= 0) {
             if (n < 0 && (errno == EAGAIN || errno == EINTR))
