@@ -545,7 +545,9 @@ static void others_awake(uct_mc_iface_t *iface, bool *same, bool *other)
 
 static void timer_set(uct_mc_iface_t *iface, bool on)
 {
-    struct itimerspec its = {.it_value.tv_nsec = on ? ENGINE_STALE_MS * 1000000L : 0};
+    /* a millisecond more: UCS's clock (the staleness) and the timer's may differ a little, and
+     * a timer that found the other not stale yet would cost another round */
+    struct itimerspec its = {.it_value.tv_nsec = on ? (ENGINE_STALE_MS + 1) * 1000000L : 0};
 
     if (timerfd_settime(iface->tfd, 0, &its, NULL))
         ucs_warn("mooncake: the interface's timer: %m");
