@@ -968,10 +968,9 @@ static int epoll_entries(int fd)
     return n;
 }
 
-/* One am_short from a to ep's peer, sent again while refused. */
-static void am_short_one(side_t *a, uct_ep_h ep)
+/* One am_short of header hdr from a to ep's peer, sent again while refused. */
+static void am_short_one(side_t *a, uct_ep_h ep, uint64_t hdr)
 {
-    uint64_t hdr = 42;
     ucs_status_t st;
     double dl = now() + WAIT_S;
 
@@ -1034,25 +1033,25 @@ static void test_shared_engine_sleep(void)
     arm_iface(b.iface, &b, "B's arm");
     if (epoll_entries(fd) != 2)
         fail("B took the engine's fd while B2 was awake");
-    am_short_one(&a, to_b2);
+    am_short_one(&a, to_b2, 42);
     if (readable(fd, 3) && now() - t0 < 0.008)
         fail("a sleeping interface was woken by a message to another one of its domain");
     wait_got(&got_b2, 1, &a, &b2);
     /* a message for B wakes it, through B2's progress */
-    am_short_one(&a, to_b);
+    am_short_one(&a, to_b, 42);
     wait_readable(fd, &a, &b2, "a message for it, B2 calling progress");
     wait_got(&got_b, 1, NULL, &b);
     /* B2 stops calling progress without arming: B's timer wakes it, its arm then leaves B2
      * out and drives the engine, and a message for B wakes it through the engine's fd */
     progress(&b2);
     arm_iface(b.iface, &b, "B's arm");
-    am_short_one(&a, to_b);
+    am_short_one(&a, to_b, 42);
     wait_readable(fd, &a, NULL, "B2 stopped");
     wait_got(&got_b, 2, NULL, &b);
     arm_iface(b.iface, &b, "B's arm, B2 stopped");
     if (epoll_entries(fd) != 3)
         fail("B did not take the engine's fd once B2 had stopped for 10 ms");
-    am_short_one(&a, to_b);
+    am_short_one(&a, to_b, 42);
     wait_readable(fd, &a, NULL, "B2 left out");
     wait_got(&got_b, 3, NULL, &b);
     /* B drives and sleeps; B2 calls progress again and takes a message of its own (and with
@@ -1068,7 +1067,7 @@ static void test_shared_engine_sleep(void)
         if (now() > dl)
             fail("B's fd stays readable after its arm");
     }
-    am_short_one(&a, to_b2);
+    am_short_one(&a, to_b2, 42);
     wait_got(&got_b2, 2, &a, &b2);
     if (!readable(fd, 0))
         fail("B2's progress took the engine from B, asleep, without waking it");
@@ -1081,7 +1080,7 @@ static void test_shared_engine_sleep(void)
     arm_iface(b.iface, &b, "B's arm, B2 stopped again");
     if (epoll_entries(fd) != 3)
         fail("B did not take the engine's fd back once B2 had stopped for 10 ms");
-    am_short_one(&a, to_b);
+    am_short_one(&a, to_b, 42);
     wait_readable(fd, &a, NULL, "a message for B, driving again");
     wait_got(&got_b, 4, NULL, &b);
     uct_ep_destroy(to_b2);
@@ -1100,7 +1099,7 @@ static void test_shared_engine_sleep(void)
         fail("of two interfaces of one worker, the one armed last does not drive alone");
     if (readable(fd, 50)) /* (the driver may be: the engine's timer ticks) */
         fail("an idle worker's interface that does not drive the engine was woken");
-    am_short_one(&a, to_b);
+    am_short_one(&a, to_b, 42);
     wait_readable(fd3, &a, NULL, "a message for B, B3 driving");
     wait_got(&got_b, 5, NULL, &b);
     /* the driver closes: the other wakes, and drives */
@@ -1142,16 +1141,8 @@ static ucs_status_t order_handler(void *arg, void *data, size_t length, unsigned
 
 static void am_short_seq(side_t *a, uct_ep_h ep, unsigned from, unsigned to)
 {
-    for (unsigned i = from; i < to; i++) {
-        ucs_status_t st;
-        double dl = now() + WAIT_S;
-        while ((st = uct_ep_am_short(ep, AM_ID, i, NULL, 0)) == UCS_ERR_NO_RESOURCE) {
-            if (now() > dl)
-                fail("am_short refused for %.0f s", WAIT_S);
-            progress(a);
-        }
-        check_st(st, "am_short");
-    }
+    for (unsigned i = from; i < to; i++)
+        am_short_one(a, ep, i);
 }
 
 /* Messages for B that B2 (another worker on B's domain) took from the engine wait in B's queue;
