@@ -968,6 +968,18 @@ static int epoll_entries(int fd)
     return n;
 }
 
+/* Progress s, arm iface and expect its epoll fd fd to hold that many entries (3: it drives the
+ * engine). */
+static void rearm(side_t *s, uct_iface_h iface, int fd, int entries, const char *what)
+{
+    int n;
+
+    progress(s);
+    arm_iface(iface, s, what);
+    if ((n = epoll_entries(fd)) != entries)
+        fail("%s: %d entries in its epoll set, not %d", what, n, entries);
+}
+
 /* One am_short of header hdr from a to ep's peer, sent again while refused. */
 static void am_short_one(side_t *a, uct_ep_h ep, uint64_t hdr)
 {
@@ -1071,15 +1083,9 @@ static void test_shared_engine_sleep(void)
     wait_got(&got_b2, 2, &a, &b2);
     if (!readable(fd, 0))
         fail("B2's progress took the engine from B, asleep, without waking it");
-    progress(&b);
-    arm_iface(b.iface, &b, "B's arm, B2 awake again");
-    if (epoll_entries(fd) != 2)
-        fail("B kept the engine's fd while B2 was awake");
+    rearm(&b, b.iface, fd, 2, "B, B2 awake again: not driving");
     wait_readable(fd, &a, NULL, "B's timer, B2 stopped again");
-    progress(&b);
-    arm_iface(b.iface, &b, "B's arm, B2 stopped again");
-    if (epoll_entries(fd) != 3)
-        fail("B did not take the engine's fd back once B2 had stopped for 10 ms");
+    rearm(&b, b.iface, fd, 3, "B, B2 stopped again for 10 ms: driving");
     am_short_one(&a, to_b, 42);
     wait_readable(fd, &a, NULL, "a message for B, driving again");
     wait_got(&got_b, 4, NULL, &b);
@@ -1109,10 +1115,7 @@ static void test_shared_engine_sleep(void)
     uct_iface_close(b3);
     if (!readable(fd, 0))
         fail("the interface driving the engine closed without waking the other, asleep");
-    progress(&b);
-    arm_iface(b.iface, &b, "B's arm, B3 closed");
-    if (epoll_entries(fd) != 3)
-        fail("B does not drive the engine once B3 closed");
+    rearm(&b, b.iface, fd, 3, "B, B3 closed: driving");
     uct_ep_destroy(to_b);
     side_close(&a);
     side_close(&b);
