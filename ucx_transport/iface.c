@@ -132,15 +132,15 @@ static __thread uct_mc_iface_t *progressing MC_TLS_HOT;
 /* A message for the interface whose progress runs this pass, on the worker's thread: no lock is
  * needed to reach it (it cannot close meanwhile) nor for its own queue, which its progress
  * empties right after the pass. Five mutexes a message less (the domain's, the buffer cache's
- * twice, the queue's twice). Messages of one sender stay in order: the queue's events come
- * before those queued for it by other workers' passes, which come after this one, unless that
- * queue held some already when the pass met its first message; then this pass queues there
- * too. */
+ * twice, the queue's twice). It is used only while the shared queue is empty, so that
+ * everything in it comes before everything there (that queue's events come from other
+ * workers' passes, which come before or after this one, and from this pass's other callbacks:
+ * a task's end, a flush, a peer's failure); events stay in the order they came. */
 static bool on_own_msg(uct_mc_iface_t *iface, uint8_t am_id, const uint8_t *data, unsigned len)
 {
     uct_mc_am_t *am;
 
-    if (!iface->own_head && __atomic_load_n(&iface->evq_head, __ATOMIC_RELAXED))
+    if (__atomic_load_n(&iface->evq_head, __ATOMIC_RELAXED))
         return false;
     if (!(am = am_get(iface, len, true)))
         return false;
@@ -485,10 +485,21 @@ static ucs_status_t iface_event_fd_get(uct_iface_h tl_iface, int *fd_p)
  * an awake interface whose progress calls did not move for that long (since another's arm
  * first saw them move) is not counted. The engine's wake-ups are the driver's alone: another
  * worker's progress may take them (a shm ring's kick) and stop without arming, so that
- * worker's first progress after the driver's arm wakes the driver (take_over), which then
- * sleeps as the others do, with the timer. An interface that closes while it drives wakes
- * those asleep. */
+ * worker's first progress after the driver's arm sets the driver's timer too (take_over), and
+ * the next interface that arms to drive stops it again (the engine is armed then: waking the
+ * old driver at once made two idle workers wake each other for ever). An interface that
+ * closes wakes those asleep. */
 #define ENGINE_STALE_MS 10
+
+static void timer_set(uct_mc_iface_t *iface, bool on)
+{
+    /* a millisecond more: UCS's clock (the staleness) and the timer's may differ a little, and
+     * a timer that found the other not stale yet would cost another round */
+    struct itimerspec its = {.it_value.tv_nsec = on ? (ENGINE_STALE_MS + 1) * 1000000L : 0};
+
+    if (timerfd_settime(iface->tfd, 0, &its, NULL))
+        ucs_warn("mooncake: the interface's timer: %m");
+}
 
 /* Caller holds md->lock. */
 void uct_mc_iface_wake_sleepers(uct_mc_md_t *md)
@@ -511,9 +522,10 @@ static void take_over(uct_mc_iface_t *iface)
     d = md->driver;
     if (d && d != iface) {
         __atomic_store_n(&md->driver, NULL, __ATOMIC_RELAXED);
-        /* its own worker arms it again before that sleeps */
-        if (d->super.worker != iface->super.worker)
-            wake(d);
+        if (d->super.worker != iface->super.worker) { /* (its own worker arms it again) */
+            timer_set(d, true);
+            md->handed = d;
+        }
     }
     pthread_mutex_unlock(&md->lock);
 }
@@ -543,16 +555,6 @@ static void others_awake(uct_mc_iface_t *iface, bool *same, bool *other)
     }
 }
 
-static void timer_set(uct_mc_iface_t *iface, bool on)
-{
-    /* a millisecond more: UCS's clock (the staleness) and the timer's may differ a little, and
-     * a timer that found the other not stale yet would cost another round */
-    struct itimerspec its = {.it_value.tv_nsec = on ? (ENGINE_STALE_MS + 1) * 1000000L : 0};
-
-    if (timerfd_settime(iface->tfd, 0, &its, NULL))
-        ucs_warn("mooncake: the interface's timer: %m");
-}
-
 /* Ready to sleep unless something is queued, or this interface drives the engine and the engine
  * has work. */
 static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
@@ -561,6 +563,7 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
     uct_mc_md_t *md = iface->md;
     struct epoll_event eev = {.events = EPOLLIN};
     bool busy, same, other, drive;
+    uct_mc_iface_t *prev;
     uint64_t x;
 
     (void)events;
@@ -579,18 +582,26 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
     pthread_mutex_lock(&md->lock);
     others_awake(iface, &same, &other);
     drive = !same && !other;
+    prev = md->driver;
     /* set before the engine's arm: a progress that takes the wake-ups it asks for sees it */
-    if (drive || md->driver == iface)
+    if (drive || prev == iface)
         __atomic_store_n(&md->driver, drive ? iface : NULL, __ATOMIC_RELAXED);
     busy = drive && mc_engine_arm(md->engine);
-    if (busy)
-        __atomic_store_n(&md->driver, NULL, __ATOMIC_RELAXED);
-    else /* from here on the others' arms count it out */
-        __atomic_store_n(&iface->asleep, true, __ATOMIC_RELAXED);
+    if (busy) {
+        __atomic_store_n(&md->driver, prev, __ATOMIC_RELAXED);
+    } else {
+        __atomic_store_n(&iface->asleep, true,
+                         __ATOMIC_RELAXED);                 /* the others' arms count it out */
+        if (md->handed && (drive || md->handed == iface)) { /* the engine is armed again */
+            if (md->handed != iface)
+                timer_set(md->handed, false);
+            md->handed = NULL;
+        }
+        timer_set(iface, other); /* (under the lock: take_over sets it too) */
+    }
     pthread_mutex_unlock(&md->lock);
     if (busy)
         return UCS_ERR_BUSY;
-    timer_set(iface, other);
     if (drive != iface->engine_fd_in) {
         if (epoll_ctl(iface->epfd, drive ? EPOLL_CTL_ADD : EPOLL_CTL_DEL,
                       mc_engine_event_fd(md->engine), &eev)) {

@@ -326,10 +326,11 @@ void uct_mc_md_remove_iface(uct_mc_md_t *md, uct_mc_iface_t *iface)
 {
     pthread_mutex_lock(&md->lock);
     md->ifaces[iface->id] = NULL;
-    if (md->driver == iface) { /* those asleep look again: one of them drives then */
+    if (md->driver == iface)
         md->driver = NULL;
-        uct_mc_iface_wake_sleepers(md);
-    }
+    if (md->handed == iface)
+        md->handed = NULL;
+    uct_mc_iface_wake_sleepers(md); /* they look again: one of them drives if it drove */
     pthread_mutex_unlock(&md->lock);
 }
 

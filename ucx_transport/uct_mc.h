@@ -60,6 +60,7 @@ typedef struct uct_mc_md {
     pthread_mutex_t lock;         /* ifaces, driver */
     uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
     uct_mc_iface_t *driver; /* armed the engine to sleep on it (atomic reads; iface.c) */
+    uct_mc_iface_t *handed; /* a driver whose timer take_over set (iface.c) */
     /* Segments of freed endpoints, closed from progress (uct_mc_md_close_segments) */
     pthread_mutex_t segs_lock;
     mc_segment_id_t *segs_to_close;

@@ -968,6 +968,36 @@ static int epoll_entries(int fd)
     return n;
 }
 
+/* Whether the timer of an interface's epoll fd fd is set: /proc/self/fdinfo of each entry of
+ * its interest list (a timerfd's shows it_value). */
+static bool timer_armed(int fd)
+{
+    char path[64], line[256];
+    bool set = false;
+    FILE *f;
+    int n;
+
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+    if (!(f = fopen(path, "r")))
+        fail("%s: %s", path, strerror(errno));
+    while (fgets(line, sizeof(line), f)) {
+        char sub[64], l2[256];
+        long sec, nsec;
+        FILE *g;
+        if (sscanf(line, "tfd: %d", &n) != 1)
+            continue;
+        snprintf(sub, sizeof(sub), "/proc/self/fdinfo/%d", n);
+        if (!(g = fopen(sub, "r")))
+            fail("%s: %s", sub, strerror(errno));
+        while (fgets(l2, sizeof(l2), g))
+            if (sscanf(l2, "it_value: (%ld, %ld)", &sec, &nsec) == 2)
+                set |= sec || nsec;
+        fclose(g);
+    }
+    fclose(f);
+    return set;
+}
+
 /* Progress s, arm iface and expect its epoll fd fd to hold that many entries (3: it drives the
  * engine). */
 static void rearm(side_t *s, uct_iface_h iface, int fd, int entries, const char *what)
@@ -1079,16 +1109,46 @@ static void test_shared_engine_sleep(void)
         if (now() > dl)
             fail("B's fd stays readable after its arm");
     }
+    if (timer_armed(fd))
+        fail("B, driving, sleeps with its timer set");
     am_short_one(&a, to_b2, 42);
     wait_got(&got_b2, 2, &a, &b2);
-    if (!readable(fd, 0))
-        fail("B2's progress took the engine from B, asleep, without waking it");
+    if (!timer_armed(fd))
+        fail("B2's progress took the engine from B, asleep, without setting B's timer");
+    wait_readable(fd, &a, NULL, "B's timer, B2 stopped after taking the engine");
     rearm(&b, b.iface, fd, 2, "B, B2 awake again: not driving");
     wait_readable(fd, &a, NULL, "B's timer, B2 stopped again");
     rearm(&b, b.iface, fd, 3, "B, B2 stopped again for 10 ms: driving");
     am_short_one(&a, to_b, 42);
     wait_readable(fd, &a, NULL, "a message for B, driving again");
     wait_got(&got_b, 4, NULL, &b);
+
+    /* Two idle workers that sleep and wake as UCP's do (progress until nothing moves, arm,
+     * wait): they settle, each woken at most by the other's hand-over, then not at all (the
+     * first version woke the driver at once: each one's progress woke the other, for ever) */
+    int fd2, woken = 0;
+    double t1 = now(), last = t1;
+    check_st(uct_iface_event_fd_get(b2.iface, &fd2), "uct_iface_event_fd_get");
+    progress(&b);
+    progress(&b2);
+    arm_iface(b.iface, &b, "B's arm, B2 awake");
+    arm_iface(b2.iface, &b2, "B2's arm, B asleep");
+    while (now() - t1 < 0.3) {
+        side_t *w[2] = {&b, &b2};
+        int fds[2] = {fd, fd2};
+        for (int i = 0; i < 2; i++) {
+            if (!readable(fds[i], 1))
+                continue;
+            woken++;
+            last = now();
+            progress(w[i]);
+            progress(w[i]);
+            arm_iface(i ? b2.iface : b.iface, w[i], "an idle worker's arm");
+        }
+    }
+    if (now() - last < 0.15)
+        fail("two idle workers still woke each other 150 ms after they armed (%d wake-ups)", woken);
+
     uct_ep_destroy(to_b2);
     uct_iface_close(b2.iface);
     uct_worker_destroy(b2.worker);
