@@ -590,8 +590,8 @@ static ucs_status_t iface_event_arm(uct_iface_h tl_iface, unsigned events)
     if (busy) {
         __atomic_store_n(&md->driver, prev, __ATOMIC_RELAXED);
     } else {
-        __atomic_store_n(&iface->asleep, true,
-                         __ATOMIC_RELAXED);                 /* the others' arms count it out */
+        /* from here on the others' arms count it out */
+        __atomic_store_n(&iface->asleep, true, __ATOMIC_RELAXED);
         if (md->handed && (drive || md->handed == iface)) { /* the engine is armed again */
             if (md->handed != iface)
                 timer_set(md->handed, false);
