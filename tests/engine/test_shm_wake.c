@@ -15,7 +15,9 @@
  * shows some 10^2 in 2*10^5 here, some runs none), the harness does meet in the window the
  * protocol closes. They are not asserted: whether a machine shows them is its own affair. With
  * the membarrier taken out of mc__wake_barrier, the fresh rings failed 4 runs of 5 here; a mere
- * delay in its place passes, so the test shows the window closed, not how. */
+ * delay in its place passes, so the test shows the window closed, not how. A miss in a checked
+ * mode prints the CPUs each thread ran on around its part (a membarrier's IPI goes only to other
+ * CPUs; a thread moved between them passed a context switch instead), for the next look. */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -38,6 +40,7 @@ static struct {
     alignas(64) atomic_uint meet, phase;
     int mode;
     bool mb, kicked, stop;
+    int mover_cpu[2]; /* where the mover stored and where it checked */
 } L;
 
 /* Both threads pass it together (sense-reversing, spinning). */
@@ -62,8 +65,10 @@ static void *mover(void *arg)
         meet(&sense);
         if (L.stop)
             return NULL;
+        L.mover_cpu[0] = sched_getcpu();
         atomic_store_explicit(&L.head, i, memory_order_release);
         L.kicked = mc__wake_check(&L.word, L.mode == NO_MB ? false : L.mb);
+        L.mover_cpu[1] = sched_getcpu();
         meet(&sense);
     }
 }
@@ -87,6 +92,7 @@ static unsigned run(int mode, unsigned n)
                               : mode == NO_MB                   ? 0
                                                                 : WAKE_MB);
         meet(&sense);
+        int cpu = sched_getcpu();
         if (mode == UNMARKED) /* it spun through a tick since (shm_msg.c's timers) */
             mc__wake_unmark(&L.word);
         if (!sleeper) /* a ring's first sleep (shm_msg.c's idle op) */
@@ -94,7 +100,13 @@ static unsigned run(int mode, unsigned n)
         mc__wake_arm(&L.word);
         bool seen = atomic_load_explicit(&L.head, memory_order_relaxed) == i;
         meet(&sense);
-        missed += !seen && !L.kicked;
+        bool miss = !seen && !L.kicked;
+        if (miss && mode != UNSAFE && missed < 5)
+            printf("mode %d, meeting %llu: a sleep without a kick (word %#x; the sleeper on CPU %d "
+                   "then %d, the mover on CPU %d then %d)\n",
+                   mode, (unsigned long long)i, (unsigned)atomic_load(&L.word), cpu, sched_getcpu(),
+                   L.mover_cpu[0], L.mover_cpu[1]);
+        missed += miss;
     }
     L.stop = true;
     meet(&sense);
