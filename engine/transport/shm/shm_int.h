@@ -108,6 +108,7 @@ typedef struct shm_engine {
     mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
     mc_list_t tx_slept;                /* shm_tx_t whose wake word we marked */
     bool slept;                        /* an idle op since the last timer tick */
+    uint64_t settle_ns;                /* after a membarrier: awake until then (shm_wake.h) */
     uint64_t writes;                   /* times a tx ring was written (rx_poll's pacing) */
     bool mb;                   /* MC_SHM_MEMBARRIER, and this process registered (shm_wake.h) */
     unsigned cma_helpers;      /* MC_SHM_CMA_THREADS, resolved */

@@ -520,8 +520,11 @@ bool mc__shm_msg_idle(mc_engine_t *e)
         if (mc_list_empty(&tx->slept_link))
             mc_list_push_back(&se->tx_slept, &tx->slept_link);
     }
-    if (barrier && !mc__wake_barrier())
-        return true; /* not armed: the next look tries again */
+    if (barrier) {
+        if (!mc__wake_barrier())
+            return true; /* not armed: the next look tries again */
+        se->settle_ns = mc__now_ns() + WAKE_SETTLE_NS;
+    }
     for (pos = se->rx_rings.next; pos != &se->rx_rings; pos = pos->next) {
         shm_rx_t *rx = mc_container_of(pos, shm_rx_t, link);
         rx->sleeper = true;
@@ -536,6 +539,11 @@ bool mc__shm_msg_idle(mc_engine_t *e)
         if (atomic_load_explicit(&tx->ring->tail, memory_order_relaxed) >=
             tx->fifo.v[tx->fifo.first].end)
             busy = tx->due = true; /* consumed: answered before sleeping */
+    }
+    if (se->settle_ns) { /* a membarrier that missed a CPU: look again before sleeping */
+        if (mc__now_ns() < se->settle_ns)
+            return true;
+        se->settle_ns = 0;
     }
     return busy;
 }

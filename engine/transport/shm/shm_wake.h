@@ -25,6 +25,18 @@
  * membarrier as a first one does, so at most one a tick (50 ms while busy). Its WAKE_ARMED stays
  * as it was: set a tick ago or more, any peer sees it and kicks. A membarrier that fails after
  * the first one (-ENOMEM) keeps its side awake until one succeeds.
+ *
+ * The kernel may leave a CPU out of a global expedited membarrier although a thread of a
+ * registered process runs there: it sends the IPI where the CPU's runqueue noted the
+ * registration, and a runqueue notes it when it switches from another process's task to one of
+ * ours. A CPU that ran one of our threads before the registration and since then only ours and
+ * kernel threads never does (a kernel thread keeps our mm lazily, so the switch back to ours
+ * looks like no switch). On 6.18 here: a thread spinning on such a CPU got no IPI in 10,000
+ * membarriers, and all 10,000 once another process had run there. A side that skips its fence
+ * on such a CPU may hold its index in its store buffer while the sleeper looks. So after its
+ * membarrier a side stays awake for WAKE_SETTLE_NS, looking as it spins, and looks once more
+ * after that before it sleeps: a store buffer drains in far less (an interrupt or a VM exit
+ * drains it too). It costs a side that sleeps some 50 us of spinning at most once a tick.
  */
 #ifndef MC_SHM_WAKE_H
 #define MC_SHM_WAKE_H
@@ -32,6 +44,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+/* After a membarrier, how long a side stays awake before it sleeps (above). */
+#define WAKE_SETTLE_NS 50000u
 
 enum {
     WAKE_ARMED = 1,   /* may sleep now: kick */
