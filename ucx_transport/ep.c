@@ -70,55 +70,89 @@ ucs_status_t uct_mc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsig
     return UCS_OK;
 }
 
+/* Out of the queue first, then the callbacks: a callback may add requests (UCP completes
+ * the purged ones, and its user may send on another endpoint). A purge from a request's func
+ * (dispatch) keeps dispatch's place true. */
 void uct_mc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg)
 {
     uct_mc_ep_t *ep = ucs_derived_of(tl_ep, uct_mc_ep_t);
     uct_mc_iface_t *iface = ep->iface;
-    uct_pending_req_t **pp = &iface->pending_head, *last = NULL;
+    uct_pending_req_t **pp = &iface->pending_head, *prev = NULL, *gone = NULL, **gone_tail = &gone;
 
     while (*pp) {
         uct_pending_req_t *req = *pp;
-        if (priv(req)->ep == ep) {
-            *pp = priv(req)->next;
-            ep->n_pending--;
-            if (priv(req)->fence) /* what comes later still waits for what went before */
-                ep->fence = true;
-            if (cb)
-                cb(req, arg);
-        } else {
-            last = req;
+        if (priv(req)->ep != ep) {
+            prev = req;
             pp = &priv(req)->next;
+            continue;
         }
+        *pp = priv(req)->next;
+        if (iface->pending_tail == &priv(req)->next)
+            iface->pending_tail = pp;
+        if (iface->dispatch_kept == req)
+            iface->dispatch_kept = prev;
+        if (iface->dispatch_current == req)
+            iface->dispatch_current = NULL;
+        ep->n_pending--;
+        if (priv(req)->fence) /* what comes later still waits for what went before */
+            ep->fence = true;
+        priv(req)->next = NULL;
+        *gone_tail = req;
+        gone_tail = &priv(req)->next;
     }
-    iface->pending_tail = last ? &priv(last)->next : &iface->pending_head;
+    while (gone) {
+        uct_pending_req_t *req = gone;
+        gone = priv(req)->next;
+        if (cb)
+            cb(req, arg);
+    }
+}
+
+static void cover_messages(uct_mc_ep_t *ep);
+
+/* Where dispatch is: the next pointer of the last request it kept. */
+static uct_pending_req_t **dispatch_at(uct_mc_iface_t *iface)
+{
+    return iface->dispatch_kept ? &priv(iface->dispatch_kept)->next : &iface->pending_head;
 }
 
 /* From progress: each request in order, skipping endpoints that could not take one this round
  * (their order holds), until an interface-wide resource runs out. UCS_OK: done, out of the
  * queue, and a fence that came after it takes effect now, before the endpoint's next request;
- * anything else (INPROGRESS: part of it went) keeps it for a later round. */
+ * anything else (INPROGRESS: part of it went) keeps it for a later round. A func may purge
+ * any endpoint's requests, its own too, and add requests (at the tail). */
 void uct_mc_pending_dispatch(uct_mc_iface_t *iface)
 {
-    uct_pending_req_t **pp = &iface->pending_head, *last = NULL;
+    uct_pending_req_t **pp, *req;
 
     iface->dispatching = true;
-    while (*pp && !iface->blocked) {
-        uct_pending_req_t *req = *pp;
+    iface->dispatch_kept = NULL;
+    while (!iface->blocked && (req = *(pp = dispatch_at(iface)))) {
         uct_mc_ep_t *ep = priv(req)->ep;
-        if (!ep_waits(ep) && req->func(req) == UCS_OK) {
+        ucs_status_t st = UCS_ERR_NO_RESOURCE;
+        if (!ep_waits(ep)) {
+            iface->dispatch_current = req;
+            st = req->func(req);
+            if (!iface->dispatch_current)
+                continue; /* purged meanwhile (its endpoint may be gone) */
+            iface->dispatch_current = NULL;
+            pp = dispatch_at(iface); /* (a purge may have moved the kept one back) */
+        } else if (fence_holds(ep)) {
+            cover_messages(ep); /* a message sent since the fence's flush needs one of its own */
+        }
+        if (st == UCS_OK) {
             *pp = priv(req)->next;
+            if (iface->pending_tail == &priv(req)->next)
+                iface->pending_tail = pp;
             ep->n_pending--;
             if (priv(req)->fence)
                 fence_now(ep);
             continue;
         }
         ep_block(ep); /* its later requests wait behind this one */
-        last = req;
-        pp = &priv(req)->next;
+        iface->dispatch_kept = req;
     }
     iface->dispatching = false;
-    if (!*pp) /* walked to the end: the tail is the last kept one */
-        iface->pending_tail = last ? &priv(last)->next : &iface->pending_head;
 }
 
 /* ---- active messages taken while the peer's window was full ---- */

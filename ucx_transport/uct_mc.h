@@ -220,6 +220,9 @@ struct uct_mc_iface {
     unsigned n_stashed;   /* endpoints of eps with a stashed message */
     uct_mc_flush_t *flushes;
     uct_pending_req_t *pending_head, **pending_tail;
+    /* While dispatching: the last request kept so far (NULL: none, the walk is at the head),
+     * and the one whose func runs (NULL once a purge took it out). Purges keep both true. */
+    uct_pending_req_t *dispatch_kept, *dispatch_current;
 };
 
 struct uct_mc_ep {

@@ -581,6 +581,197 @@ static void test_fence_pending(void)
     ok("fence behind puts in the pending queue: the flag is issued once they are all in");
 }
 
+/* ---- the pending queue, entered again from a request's func or a purge's callback ---- */
+
+#define AM_SHORT_ID 6
+
+typedef struct pend_req {
+    uct_pending_req_t super;
+    uct_ep_h ep, purge; /* purge: an endpoint whose requests its func purges */
+    ucs_status_t ret;   /* what its func returns, once it ran (am_short: its status) */
+    unsigned runs, purged;
+    bool am; /* its func sends an am_short on ep */
+} pend_req_t;
+
+static struct {
+    unsigned n, bad;
+    uint32_t after; /* the am_bcopy messages B had when the first am_short came */
+} shorts;
+
+static ucs_status_t short_handler(void *arg, void *data, size_t length, unsigned flags)
+{
+    (void)arg;
+    (void)data;
+    (void)flags;
+    if (length != sizeof(uint64_t))
+        shorts.bad++;
+    if (!shorts.n++)
+        shorts.after = am.received;
+    return UCS_OK;
+}
+
+static void pend_purged(uct_pending_req_t *self, void *arg)
+{
+    (void)arg;
+    ucs_container_of(self, pend_req_t, super)->purged++;
+}
+
+static ucs_status_t pend_run(uct_pending_req_t *self)
+{
+    pend_req_t *q = ucs_container_of(self, pend_req_t, super);
+
+    q->runs++;
+    if (q->purge) /* as a user's callback may: UCP's force close purges at once */
+        uct_ep_pending_purge(q->purge, pend_purged, NULL);
+    return q->am ? uct_ep_am_short(q->ep, AM_SHORT_ID, 42, NULL, 0) : q->ret;
+}
+
+/* A's interface has one bounce slot, taken by a put to B, which does not run: requests queue. */
+static void pend_setup(side_t *a, side_t *b, region_t *r, const char *const *a_iface)
+{
+    side_open(a, "A", NULL, a_iface);
+    side_open(b, "B", (const char *const[]){"ENGINE", "PROGRESS_SERVE_US=0", NULL}, NULL);
+    check_st(uct_iface_set_am_handler(b->iface, AM_ID, am_handler, NULL, 0), "am handler");
+    check_st(uct_iface_set_am_handler(b->iface, AM_SHORT_ID, short_handler, NULL, 0), "handler");
+    if (r)
+        region_create(r, b);
+    memset(&am, 0, sizeof(am));
+    memset(&shorts, 0, sizeof(shorts));
+}
+
+/* A's endpoint fills B's message window (B does not run); the last message taken is stashed. */
+static void fill_window(side_t *a, uct_ep_h ep)
+{
+    for (unsigned i = 0; i < 100000; i++) {
+        if (am_send_one(ep) == UCS_ERR_NO_RESOURCE)
+            return;
+        progress(a);
+    }
+    fail("am_bcopy: 100000 messages to a peer that takes none, and none refused");
+}
+
+static pend_req_t *purge_requeue; /* what the next purge's callback adds */
+
+static void purged_requeue(uct_pending_req_t *self, void *arg)
+{
+    pend_purged(self, arg);
+    if (purge_requeue) {
+        purge_requeue->super.func = pend_run;
+        check_st(uct_ep_pending_add(purge_requeue->ep, &purge_requeue->super, 0),
+                 "uct_ep_pending_add from a purge's callback");
+    }
+}
+
+static void pend_add(pend_req_t *q)
+{
+    q->super.func = pend_run;
+    check_st(uct_ep_pending_add(q->ep, &q->super, 0), "uct_ep_pending_add");
+}
+
+/* Progress both sides until q ran and returned UCS_OK. */
+static void pend_wait(side_t *a, side_t *b, pend_req_t *q, const char *what)
+{
+    for (double dl = now() + WAIT_S; !q->runs || (q->am && !shorts.n);) {
+        if (now() > dl)
+            fail("%s: the pending request was not dispatched in %.0f s (%u runs)", what, WAIT_S,
+                 q->runs);
+        progress(a);
+        progress(b);
+    }
+}
+
+/* A request's func purges the requests of another endpoint, its own, or adds one: the queue
+ * stays whole (UCX's own transports give each endpoint its own arbiter group). */
+static void test_pending_reentry(void)
+{
+    static const char *const one_slot[] = {"BOUNCE_SLOTS", "1", NULL};
+    side_t a, b;
+    region_t r;
+    uint64_t v = 1;
+
+    /* 1. r1 (first) purges ep2, whose r2 comes after it; r3 on ep3 purges itself */
+    pend_setup(&a, &b, &r, one_slot);
+    uct_ep_h ep1 = ep_connect(&a, &b), ep2 = ep_connect(&a, &b), ep3 = ep_connect(&a, &b);
+    check_st(uct_ep_put_short(ep1, &v, sizeof(v), raddr(&r, 0), r.rkey.rkey), "put_short");
+    if (uct_ep_put_short(ep1, &v, sizeof(v), raddr(&r, 64), r.rkey.rkey) != UCS_ERR_NO_RESOURCE)
+        fail("pending: a second put_short took the only bounce slot");
+    pend_req_t r0 = {.ep = ep2, .ret = UCS_ERR_NO_RESOURCE};
+    pend_req_t r1 = {.ep = ep1, .purge = ep2, .ret = UCS_OK};
+    pend_req_t r2 = {.ep = ep2, .ret = UCS_OK};
+    pend_req_t r3 = {.ep = ep3, .purge = ep3, .ret = UCS_OK};
+    pend_add(&r0); /* kept: the one dispatch walks past when r1 purges it */
+    pend_add(&r1);
+    pend_add(&r2);
+    pend_add(&r3);
+    for (int i = 0; i < 50; i++) {
+        progress(&a);
+        progress(&b);
+    }
+    if (r1.runs != 1 || r3.runs != 1 || r2.runs || r0.purged != 1 || r2.purged != 1 ||
+        r3.purged != 1)
+        fail("pending: r1 ran %u times, r3 %u (1 each), r2 %u (0); purged r0 %u, r2 %u, r3 %u "
+             "times (1 each)",
+             r1.runs, r3.runs, r2.runs, r0.purged, r2.purged, r3.purged);
+    for (unsigned i = 0; i < 3; i++) { /* each endpoint takes an operation again */
+        uct_ep_h ep = i == 0 ? ep1 : i == 1 ? ep2 : ep3;
+        ucs_status_t st;
+        for (double dl = now() + WAIT_S;
+             (st = uct_ep_am_short(ep, AM_SHORT_ID, 7, NULL, 0)) == UCS_ERR_NO_RESOURCE;) {
+            if (now() > dl)
+                fail("pending: endpoint %u refuses an am_short for %.0f s after the purges", i + 1,
+                     WAIT_S);
+            progress(&a);
+            progress(&b);
+        }
+        check_st(st, "am_short after the purges");
+    }
+    uct_ep_destroy(ep1);
+    uct_ep_destroy(ep2);
+    uct_ep_destroy(ep3);
+    region_destroy(&r);
+    side_close(&a);
+    side_close(&b);
+
+    /* 2. a purge's callback adds a request of another endpoint (its request is the tail) */
+    pend_setup(&a, &b, NULL, NULL);
+    ep1 = ep_connect(&a, &b);
+    ep2 = ep_connect(&a, &b);
+    fill_window(&a, ep1);
+    pend_req_t q1 = {.ep = ep1, .am = true}, q2 = {.ep = ep2, .am = true};
+    pend_add(&q1);
+    if (uct_ep_am_short(ep2, AM_SHORT_ID, 42, NULL, 0) != UCS_ERR_NO_RESOURCE)
+        fail("pending: ep2's am_short taken while B's window is full");
+    purge_requeue = &q2;
+    uct_ep_pending_purge(ep1, purged_requeue, NULL);
+    purge_requeue = NULL;
+    pend_wait(&a, &b, &q2, "pending: a request added from a purge's callback");
+    uct_ep_destroy(ep1);
+    uct_ep_destroy(ep2);
+    side_close(&a);
+    side_close(&b);
+
+    /* 3. a fence while a message is stashed (B's window full), then a request behind it: the
+     * message goes once the window has room, and the fence then needs a flush of its own */
+    pend_setup(&a, &b, NULL, NULL);
+    ep1 = ep_connect(&a, &b);
+    fill_window(&a, ep1);
+    check_st(uct_ep_fence(ep1, 0), "uct_ep_fence");
+    q1 = (pend_req_t){.ep = ep1, .am = true};
+    if (uct_ep_am_short(ep1, AM_SHORT_ID, 42, NULL, 0) != UCS_ERR_NO_RESOURCE)
+        fail("pending: am_short taken behind a fence and a stashed message");
+    pend_add(&q1);
+    pend_wait(&a, &b, &q1, "pending: a request behind a fence and a stashed message");
+    if (shorts.after != am.next || shorts.bad)
+        fail("pending: the am_short after the fence came after %u of the %u messages before it",
+             shorts.after, am.next);
+    flush_ep(ep1, &a, &b, "pending: the flush after the fence");
+    uct_ep_destroy(ep1);
+    side_close(&a);
+    side_close(&b);
+    ok("pending requests: a func that purges another endpoint or its own, a purge callback that "
+       "adds a request, a fence over a stashed message: each request once, none lost");
+}
+
 /* ---- memory invalidation (UCP's error handling asks for it before it uses RMA lanes) ---- */
 
 static ucs_status_t ep_failed; /* the status A's error handler got */
@@ -1251,6 +1442,7 @@ int main(void)
     test_am_bcopy_window();
     test_put_bcopy_conflict();
     test_fence_pending();
+    test_pending_reentry();
     test_close_with_get_held();
     test_flush_cancel_get_held();
     test_mem_invalidate();
