@@ -351,6 +351,7 @@ static mc_kv_status_t xfer_batch(mc_kv_backend_t *b, mc_kv_xfer_t *x)
         mc_batch_release(x->batch);
         x->batch = NULL;
     }
+    x->state = KV_X_PREPARED; /* the previous post is over: a refusal from here on leaves none */
     if (!x->batch) {
         x->batch_cap = x->n_reqs ? x->n_reqs : 1;
         if ((rc = mc_batch_create(b->engine, x->batch_cap, &x->batch)) < 0) {
@@ -375,7 +376,8 @@ mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *no
         return st;
     if (!x->n_reqs) { /* only empty descriptors: nothing moves, the notification goes alone */
         st = notif ? kv__gen_notif(b, x->agent->name, notif, len) : MC_KV_SUCCESS;
-        x->state = st ? KV_X_PREPARED : KV_X_DONE;
+        if (!st)
+            x->state = KV_X_DONE;
         return st;
     }
     if (notif) {
@@ -387,10 +389,8 @@ mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *no
     }
     rc = mc_batch_submit_ex(x->batch, x->reqs, x->n_reqs, &opts);
     free(packed);
-    if (rc < 0) {
-        x->state = KV_X_PREPARED; /* nothing was submitted */
+    if (rc < 0) /* nothing was submitted */
         return kv__fail_engine(b, rc, "post_xfer");
-    }
     x->state = KV_X_POSTED;
     x->fast_checks = 0; /* a new post: spinning is told anew */
     return xfer_poll(b, x);

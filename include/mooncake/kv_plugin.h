@@ -218,9 +218,10 @@ typedef struct mc_kv_plugin {
      * every byte is in place there, exactly once, whether or not this host polls again or
      * releases the handle after that (see release_xfer).
      * SUCCESS if done already, IN_PROG, REPOST_ACTIVE if the previous post has not finished,
-     * or an error (nothing moves then; BACKEND with "queued or unacknowledged" in last_error
-     * when the agent has not taken the notifications sent to it so far: post again later). A
-     * finished transfer may be posted again. */
+     * or an error (nothing moves then, and check_xfer says NOT_POSTED, except after
+     * REPOST_ACTIVE; BACKEND with "queued or unacknowledged" in last_error when the agent has
+     * not taken the notifications sent to it so far: post again later). A finished transfer may
+     * be posted again. */
     mc_kv_status_t (*post_xfer)(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *notif, size_t len);
     /* IN_PROG, SUCCESS, or what ended it: REMOTE_DISCONNECT (the peer died or cannot be
      * reached), CANCELED, NOT_ALLOWED (the remote range is not registered there any more),
@@ -234,7 +235,10 @@ typedef struct mc_kv_plugin {
      * moment is decided by the engine, once.) */
     mc_kv_status_t (*release_xfer)(mc_kv_backend_t *b, mc_kv_xfer_t *x);
 
-    /* Send a notification on its own, in order with the agent's other notifications. */
+    /* Send a notification on its own: in order with this instance's other gen_notifs to the
+     * agent and with the notifications of its posts that ended before (check_xfer said SUCCESS).
+     * A post's notification goes when its last byte is in place, so one sent while that post is
+     * in flight may come first (as in NIXL's UCX backend). */
     mc_kv_status_t (*gen_notif)(mc_kv_backend_t *b, const char *agent, const void *msg, size_t len);
     /* Pop one received notification: 1 with *out filled, 0 if none is queued, or an error
      * status. Notifications of one sender come in the order it sent them. The sender's agent

@@ -1292,6 +1292,11 @@ static void test_repost_and_release(void **state)
     assert_int_equal(check(p.mb, SZ / 2, 9, 0), -1);
     assert_int_equal(wait_notif(p.b, n, 10000), 1);
     assert_memory_equal(n->msg, "second", 6);
+    /* A post refused (its notification too long) leaves none: check_xfer says so, not the
+     * result of the one before. */
+    EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "at most",
+           P->post_xfer(p.a, x, p.ma, MC_KV_NOTIF_MAX + 1));
+    EXPECT(p.a, MC_KV_ERR_NOT_POSTED, "not posted", P->check_xfer(p.a, x));
     /* Released in flight: no notification, never blocks. */
     for (int i = 0; i < 5; i++) {
         int64_t t0 = now_ms();
