@@ -159,10 +159,10 @@ struct mc_engine {
     _Atomic(void *) handler_args[256];
     pthread_mutex_t notify_lock;
     mc_list_t notifyq;
-    size_t n_notify;
-    atomic_bool rx_notify_full; /* a notification was refused (queue full): wake on a pop */
-    atomic_bool event_fd_taken; /* caller mode: the host may sleep on the event fd */
-    atomic_bool arm_explicit;   /* ... and says when with mc_engine_arm */
+    size_t n_notify, notify_bytes; /* received notifications not popped yet, and their bytes */
+    atomic_bool rx_notify_full;    /* a notification was refused (queue full): wake on a pop */
+    atomic_bool event_fd_taken;    /* caller mode: the host may sleep on the event fd */
+    atomic_bool arm_explicit;      /* ... and says when with mc_engine_arm */
 
     /* metadata */
     mc_meta_t *meta;

@@ -13,10 +13,11 @@
 #include "transport/transport.h"
 #include "util/crypto.h"
 
-#define MAX_NOTIFY      65536       /* received, not yet popped: past it, senders are held back */
-#define RESEND_DELAY_NS (1 * MC_MS) /* after a receiver said -EAGAIN */
-#define RX_STREAMS_MAX  65536       /* streams remembered; the least recently used go first */
-#define SRC_MIN         256u /* smaller payloads are copied at once (msg_route_src costs more) */
+#define MAX_NOTIFY       65536       /* received, not yet popped: past it, senders are held back */
+#define MAX_NOTIFY_BYTES (64u << 20) /* and their bytes (one is always taken) */
+#define RESEND_DELAY_NS  (1 * MC_MS) /* after a receiver said -EAGAIN */
+#define RX_STREAMS_MAX   65536       /* streams remembered; the least recently used go first */
+#define SRC_MIN          256u /* smaller payloads are copied at once (msg_route_src costs more) */
 
 int mc_msg_handler_set(mc_engine_t *e, uint8_t id, mc_msg_cb cb, void *arg)
 {
@@ -438,15 +439,41 @@ static rx_stream_t *rx_slot(struct mc_rx_streams *r, uint64_t stream)
     return &r->v[i];
 }
 
-/* Rebuild into cap slots, keeping the most recently used when there are too many. */
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* The median of the streams' last uses: streams used at or after it are the newer half. (The
+ * clock moves at every message, so clock - n/2 kept only the streams of the last n/2 messages:
+ * one busy stream left a handful.) */
+static int rx_median_use(const struct mc_rx_streams *r, uint64_t *median_p)
+{
+    uint64_t *u = malloc(r->n * sizeof(*u));
+    size_t k = 0;
+
+    if (!u)
+        return -ENOMEM;
+    for (size_t i = 0; i < r->cap; i++)
+        if (r->v[i].stream)
+            u[k++] = r->v[i].used;
+    qsort(u, k, sizeof(*u), cmp_u64);
+    *median_p = u[k / 2];
+    free(u);
+    return 0;
+}
+
+/* Rebuild into cap slots, keeping the most recently used half when there are too many. */
 static int rx_rebuild(struct mc_rx_streams *r, size_t cap)
 {
     rx_stream_t *old = r->v;
     size_t old_cap = r->cap;
     uint64_t keep_from = 0;
 
-    if (r->n >= RX_STREAMS_MAX) /* keep the newer half: the median of the last uses */
-        keep_from = r->clock - r->n / 2;
+    if (r->n >= RX_STREAMS_MAX && rx_median_use(r, &keep_from))
+        return -ENOMEM;
     r->v = calloc(cap, sizeof(*r->v));
     if (!r->v) {
         r->v = old;
@@ -492,7 +519,8 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
     mc_notify_item_t *it;
 
     pthread_mutex_lock(&e->notify_lock);
-    bool full = e->n_notify >= MAX_NOTIFY;
+    bool full =
+        e->n_notify >= MAX_NOTIFY || (e->n_notify && e->notify_bytes + len > MAX_NOTIFY_BYTES);
     if (full) /* under the lock: the next pop sees it and wakes progress */
         atomic_store(&e->rx_notify_full, true);
     pthread_mutex_unlock(&e->notify_lock);
@@ -508,6 +536,7 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
     pthread_mutex_lock(&e->notify_lock);
     mc_list_push_back(&e->notifyq, &it->link);
     e->n_notify++;
+    e->notify_bytes += len;
     pthread_mutex_unlock(&e->notify_lock);
     return 0;
 }
@@ -542,8 +571,10 @@ int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
     mc__progress_implicit(e);
     pthread_mutex_lock(&e->notify_lock);
     n = mc_list_pop_front(&e->notifyq);
-    if (n)
+    if (n) {
         e->n_notify--;
+        e->notify_bytes -= mc_container_of(n, mc_notify_item_t, link)->len;
+    }
     pthread_mutex_unlock(&e->notify_lock);
     if (!n)
         return 0;
@@ -590,7 +621,8 @@ int mc_peer_flush(mc_engine_t *e, mc_segment_id_t target, mc_done_cb cb, void *a
     mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);
-    mc__progress_implicit(e);
+    if (e->implicit_progress) /* without callbacks: this flush's must not run in this call */
+        mc__progress_quiet(e);
     return 0;
 }
 

@@ -817,6 +817,24 @@ static void test_flush(void **state)
     assert_int_equal(mc_peer_flush(e, id + 99, on_flushed, NULL), -MC_ENOSEGMENT);
     th_buf_free(e, src, n * sz);
     th_close(e, id);
+    /* The same from a host without a progress thread, whose calls drive progress themselves
+     * (MC_PROGRESS_IMPLICIT): the callback runs from its mc_engine_progress, not from the
+     * pass mc_peer_flush runs. */
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    mc_engine_t *h = th_engine(&cfg);
+    id = th_open(h, t, 0);
+    for (int i = 0; i < 3; i++) {
+        static flushed_t f;
+        memset(&f, 0, sizeof(f));
+        assert_int_equal(mc_peer_flush(h, id, on_flushed, &f), 0);
+        assert_false(atomic_load(&f.done));
+        for (int64_t dl = th_now_ms() + 30000; !atomic_load(&f.done) && th_now_ms() < dl;)
+            mc_engine_progress(h);
+        assert_true(atomic_load(&f.done));
+        assert_int_equal(atomic_load(&f.status), 0);
+    }
+    th_close(h, id);
+    mc_engine_destroy(h);
 }
 
 /* A flush whose callback notes how many messages its peer holds in its queue then. */

@@ -14,6 +14,8 @@ mc_unit_test(test_epwatch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_epwatch.c)
 mc_unit_test(test_crew SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_crew.c)
 mc_unit_test(test_lock SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_lock.c)
 mc_unit_test(test_shm_wake SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_shm_wake.c)
+# The receiver's memory of message streams: past its limit it forgets the older half only.
+mc_unit_test(test_msg_streams SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_msg_streams.c)
 # Integration suites: real engines in child processes on loopback (harness.c).
 mc_unit_test(test_conformance SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_conformance.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
