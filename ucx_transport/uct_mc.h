@@ -60,7 +60,7 @@ typedef struct uct_mc_md {
     pthread_mutex_t lock;         /* ifaces, driver */
     uct_mc_iface_t *ifaces[UCT_MC_MAX_IFACES];
     uct_mc_iface_t *driver; /* armed the engine to sleep on it (atomic reads; iface.c) */
-    uct_mc_iface_t *handed; /* a driver whose timer take_over set (iface.c) */
+    uct_mc_iface_t *handed; /* a driver whose timer take_over set (sleep.c) */
     /* Segments of freed endpoints, closed from progress (uct_mc_md_close_segments) */
     pthread_mutex_t segs_lock;
     mc_segment_id_t *segs_to_close;
@@ -196,7 +196,7 @@ struct uct_mc_iface {
     uct_mc_ev_t *own_head, **own_tail;
     mc_bufcache_t am_own;
 
-    /* Sleeping, with the other interfaces of the domain (iface.c, iface_event_arm). */
+    /* Sleeping, with the other interfaces of the domain (sleep.c). */
     bool asleep;          /* armed since its last progress, or never progressed (atomic) */
     uint64_t seen_round;  /* under md->lock: its round when another's arm last saw it move, */
     ucs_time_t seen_time; /* and when that was */
@@ -274,7 +274,12 @@ extern ucs_config_field_t uct_mc_md_config_table[];
 extern uct_tl_t uct_mc_tl;
 ucs_status_t uct_mc_iface_estimate_perf(uct_iface_h tl_iface, uct_perf_attr_t *attr);
 void uct_mc_iface_queue(uct_mc_iface_t *iface, uct_mc_ev_t *ev);
+void uct_mc_iface_wake(uct_mc_iface_t *iface); /* raise its eventfd if it is armed */
+/* sleep.c */
 void uct_mc_iface_wake_sleepers(uct_mc_md_t *md); /* caller holds md->lock */
+void uct_mc_iface_take_over(uct_mc_iface_t *iface);
+ucs_status_t uct_mc_iface_event_fd_get(uct_iface_h tl_iface, int *fd_p);
+ucs_status_t uct_mc_iface_event_arm(uct_iface_h tl_iface, unsigned events);
 void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len);
 void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int error,
                        const char *reason);
