@@ -134,6 +134,10 @@ int mc__file_setup(mc_engine_t *e, bool io)
         if (!rc)
             atomic_store(&fe->ready, true);
     }
+    /* Progress may use the backend from here on: it may have been running all along (VRAM's
+     * chunks were ready), and looked at the backend while this thread set it up. */
+    if (!rc && fe->io.ev.fd >= 0 && !atomic_load(&fe->io.up))
+        atomic_store_explicit(&fe->io.up, true, memory_order_release);
     pthread_mutex_unlock(&fe->setup_lock);
     return rc;
 }

@@ -69,6 +69,10 @@ typedef struct file_ioe {
     unsigned inflight;    /* in the ring, or with the threads */
     unsigned unsubmitted; /* prepared in the ring, not yet submitted */
     mc_list_t waiting;    /* pieces waiting for room */
+    /* Started whole (mc__file_setup publishes it once the buffers are in): until then progress
+     * leaves the backend alone, though the chunks may be ready for VRAM and a host thread
+     * sets the ring up. */
+    atomic_bool up;
     struct io_uring ring;
     bool ring_up;
     bool fixed_files, fixed_bufs; /* tables registered with the ring */

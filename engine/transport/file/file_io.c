@@ -95,7 +95,7 @@ int mc__file_io_probe(char *why, size_t size)
 
 const char *mc__file_io_name(const file_ioe_t *io)
 {
-    if (io->ev.fd < 0)
+    if (!atomic_load(&io->up))
         return "none"; /* VRAM only: no file I/O started */
     return io->mode == FILE_IO_URING ? "io_uring" : "thread";
 }
@@ -337,7 +337,7 @@ void mc__file_io_reap(mc_engine_t *e)
     file_ioe_t *io;
     mc_list_t done, *n;
 
-    if (!fe || !atomic_load(&fe->ready) || fe->io.ev.fd < 0) /* not set up, or stopped */
+    if (!fe || !atomic_load_explicit(&fe->io.up, memory_order_acquire)) /* not yet, or stopped */
         return;
     io = &fe->io;
     if (io->mode == FILE_IO_URING) {
@@ -366,7 +366,8 @@ void mc__file_io_flush(mc_engine_t *e)
     file_engine_t *fe = file_of(e);
     file_ioe_t *io = &fe->io;
 
-    if (!atomic_load(&fe->ready) || io->ev.fd < 0 || io->mode != FILE_IO_URING || !io->unsubmitted)
+    if (!atomic_load_explicit(&io->up, memory_order_acquire) || io->mode != FILE_IO_URING ||
+        !io->unsubmitted)
         return;
     int rc = io_uring_submit(&io->ring);
     if (rc >= 0)
@@ -497,6 +498,7 @@ void mc__file_io_stop(mc_engine_t *e, file_ioe_t *io)
 {
     if (io->ev.fd < 0)
         return;
+    atomic_store(&io->up, false);
     cancel_list(e, &io->waiting);
     if (io->mode == FILE_IO_URING && io->ring_up) {
         struct __kernel_timespec ts = {.tv_nsec = 100 * 1000 * 1000};
