@@ -88,6 +88,30 @@ static int setup_short_timeout(void **state)
     return setup_with("TRANSFER_TIMEOUT", "2");
 }
 
+/* A target with the least MC_HANDSHAKE_MAX_LENGTH (a DESC_REQ is refused with an ERROR frame
+ * once its descriptor is larger); our engine has the default. */
+static int setup_small_handshake(void **state)
+{
+    th_cfg_t cfg, tcfg;
+    th_target_opts_t o;
+
+    (void)state;
+    memset(&g, 0, sizeof(g));
+    th_config(&cfg);
+    th_set(&cfg, "IO_TIMEOUT_MS", "1000");
+    tcfg = cfg;
+    th_set(&tcfg, "HANDSHAKE_MAX_LENGTH", "4096"); /* the least: buffers added grow past it */
+    th_target_opts_init(&o, &tcfg, TBUF);
+    o.n_bufs = 2;
+    assert_int_equal(th_target_spawn(&o, &g.t), 0);
+    g.e = th_engine(&cfg);
+    g.seg = th_open(g.e, &g.t, 0);
+    g.src = th_buf(g.e, SCRATCH);
+    g.dst = th_buf(g.e, SCRATCH);
+    g.rb = g.t.eng[0].buf[0];
+    return 0;
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -414,6 +438,75 @@ static void test_handshaken_raw_client(void **state)
     target_still_serves();
 }
 
+/* A DESC_REQ the target refuses (its descriptor is over its limit) while READ responses are
+ * half sent (the client reads slowly): the ERROR frame goes only between frames, or not at all,
+ * and the connection closes. Before, it was written at once into the middle of a READ_RESP's
+ * payload, where a client took its bytes for data. */
+static void test_refusal_mid_response(void **state)
+{
+    enum { READS = 8, FR_DESC_REQ = 11 };
+    uint8_t f[HDR + 256], rh[HDR], rp[2048];
+    size_t cap = READS * (HDR + TBUF) + 4096, got = 0;
+    uint8_t *in = malloc(cap), *want = malloc(TBUF);
+    int rb = 65536;
+
+    (void)state;
+    assert_non_null(in);
+    assert_non_null(want);
+    th_fill(want, TBUF, 0x7a7b);    /* the target's second buffer */
+    for (int i = 0; i < 100; i++) { /* its descriptor grows past 4096 bytes */
+        th_cmd_t c = {.op = TH_CMD_REGISTER, .a1 = 4096, .a2 = (uint64_t)i};
+        th_reply_t rep;
+        assert_int_equal(th_target_cmd(&g.t, &c, &rep, 10000), 0);
+        assert_int_equal(rep.rc, 0);
+    }
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rb, sizeof(rb)), 0);
+    close(fd);
+    fd = raw_connect();
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rb, sizeof(rb)), 0);
+    size_t n = hello_payload(f + HDR, "raw-client", "");
+    hdr(f, FR_HELLO, (uint32_t)n, 79, 0, 0);
+    raw_send(fd, f, HDR + n);
+    assert_true(raw_frame(fd, rh, rp, sizeof(rp)));
+    assert_int_equal(rh[5], FR_HELLO_REPLY);
+    for (uint32_t i = 0; i < READS; i++) {
+        hdr(f, FR_READ, 0, 300 + i, g.t.eng[0].buf[1], TBUF);
+        raw_send(fd, f, HDR);
+    }
+    th_sleep_ms(200); /* the target's socket fills: a response is half sent */
+    ssize_t r = recv(fd, in, 65536, 0);
+    assert_true(r > 0);
+    got = (size_t)r;
+    hdr(f, FR_DESC_REQ, 0, 400, 0, 0);
+    raw_send(fd, f, HDR);
+    size_t more = 0;
+    assert_true(raw_closed(fd, 20000, in + got, cap - got, &more));
+    got += more;
+    close(fd);
+    /* whole frames: READ_RESPs of the buffer's bytes, then perhaps an ERROR; a frame may be cut
+     * short by the close, never interrupted by another */
+    size_t at = 0, resps = 0;
+    while (at + HDR <= got) {
+        assert_memory_equal(in + at, "MCTE", 4);
+        uint8_t type = in[at + 5];
+        size_t len = get(in + at + 8, 4), have = got - at - HDR < len ? got - at - HDR : len;
+        if (type == FR_ERROR) {
+            assert_int_equal(at + HDR + len, got); /* the last thing sent */
+            break;
+        }
+        assert_int_equal(type, FR_READ_RESP);
+        assert_int_equal(len, TBUF);
+        assert_memory_equal(in + at + HDR, want, have);
+        resps++;
+        at += HDR + len;
+    }
+    assert_true(resps >= 1);
+    free(in);
+    free(want);
+    target_still_serves();
+}
+
 /* With MC_AUTH_TOKEN set, a client that never proves the token claims our engine's instance
  * (which any engine tells in its HELLO_REPLY) and asks the target to retire our connections.
  * They must survive: the retire list counts only once the handshake is done. */
@@ -594,6 +687,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_garbage_before_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_before_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handshaken_raw_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusal_mid_response, setup_small_handshake, teardown),
         cmocka_unit_test_setup_teardown(test_unregister_while_writing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unauthenticated_retire, setup_auth, teardown),
         cmocka_unit_test_setup_teardown(test_unregister_held_by_peers, setup_short_timeout,

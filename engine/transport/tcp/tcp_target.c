@@ -62,7 +62,10 @@ static mc_buffer_t *host_buf_get(mc_engine_t *e, uint64_t addr, uint64_t len)
     return b;
 }
 
-/* Fatal handshake problem: tell the initiator why (best effort), then drop the connection. */
+/* Fatal problem: tell the initiator why (best effort), then drop the connection. The ERROR
+ * frame is written only between two frames: on a connection whose response is half sent it
+ * would land inside that response's payload (the initiator would take it for data), so there
+ * the close alone says it. */
 static void reject(mc_engine_t *e, mc_tcp_conn_t *c, int code, const char *reason)
 {
     uint8_t hdr[MC_FRAME_HDR_LEN];
@@ -72,7 +75,9 @@ static void reject(mc_engine_t *e, mc_tcp_conn_t *c, int code, const char *reaso
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
 
     mc__tcp_frame_encode(&f, hdr);
-    if (sendmsg(c->pollable.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+    if (c->send_off)
+        mc_debug("error frame not sent: a response is half sent");
+    else if (sendmsg(c->pollable.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         mc_debug("error frame not sent: %s", strerror(errno));
     mc__tcp_conn_fail(e, c, code, "%s", reason);
 }
