@@ -272,8 +272,13 @@ static int cmd_serve(mc_p2p_t *p2p, tool_opts_t *o)
         return rc;
     rc = mc_p2p_serve(p2p, name, &(mc_p2p_buf_t){m.addr, m.len}, 1);
     if (rc) {
+        mc_p2p_object_info_t info;
+        int code = report("serve", rc);
+        /* a file of another length does not match the object either */
+        if (rc == -EINVAL && !mc_p2p_stat(p2p, name, &info) && info.size != m.len)
+            code = EXIT_VERIFY;
         tool_map_done(&m, rc);
-        return report("serve", rc);
+        return code;
     }
     printf("serving %s from %s until interrupted\n", name, file);
     fflush(stdout);

@@ -17,6 +17,8 @@ static int get_args(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
 
     if (!rc)
         rc = mc__p2p_bufs_check(name, bufs, n, total_p);
+    if (!rc)
+        rc = mc__p2p_bufs_disjoint(name, bufs, n);
     if (rc)
         return rc;
     memset(o, 0, sizeof(*o));

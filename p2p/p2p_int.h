@@ -64,6 +64,8 @@ int mc__p2p_key(const mc_p2p_t *p2p, const char *name, const char *tail, char *b
 int mc__p2p_replica_key(const mc_p2p_t *p2p, const char *name, char *buf);
 /* The buffers of a call: not NULL, none empty, the total not overflowing. */
 int mc__p2p_bufs_check(const char *what, const mc_p2p_buf_t *bufs, size_t n, uint64_t *total_p);
+/* Buffers a fetch writes into: -EINVAL if two overlap. */
+int mc__p2p_bufs_disjoint(const char *what, const mc_p2p_buf_t *bufs, size_t n);
 
 /* ---- the held table (p2p.c) ---- */
 

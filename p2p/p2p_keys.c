@@ -1,6 +1,7 @@
 /* Object names, the keys they map to, and the buffers calls take. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "p2p_int.h"
@@ -93,4 +94,40 @@ int mc__p2p_bufs_check(const char *what, const mc_p2p_buf_t *bufs, size_t n, uin
     }
     *total_p = total;
     return 0;
+}
+
+typedef struct span {
+    uint64_t lo, hi;
+} span_t;
+
+static int span_cmp(const void *a, const void *b)
+{
+    uint64_t x = ((const span_t *)a)->lo, y = ((const span_t *)b)->lo;
+
+    return (x > y) - (x < y);
+}
+
+int mc__p2p_bufs_disjoint(const char *what, const mc_p2p_buf_t *bufs, size_t n)
+{
+    span_t *v = malloc(n * sizeof(*v));
+    int rc = 0;
+
+    if (!v)
+        return mc__p2p_error(-ENOMEM, "out of memory");
+    for (size_t i = 0; i < n && !rc; i++) {
+        v[i].lo = (uint64_t)(uintptr_t)bufs[i].addr;
+        v[i].hi = v[i].lo + bufs[i].len;
+        if (v[i].hi < v[i].lo)
+            rc = mc__p2p_error(-EINVAL, "%s: buffer %zu wraps around the address space", what, i);
+    }
+    if (!rc)
+        qsort(v, n, sizeof(*v), span_cmp);
+    for (size_t i = 1; i < n && !rc; i++)
+        if (v[i].lo < v[i - 1].hi)
+            rc = mc__p2p_error(-EINVAL,
+                               "%s: two buffers overlap at %#llx: a shard fetched into "
+                               "one would overwrite another's",
+                               what, (unsigned long long)v[i].lo);
+    free(v);
+    return rc;
 }

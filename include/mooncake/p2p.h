@@ -140,7 +140,8 @@ typedef struct mc_p2p_get_opts {
     uint64_t max_rate; /* bytes per second this fetch may take (bursts of one shard); 0: any */
 } mc_p2p_get_opts_t;
 
-/* Fetch an object into local buffers (their total length must equal the object's: -EINVAL),
+/* Fetch an object into local buffers (their total length must equal the object's, and no two
+ * may overlap: -EINVAL),
  * registered with the node's engine (one registration of the node's own on each). Each shard
  * comes from a holder chosen when it starts (other replicas first, the least loaded of them;
  * the origin last, as everyone's last resort), is verified, and from then on this node serves it

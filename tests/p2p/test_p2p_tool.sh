@@ -118,6 +118,8 @@ cp "$tmp/src" "$tmp/bad"
 b=$(od -An -tu1 -j100000 -N1 "$tmp/bad" | tr -d ' ')
 printf "\\$(printf '%03o' $(((b + 1) % 256)))" | dd of="$tmp/bad" bs=1 seek=100000 conv=notrunc status=none
 expect 3 "$tool" serve ckpt/a "$tmp/bad"
+head -c -1 "$tmp/out1" >"$tmp/short" # one byte short
+expect 3 "$tool" serve ckpt/a "$tmp/short"
 background srv "$tool" serve ckpt/a "$tmp/out1"
 srv=$bg
 wait_for "$tmp/srv.log" '^serving ckpt/a'

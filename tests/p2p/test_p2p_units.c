@@ -63,6 +63,22 @@ static void test_keys(void **state)
     assert_string_equal(key, "mooncake/prod/p2p/m/replica/");
 }
 
+/* A fetch's buffers must not overlap (a shard fetched into one would overwrite another's,
+ * after both were verified and advertised); a publish's may. */
+static void test_bufs_disjoint(void **state)
+{
+    static char m[3 * 4096];
+    uint64_t total;
+    mc_p2p_buf_t same[2] = {{m, 8192}, {m, 8192}}, inside[2] = {{m, 8192}, {m + 4096, 100}},
+                 apart[3] = {{m + 8192, 4096}, {m, 4096}, {m + 4096, 4096}};
+
+    (void)state;
+    assert_int_equal(mc__p2p_bufs_check("x", same, 2, &total), 0);
+    assert_int_equal(mc__p2p_bufs_disjoint("x", same, 2), -EINVAL);
+    assert_int_equal(mc__p2p_bufs_disjoint("x", inside, 2), -EINVAL);
+    assert_int_equal(mc__p2p_bufs_disjoint("x", apart, 3), 0); /* adjacent, in any order */
+}
+
 static void test_desc_codec(void **state)
 {
     uint64_t sums[3] = {0, UINT64_MAX, 0x0123456789abcdefull};
@@ -629,12 +645,13 @@ static void test_lost_cas(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names),           cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_desc_codec),      cmocka_unit_test(test_entry_codec),
-        cmocka_unit_test(test_pieces_and_hash), cmocka_unit_test(test_prefault),
-        cmocka_unit_test(test_choose),          cmocka_unit_test(test_least_loaded),
-        cmocka_unit_test(test_entry_replaced),  cmocka_unit_test(test_holder_lost),
-        cmocka_unit_test(test_foreign_entries), cmocka_unit_test(test_lost_cas),
+        cmocka_unit_test(test_names),         cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_bufs_disjoint), cmocka_unit_test(test_desc_codec),
+        cmocka_unit_test(test_entry_codec),   cmocka_unit_test(test_pieces_and_hash),
+        cmocka_unit_test(test_prefault),      cmocka_unit_test(test_choose),
+        cmocka_unit_test(test_least_loaded),  cmocka_unit_test(test_entry_replaced),
+        cmocka_unit_test(test_holder_lost),   cmocka_unit_test(test_foreign_entries),
+        cmocka_unit_test(test_lost_cas),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
