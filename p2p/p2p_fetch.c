@@ -257,6 +257,18 @@ static void fetch_wait(p2p_fetch_t *f, unsigned ms, unsigned *seen)
     pthread_mutex_unlock(&f->wake_lock);
 }
 
+/* The store refused this node's replica entry for good (a key too long for it): it could be
+ * no holder, so the fetch fails rather than end in a copy nobody is told of. */
+static int published(p2p_fetch_t *f)
+{
+    int rc;
+
+    pthread_mutex_lock(&f->lock);
+    rc = f->pub_error ? mc__p2p_error(f->pub_error, "%s", f->pub_why) : 0;
+    pthread_mutex_unlock(&f->lock);
+    return rc;
+}
+
 static int fetch_loop(p2p_fetch_t *f)
 {
     unsigned seen = 0;
@@ -269,7 +281,8 @@ static int fetch_loop(p2p_fetch_t *f)
             break;
         expire_slots(f, now);
         bool held_back = start_shards(f, &wait);
-        if ((rc = check_stall(f, now, held_back)) != 0 || (rc = report(f, now)) != 0)
+        if ((rc = check_stall(f, now, held_back)) != 0 || (rc = report(f, now)) != 0 ||
+            (rc = published(f)) != 0)
             break;
         fetch_wait(f, wait, &seen);
     }
@@ -316,6 +329,8 @@ static int fetch_run(p2p_fetch_t *f, bool *leak_p)
         rc = fetch_loop(f);
     *leak_p = !fetch_drain(f);
     mc__p2p_threads_stop(f);
+    if (!rc) /* the last entry, put as the threads stopped */
+        rc = published(f);
     close_segments(f);
     if (*leak_p)
         mc__p2p_warn(f->p2p, "%s: transfers still in flight after cancel: leaking the fetch",

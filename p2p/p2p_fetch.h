@@ -88,7 +88,9 @@ struct p2p_fetch {
     uint64_t holders_gen; /* bumped whenever a holder's usability or shards change */
     uint8_t *have;        /* shards verified here: what our entry says */
     bool pub_dirty, stop;
-    bool meta_down; /* the latest call of the watch or publish thread got no answer */
+    bool meta_down;    /* the latest call of the watch or publish thread got no answer */
+    int pub_error;     /* the store refused the replica entry for good (publish thread), */
+    char pub_why[256]; /* and why: the fetch fails, as this node can be no holder */
     pthread_cond_t pub_cond;
     char replica_prefix[P2P_KEY_MAX];
 

@@ -1,5 +1,6 @@
 /* A fetch's two store threads: following the replica entries, and publishing our own. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -148,8 +149,13 @@ static void *publish_thread(void *arg)
         last = mc__p2p_now_ms();
         pthread_mutex_lock(&f->lock);
         f->meta_down = rc == 1;
-        if (rc < 0)
+        if (rc == -ENOMEM) { /* (the snapshot's or the encoding's): again at the next change */
+            f->pub_dirty = !f->stop;
             mc__p2p_warn(f->p2p, "%s", mc_p2p_last_error());
+        } else if (rc < 0 && !f->pub_error) { /* refused for good: the fetch loop fails */
+            f->pub_error = rc;
+            snprintf(f->pub_why, sizeof(f->pub_why), "%s", mc_p2p_last_error());
+        }
     }
     pthread_mutex_unlock(&f->lock);
     return NULL;

@@ -95,6 +95,17 @@ expect 6 "$tool" publish "$tmp/src" ckpt/a
 expect 1 "$tool" publish "$tmp/src" 'ckpt//a'
 expect 1 "$tool" publish "$tmp/src" 'ckpt/replica/a'
 
+step "a replica entry the store cannot hold fails the fetch (exit 1, says why, leaves no file)"
+long=ckpt/$(printf 'x%.0s' {1..95}) # its replica key, with a long segment name, is too long for
+background lpub "$tool" publish "$tmp/src" "$long" --shard-size 1M # a file name of the store
+lpub=$bg
+wait_for "$tmp/lpub.log" "^published $long"
+MC_SEGMENT_NAME=$(printf 'f%.0s' {1..127}) expect 1 "$tool" fetch "$long" "$tmp/out4"
+grep -q 'replica entry.*too long' "$tmp/err" || fail "no reason: $(cat "$tmp/err")"
+[[ ! -e $tmp/out4 && ! -e $tmp/out4.p2p-part ]] || fail "a failed fetch left a file"
+kill -INT "$lpub"
+finish "$lpub" 0
+
 step "--no-p2p --json: only the origin"
 expect 0 "$tool" fetch ckpt/a "$tmp/out3" --no-p2p --json --max-inflight 4 --random
 cmp "$tmp/src" "$tmp/out3" || fail "fetched bytes differ"
