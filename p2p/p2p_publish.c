@@ -231,7 +231,7 @@ int mc_p2p_unregister(mc_p2p_t *p2p, const char *name, int keep_replicas)
     /* Gone already (removed) or replaced by someone else's (force): ours is withdrawn. */
     if (rc == -ENOENT || rc == -MC_ECONFLICT)
         rc = 1;
-    if (rc == 0 && !keep_replicas)
+    if (rc >= 0 && !keep_replicas) /* its entries, by its id (a newer object's stay) */
         drop_entries(p2p, name, h->id, true);
     if (rc < 0)
         rc = mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc,

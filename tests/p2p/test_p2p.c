@@ -564,6 +564,46 @@ static void test_errors(void **state)
     STOP(&o);
 }
 
+/* The replica entries under name: how many. */
+static size_t entries(mc_meta_t *meta, const char *name)
+{
+    char prefix[256];
+    mc_meta_kv_t *kvs;
+    size_t n;
+
+    snprintf(prefix, sizeof(prefix), "mooncake/p2p/%s/replica/", name);
+    assert_int_equal(mc_meta_list(meta, prefix, strlen(prefix), &kvs, &n, NULL), 0);
+    mc_meta_kvs_free(kvs, n);
+    return n;
+}
+
+/* An origin that withdraws without keeping replicas, after another node removed the object's
+ * description and kept the entries (rm --keep-replicas): every entry of its object goes with
+ * it, a holder's too (before, a description already gone left them all). */
+static void test_unregister_after_remove(void **state)
+{
+    p2p_proc_t o, f, r;
+    mc_meta_t *meta;
+
+    (void)state;
+    start(&o);
+    start(&f);
+    start(&r);
+    assert_int_equal(mc_meta_open(getenv("MC_METADATA"), &meta), 0);
+    OK(&o, "publish kept 65536 31 4096 1");
+    fetch_check(&f, "kept", 65536, 1, 31, "");
+    assert_int_equal(entries(meta, "kept"), 2);
+    OK(&r, "remove kept 1");
+    assert_int_equal(entries(meta, "kept"), 2);
+    OK(&o, "unregister kept 0");
+    assert_int_equal(entries(meta, "kept"), 0);
+    mc_meta_close(meta);
+    OK(&f, "delete kept");
+    STOP(&r);
+    STOP(&f);
+    STOP(&o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -581,6 +621,7 @@ int main(void)
         cmocka_unit_test_teardown(test_unregister_stalled_reader, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_names, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_errors, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_unregister_after_remove, p2p_node_cleanup),
     };
 
     setenv("MC_METADATA_TTL", "3", 0);
