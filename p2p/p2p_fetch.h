@@ -58,6 +58,7 @@ typedef struct p2p_slot {
     size_t holder;
     mc_batch_t *batch;
     uint64_t started_ms;
+    uint64_t moved_bytes, moved_ms; /* its bytes so far, and when they last grew */
     unsigned pending; /* tasks whose callback has not run; protected by f->wake_lock */
     int error;        /* the first task failure; protected by f->wake_lock */
 } p2p_slot_t;

@@ -106,7 +106,8 @@ int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t hol
     s->canceled = false;
     s->shard = shard;
     s->holder = holder;
-    s->started_ms = mc__p2p_now_ms();
+    s->started_ms = s->moved_ms = mc__p2p_now_ms();
+    s->moved_bytes = 0;
     f->state[shard] = SHARD_INFLIGHT;
     f->bytes_started += len;
     h->inflight++;

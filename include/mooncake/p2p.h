@@ -130,12 +130,14 @@ typedef struct mc_p2p_get_opts {
     size_t size;           /* sizeof(mc_p2p_get_opts_t) */
     unsigned max_inflight; /* shards in flight at once; 0: 8 */
     mc_p2p_order_t order;
-    int origin_only;           /* fetch only from the origin (a comparison, "--no-p2p") */
-    int no_serve;              /* do not become a holder */
-    unsigned shard_timeout_ms; /* a shard slower than this is started again elsewhere; also how
-                                  long the fetch waits for a holder of a shard nobody live has;
-                                  0: 30 s */
-    mc_p2p_progress_cb cb;     /* optional, from the calling thread, every 100 ms and at the end */
+    int origin_only; /* fetch only from the origin (a comparison, "--no-p2p") */
+    int no_serve;    /* do not become a holder */
+    unsigned
+        shard_timeout_ms;  /* a shard whose bytes do not come for this long (queued or
+                              stalled) is started again elsewhere, as is one that takes longer
+                              from its first bytes (the engine's task timeout); also how long
+                              the fetch waits for a holder of a shard nobody live has; 0: 30 s */
+    mc_p2p_progress_cb cb; /* optional, from the calling thread, every 100 ms and at the end */
     void *cb_arg;
     uint64_t max_rate; /* bytes per second this fetch may take (bursts of one shard); 0: any */
 } mc_p2p_get_opts_t;
