@@ -348,6 +348,9 @@ void mc__file_io_reap(mc_engine_t *e)
             io_uring_cqe_seen(&io->ring, cqe);
             attempt_done(e, io, p, res);
         }
+        /* more than a batch: the eventfd was read already, so another pass must come */
+        if (io_uring_cq_ready(&io->ring))
+            mc__doorbell(e);
     } else {
         mc_list_init(&done);
         pthread_mutex_lock(&io->lock);
