@@ -11,9 +11,11 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -507,6 +509,69 @@ static void test_refusal_mid_response(void **state)
     target_still_serves();
 }
 
+/* ---- a peer that answers a byte at a time ---- */
+
+static struct {
+    int lfd;
+    atomic_bool stop;
+} drip;
+
+/* Accepts one connection and sends it a HELLO_REPLY header, a byte every 200 ms. */
+static void *dribble(void *arg)
+{
+    uint8_t h[HDR];
+    int fd;
+
+    (void)arg;
+    hdr(h, FR_HELLO_REPLY, 16, 1, 0, 0);
+    fd = accept(drip.lfd, NULL, NULL);
+    for (size_t i = 0; fd >= 0 && i < sizeof(h) && !atomic_load(&drip.stop); i++) {
+        if (send(fd, h + i, 1, MSG_NOSIGNAL) != 1)
+            break;
+        th_sleep_ms(200);
+    }
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+/* Opening a segment by address asks it for its descriptor on a connection of its own, waiting
+ * at most MC_CONNECT_TIMEOUT_MS for each frame in all: a peer that sends a byte now and then
+ * does not hold the open longer (before, each byte started the wait again: 32 bytes of header
+ * at 200 ms took 6 s with a timeout of 1 s). */
+static void test_open_dribbling_peer(void **state)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    char name[64];
+    pthread_t t;
+    th_cfg_t cfg;
+    mc_segment_id_t id;
+
+    (void)state;
+    drip.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(bind(drip.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(drip.lfd, 1), 0);
+    assert_int_equal(getsockname(drip.lfd, (struct sockaddr *)&sa, &len), 0);
+    snprintf(name, sizeof(name), "127.0.0.1:%u", ntohs(sa.sin_port));
+    atomic_store(&drip.stop, false);
+    assert_int_equal(pthread_create(&t, NULL, dribble, NULL), 0);
+    th_config(&cfg);
+    th_set(&cfg, "METADATA", "none");
+    th_set(&cfg, "CONNECT_TIMEOUT_MS", "1000");
+    mc_engine_t *e = th_engine(&cfg);
+    int64_t t0 = th_now_ms();
+    int rc = mc_segment_open(e, name, &id);
+    int64_t took = th_now_ms() - t0;
+    atomic_store(&drip.stop, true);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    close(drip.lfd);
+    mc_engine_destroy(e);
+    assert_int_equal(rc, -MC_ETIMEOUT);
+    if (took > 4000)
+        fail_msg("the open took %lld ms with MC_CONNECT_TIMEOUT_MS=1000", (long long)took);
+}
+
 /* With MC_AUTH_TOKEN set, a client that never proves the token claims our engine's instance
  * (which any engine tells in its HELLO_REPLY) and asks the target to retire our connections.
  * They must survive: the retire list counts only once the handshake is done. */
@@ -687,6 +752,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_garbage_before_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_before_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handshaken_raw_client, setup, teardown),
+        cmocka_unit_test(test_open_dribbling_peer),
         cmocka_unit_test_setup_teardown(test_refusal_mid_response, setup_small_handshake, teardown),
         cmocka_unit_test_setup_teardown(test_unregister_while_writing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unauthenticated_retire, setup_auth, teardown),

@@ -50,13 +50,16 @@ static int connect_timeout(const struct sockaddr_storage *sa, socklen_t len, uns
     return fd;
 }
 
+/* All of buf within ms in all (a peer that sends a byte now and then does not hold it longer). */
 static int io_all(int fd, void *buf, size_t len, bool out, unsigned ms)
 {
+    uint64_t end = mc__now_ns() + (uint64_t)ms * MC_MS;
     uint8_t *p = buf;
 
     while (len) {
         struct pollfd pfd = {.fd = fd, .events = out ? POLLOUT : POLLIN};
-        if (poll(&pfd, 1, (int)ms) != 1)
+        uint64_t now = mc__now_ns();
+        if (now >= end || poll(&pfd, 1, (int)((end - now + MC_MS - 1) / MC_MS)) != 1)
             return -MC_ETIMEOUT;
         ssize_t n = out ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
         if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
@@ -93,6 +96,9 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
 
     if (!rc)
         rc = mc__tcp_frame_decode(hdr, e->cfg.handshake_max, f);
+    if (!rc && f->type != type && f->type != MC_FR_ERROR) /* (before its payload's memory) */
+        rc = mc__set_error(-MC_EPROTO, "expected %s, got %s", mc__tcp_frame_type_name(type),
+                           mc__tcp_frame_type_name(f->type));
     if (rc)
         return rc;
     p = malloc((size_t)f->length + 1);
@@ -102,9 +108,6 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     p[f->length] = 0;
     if (!rc && f->type == MC_FR_ERROR)
         rc = mc__set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s", p);
-    else if (!rc && f->type != type)
-        rc = mc__set_error(-MC_EPROTO, "expected %s, got %s", mc__tcp_frame_type_name(type),
-                           mc__tcp_frame_type_name(f->type));
     if (rc) {
         free(p);
         return rc;
