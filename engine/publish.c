@@ -35,7 +35,8 @@ static bool store_refuses(int rc)
     return rc == -ENAMETOOLONG || rc == -EMSGSIZE || rc == -EINVAL || rc == -E2BIG;
 }
 
-/* A key a host put on our lease (mc_engine_publish), kept to be put again with a new one. */
+/* A key a host put on our lease (mc_engine_publish), kept to be put again with a new one; or,
+ * val NULL, one it took back (mc_engine_unpublish) whose delete failed: deleted again then. */
 typedef struct mc_hosted_key {
     struct mc_hosted_key *next;
     size_t len;
@@ -53,8 +54,9 @@ static void hosted_drop(mc_hosted_key_t **pp)
     free(h);
 }
 
-/* Put the hosts' keys again when the lease they were put with is gone. A key the store refuses
- * now goes (said once) instead of holding back the keys after it. */
+/* Put the hosts' keys again when the lease they were put with is gone, and delete again those
+ * they took back while the store did not answer. A key the store refuses now goes (said once)
+ * instead of holding back the keys after it. */
 static int publish_hosted(mc_engine_t *e)
 {
     int64_t lease = atomic_load(&e->lease);
@@ -62,6 +64,17 @@ static int publish_hosted(mc_engine_t *e)
 
     pthread_mutex_lock(&e->hosted_lock);
     for (mc_hosted_key_t **pp = &e->hosted, *h; e->hosted_lease != lease && (h = *pp);) {
+        if (!h->val) { /* taken back */
+            int del = mc__meta_del(e->meta, h->key, strlen(h->key));
+            if (del == 0 || del == -ENOENT) {
+                hosted_drop(pp);
+                continue;
+            }
+            if (!rc)
+                rc = del;
+            pp = &h->next;
+            continue;
+        }
         int put = mc__meta_put(e->meta, h->key, strlen(h->key), h->val, h->len, lease, NULL);
         if (store_refuses(put)) {
             mc_warn("metadata key %s refused by the store (%s): no longer published", h->key,
@@ -124,7 +137,8 @@ static void *publish_thread(void *arg)
     struct timespec ts;
 
     mc__log_enter(e->cfg.log_level);
-    uint64_t published_ns = 0;
+    uint64_t published_ns = 0, kept_ns = mc__now_ns(); /* (the lease was granted just now) */
+    int64_t kept_lease = e->lease;
     bool retrying = false;
 
     pthread_mutex_lock(&e->meta_lock);
@@ -139,15 +153,24 @@ static void *publish_thread(void *arg)
         bool dirty = e->meta_dirty;
         e->meta_dirty = false;
         pthread_mutex_unlock(&e->meta_lock);
-        /* (while a publish is retried the lease is kept alive too: the keys put with it must not
-         * expire meanwhile) */
-        int rc =
-            (dirty && !retrying) || !e->lease ? 0 : mc__meta_lease_keepalive(e->meta, e->lease);
+        /* A put under the lease does not keep it alive: a publish that is not retried skips the
+         * keepalive only while one is not due (registrations more often than every ttl/3 let
+         * the keys expire every ttl before). While a publish is retried it is kept alive too:
+         * the keys put with it must not expire meanwhile. */
+        bool keep = e->lease &&
+                    (!dirty || retrying || mc__now_ns() - kept_ns >= (uint64_t)period_ms * MC_MS);
+        int rc = keep ? mc__meta_lease_keepalive(e->meta, e->lease) : 0;
+        if (keep && !rc)
+            kept_ns = mc__now_ns();
         if (rc == -ENOENT)
             e->lease = 0;
         if (dirty || rc) {
             rc = publish_once(e);
             published_ns = mc__now_ns();
+        }
+        if (e->lease != kept_lease) { /* granted anew: alive from now */
+            kept_lease = e->lease;
+            kept_ns = mc__now_ns();
         }
         pthread_mutex_lock(&e->meta_lock);
         retrying = rc != 0;
@@ -253,7 +276,9 @@ int mc_engine_publish(mc_engine_t *e, const char *key, const void *val, size_t l
         *pp = h;
     }
     if (h) {
-        rc = mc__meta_put(e->meta, key, strlen(key), val, len, atomic_load(&e->lease), NULL);
+        int64_t lease = atomic_load(&e->lease); /* none while a lost one is granted anew: */
+        rc = lease ? mc__meta_put(e->meta, key, strlen(key), val, len, lease, NULL)
+                   : -ENOENT;    /* a key without one would outlive us: the new one carries it */
         if (store_refuses(rc)) { /* it never will take it: a new key is not kept, an old one
                                     keeps the value the store still has */
             free(copy);
@@ -281,19 +306,29 @@ int mc_engine_unpublish(mc_engine_t *e, const char *key)
 {
     mc_hosted_key_t **pp;
     int rc = publish_check(e, "mc_engine_unpublish", key);
+    bool retry = false;
 
     if (rc)
         return rc;
     pthread_mutex_lock(&e->hosted_lock);
     pp = hosted_find(e, key);
     if (*pp) {
-        hosted_drop(pp);
         rc = mc__meta_del(e->meta, key, strlen(key));
-        rc = rc == -ENOENT ? 0 : rc; /* gone with a lost lease: it will not come back */
+        if (rc == 0 || rc == -ENOENT) { /* (gone with a lost lease: it will not come back) */
+            hosted_drop(pp);
+            rc = 0;
+        } else { /* the publisher deletes it again until the store takes it */
+            free((*pp)->val);
+            (*pp)->val = NULL;
+            e->hosted_lease = -1;
+            retry = true;
+        }
     } else {
         rc =
             mc__set_error(-ENOENT, "mc_engine_unpublish: %s was not published by this engine", key);
     }
     pthread_mutex_unlock(&e->hosted_lock);
+    if (retry)
+        mc__publish_kick(e);
     return rc;
 }

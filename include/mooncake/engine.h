@@ -560,7 +560,8 @@ MC_API int mc_notify_pop(mc_engine_t *engine, mc_notify_t *out);
 MC_API int mc_engine_publish(mc_engine_t *engine, const char *key, const void *val, size_t len);
 
 /* Delete a key this engine published and stop putting it again. -ENOENT if it did not publish
- * it; -EDEADLK from a callback. */
+ * it; -EDEADLK from a callback; the store's error if the delete failed (unreachable): the
+ * engine deletes it again until the store takes it (calling this again tries at once). */
 MC_API int mc_engine_unpublish(mc_engine_t *engine, const char *key);
 
 /* ---- statistics --------------------------------------------------------------------------- */

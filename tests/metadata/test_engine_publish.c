@@ -161,6 +161,49 @@ static void test_etcd_restart(void **state)
     mc_engine_destroy(e);
 }
 
+/* Registrations more often than every ttl/3 (a registration cache, per-shard registrations):
+ * every one makes the descriptor dirty, and a put under the lease does not keep it alive, so
+ * the keepalive must go out all the same. Before, the keys expired every TTL (2 s here). */
+static void test_keepalive_under_churn(void **state)
+{
+    mc_engine_t *e = engine_on(etcd.url);
+    const char *k = "mooncake/test/pub/churn";
+    static char buf[4096];
+
+    (void)state;
+    assert_int_equal(mc_engine_publish(e, k, "v", 1), 0);
+    for (int64_t end = etcd_test_now_ms() + 7000; etcd_test_now_ms() < end;) {
+        assert_int_equal(mc_mem_register(e, buf, sizeof(buf), "cpu:0"), 0);
+        etcd_test_sleep_ms(50);
+        assert_int_equal(mc_mem_unregister(e, buf), 0);
+        etcd_test_sleep_ms(50);
+        if (!wait_key(k, "v", 0))
+            fail_msg("the key expired after %lld ms of registrations",
+                     (long long)(7000 - (end - etcd_test_now_ms())));
+    }
+    mc_engine_destroy(e);
+}
+
+/* An unpublish while the store does not answer fails with its error, and the engine deletes
+ * the key once it is back (its lease lives on: the engine keeps it alive). Before, the key was
+ * forgotten at the failed delete and stayed as long as the process; a second unpublish said
+ * -ENOENT. */
+static void test_unpublish_while_down(void **state)
+{
+    mc_engine_t *e = engine_on(etcd.url);
+    const char *k = "mooncake/test/pub/down";
+
+    (void)state;
+    assert_int_equal(mc_engine_publish(e, k, "v", 1), 0);
+    etcd_proc_kill(&etcd, SIGKILL);
+    int rc = mc_engine_unpublish(e, k);
+    assert_true(rc < 0 && rc != -ENOENT);
+    assert_int_equal(etcd_proc_restart(&etcd), 0);
+    assert_true(wait_key(k, NULL, 10000));
+    assert_int_equal(mc_engine_unpublish(e, k), -ENOENT); /* taken back for good */
+    mc_engine_destroy(e);
+}
+
 /* A process that published a key and is killed: the key vanishes with its lease. */
 static void test_process_death(void **state)
 {
@@ -213,6 +256,8 @@ int main(void)
         cmocka_unit_test(test_refused_key),
         cmocka_unit_test(test_lease_lost),
         cmocka_unit_test(test_etcd_restart),
+        cmocka_unit_test(test_keepalive_under_churn),
+        cmocka_unit_test(test_unpublish_while_down),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
