@@ -213,15 +213,14 @@ static void rdma_fini(mc_engine_t *e)
 static void drain_dev_qps(mc_engine_t *e, mc_rdma_dev_t *d, struct ibv_qp *only)
 {
     mc_list_t *pos, *tmp;
-    uint64_t now = mc__now_ns();
 
     mc_list_for_each_safe(pos, tmp, &rdma_of(e)->qps)
     {
         mc_rdma_qp_t *qp = mc_container_of(pos, mc_rdma_qp_t, link);
         if (qp->dev != d || (only && qp->qp != only) || qp->state == QP_DRAINING)
             continue;
-        mc__rail_failed(&qp->rail->base, now, false,
-                        false); /* its flushed requests won't charge it */
+        if (qp->rail) /* (its flushed requests won't charge it) */
+            mc__rdma_rail_failed(qp->peer, qp->rail, false);
         mc__rdma_qp_drain(e, qp);
     }
 }
@@ -554,3 +553,14 @@ const mc_transport_ops_t mc__rdma_ops = {
     .idle = mc__rdma_msg_idle,
     .abandon = mc__rdma_abandon,
 };
+
+void mc__rdma_rail_failed(mc_peer_t *p, rdma_rail_t *r, bool connecting)
+{
+    rdma_peer_t *rp = rdma_peer(p);
+    uint64_t now = mc__now_ns();
+    bool others = false;
+
+    for (unsigned i = 0; i < rp->n_rails && !others; i++)
+        others = &rp->rails[i] != r && mc__rail_usable(&rp->rails[i].base, now);
+    mc__rail_failed(&r->base, now, connecting, !others);
+}

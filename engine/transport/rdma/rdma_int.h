@@ -200,6 +200,10 @@ static inline rdma_peer_t *rdma_peer(mc_peer_t *p)
     return p->tp[mc__rdma_slot];
 }
 
+/* A failure of rail r of peer p (mc__rail_failed): the last if no other rail of p may connect,
+ * so that a peer's only rail is never paused (that would stop its traffic for up to 30 s). */
+void mc__rdma_rail_failed(mc_peer_t *p, rdma_rail_t *r, bool connecting);
+
 /* The QP set-up request and answer: one end of an RC connection. dev: the sender's device (its
  * index in the sender's descriptor); peer_dev: the receiver's device the QP is for. mtu in
  * bytes; the target answers with the one both use. */

@@ -143,7 +143,7 @@ static void msg_qp_failed(mc_engine_t *e, mc_rdma_qp_t *qp)
 {
     mc_warn("rdma: message QP %u (%s): %s", qp->qp->qp_num, qp->dev->name, mc_last_error());
     if (qp->rail)
-        mc__rail_failed(&qp->rail->base, mc__now_ns(), false, false);
+        mc__rdma_rail_failed(qp->peer, qp->rail, false);
     mc__rdma_qp_drain(e, qp);
 }
 

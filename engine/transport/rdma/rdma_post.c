@@ -322,7 +322,7 @@ void mc__rdma_complete(mc_engine_t *e, mc_rdma_dev_t *dev, const struct ibv_wc *
             mc_warn("rdma: rail %s to %s: %s", r->base.name, qp->peer->name,
                     ibv_wc_status_str(wc->status));
             if (!request_error(wc->status))
-                mc__rail_failed(&r->base, mc__now_ns(), false, false);
+                mc__rdma_rail_failed(qp->peer, r, false);
             mc__rdma_qp_drain(e, qp); /* may free qp: not used below */
         } else if (!mc__rdma_qp_busy(qp)) {
             mc__rdma_qp_destroy(e, qp);

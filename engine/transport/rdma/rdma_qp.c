@@ -300,7 +300,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
     uint8_t *buf;
 
     if (rd->devs[r->ldev].port_down) { /* counts as a failed connect: backs off, pauses */
-        mc__rail_failed(&r->base, mc__now_ns(), true, false);
+        mc__rdma_rail_failed(p, r, true);
         return;
     }
     if (!mc__ctrl_ready(e, p)) /* called again once a control link is ready */
@@ -316,7 +316,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
             mc__slice_free(e, s);
         if (qp)
             mc__rdma_qp_destroy(e, qp);
-        mc__rail_failed(&r->base, mc__now_ns(), true, false);
+        mc__rdma_rail_failed(p, r, true);
         return;
     }
     mc__rdma_qp_info(qp, &info);
@@ -334,7 +334,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
     if (mc__ctrl_request(e, p, s, &link)) { /* cannot happen right after ctrl_ready */
         mc__slice_free(e, s);
         mc__rdma_qp_drain(e, qp);
-        mc__rail_failed(&r->base, mc__now_ns(), true, false);
+        mc__rdma_rail_failed(p, r, true);
         return;
     }
     qp->state = QP_CONNECTING;
@@ -367,7 +367,7 @@ void mc__rdma_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status
         rc = mc__rdma_qp_connect(e, qp, &remote);
     if (rc) {
         mc_warn("rail %s to %s: %s", r->base.name, qp->peer->name, mc_last_error());
-        mc__rail_failed(&r->base, mc__now_ns(), true, false);
+        mc__rdma_rail_failed(qp->peer, r, true);
         mc__peer_activate(e, qp->peer);
         mc__rdma_qp_drain(e, qp);
         return;
