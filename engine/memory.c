@@ -576,8 +576,11 @@ static int mem_drain(mc_engine_t *e, mc_buffer_t *b)
         return mc__set_error(-MC_ETIMEOUT, "unregister 0x%llx: %u requests still in flight",
                              (unsigned long long)b->addr, atomic_load(&b->refs));
     for (unsigned i = 0; i < mc__n_transports; i++)
-        if (tp_sees(e, i, b) && MC_TP_HAS(mc__transports[i], mem_release))
-            mc__transports[i]->mem_release(e, b);
+        if (tp_sees(e, i, b) && MC_TP_HAS(mc__transports[i], mem_release)) {
+            int rc = mc__transports[i]->mem_release(e, b);
+            if (rc)
+                return rc;
+        }
     return 0;
 }
 

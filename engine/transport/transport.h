@@ -112,11 +112,12 @@ struct mc_transport_ops {
 
     /* Memory, in the registering thread. mem_register runs before b is visible to anyone;
      * mem_changed after every change of the table (mem.lock held for writing); mem_release in
-     * unregister once our own references drained: return when no peer can touch b any more. */
+     * unregister once our own references drained: 0 once no peer can touch b any more, or why
+     * one still may (the unregister then fails, and b is kept). */
     int (*mem_register)(mc_engine_t *e, mc_buffer_t *b);
     void (*mem_deregister)(mc_engine_t *e, mc_buffer_t *b);
     void (*mem_changed)(mc_engine_t *e);
-    void (*mem_release)(mc_engine_t *e, mc_buffer_t *b);
+    int (*mem_release)(mc_engine_t *e, mc_buffer_t *b);
 
     /* Peers. peer_update: p is new or its descriptor changed (peers_lock held for writing, or p
      * not yet shared); creates p->tp[slot] on first call and sets p->rails[slot]. Returns how

@@ -133,7 +133,8 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
  * when the transfer timeout has passed (sending a WRITE into it, or leaving a READ's answer
  * unread) is dropped. After it returns 0 neither this engine nor any peer reads or writes the
  * buffer again. Returns -ENOENT if addr starts no buffer, -EDEADLK from a callback,
- * -MC_ETIMEOUT if references did not drain (the buffer stays unusable for new requests, and
+ * -MC_ETIMEOUT if references did not drain, or a same-host peer's copy on it (CMA) still ran
+ * after MC_IO_TIMEOUT_MS (the buffer stays unusable for new requests, and
  * must not be freed yet: calling this again waits for them again, and returns 0 once they have
  * drained, and with them those of any earlier registration of the same range that timed out),
  * -EBUSY while another call waits for such a registration. */

@@ -14,6 +14,8 @@ mc_unit_test(test_epwatch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_epwatch.c)
 mc_unit_test(test_crew SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_crew.c)
 mc_unit_test(test_lock SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_lock.c)
 mc_unit_test(test_shm_wake SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_shm_wake.c)
+# An unregister waits for same-host peers' CMA calls on its memory, not for a dead one's.
+mc_unit_test(test_shm_regtab SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_shm_regtab.c)
 # The receiver's memory of message streams: past its limit it forgets the older half only.
 mc_unit_test(test_msg_streams SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_msg_streams.c)
 # Integration suites: real engines in child processes on loopback (harness.c).

@@ -198,7 +198,12 @@ static void owner_handler(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
         } else if (m.type == SHM_MAP && c->role == ROLE_REQUEST) {
             on_map(e, c, &m);
         } else if (m.type == SHM_REGTAB && c->role == ROLE_REQUEST && c->slot < 0 && se->regtab) {
+            struct ucred cr;
+            socklen_t cl = sizeof(cr);
             c->slot = mc__shm_regtab_slot_get(e);
+            if (c->slot >= 0) /* (grace tells a dead peer's odd lane by it) */
+                atomic_store(&se->regtab_pid[c->slot],
+                             getsockopt(c->p.fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) ? 0 : cr.pid);
             shm_msg_t r = {.type = SHM_REGTAB_OK,
                            .arg = (uint32_t)c->slot,
                            .len = MC_REGTAB_LANES,
@@ -1089,14 +1094,20 @@ static bool revoked(mc_engine_t *e, void *arg)
 
 /* Unregister: wait out peers' CMA calls that may have seen b, then, for engine memory, have
  * every same-host peer unmap it and acknowledge. One that does not answer within
- * MC_IO_TIMEOUT_MS is disconnected, which makes it drop every mapping of ours. */
-static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
+ * MC_IO_TIMEOUT_MS is disconnected, which makes it drop every mapping of ours. -MC_ETIMEOUT if a
+ * peer's call on our memory outlasted MC_IO_TIMEOUT_MS (it may still write b: the unregister
+ * fails, and b stays until a later one finds no call left). */
+static int shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
 {
     shm_engine_t *se = shm_of(e);
 
-    mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
+    if (!mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS))
+        return mc__set_error(-MC_ETIMEOUT,
+                             "unregister 0x%llx: a same-host peer's copy on our memory did not "
+                             "finish within MC_IO_TIMEOUT_MS",
+                             (unsigned long long)b->addr);
     if (b->memfd < 0 && !b->vram) /* VRAM: peers may have opened it (GRANT) */
-        return;
+        return 0;
     pthread_mutex_lock(&se->revoke_mutex);
     se->revoke_addr = b->addr;
     se->revoke_serial = b->serial;
@@ -1110,6 +1121,7 @@ static void shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
         mc__mem_wait(e, revoked, NULL, mc__now_ns() + 1000 * MC_MS);
     }
     pthread_mutex_unlock(&se->revoke_mutex);
+    return 0;
 }
 
 /* About to sleep: not while an acknowledgement waits for copies (they end in a reap, and it

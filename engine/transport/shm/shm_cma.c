@@ -45,13 +45,20 @@ typedef struct cma_call {
 } cma_call_t;
 
 /* One task larger than a call moves: one call per CMA_CALL_BYTES, while each moves all it was
- * asked. What they moved, or the first call's error. */
-static ssize_t cma_big(shm_peer_t *s, const mc_task_t *t)
+ * asked. What they moved, or the first call's error. Between two calls the lane goes even and
+ * odd again, and the range is checked again: an unregister's grace waits for one call, not the
+ * task, and the calls after it see the range gone (they stop there: the task fails). */
+static ssize_t cma_big(shm_peer_t *s, _Atomic uint64_t *lane, const mc_task_t *t)
 {
     ssize_t total = 0;
 
     for (uint64_t off = 0; off < t->req.length;) {
         uint64_t len = t->req.length - off < CMA_CALL_BYTES ? t->req.length - off : CMA_CALL_BYTES;
+        if (off) {
+            atomic_fetch_add(lane, 2);
+            if (!mc__shm_regtab_covers(s->regtab, t->req.target_offset, t->req.length))
+                break;
+        }
         struct iovec l = {(uint8_t *)t->req.local + off, len},
                      r = {(void *)(uintptr_t)(t->req.target_offset + off), len};
         ssize_t got = t->req.opcode == MC_WRITE ? process_vm_writev(s->pid, &l, 1, &r, 1, 0)
@@ -98,7 +105,7 @@ static void cma_move(shm_peer_t *s, mc_task_t *tasks, size_t i, size_t n, unsign
         bytes += tasks[j].req.length;
     }
     r->got = !k                                ? 0
-             : bytes > CMA_CALL_BYTES          ? cma_big(s, &tasks[i])
+             : bytes > CMA_CALL_BYTES          ? cma_big(s, lane, &tasks[i])
              : tasks[i].req.opcode == MC_WRITE ? process_vm_writev(s->pid, liov, k, riov, k, 0)
                                                : process_vm_readv(s->pid, liov, k, riov, k, 0);
     r->err = errno;

@@ -102,14 +102,16 @@ typedef struct shm_engine {
     mc_regtab_t *regtab; /* our registrations, shared with same-host peers (CMA) */
     int regtab_fd;
     bool regtab_used[MC_REGTAB_SLOTS]; /* peer slots in regtab, progress-owned */
-    bool regtab_withdrawn;             /* the engine is going: regtab stays empty */
-    mc_list_t rx_rings;                /* rings we receive from (shm_rx_t) */
-    mc_list_t rx_lent;                 /* detached rings whose records are still lent */
-    mc_list_t tx_busy;                 /* shm_tx_t with records not consumed yet */
-    mc_list_t tx_slept;                /* shm_tx_t whose wake word we marked */
-    bool slept;                        /* an idle op since the last timer tick */
-    uint64_t settle_ns;                /* after a membarrier: awake until then (shm_wake.h) */
-    uint64_t writes;                   /* times a tx ring was written (rx_poll's pacing) */
+    /* the process each slot was last handed to: a dead one's odd lane is not waited for */
+    _Atomic pid_t regtab_pid[MC_REGTAB_SLOTS];
+    bool regtab_withdrawn;     /* the engine is going: regtab stays empty */
+    mc_list_t rx_rings;        /* rings we receive from (shm_rx_t) */
+    mc_list_t rx_lent;         /* detached rings whose records are still lent */
+    mc_list_t tx_busy;         /* shm_tx_t with records not consumed yet */
+    mc_list_t tx_slept;        /* shm_tx_t whose wake word we marked */
+    bool slept;                /* an idle op since the last timer tick */
+    uint64_t settle_ns;        /* after a membarrier: awake until then (shm_wake.h) */
+    uint64_t writes;           /* times a tx ring was written (rx_poll's pacing) */
     bool mb;                   /* MC_SHM_MEMBARRIER, and this process registered (shm_wake.h) */
     unsigned cma_helpers;      /* MC_SHM_CMA_THREADS, resolved */
     pthread_mutex_t crew_lock; /* the helpers start with the first long CMA run */
@@ -180,7 +182,7 @@ void mc__shm_regtab_slot_put(mc_engine_t *e, int slot);
 /* Mirror the registration table into the shared one (caller holds e->mem.lock for writing). */
 void mc__shm_regtab_publish(mc_engine_t *e);
 /* After a registration was removed: wait for same-host peers' CMA calls that may still use it. */
-void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
+bool mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
 /* Engine destroy: nothing of ours in the table any more, and no CMA that saw it still running. */
 void mc__shm_regtab_withdraw(mc_engine_t *e);
 

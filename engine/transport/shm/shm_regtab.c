@@ -1,6 +1,7 @@
 /* The owner's side of the shared registration table (see shm_int.h). */
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -78,26 +79,39 @@ void mc__shm_regtab_withdraw(mc_engine_t *e)
     mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
 }
 
-/* After a registration was removed: wait until no peer's CMA that might have seen it is still
- * running (each odd lane moves on), or the deadline. */
-void mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
+/* Whether the process slot was last handed to is gone (its calls with it). */
+static bool slot_peer_gone(shm_engine_t *s, int slot)
 {
-    mc_regtab_t *t = shm_of(e)->regtab;
+    pid_t pid = atomic_load(&s->regtab_pid[slot]);
+
+    return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+}
+
+/* After a registration was removed: wait until no peer's CMA that might have seen it is still
+ * running (each odd lane moves on, or its process is gone: one killed in a call leaves its lane
+ * odd). false at the deadline: a peer may still write, and the caller must not let the memory
+ * go. */
+bool mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns)
+{
+    shm_engine_t *s = shm_of(e);
+    mc_regtab_t *t = s->regtab;
 
     if (!t)
-        return;
+        return true;
     /* A lane read later than the removal may show a newer call, which saw the removal: waiting
      * for it as well costs only that call's time. */
     for (int i = 0; i < MC_REGTAB_SLOTS * MC_REGTAB_LANES; i++) {
         uint64_t seen = atomic_load(LANE(t, i));
-        while ((seen & 1) && atomic_load(LANE(t, i)) == seen) {
+        while ((seen & 1) && atomic_load(LANE(t, i)) == seen &&
+               !slot_peer_gone(s, i / MC_REGTAB_LANES)) {
             if (mc__now_ns() > deadline_ns) {
                 mc_warn("unregister: a same-host peer's copy did not finish in time");
-                return;
+                return false;
             }
             usleep(50);
         }
     }
+    return true;
 }
 
 int mc__shm_regtab_slot_get(mc_engine_t *e)
