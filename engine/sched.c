@@ -259,7 +259,7 @@ static void paths_tried(const mc_peer_t *p, unsigned tp, uint32_t mask, char *bu
 
 /* t is about to fail or time out: the transports make sure that nothing more of its slices still
  * in flight lands in its local memory (transport.h, abandon). */
-static void abandon(mc_engine_t *e, mc_task_t *t)
+void mc__sched_abandon(mc_engine_t *e, mc_task_t *t)
 {
     if (atomic_load(&t->state) >= MC_TASK_COMPLETED) /* ended before: done then */
         return;
@@ -295,7 +295,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
         mc__peer_activate(e, p);
         return;
     }
-    abandon(e, t);
+    mc__sched_abandon(e, t);
     if (retryable) {
         char paths[512];
         paths_tried(p, t->tp, s->rails_tried, paths, sizeof(paths));
@@ -364,7 +364,7 @@ void mc__sched_timers(mc_engine_t *e, uint64_t now)
         mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
         if (atomic_load(&t->state) >= MC_TASK_COMPLETED || !task_late(t, now))
             continue;
-        abandon(e, t);
+        mc__sched_abandon(e, t);
         if (mc__task_finish(t, MC_TASK_TIMEOUT, -MC_ETIMEOUT,
                             "not completed within %u ms %s (%llu of %llu bytes done)",
                             t->timeout_ms, t->deadline_ns ? "of its start" : "of no progress",

@@ -38,6 +38,9 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
 /* Fail every task queued to a peer (it cannot be reached). */
 void mc__sched_fail_peer(mc_engine_t *e, mc_peer_t *p, int err, const char *reason);
 void mc__sched_timers(mc_engine_t *e, uint64_t now);
+/* t is about to end FAILED or TIMEOUT: nothing more of its slices in flight may land in its
+ * local memory after this returns (the transports' abandon). */
+void mc__sched_abandon(mc_engine_t *e, mc_task_t *t);
 /* Apply a batch cancel: drop its queued tasks. */
 void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b);
 void mc__sched_fini(mc_engine_t *e);
