@@ -152,16 +152,19 @@ int mc__peer_create(mc_engine_t *e, mc_desc_t *d, int state, mc_peer_t **p_p)
     return 0;
 }
 
-/* The open peer with this name (or, instance non-zero, this instance), with a reference
- * taken; NULL if none. A DEAD peer is not found: opening its name again gives a new peer.
- * Caller holds peers_lock for writing. */
+/* The open peer with this name (or, instance non-zero, this instance, or this name, if given,
+ * while its instance is not known yet: one opened by name, still OPENING, is the same engine,
+ * not a second peer with a message stream of its own), with a reference taken; NULL if none. A DEAD
+ * peer is not found: opening its name again gives a new peer. Caller holds peers_lock for
+ * writing. */
 static mc_peer_t *peer_find_ref(mc_engine_t *e, const char *name, uint64_t instance)
 {
     for (size_t i = 0; i < e->n_peers; i++) {
         mc_peer_t *p = mc__peer_at(e, i);
         if (!p || p->state == MC_SEGMENT_DEAD)
             continue;
-        if (instance ? p->desc.instance == instance : !strcmp(p->name, name)) {
+        if (instance && p->desc.instance ? p->desc.instance == instance
+                                         : name && !strcmp(p->name, name)) {
             p->refcnt++;
             return p;
         }

@@ -34,7 +34,7 @@
 
 #include "harness.h"
 
-#define N_ENG 3
+#define N_ENG 4
 #define N_TGT 2
 #define KIB   1024ull
 #define MIB   (1024ull * 1024)
@@ -1927,6 +1927,20 @@ static void test_open_race(void **state)
     assert_int_equal(mc_segment_close(race.e, id), 0);
     th_buf_free(owner, dst, 65536);
     th_buf_free(race.e, src, 65536);
+    /* Without metadata, opened by name (OPENING: its instance not known yet) and at once by its
+     * address: one peer, not a second one with a message stream of its own. */
+    th_config(&cfg);
+    th_set(&cfg, "METADATA", "none");
+    mc_engine_t *a = g.e[2] = th_engine(&cfg), *b = g.e[3] = th_engine(&cfg);
+    uint8_t addr[256];
+    size_t alen = sizeof(addr);
+    mc_segment_id_t by_name, by_addr;
+    assert_int_equal(mc_engine_address(b, addr, &alen), 0);
+    assert_int_equal(mc_segment_open_nb(a, mc_engine_segment_name(b), &by_name), 0);
+    assert_int_equal(mc_segment_open_address(a, addr, alen, &by_addr), 0);
+    assert_int_equal(by_addr, by_name);
+    assert_int_equal(mc_segment_close(a, by_addr), 0);
+    assert_int_equal(mc_segment_close(a, by_name), 0);
 }
 
 static uint8_t *export_blob(mc_engine_t *e, size_t *len_p)
