@@ -50,26 +50,33 @@ static struct {
     unsigned rounds;
 } g;
 
-/* The target and our engine, with one setting more (name NULL: none). */
-static int setup_with(const char *name, const char *value)
+/* The target and our engine, with one setting more (name NULL: none), for the target alone if
+ * target_only. */
+static int setup_cfg(const char *name, const char *value, bool target_only)
 {
-    th_cfg_t cfg;
+    th_cfg_t cfg, tcfg;
     th_target_opts_t o;
 
     memset(&g, 0, sizeof(g));
     th_config(&cfg);
     th_set(&cfg, "IO_TIMEOUT_MS", "1000"); /* the target drops stalled raw clients quickly */
+    tcfg = cfg;
     if (name)
-        th_set(&cfg, name, "%s", value);
-    th_target_opts_init(&o, &cfg, TBUF);
+        th_set(&tcfg, name, "%s", value);
+    th_target_opts_init(&o, &tcfg, TBUF);
     o.n_bufs = 2;
     assert_int_equal(th_target_spawn(&o, &g.t), 0);
-    g.e = th_engine(&cfg);
+    g.e = th_engine(target_only ? &cfg : &tcfg);
     g.seg = th_open(g.e, &g.t, 0);
     g.src = th_buf(g.e, SCRATCH);
     g.dst = th_buf(g.e, SCRATCH);
     g.rb = g.t.eng[0].buf[0];
     return 0;
+}
+
+static int setup_with(const char *name, const char *value)
+{
+    return setup_cfg(name, value, false);
 }
 
 static int setup(void **state)
@@ -91,27 +98,11 @@ static int setup_short_timeout(void **state)
 }
 
 /* A target with the least MC_HANDSHAKE_MAX_LENGTH (a DESC_REQ is refused with an ERROR frame
- * once its descriptor is larger); our engine has the default. */
+ * once its descriptor is larger: buffers added grow past it); our engine has the default. */
 static int setup_small_handshake(void **state)
 {
-    th_cfg_t cfg, tcfg;
-    th_target_opts_t o;
-
     (void)state;
-    memset(&g, 0, sizeof(g));
-    th_config(&cfg);
-    th_set(&cfg, "IO_TIMEOUT_MS", "1000");
-    tcfg = cfg;
-    th_set(&tcfg, "HANDSHAKE_MAX_LENGTH", "4096"); /* the least: buffers added grow past it */
-    th_target_opts_init(&o, &tcfg, TBUF);
-    o.n_bufs = 2;
-    assert_int_equal(th_target_spawn(&o, &g.t), 0);
-    g.e = th_engine(&cfg);
-    g.seg = th_open(g.e, &g.t, 0);
-    g.src = th_buf(g.e, SCRATCH);
-    g.dst = th_buf(g.e, SCRATCH);
-    g.rb = g.t.eng[0].buf[0];
-    return 0;
+    return setup_cfg("HANDSHAKE_MAX_LENGTH", "4096", true);
 }
 
 static int teardown(void **state)

@@ -16,21 +16,13 @@
 #include <mooncake/engine.h>
 
 #include "msg.h"
+#include "unit_engine.h"
 
 #define STREAMS 65535u /* RX_STREAMS_MAX - 1 */
 
 static mc_engine_t *engine_new(void)
 {
-    mc_config_t *cfg;
-    mc_engine_t *e;
-
-    assert_int_equal(mc_config_create(&cfg), 0);
-    assert_int_equal(mc_config_set(cfg, "METADATA", "none"), 0);
-    assert_int_equal(mc_config_set(cfg, "PROGRESS_THREAD", "0"), 0);
-    assert_int_equal(mc_config_set(cfg, "LOG_LEVEL", "error"), 0);
-    assert_int_equal(mc_engine_create(cfg, &e), 0);
-    mc_config_destroy(cfg);
-    return e;
+    return unit_engine((const char *const[]){"PROGRESS_THREAD", "0", NULL});
 }
 
 /* Deliver notification seq of stream; then pop what is queued: how many came. */

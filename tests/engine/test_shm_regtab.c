@@ -21,19 +21,11 @@
 #include <mooncake/engine.h>
 
 #include "transport/shm/shm_int.h"
+#include "unit_engine.h"
 
 static mc_engine_t *engine_new(void)
 {
-    mc_config_t *cfg;
-    mc_engine_t *e;
-
-    assert_int_equal(mc_config_create(&cfg), 0);
-    assert_int_equal(mc_config_set(cfg, "METADATA", "none"), 0);
-    assert_int_equal(mc_config_set(cfg, "IO_TIMEOUT_MS", "300"), 0);
-    assert_int_equal(mc_config_set(cfg, "LOG_LEVEL", "off"), 0);
-    assert_int_equal(mc_engine_create(cfg, &e), 0);
-    mc_config_destroy(cfg);
-    return e;
+    return unit_engine((const char *const[]){"IO_TIMEOUT_MS", "300", NULL});
 }
 
 static int64_t now_ms(void)
