@@ -107,8 +107,7 @@ typedef struct rdma_peer {
     rdma_rail_t rails[MC_MAX_RAILS];
     unsigned n_rails;
     mc_rdma_qp_t *msg_qp; /* the QP set up to carry our messages to it, if any */
-    uint64_t msg_off_ns;  /* it did not take a message ring (it may have been busy): they stay
-                             on the control link until then (mc__now_ns), and ask again */
+    bool msg_off;         /* it did not take a message ring: they stay on the control link */
 } rdma_peer_t;
 
 enum mc_qp_state { QP_CONNECTING, QP_READY, QP_DRAINING };

@@ -186,11 +186,6 @@ fail:
     return rc;
 }
 
-/* A peer that kept no message ring for us is asked again this much later: a ring refused for
- * a passing reason (its completion queue busy, memory) must not keep its messages off rdma for
- * good. */
-#define MSG_ASK_AGAIN_NS (10000 * MC_MS)
-
 void mc__rdma_msg_tx_ready(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t *remote)
 {
     rdma_msg_tx_t *tx = qp->mtx;
@@ -201,7 +196,7 @@ void mc__rdma_msg_tx_ready(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_qp_info_t 
     if (!remote->msg || bytes != RING_BYTES || !credits) {
         mc_info("rdma: %s keeps no message ring: messages to it go over %s", tx->peer->name,
                 mc__transports[e->ctrl]->name);
-        rdma_peer(tx->peer)->msg_off_ns = mc__now_ns() + MSG_ASK_AGAIN_NS;
+        rdma_peer(tx->peer)->msg_off = true;
         rdma_peer(tx->peer)->msg_qp = NULL;
         tx->peer = NULL;
         return;
@@ -235,7 +230,7 @@ bool mc__rdma_msg_open(mc_engine_t *e, mc_peer_t *p)
     rdma_peer_t *rp = rdma_peer(p);
     uint64_t now = mc__now_ns();
 
-    if (!rp || now < rp->msg_off_ns)
+    if (!rp || rp->msg_off)
         return false;
     if (rp->msg_qp)
         return rp->msg_qp->state == QP_READY && rp->msg_qp->mtx->up;

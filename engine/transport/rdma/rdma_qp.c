@@ -293,8 +293,7 @@ void mc__rdma_rail_connect(mc_engine_t *e, mc_peer_t *p, rdma_rail_t *r)
 {
     mc_rdma_t *rd = rdma_of(e);
     rdma_peer_t *rp = rdma_peer(p);
-    /* the first QP to p carries our messages */
-    bool msg = !rp->msg_qp && mc__now_ns() >= rp->msg_off_ns;
+    bool msg = !rp->msg_qp && !rp->msg_off; /* the first QP to p carries our messages */
     mc_qp_info_t info;
     mc_link_t *link;
     mc_slice_t *s;
