@@ -3,11 +3,12 @@
  * - a lane odd past MC_IO_TIMEOUT_MS (a live peer's call): the unregister fails with
  *   -MC_ETIMEOUT and keeps the buffer (before, it returned 0 and the peer's call could still
  *   write the memory the host then reused); once the lane moved on, it succeeds;
- * - a lane left odd by a peer that died in its call: not waited for (before, every unregister
- *   waited the whole timeout until another peer took the slot).
+ * - a lane left odd by a peer that died in its call, reaped or a zombie: not waited for (before,
+ *   every unregister waited the whole timeout until another peer took the slot).
  * The lanes are set here by hand, as a peer's call would leave them. */
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -80,6 +81,25 @@ static void test_grace(void **state)
     if (now_ms() - t0 >= 300)
         fail_msg("the unregister waited %lld ms for a dead peer's lane",
                  (long long)(now_ms() - t0));
+    /* one that died in its call and is not reaped yet (a zombie makes no call) */
+    pid_t z = fork();
+    assert_true(z >= 0);
+    if (!z)
+        _exit(0);
+    for (int64_t end = now_ms() + 5000; now_ms() < end;) { /* until it is a zombie */
+        siginfo_t si = {0};
+        if (!waitid(P_PID, (id_t)z, &si, WEXITED | WNOHANG | WNOWAIT) && si.si_pid == z)
+            break;
+        usleep(1000);
+    }
+    atomic_store(&se->regtab_pid[3], z);
+    atomic_store(lane, 5);
+    assert_int_equal(mc_mem_register(e, buf, sizeof(buf), "cpu:0"), 0);
+    t0 = now_ms();
+    assert_int_equal(mc_mem_unregister(e, buf), 0);
+    if (now_ms() - t0 >= 300)
+        fail_msg("the unregister waited %lld ms for a zombie's lane", (long long)(now_ms() - t0));
+    assert_int_equal(waitpid(z, NULL, 0), z);
     atomic_store(lane, 0);
     atomic_store(&se->regtab_pid[3], 0);
     mc_engine_destroy(e);

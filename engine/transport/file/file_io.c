@@ -501,7 +501,6 @@ void mc__file_io_stop(mc_engine_t *e, file_ioe_t *io)
 {
     if (io->ev.fd < 0)
         return;
-    atomic_store(&io->up, false);
     cancel_list(e, &io->waiting);
     if (io->mode == FILE_IO_URING && io->ring_up) {
         struct __kernel_timespec ts = {.tv_nsec = 100 * 1000 * 1000};
@@ -541,6 +540,7 @@ void mc__file_io_stop(mc_engine_t *e, file_ioe_t *io)
     free(io->threads);
     io->threads = NULL;
     io->n_threads = 0;
+    atomic_store(&io->up, false); /* (after its reaps: they are this stop's own) */
     mc__epoll_del(e, &io->ev);
     close(io->ev.fd);
     io->ev.fd = -1;

@@ -79,12 +79,29 @@ void mc__shm_regtab_withdraw(mc_engine_t *e)
     mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
 }
 
-/* Whether the process slot was last handed to is gone (its calls with it). */
+/* Whether the process slot was last handed to is gone (its calls with it): no such process, or
+ * one that exited and waits to be reaped (a zombie makes no call). */
 static bool slot_peer_gone(shm_engine_t *s, int slot)
 {
     pid_t pid = atomic_load(&s->regtab_pid[slot]);
+    char path[64], stat[256];
+    bool gone = false;
+    FILE *f;
 
-    return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+    if (pid <= 0)
+        return false;
+    if (kill(pid, 0) < 0)
+        return errno == ESRCH;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    if ((f = fopen(path, "r"))) {
+        /* "pid (comm) S ...": the state after the last ')' (comm may hold one) */
+        size_t n = fread(stat, 1, sizeof(stat) - 1, f);
+        stat[n] = 0;
+        const char *r = strrchr(stat, ')');
+        gone = r && (r[2] == 'Z' || r[2] == 'X');
+        fclose(f);
+    }
+    return gone;
 }
 
 /* After a registration was removed: wait until no peer's CMA that might have seen it is still

@@ -50,10 +50,10 @@ static int connect_timeout(const struct sockaddr_storage *sa, socklen_t len, uns
     return fd;
 }
 
-/* All of buf within ms in all (a peer that sends a byte now and then does not hold it longer). */
-static int io_all(int fd, void *buf, size_t len, bool out, unsigned ms)
+/* All of buf by end (mc__now_ns; a peer that sends a byte now and then does not hold it
+ * longer). */
+static int io_all(int fd, void *buf, size_t len, bool out, uint64_t end)
 {
-    uint64_t end = mc__now_ns() + (uint64_t)ms * MC_MS;
     uint8_t *p = buf;
 
     while (len) {
@@ -72,16 +72,18 @@ static int io_all(int fd, void *buf, size_t len, bool out, unsigned ms)
     return 0;
 }
 
+/* One frame within ms in all. */
 static int send_frame(int fd, mc_frame_t *f, const void *payload, uint32_t len, unsigned ms)
 {
+    uint64_t end = mc__now_ns() + (uint64_t)ms * MC_MS;
     uint8_t hdr[MC_FRAME_HDR_LEN];
     int rc;
 
     f->length = len;
     mc__tcp_frame_encode(f, hdr);
-    rc = io_all(fd, hdr, sizeof(hdr), true, ms);
+    rc = io_all(fd, hdr, sizeof(hdr), true, end);
     if (!rc && len)
-        rc = io_all(fd, (void *)payload, len, true, ms);
+        rc = io_all(fd, (void *)payload, len, true, end);
     return rc;
 }
 
@@ -90,8 +92,8 @@ static int send_frame(int fd, mc_frame_t *f, const void *payload, uint32_t len, 
 static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char **payload_p)
 {
     uint8_t hdr[MC_FRAME_HDR_LEN];
-    unsigned ms = e->cfg.connect_timeout_ms;
-    int rc = io_all(fd, hdr, sizeof(hdr), false, ms);
+    uint64_t end = mc__now_ns() + (uint64_t)e->cfg.connect_timeout_ms * MC_MS; /* the frame's */
+    int rc = io_all(fd, hdr, sizeof(hdr), false, end);
     char *p;
 
     if (!rc)
@@ -104,7 +106,7 @@ static int recv_frame(mc_engine_t *e, int fd, uint8_t type, mc_frame_t *f, char 
     p = malloc((size_t)f->length + 1);
     if (!p)
         return -ENOMEM;
-    rc = io_all(fd, p, f->length, false, ms);
+    rc = io_all(fd, p, f->length, false, end);
     p[f->length] = 0;
     if (!rc && f->type == MC_FR_ERROR)
         rc = mc__set_error((int)(int64_t)f->aux ? (int)(int64_t)f->aux : -MC_EPROTO, "peer: %s", p);

@@ -279,11 +279,13 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
         rail_failed(tp, r, connecting);
     if (had_data) {
         retire_remember(tp, c->id);
+        uint64_t at =
+            tp->retired_at[tp->n_retired - 1]; /* (a sibling failing below adds its own) */
         for (mc_list_t *pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
             mc_tcp_conn_t *o = mc_container_of(pos, mc_tcp_conn_t, node);
             if (o->state != CS_READY)
                 continue;
-            retire_send(e, o, tp->retired_at[tp->n_retired - 1]);
+            retire_send(e, o, at);
             if (o->state == CS_DEAD) /* could not queue it: o (and maybe others) left the */
                 pos = &tp->conns;    /* list; again from the start (a RETIRE twice is harmless) */
         }
