@@ -605,7 +605,7 @@ void mc__peer_dead(mc_engine_t *e, mc_peer_t *p, const char *fmt, ...)
      * are let go of when their links do). */
     for (mc_list_t *pos = e->active_tasks.next; pos != &e->active_tasks; pos = pos->next) {
         mc_task_t *t = mc_container_of(pos, mc_task_t, alink);
-        if (t->peer == p) { /* (its rdma READs may still be answered: not into its memory) */
+        if (t->peer == p) { /* (a READ of it may still be answered: not into its memory) */
             mc__sched_abandon(e, t);
             mc__task_finish(t, MC_TASK_FAILED, -MC_EPEERDEAD, "%s", reason);
         }

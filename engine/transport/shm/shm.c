@@ -349,22 +349,23 @@ static void regtab_wait_stop(mc_engine_t *e, shm_peer_t *s)
     s->regtab_wait.fd = -1;
 }
 
-static bool owner_exited(shm_peer_t *s)
+/* What one poll says of the owner after copies through its mappings: its process exited (the
+ * pidfd), or it closed our event socket. It cuts a peer that did not acknowledge a revocation in
+ * time, and its unregister has returned then (the memory our mappings show may be free, or
+ * another buffer's); our progress drops the mappings when it takes the hang-up in, and a copy
+ * before that must not count. */
+enum { OWNER_LIVE, OWNER_EXITED, OWNER_CUT };
+
+static int owner_state(shm_peer_t *s)
 {
-    struct pollfd pfd = {.fd = s->pidfd, .events = POLLIN};
+    struct pollfd pfd[2] = {{.fd = s->pidfd, .events = POLLIN},
+                            {.fd = s->ev.fd, .events = POLLRDHUP}}; /* (-1: left out) */
 
-    return poll(&pfd, 1, 0) > 0;
-}
-
-/* Whether the owner closed our event socket: it cuts a peer that did not acknowledge a
- * revocation in time, and its unregister has returned then (the memory our mappings show may
- * be free, or another buffer's). Our progress drops the mappings when it takes the hang-up in;
- * a copy before that must not count. */
-static bool owner_cut(shm_peer_t *s)
-{
-    struct pollfd pfd = {.fd = s->ev.fd, .events = POLLRDHUP};
-
-    return s->ev.fd >= 0 && poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    if (poll(pfd, 2, 0) <= 0)
+        return OWNER_LIVE;
+    if (pfd[0].revents)
+        return OWNER_EXITED;
+    return pfd[1].revents & (POLLRDHUP | POLLHUP | POLLERR) ? OWNER_CUT : OWNER_LIVE;
 }
 
 static void owe_drop(mc_engine_t *e, shm_peer_t *s)
@@ -860,18 +861,18 @@ void mc__shm_task_done(mc_engine_t *e, mc_task_t *d)
     mc__task_finish(d, MC_TASK_COMPLETED, 0, NULL);
 }
 
-/* Tasks [i, j) moved (a copy through mappings): one liveness check of the owner decides, and
- * one of our event socket: once the owner cut it the copies may have gone to memory it let go
- * of, so the tasks go again over the next transport, which the owner checks. */
+/* Tasks [i, j) moved (a copy through mappings): one look at the owner decides (owner_state).
+ * Once it cut us the copies may have gone to memory it let go of, so the tasks go again over
+ * the next transport, which the owner checks. */
 static void settle(mc_engine_t *e, shm_peer_t *s, mc_task_t *tasks, size_t i, size_t j)
 {
-    bool dead = owner_exited(s), cut = !dead && owner_cut(s);
+    int owner = owner_state(s);
 
     for (size_t k = i; k < j; k++) {
-        if (dead)
+        if (owner == OWNER_EXITED)
             mc__task_finish(&tasks[k], MC_TASK_FAILED, -MC_EPEERDEAD,
                             "segment %s: owner process exited", tasks[k].peer->name);
-        else if (cut)
+        else if (owner == OWNER_CUT)
             mc__task_reroute(e, &tasks[k]);
         else
             mc__shm_task_done(e, &tasks[k]);

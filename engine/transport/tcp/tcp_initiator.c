@@ -279,8 +279,8 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
         rail_failed(tp, r, connecting);
     if (had_data) {
         retire_remember(tp, c->id);
-        uint64_t at =
-            tp->retired_at[tp->n_retired - 1]; /* (a sibling failing below adds its own) */
+        /* (read once: a sibling failing below adds its own) */
+        uint64_t at = tp->retired_at[tp->n_retired - 1];
         for (mc_list_t *pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
             mc_tcp_conn_t *o = mc_container_of(pos, mc_tcp_conn_t, node);
             if (o->state != CS_READY)
