@@ -7,10 +7,14 @@
  * server stopping cleanly, which curl reports as success; a killed server; a refused token; a
  * network error) it opens a new one from that revision on, trying the next endpoint after a
  * connection error and backing off up to 1 s while etcd is away, so no event is lost or repeated.
- * When etcd has compacted that revision away, the thread lists the prefix instead, queues every
- * key as a PUT and watches on from the revision of the listing: deletions inside a compacted
- * gap are not reported. The queue is not bounded: a consumer that never calls watch_next keeps
- * the events in memory.
+ * When etcd has compacted that revision away, the thread lists the prefix instead, queues a
+ * DELETE for every key it knew that the listing lacks and a PUT for every key listed, and
+ * watches on from the revision of the listing. The keys it knows are those under the prefix at
+ * the start revision (listed, keys only, before the first stream) and those its events put
+ * since; a start revision already compacted when the watch starts leaves it knowing only what
+ * it hears from then on (deletions before that, as the file:// backend's beyond its log, are not
+ * reported). The queue is not bounded: a consumer that never calls watch_next keeps the events
+ * in memory.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -32,6 +36,12 @@ typedef struct watch_node {
     mc_meta_event_t ev;
 } watch_node_t;
 
+/* A key the watch knows to be there. */
+typedef struct known_key {
+    char *key;
+    size_t len;
+} known_key_t;
+
 typedef struct etcd_watch {
     mc_meta_watch_t base;
     mc_meta_etcd_t *m;
@@ -47,7 +57,85 @@ typedef struct etcd_watch {
     char *line;
     size_t line_len, line_cap;
     bool created, compacted, auth_err;
+    bool seed_tried;    /* the keys at the start revision were listed, or cannot be */
+    bool seeded;        /* known holds every key there (since the start revision or a listing) */
+    known_key_t *known; /* sorted by key bytes */
+    size_t n_known, cap_known;
 } etcd_watch_t;
+
+static int key_cmp(const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    int c = memcmp(a, b, a_len < b_len ? a_len : b_len);
+
+    return c ? c : (a_len > b_len) - (a_len < b_len);
+}
+
+/* Where key is in w->known, or would go (*found false). */
+static size_t known_find(const etcd_watch_t *w, const char *key, size_t len, bool *found)
+{
+    size_t lo = 0, hi = w->n_known;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = key_cmp(w->known[mid].key, w->known[mid].len, key, len);
+        if (c == 0) {
+            *found = true;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = false;
+    return lo;
+}
+
+/* A key that is there now (false: no memory, so deletions may go unreported after a
+ * compaction). */
+static bool known_put(etcd_watch_t *w, const char *key, size_t len)
+{
+    bool found;
+    size_t at = known_find(w, key, len, &found);
+    char *copy;
+
+    if (found)
+        return true;
+    if (w->n_known == w->cap_known) {
+        size_t cap = w->cap_known ? 2 * w->cap_known : 64;
+        known_key_t *v = realloc(w->known, cap * sizeof(*v));
+        if (!v)
+            return false;
+        w->known = v;
+        w->cap_known = cap;
+    }
+    if (!(copy = malloc(len ? len : 1)))
+        return false;
+    memcpy(copy, key, len);
+    memmove(&w->known[at + 1], &w->known[at], (w->n_known - at) * sizeof(*w->known));
+    w->known[at] = (known_key_t){.key = copy, .len = len};
+    w->n_known++;
+    return true;
+}
+
+static void known_del(etcd_watch_t *w, const char *key, size_t len)
+{
+    bool found;
+    size_t at = known_find(w, key, len, &found);
+
+    if (!found)
+        return;
+    free(w->known[at].key);
+    memmove(&w->known[at], &w->known[at + 1], (w->n_known - at - 1) * sizeof(*w->known));
+    w->n_known--;
+}
+
+static void known_clear(etcd_watch_t *w)
+{
+    for (size_t i = 0; i < w->n_known; i++)
+        free(w->known[i].key);
+    w->n_known = 0;
+}
 
 static void watch_enqueue(etcd_watch_t *w, watch_node_t *n)
 {
@@ -70,6 +158,12 @@ static void watch_queue_kv(etcd_watch_t *w, mc_meta_event_type_t type, json_t *j
     n->ev.type = type;
     if (n->ev.kv.mod_revision >= w->next_rev)
         w->next_rev = n->ev.kv.mod_revision + 1;
+    if (type == MC_META_DELETE)
+        known_del(w, n->ev.kv.key, n->ev.kv.key_len);
+    else if (!known_put(w, n->ev.kv.key, n->ev.kv.key_len) && w->seeded) {
+        mc_warn("etcd watch: no memory to remember a key: a compaction may hide its deletion");
+        w->seeded = false;
+    }
     watch_enqueue(w, n);
 }
 
@@ -227,12 +321,42 @@ static CURLcode watch_stream(etcd_watch_t *w, unsigned ep)
     return res;
 }
 
-/* The start revision is compacted away: queue the current keys as PUTs and go on from there. */
+static int node_key_cmp(const void *a, const void *b)
+{
+    const mc_meta_kv_t *x = &(*(watch_node_t *const *)a)->ev.kv;
+    const mc_meta_kv_t *y = &(*(watch_node_t *const *)b)->ev.kv;
+
+    return key_cmp(x->key, x->key_len, y->key, y->key_len);
+}
+
+/* Queue a DELETE of k at revision rev. */
+static void watch_queue_gone(etcd_watch_t *w, const known_key_t *k, int64_t rev)
+{
+    watch_node_t *n = calloc(1, sizeof(*n));
+
+    if (n && (n->ev.kv.key = malloc(k->len + 1)) && (n->ev.kv.value = calloc(1, 1))) {
+        memcpy(n->ev.kv.key, k->key, k->len);
+        n->ev.kv.key[k->len] = 0;
+        n->ev.kv.key_len = k->len;
+        n->ev.kv.mod_revision = rev;
+        n->ev.type = MC_META_DELETE;
+        watch_enqueue(w, n);
+        return;
+    }
+    mc_warn("etcd watch: no memory to report the deletion of a key");
+    if (n)
+        mc__meta_kv_free(&n->ev.kv);
+    free(n);
+}
+
+/* The start revision is compacted away: report the keys known that the listing lacks as
+ * deleted at its revision, queue the keys listed as PUTs and go on from there. */
 static int watch_relist(etcd_watch_t *w)
 {
     json_t *req = json_pack("{s:s, s:s}", "key", w->key_b64, "range_end", w->end_b64), *resp;
-    size_t i;
-    json_t *kv;
+    json_t *kvs;
+    watch_node_t **put = NULL;
+    size_t i, j, n = 0, gone = 0;
     int rc;
 
     if (!req)
@@ -241,15 +365,91 @@ static int watch_relist(etcd_watch_t *w)
     json_decref(req);
     if (rc)
         return rc;
-    mc_warn("etcd watch: revision %" PRId64 " was compacted; re-listed the prefix", w->next_rev);
-    w->next_rev = mc__etcd_int(json_object_get(resp, "header"), "revision") + 1;
-    json_array_foreach(json_object_get(resp, "kvs"), i, kv)
-    {
-        int64_t next = w->next_rev;
-        watch_queue_kv(w, MC_META_PUT, kv);
-        w->next_rev = next;
+    int64_t rev = mc__etcd_int(json_object_get(resp, "header"), "revision");
+    kvs = json_object_get(resp, "kvs");
+    if (json_array_size(kvs) && !(put = calloc(json_array_size(kvs), sizeof(*put)))) {
+        json_decref(resp);
+        return -ENOMEM;
+    }
+    for (i = 0; i < json_array_size(kvs); i++) {
+        watch_node_t *nd = calloc(1, sizeof(*nd));
+        if (!nd || mc__etcd_kv_decode(json_array_get(kvs, i), &nd->ev.kv)) {
+            mc_warn("etcd watch: dropped a key of the listing: %s",
+                    nd ? mc_last_error() : "no memory");
+            free(nd);
+            continue;
+        }
+        nd->ev.type = MC_META_PUT;
+        put[n++] = nd;
     }
     json_decref(resp);
+    qsort(put, n, sizeof(*put), node_key_cmp);
+    /* Both sorted: what known has and the listing lacks is gone. */
+    for (i = j = 0; i < w->n_known; i++) {
+        const known_key_t *k = &w->known[i];
+        int c = 1;
+        while (j < n && (c = key_cmp(put[j]->ev.kv.key, put[j]->ev.kv.key_len, k->key, k->len)) < 0)
+            j++;
+        if (j == n || c > 0) {
+            watch_queue_gone(w, k, rev);
+            gone++;
+        }
+    }
+    mc_warn("etcd watch: revision %" PRId64 " was compacted; re-listed the prefix: %zu keys, "
+            "%zu gone meanwhile%s",
+            w->next_rev, n, gone, w->seeded ? "" : " (of the keys it knew: not all of them)");
+    known_clear(w);
+    w->seeded = true;
+    w->next_rev = rev + 1;
+    for (i = 0; i < n; i++) {
+        if (!known_put(w, put[i]->ev.kv.key, put[i]->ev.kv.key_len))
+            w->seeded = false;
+        watch_enqueue(w, put[i]);
+    }
+    free(put);
+    return 0;
+}
+
+/* Before the first stream: the keys there at the start revision, which a compaction later may
+ * make it re-list (0, or an error to try again; a revision compacted already leaves the watch
+ * without them: 0). */
+static int watch_seed(etcd_watch_t *w)
+{
+    char rb[24];
+    json_t *req, *resp, *kv;
+    size_t i;
+    int rc;
+
+    snprintf(rb, sizeof(rb), "%" PRId64, w->next_rev - 1);
+    req = json_pack("{s:s, s:s, s:b, s:s}", "key", w->key_b64, "range_end", w->end_b64, "keys_only",
+                    1, "revision", rb);
+    if (!req)
+        return -ENOMEM;
+    rc = mc__etcd_call(w->m, "kv/range", req, &resp);
+    json_decref(req);
+    if (rc) {
+        if (!strstr(mc_last_error(), "compacted"))
+            return rc;
+        mc_warn("etcd watch: its start revision %" PRId64 " is compacted: deletions of keys it "
+                "does not hear about are not reported",
+                w->next_rev);
+        w->seed_tried = true; /* (the stream re-lists) */
+        return 0;
+    }
+    json_array_foreach(json_object_get(resp, "kvs"), i, kv)
+    {
+        mc_meta_kv_t k;
+        if (mc__etcd_kv_decode(kv, &k) == 0) {
+            bool ok = known_put(w, k.key, k.key_len);
+            mc__meta_kv_free(&k);
+            if (!ok) {
+                json_decref(resp);
+                return -ENOMEM;
+            }
+        }
+    }
+    json_decref(resp);
+    w->seed_tried = w->seeded = true;
     return 0;
 }
 
@@ -277,6 +477,12 @@ static void *watch_thread(void *arg)
     int backoff = WATCH_BACKOFF_MIN_MS;
 
     while (!atomic_load(&w->stop)) {
+        if (!w->seed_tried && watch_seed(w) != 0) {
+            mc_debug("etcd watch: listing its keys: %s", mc_last_error());
+            watch_sleep(w, backoff);
+            backoff = backoff * 2 > WATCH_BACKOFF_MAX_MS ? WATCH_BACKOFF_MAX_MS : backoff * 2;
+            continue;
+        }
         CURLcode res = watch_stream(w, ep);
         if (atomic_load(&w->stop))
             break;
@@ -331,6 +537,8 @@ static void watch_free(etcd_watch_t *w)
         curl_multi_cleanup(w->multi);
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->lock);
+    known_clear(w);
+    free(w->known);
     free(w->key_b64);
     free(w->end_b64);
     free(w->line);
@@ -363,6 +571,8 @@ int mc__etcd_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len
         w->next_rev++;
     if (rc)
         goto err_free;
+    if (w->next_rev <= 1) /* (before the first revision: no key) */
+        w->seed_tried = w->seeded = true;
     w->multi = curl_multi_init();
     if (!w->multi) {
         rc = mc__set_error(-ENOMEM, "curl_multi_init failed");

@@ -100,7 +100,9 @@ MC_API int mc_meta_lease_revoke(mc_meta_t *meta, int64_t lease);
  * backend looks at the store on every change (and every 100 ms while leased keys may expire):
  * several changes of one key between two looks come as one event, its latest state. A watch
  * from a revision too old for the service's history (etcd's compaction, the file:// deletion
- * log's bound) starts with the keys as they are, and misses deletions from before that. */
+ * log's bound) starts with the keys as they are, and misses deletions from before that; a
+ * watch that falls that far behind later (its etcd stream cut off) reports the keys it knew
+ * that went meanwhile as deleted. */
 MC_API int mc_meta_watch_create(mc_meta_t *meta, const void *prefix, size_t prefix_len,
                                 int64_t start_revision, mc_meta_watch_t **watch_p);
 MC_API int mc_meta_watch_next(mc_meta_watch_t *watch, int timeout_ms, mc_meta_event_t *event_p);

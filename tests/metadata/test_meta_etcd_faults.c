@@ -1,10 +1,18 @@
 /* The etcd:// backend while etcd dies and comes back: watches resume without losing or repeating
- * an event, calls fail within their bound while etcd is away, compacted history is re-listed. */
+ * an event, calls fail within their bound while etcd is away, compacted history is re-listed,
+ * and a watch cut off from a live etcd (through a proxy the test cuts) while keys went and
+ * history was compacted reports those deletions when it is back. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -151,6 +160,164 @@ static void test_watch_compacted(void **state)
     mc__meta_watch_destroy(w);
 }
 
+/* ---- a TCP proxy to etcd whose connections the test can cut ---- */
+
+static struct {
+    int lfd, port;
+    struct sockaddr_in to;
+    atomic_bool cut, stop;
+    pthread_t tid;
+} proxy;
+
+/* Copy both ways until either side closes or the proxy is cut. */
+static void *proxy_relay(void *arg)
+{
+    int a = (int)(intptr_t)arg, b = socket(AF_INET, SOCK_STREAM, 0);
+    char buf[16384];
+
+    if (b >= 0 && connect(b, (struct sockaddr *)&proxy.to, sizeof(proxy.to)) == 0) {
+        struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+        while (!atomic_load(&proxy.cut) && !atomic_load(&proxy.stop)) {
+            if (poll(p, 2, 20) <= 0)
+                continue;
+            bool done = false;
+            for (int i = 0; i < 2 && !done; i++) {
+                if (!p[i].revents)
+                    continue;
+                ssize_t n = read(p[i].fd, buf, sizeof(buf));
+                done = n <= 0 || write(p[1 - i].fd, buf, (size_t)n) != n;
+            }
+            if (done)
+                break;
+        }
+    }
+    close(a);
+    if (b >= 0)
+        close(b);
+    return NULL;
+}
+
+/* Accept; while cut, close what comes at once (the client sees its stream end). */
+static void *proxy_accept(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&proxy.stop)) {
+        struct pollfd p = {.fd = proxy.lfd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        int c = accept(proxy.lfd, NULL, NULL);
+        pthread_t t;
+        if (c < 0)
+            continue;
+        if (atomic_load(&proxy.cut) || pthread_create(&t, NULL, proxy_relay, (void *)(intptr_t)c))
+            close(c);
+        else
+            pthread_detach(t);
+    }
+    return NULL;
+}
+
+static void proxy_start(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port;
+
+    assert_int_equal(sscanf(etcd.endpoint, "127.0.0.1:%d", &port), 1);
+    proxy.to = a;
+    proxy.to.sin_port = htons((uint16_t)port);
+    proxy.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(proxy.lfd >= 0);
+    assert_int_equal(bind(proxy.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(proxy.lfd, 16), 0);
+    assert_int_equal(getsockname(proxy.lfd, (struct sockaddr *)&a, &len), 0);
+    proxy.port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&proxy.tid, NULL, proxy_accept, NULL), 0);
+}
+
+static void proxy_stop(void)
+{
+    atomic_store(&proxy.stop, true);
+    pthread_join(proxy.tid, NULL);
+    close(proxy.lfd);
+    etcd_test_sleep_ms(100); /* the relays see stop */
+}
+
+/* The next event, which must come within 10 s. */
+static mc_meta_event_t next_event(mc_meta_watch_t *w)
+{
+    mc_meta_event_t ev;
+
+    assert_int_equal(mc__meta_watch_next(w, 10000, &ev), 0);
+    return ev;
+}
+
+/* A watch whose stream is cut while etcd lives on, a key it knew is deleted and the history is
+ * compacted past its revision: back, it reports that key deleted (at the listing's revision),
+ * then the keys there, each once. The key deleted was there before the watch started, so only
+ * the keys it listed at its start revision know it. */
+static void test_watch_gap_deletions(void **state)
+{
+    char url[64];
+    mc_meta_t *via;
+    mc_meta_watch_t *w;
+    mc_meta_event_t ev;
+    int64_t rev;
+
+    (void)state;
+    proxy_start();
+    snprintf(url, sizeof(url), "etcd://127.0.0.1:%d", proxy.port);
+    assert_int_equal(mc__meta_put(meta, "gap/a", 5, "a", 1, 0, NULL), 0);
+    assert_int_equal(mc__meta_put(meta, "gap/b", 5, "b1", 2, 0, NULL), 0);
+    assert_int_equal(mc__meta_open(url, NULL, &via), 0);
+    assert_int_equal(mc__meta_watch_create(via, "gap/", 4, 0, &w), 0);
+    assert_int_equal(mc__meta_put(meta, "gap/c", 5, "c", 1, 0, NULL), 0);
+    ev = next_event(w); /* the stream is up */
+    assert_int_equal(ev.type, MC_META_PUT);
+    assert_memory_equal(ev.kv.key, "gap/c", 5);
+    mc__meta_kv_free(&ev.kv);
+
+    atomic_store(&proxy.cut, true);
+    etcd_test_sleep_ms(300);
+    assert_int_equal(mc__meta_del(meta, "gap/a", 5), 0);
+    assert_int_equal(mc__meta_put(meta, "gap/b", 5, "b2", 2, 0, NULL), 0);
+    assert_int_equal(mc__meta_put(meta, "gap/d", 5, "d", 1, 0, &rev), 0);
+    assert_int_equal(etcd_proc_sh(&etcd,
+                                  "curl -sf -m 5 %s/v3/kv/compaction -d '{\"revision\":\"%lld\"}'"
+                                  " >/dev/null",
+                                  etcd.http, (long long)rev),
+                     0);
+    assert_int_equal(mc__meta_watch_next(w, 500, &ev), -ETIMEDOUT); /* cut off */
+    atomic_store(&proxy.cut, false);
+
+    ev = next_event(w);
+    assert_int_equal(ev.type, MC_META_DELETE);
+    assert_int_equal(ev.kv.key_len, 5);
+    assert_memory_equal(ev.kv.key, "gap/a", 5);
+    assert_true(ev.kv.mod_revision >= rev);
+    mc__meta_kv_free(&ev.kv);
+    static const char *const keys[] = {"gap/b", "gap/c", "gap/d"}, *const vals[] = {"b2", "c", "d"};
+    for (int i = 0; i < 3; i++) {
+        ev = next_event(w);
+        assert_int_equal(ev.type, MC_META_PUT);
+        assert_int_equal(ev.kv.key_len, 5);
+        assert_memory_equal(ev.kv.key, keys[i], 5);
+        assert_int_equal(ev.kv.value_len, strlen(vals[i]));
+        assert_memory_equal(ev.kv.value, vals[i], strlen(vals[i]));
+        mc__meta_kv_free(&ev.kv);
+    }
+    assert_int_equal(mc__meta_watch_next(w, 300, &ev), -ETIMEDOUT);
+    /* and on from there */
+    assert_int_equal(mc__meta_del(meta, "gap/c", 5), 0);
+    ev = next_event(w);
+    assert_int_equal(ev.type, MC_META_DELETE);
+    assert_memory_equal(ev.kv.key, "gap/c", 5);
+    mc__meta_kv_free(&ev.kv);
+    mc__meta_watch_destroy(w);
+    mc__meta_close(via);
+    proxy_stop();
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -174,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_watch_survives_sigterm),
         cmocka_unit_test(test_lease_across_restart),
         cmocka_unit_test(test_watch_compacted),
+        cmocka_unit_test(test_watch_gap_deletions),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
