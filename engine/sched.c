@@ -120,6 +120,7 @@ mc_slice_t *mc__sched_next_slice(mc_engine_t *e, mc_peer_t *p, unsigned tp)
         if (!s)
             return NULL;
         s->kind = MC_SL_DATA;
+        s->tp = (uint8_t)tp;
         s->opcode = (uint8_t)t->req.opcode;
         s->task = t;
         s->offset = t->carved;
@@ -170,6 +171,52 @@ void mc__sched_unslice(mc_peer_t *p, unsigned tp, mc_slice_t *s)
     mc_list_push_front(&p->q[tp].retry, &s->link);
 }
 
+/* s goes to its task's transport, which the task may have moved to since s was carved: a slice
+ * another transport had (its private part is that one's) starts there afresh. */
+static void slice_requeue(mc_slice_t *s)
+{
+    mc_task_t *t = s->task;
+
+    if (s->tp != t->tp) {
+        memset(s->priv, 0, sizeof(s->priv));
+        s->rails_tried = 0;
+        s->tp = t->tp;
+    }
+    mc_list_push_back(&t->peer->q[t->tp].retry, &s->link);
+}
+
+void mc__sched_move(mc_engine_t *e, mc_peer_t *p, unsigned tp)
+{
+    mc_list_t tasks, slices, *n;
+
+    mc_list_init(&tasks);
+    mc_list_init(&slices);
+    mc_list_splice_back(&tasks, &p->q[tp].pending);
+    mc_list_splice_back(&slices, &p->q[tp].retry);
+    while ((n = mc_list_pop_front(&tasks))) {
+        mc_task_t *t = mc_container_of(n, mc_task_t, qlink);
+        if (atomic_load(&t->state) < MC_TASK_COMPLETED)
+            mc__task_reroute(e, t); /* (or it fails, with every transport's reason) */
+        if (atomic_load(&t->state) < MC_TASK_COMPLETED) {
+            mc_list_push_back(&p->q[t->tp].pending, &t->qlink);
+        } else {
+            t->queued = false;
+            mc__task_maybe_release(e, t);
+        }
+    }
+    while ((n = mc_list_pop_front(&slices))) {
+        mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
+        mc_task_t *t = s->task;
+        if (atomic_load(&t->state) < MC_TASK_COMPLETED && t->tp == tp)
+            mc__task_reroute(e, t); /* carved whole: not among the tasks above */
+        if (atomic_load(&t->state) < MC_TASK_COMPLETED)
+            slice_requeue(s);
+        else
+            slice_release(e, s);
+    }
+    mc__peer_activate(e, p);
+}
+
 static bool has_slices(mc_peer_t *p, unsigned tp)
 {
     return !mc_list_empty(&p->q[tp].pending) || !mc_list_empty(&p->q[tp].retry);
@@ -190,11 +237,12 @@ void mc__sched_run(mc_engine_t *e)
         mc_peer_t *p = mc_container_of(pos, mc_peer_t, active_link);
         bool work = p->desc_wanted;
         mc__peer_desc_ask(e, p);
-        for (unsigned tp = 0; tp < mc__n_transports; tp++) {
+        for (unsigned tp = 0; tp < mc__n_transports; tp++)
             if (p->tp[tp] && tp_has_work(p, tp) && MC_TP_HAS(mc__transports[tp], fill))
                 mc__transports[tp]->fill(e, p);
-            work = work || tp_has_work(p, tp);
-        }
+        /* (after every fill: one may have moved its work to another, mc__sched_move) */
+        for (unsigned tp = 0; tp < mc__n_transports && !work; tp++)
+            work = tp_has_work(p, tp);
         if (!work) {
             mc_list_del(&p->active_link);
             p->active = false;
@@ -291,7 +339,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
         s->attempts++;
         mc__peer_count(t, MC_CNT_RETRIES, 1);
         mc__tp_count(e, t->tp, MC_CNT_RETRIES, 1);
-        mc_list_push_back(&p->q[t->tp].retry, &s->link);
+        slice_requeue(s);
         mc__peer_activate(e, p);
         return;
     }

@@ -25,6 +25,11 @@ mc_task_t *mc__sched_peek_task(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 const char *mc__sched_peek_location(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 /* Give back a slice just taken: mc__sched_next_slice returns it first. */
 void mc__sched_unslice(mc_peer_t *p, unsigned tp, mc_slice_t *s);
+/* Transport tp lost every path to p: what it has queued for p (tasks not carved yet, whole or
+ * in part, and slices waiting for a retry) goes to the next transport of p's order that accepts
+ * each task (mc__task_reroute), or fails with the reasons. Slices in flight on tp that fail
+ * later follow their task there (mc__slice_failed). */
+void mc__sched_move(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 /* A WRITE slice's bytes left for good (a transport that hands them to the kernel before the
  * target confirms them): once all of a task's did, its on_sent runs at the end of the pass. */
 void mc__slice_sent(mc_engine_t *e, mc_slice_t *s);

@@ -94,7 +94,8 @@ struct mc_slice {
     mc_slice_t *next_free;
     uint8_t kind;
     uint8_t opcode; /* MC_READ / MC_WRITE for data slices */
-    uint8_t tp;     /* MC_SL_CTRL: the transport that asked */
+    uint8_t tp;     /* MC_SL_CTRL: the transport that asked; MC_SL_DATA: the one whose queue
+                       it came from (mc__sched_move may move its task meanwhile) */
     mc_task_t *task;
     uint64_t offset; /* within the task */
     uint32_t len;
@@ -133,7 +134,8 @@ static inline void mc__batch_unbusy(mc_batch_t *b)
     mc__batch_unbusy_n(b, 1);
 }
 /* The transport t was routed to cannot take it after all: route it to the next one that
- * reaches its peer and accepts it, or fail it with the reasons. Submitting thread. */
+ * reaches its peer and accepts it, or fail it with the reasons. Submitting thread, or progress
+ * (mc__sched_move). */
 void mc__task_reroute(mc_engine_t *e, mc_task_t *t);
 /* Route a task that waited for its peer's descriptor (progress context): a transport, or
  * failed (range still unknown, nothing accepts it); a transport that moves data at submit

@@ -1,7 +1,8 @@
 /*
  * The rdma transport beyond the conformance suite, on the software RDMA device (tools/softverbs,
  * two devices per process, selected with LD_LIBRARY_PATH by the ctest entry): striping over
- * several devices, a port that goes down in the middle of a transfer and comes back, requests
+ * several devices, a port that goes down in the middle of a transfer and comes back, every
+ * device of the initiator going down or dying (the transfers go on over tcp), requests
  * the target's NIC must refuse (corrupted, stale or forged keys, ranges outside the buffers),
  * and a target that dies during a transfer. The target engine is a child process (harness.c);
  * both engines use rdma although they share the host (protocol "rdma").
@@ -430,6 +431,138 @@ static void test_device_fatal(void **state)
     assert_int_equal(rail_bytes(fx, "softverbs0->softverbs0") +
                          rail_bytes(fx, "softverbs0->softverbs1"),
                      dead_bytes);
+}
+
+/* ---- 2c. every device of ours goes ---------------------------------------------------------- */
+
+/* Write fault into the control files of both of the initiator's devices. */
+static void both_devices(fx_t *fx, const char *fault)
+{
+    ctl_write(fx->idir, "softverbs0", fault, 0);
+    ctl_write(fx->idir, "softverbs1", fault, FAULT_SETTLE);
+}
+
+/* 512 MiB WRITE in 64 requests while every port of the initiator goes down: no rail to the
+ * target can carry, so what rdma had queued (and what flushed from its QPs) goes over tcp, and
+ * every task completes well before the transfer timeout (30 s) that used to end them. While
+ * the ports stay down, a READ and a WRITE go over tcp too; once they are up, a probe of the rails
+ * brings the transfers back to rdma. Every byte is checked. */
+static void test_devices_down(void **state)
+{
+    fx_t *fx = *state;
+    const size_t n = 64, each = 8 * MIB, len = n * each;
+    uint8_t *buf = fx_local(fx, len);
+    uint64_t rb = tbuf(fx, 0);
+    mc_counters_t tcp0, tcp1;
+    rails_t rs;
+    char why[512];
+
+    counters(fx->e, "tcp", &tcp0);
+    th_fill(buf, len, 621);
+    mc_batch_t *b = submit_span(fx, MC_WRITE, buf, rb, n, each);
+    int64_t dl = th_now_ms() + 30000;
+    while (rail_bytes(fx, "softverbs0->softverbs0") < 16 * MIB && th_now_ms() < dl)
+        th_sleep_ms(2);
+    both_devices(fx, "port=down\n");
+    int64_t at = th_now_ms();
+    assert_int_equal(mc_batch_wait(b, 90000), 0);
+    int64_t took = th_now_ms() - at;
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        if (ts.state != MC_TASK_COMPLETED)
+            print_message("  task %zu: state %d: %s\n", i, ts.state, ts.reason);
+        assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    }
+    th_batch_destroy(fx->e, b);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb, len, 621, 0), -1);
+    counters(fx->e, "tcp", &tcp1);
+    rails_get(fx, &rs);
+    rails_print(&rs);
+    print_message("  completed %lld ms after the ports went down; rdma %llu MiB, tcp %llu MiB\n",
+                  (long long)took, (unsigned long long)(rdma_rail_bytes(&rs) / MIB),
+                  (unsigned long long)((tcp1.bytes_written - tcp0.bytes_written) / MIB));
+    assert_true(took < 20000);
+    assert_true(tcp1.bytes_written - tcp0.bytes_written > 0);
+    assert_true(rdma_rail_bytes(&rs) < len);
+
+    /* Still down: new transfers go over tcp at once. */
+    uint64_t rdma_before = rdma_rail_bytes(&rs);
+    th_remote_fill(&fx->t, 0, rb, 64 * MIB, 622, 0);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_READ, buf, rb, 64 * MIB, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_check(buf, 64 * MIB, 622), -1);
+    th_fill(buf, 64 * MIB, 623);
+    assert_int_equal(xfer(fx->e, fx->seg, MC_WRITE, buf, rb + 64 * MIB, 64 * MIB, why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb + 64 * MIB, 64 * MIB, 623, 0), -1);
+    rails_get(fx, &rs);
+    assert_int_equal(rdma_rail_bytes(&rs), rdma_before);
+
+    /* Up again: within the connect back-off (at most 1.6 s) a transfer probes the rails, and
+     * the ones after it go over rdma. */
+    both_devices(fx, "port=up\n");
+    int64_t up_at = th_now_ms(), back = -1;
+    for (uint64_t k = 0; th_now_ms() - up_at < 20000; k++) {
+        th_fill(buf, 16 * MIB, 630 + k);
+        assert_int_equal(
+            xfer(fx->e, fx->seg, MC_WRITE, buf, rb + k % 16 * 16 * MIB, 16 * MIB, why, sizeof(why)),
+            MC_TASK_COMPLETED);
+        assert_int_equal(th_remote_check(&fx->t, 0, rb + k % 16 * 16 * MIB, 16 * MIB, 630 + k, 0),
+                         -1);
+        rails_get(fx, &rs);
+        if (rdma_rail_bytes(&rs) > rdma_before) {
+            back = th_now_ms() - up_at;
+            break;
+        }
+        th_sleep_ms(50);
+    }
+    print_message("  rdma carried again %lld ms after the ports came up\n", (long long)back);
+    assert_true(back >= 0);
+}
+
+/* Every device of the initiator dies (fatal=1) during a 512 MiB WRITE: the transfer completes
+ * over tcp, and so do the ones after it, for good (no device of ours may connect again). */
+static void test_devices_fatal(void **state)
+{
+    fx_t *fx = *state;
+    const size_t n = 64, each = 8 * MIB, len = n * each;
+    uint8_t *buf = fx_local(fx, len);
+    uint64_t rb = tbuf(fx, 0);
+    rails_t rs;
+    char why[512];
+
+    th_fill(buf, len, 641);
+    mc_batch_t *b = submit_span(fx, MC_WRITE, buf, rb, n, each);
+    int64_t dl = th_now_ms() + 30000;
+    while (rail_bytes(fx, "softverbs0->softverbs0") < 16 * MIB && th_now_ms() < dl)
+        th_sleep_ms(2);
+    both_devices(fx, "fatal=1\n");
+    int64_t at = th_now_ms();
+    assert_int_equal(mc_batch_wait(b, 90000), 0);
+    int64_t took = th_now_ms() - at;
+    for (size_t i = 0; i < n; i++) {
+        mc_task_status_t ts;
+        assert_int_equal(mc_task_status(b, i, &ts), 0);
+        if (ts.state != MC_TASK_COMPLETED)
+            print_message("  task %zu: state %d: %s\n", i, ts.state, ts.reason);
+        assert_int_equal(ts.state, MC_TASK_COMPLETED);
+    }
+    th_batch_destroy(fx->e, b);
+    print_message("  completed %lld ms after the devices died\n", (long long)took);
+    assert_true(took < 20000);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb, len, 641, 0), -1);
+    rails_get(fx, &rs);
+    uint64_t rdma_before = rdma_rail_bytes(&rs);
+    th_sleep_ms(2000); /* past every connect back-off */
+    for (unsigned k = 0; k < 3; k++) {
+        th_fill(buf, 32 * MIB, 642 + k);
+        assert_int_equal(xfer(fx->e, fx->seg, MC_WRITE, buf, rb, 32 * MIB, why, sizeof(why)),
+                         MC_TASK_COMPLETED);
+        assert_int_equal(th_remote_check(&fx->t, 0, rb, 32 * MIB, 642 + k, 0), -1);
+    }
+    rails_get(fx, &rs);
+    assert_int_equal(rdma_rail_bytes(&rs), rdma_before);
 }
 
 /* ---- 3. requests the target's NIC must refuse --------------------------------------------- */
@@ -960,6 +1093,8 @@ int main(int argc, char **argv)
         CASE(test_striping, big256),
         CASE(test_port_down, big512),
         CASE(test_device_fatal, big512),
+        CASE(test_devices_down, big512),
+        CASE(test_devices_fatal, big512),
         CASE(test_corrupt_rkey, small2),
         CASE(test_stale_descriptor, small2),
         CASE(test_forged_rkey, small2),

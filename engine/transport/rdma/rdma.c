@@ -468,7 +468,12 @@ static void rdma_peer_close(mc_engine_t *e, mc_peer_t *p)
  * it). */
 static const char *rdma_accept(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb)
 {
+    rdma_peer_t *rp = rdma_peer(t->peer);
+    uint64_t down = rp ? atomic_load_explicit(&rp->down_until, memory_order_relaxed) : 0;
+
     (void)e;
+    if (down && (down == UINT64_MAX || mc__now_ns() < down))
+        return "no rail to the segment is up (they failed to connect)";
     if (!mc__desc_part(&t->peer->desc, rb, mc__rdma_slot))
         return !strncmp(rb->location, "cuda:", 5) ? "the remote VRAM has no GPUDirect registration"
                                                   : "the remote buffer has no memory region";

@@ -108,6 +108,10 @@ typedef struct rdma_peer {
     unsigned n_rails;
     mc_rdma_qp_t *msg_qp; /* the QP set up to carry our messages to it, if any */
     bool msg_off;         /* it did not take a message ring: they stay on the control link */
+    /* No rail to it is up or may connect before this time (UINT64_MAX: each one is on a dead
+     * device of ours; 0: one is up, or may connect): its tasks go to the next transport
+     * meanwhile (mc__rdma_fill). Written by progress, read by rdma_accept in any thread. */
+    _Atomic uint64_t down_until;
 } rdma_peer_t;
 
 enum mc_qp_state { QP_CONNECTING, QP_READY, QP_DRAINING };

@@ -241,8 +241,44 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
     }
 }
 
+/* When one of p's rails may carry again: 0 if one may now (it has a QP, or connect_rails
+ * would connect it), else when the first may connect (UINT64_MAX: none ever will, their devices
+ * of ours are dead). */
+static uint64_t rails_down_until(mc_engine_t *e, rdma_peer_t *rp, uint64_t now)
+{
+    uint64_t until = UINT64_MAX;
+
+    for (unsigned i = 0; i < rp->n_rails; i++) {
+        rdma_rail_t *r = &rp->rails[i];
+        if (r->qp && r->qp->state != QP_DRAINING)
+            return 0;
+        if (rdma_of(e)->devs[r->ldev].fatal)
+            continue;
+        if (mc__rail_usable(&r->base, now) && now >= r->base.next_connect_ns)
+            return 0;
+        until = r->base.next_connect_ns < until ? r->base.next_connect_ns : until;
+    }
+    return until;
+}
+
+/* No rail to p can carry now: its tasks go to the next transport of its order (tcp) until one
+ * connects again (mc__rdma_ctrl_reply), and rdma_accept sends new ones there meanwhile; once
+ * a rail may connect again, the next task routed here probes it. */
+static void rails_down(mc_engine_t *e, mc_peer_t *p, uint64_t until)
+{
+    rdma_peer_t *rp = rdma_peer(p);
+
+    if (!atomic_exchange(&rp->down_until, until))
+        mc_warn("rdma: no rail to %s is up%s: its transfers go over the next transport until one "
+                "is",
+                p->name, until == UINT64_MAX ? " (our devices that reach it are dead)" : "");
+    mc__sched_move(e, p, mc__rdma_slot);
+}
+
 void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
 {
+    uint64_t down;
+
     if (!rdma_peer(p)) /* rails are built once: tasks come here only when it has some */
         return;
     if (p->msg_tp == mc__rdma_slot)
@@ -250,6 +286,10 @@ void mc__rdma_fill(mc_engine_t *e, mc_peer_t *p)
     /* Rails without a QP get one first (a re-probed rail rejoins even under a light load, and
      * a failover target is ready). Outside peers_lock: a failed connect may reload p->desc. */
     connect_rails(e, p);
+    if ((down = rails_down_until(e, rdma_peer(p), mc__now_ns()))) {
+        rails_down(e, p, down);
+        return;
+    }
     /* The buffer list may grow from another thread (a buffer key): read it under the lock. */
     pthread_rwlock_rdlock(&e->peers_lock);
     fill_qps(e, p);

@@ -376,6 +376,9 @@ void mc__rdma_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status
     mc__rdma_msg_tx_ready(e, qp, &remote);
     r->base.n_conns = 1;
     mc__rail_ready(&r->base);
+    if (atomic_exchange(&rdma_peer(qp->peer)->down_until, 0))
+        mc_info("rdma: rail %s to %s is up: its transfers go over rdma again", r->base.name,
+                qp->peer->name);
     mc__peer_activate(e, qp->peer);
 }
 
