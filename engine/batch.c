@@ -347,9 +347,10 @@ static const char *not_owner(const mc_task_t *t, const mc_desc_buffer_t *rb, uns
 }
 
 /* Give t to the first transport from position k of its peer's order that accepts it. Caller
- * holds peers_lock for reading; rb is t's remote buffer. Fails t (with every transport's reason)
- * if none does. */
-static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb, unsigned k)
+ * holds peers_lock for reading; rb is t's remote buffer. If none does: false, and t failed (with
+ * every transport's reason) unless keep (then left as it was). */
+static bool route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb, unsigned k,
+                       bool keep)
 {
     mc_peer_t *p = t->peer;
     const char *no[MC_TP_MAX]; /* why each transport from k refused (static strings) */
@@ -373,9 +374,11 @@ static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb,
                     t->ordered_counted = true;
                     atomic_fetch_add(&p->ordered_busy, 1);
                 }
-                return;
+                return true;
             }
         }
+    if (keep)
+        return false;
     /* Every one refused: only now is the message worth its snprintf (a transport before the
      * one that takes a task may refuse each of 10^5 of them). */
     why[0] = 0;
@@ -384,6 +387,7 @@ static void route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb,
                               mc__transports[p->order[i]]->name, no[i]);
     mc__task_finish(t, MC_TASK_FAILED, -MC_ENODEV, "no transport to segment %s can carry it (%s)",
                     p->name, why[0] ? why : "none reaches it");
+    return false;
 }
 
 /* Route t after its remote range is looked up in its peer's descriptor. Caller holds peers_lock
@@ -403,7 +407,7 @@ static void route_one(mc_engine_t *e, mc_task_t *t)
     t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
     t->rbuf = b ? (uint32_t)(b - p->desc.buffers) : MC_RBUF_NONE;
     if (b)
-        route_from(e, t, b, 0);
+        route_from(e, t, b, 0, false);
 }
 
 /* Route every task of a submit (one lock for the batch). Every remote range must lie inside
@@ -442,21 +446,34 @@ void mc__task_route_late(mc_engine_t *e, mc_task_t *t)
         ops->submit(e, t, 1);
 }
 
-void mc__task_reroute(mc_engine_t *e, mc_task_t *t)
+/* mc__task_reroute; keep: mc__task_move. */
+static bool reroute(mc_engine_t *e, mc_task_t *t, bool keep)
 {
     const mc_peer_t *p = t->peer;
     unsigned k = 0;
+    bool moved = false;
 
     pthread_rwlock_rdlock(&e->peers_lock);
     while (k < p->n_order && p->order[k] != t->tp)
         k++;
     const mc_desc_buffer_t *b = mc__desc_find(&p->desc, t->req.target_offset, t->req.length);
     if (b)
-        route_from(e, t, b, k + 1);
-    else
+        moved = route_from(e, t, b, k + 1, keep);
+    else if (!keep)
         mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
                         "remote range is no longer registered by segment %s", p->name);
     pthread_rwlock_unlock(&e->peers_lock);
+    return moved;
+}
+
+void mc__task_reroute(mc_engine_t *e, mc_task_t *t)
+{
+    reroute(e, t, false);
+}
+
+bool mc__task_move(mc_engine_t *e, mc_task_t *t)
+{
+    return reroute(e, t, true);
 }
 
 /* Transports that move data in the submitting thread take their tasks now. */

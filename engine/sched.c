@@ -195,9 +195,8 @@ void mc__sched_move(mc_engine_t *e, mc_peer_t *p, unsigned tp)
     mc_list_splice_back(&slices, &p->q[tp].retry);
     while ((n = mc_list_pop_front(&tasks))) {
         mc_task_t *t = mc_container_of(n, mc_task_t, qlink);
-        if (atomic_load(&t->state) < MC_TASK_COMPLETED)
-            mc__task_reroute(e, t); /* (or it fails, with every transport's reason) */
         if (atomic_load(&t->state) < MC_TASK_COMPLETED) {
+            mc__task_move(e, t); /* (none other takes it: it stays, and waits) */
             mc_list_push_back(&p->q[t->tp].pending, &t->qlink);
         } else {
             t->queued = false;
@@ -207,12 +206,13 @@ void mc__sched_move(mc_engine_t *e, mc_peer_t *p, unsigned tp)
     while ((n = mc_list_pop_front(&slices))) {
         mc_slice_t *s = mc_container_of(n, mc_slice_t, link);
         mc_task_t *t = s->task;
-        if (atomic_load(&t->state) < MC_TASK_COMPLETED && t->tp == tp)
-            mc__task_reroute(e, t); /* carved whole: not among the tasks above */
-        if (atomic_load(&t->state) < MC_TASK_COMPLETED)
-            slice_requeue(s);
-        else
+        if (atomic_load(&t->state) >= MC_TASK_COMPLETED) {
             slice_release(e, s);
+            continue;
+        }
+        if (t->tp == tp) /* carved whole: not among the tasks above */
+            mc__task_move(e, t);
+        slice_requeue(s);
     }
     mc__peer_activate(e, p);
 }
@@ -283,9 +283,9 @@ void mc__slice_done(mc_engine_t *e, mc_slice_t *s)
 
     mc__peer_count(t, cnt, s->len);
     mc__peer_count(t, MC_CNT_REQUESTS, 1);
-    mc__tp_count(e, t->tp, cnt, s->len);
-    mc__tp_count(e, t->tp, MC_CNT_REQUESTS, 1);
-    p->last_done_ns[t->tp] = mc__now_ns();
+    mc__tp_count(e, s->tp, cnt, s->len); /* (the one that moved it: its task may have moved) */
+    mc__tp_count(e, s->tp, MC_CNT_REQUESTS, 1);
+    p->last_done_ns[s->tp] = mc__now_ns();
     if (mc__task_add_bytes(t, s->len) == t->req.length)
         mc__task_finish(t, MC_TASK_COMPLETED, 0, NULL);
     slice_release(e, s);
@@ -322,7 +322,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     mc_peer_t *p = t->peer;
 
     mc__peer_count(t, MC_CNT_ERRORS, 1);
-    mc__tp_count(e, t->tp, MC_CNT_ERRORS, 1);
+    mc__tp_count(e, s->tp, MC_CNT_ERRORS, 1);
     if (retryable && sent_for_good(t)) {
         mc__task_finish(t, MC_TASK_FAILED, err,
                         "%s (%s; its bytes had been sent and the buffer given back: not sent "
@@ -338,7 +338,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     if (atomic_load(&t->state) < MC_TASK_COMPLETED && retryable && s->attempts < e->cfg.retry_cnt) {
         s->attempts++;
         mc__peer_count(t, MC_CNT_RETRIES, 1);
-        mc__tp_count(e, t->tp, MC_CNT_RETRIES, 1);
+        mc__tp_count(e, s->tp, MC_CNT_RETRIES, 1);
         slice_requeue(s);
         mc__peer_activate(e, p);
         return;
@@ -346,7 +346,7 @@ void mc__slice_failed(mc_engine_t *e, mc_slice_t *s, int err, bool retryable, co
     mc__sched_abandon(e, t);
     if (retryable) {
         char paths[512];
-        paths_tried(p, t->tp, s->rails_tried, paths, sizeof(paths));
+        paths_tried(p, s->tp, s->rails_tried, paths, sizeof(paths));
         mc__task_finish(t, MC_TASK_FAILED, err, "%s (%s; gave up after %u attempts over %s)",
                         reason, mc_err_name(err), s->attempts + 1, paths);
     } else

@@ -27,8 +27,8 @@ const char *mc__sched_peek_location(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__sched_unslice(mc_peer_t *p, unsigned tp, mc_slice_t *s);
 /* Transport tp lost every path to p: what it has queued for p (tasks not carved yet, whole or
  * in part, and slices waiting for a retry) goes to the next transport of p's order that accepts
- * each task (mc__task_reroute), or fails with the reasons. Slices in flight on tp that fail
- * later follow their task there (mc__slice_failed). */
+ * each task (mc__task_move); a task none other accepts stays queued on tp. Slices in flight on
+ * tp that fail later follow their task (mc__slice_failed). */
 void mc__sched_move(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 /* A WRITE slice's bytes left for good (a transport that hands them to the kernel before the
  * target confirms them): once all of a task's did, its on_sent runs at the end of the pass. */

@@ -137,6 +137,8 @@ static inline void mc__batch_unbusy(mc_batch_t *b)
  * reaches its peer and accepts it, or fail it with the reasons. Submitting thread, or progress
  * (mc__sched_move). */
 void mc__task_reroute(mc_engine_t *e, mc_task_t *t);
+/* The same, except that a task no later transport accepts stays as it was: false. */
+bool mc__task_move(mc_engine_t *e, mc_task_t *t);
 /* Route a task that waited for its peer's descriptor (progress context): a transport, or
  * failed (range still unknown, nothing accepts it); a transport that moves data at submit
  * takes it at once. */

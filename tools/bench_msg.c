@@ -212,7 +212,28 @@ static bool answered(void *arg)
  * it is constant and does not stop; now_s() otherwise. Read once per round trip: a vDSO
  * clock_gettime costs 31 ns on this VM, a TSC read 10.6, and the difference was 10 ns of the
  * same-host one-way figure that UCX's did not carry. */
+#if defined(__x86_64__)
 static double tsc_per_s; /* 0: now_s() */
+static uint64_t tsc_base;
+
+/* A CLOCK_MONOTONIC reading and the TSC at it: the middle of the two TSC readings around it,
+ * of the closest pair out of a few (a preemption between them would skew the rate). */
+static void tsc_at(double *t, uint64_t *c)
+{
+    uint64_t best = UINT64_MAX;
+
+    for (int i = 0; i < 5; i++) {
+        uint64_t a = __builtin_ia32_rdtsc();
+        double now = now_s();
+        uint64_t b = __builtin_ia32_rdtsc();
+        if (b - a < best) {
+            best = b - a;
+            *t = now;
+            *c = a + (b - a) / 2;
+        }
+    }
+}
+#endif
 
 static void lat_clock_init(void)
 {
@@ -233,12 +254,13 @@ static void lat_clock_init(void)
         fclose(f);
     if (!constant)
         return;
-    double t0 = now_s(), t1;
-    uint64_t c0 = __builtin_ia32_rdtsc(), c1;
-    while (now_s() - t0 < 0.02)
+    double t0 = 0, t1 = 0;
+    uint64_t c0 = 0, c1 = 0;
+    tsc_at(&t0, &c0);
+    while (now_s() - t0 < 0.1)
         ;
-    c1 = __builtin_ia32_rdtsc();
-    t1 = now_s();
+    tsc_at(&t1, &c1);
+    tsc_base = c0;
     tsc_per_s = (double)(c1 - c0) / (t1 - t0);
 #endif
 }
@@ -247,7 +269,7 @@ static double lat_now(void)
 {
 #if defined(__x86_64__)
     if (tsc_per_s > 0)
-        return (double)__builtin_ia32_rdtsc() / tsc_per_s;
+        return (double)(__builtin_ia32_rdtsc() - tsc_base) / tsc_per_s;
 #endif
     return now_s();
 }

@@ -11,10 +11,11 @@
  * DELETE for every key it knew that the listing lacks and a PUT for every key listed, and
  * watches on from the revision of the listing. The keys it knows are those under the prefix at
  * the start revision (listed, keys only, before the first stream) and those its events put
- * since; a start revision already compacted when the watch starts leaves it knowing only what
- * it hears from then on (deletions before that, as the file:// backend's beyond its log, are not
- * reported). The queue is not bounded: a consumer that never calls watch_next keeps the events
- * in memory.
+ * since; a start revision already compacted when the watch starts (or a listing that failed
+ * WATCH_SEED_TRIES times) leaves it knowing only what it hears from then on (deletions before
+ * that, as the file:// backend's beyond its log, are not reported). Listings are plain calls,
+ * bounded by MC_ETCD_TIMEOUT_MS per endpoint: a destroy waits for one under way. The queue is
+ * not bounded: a consumer that never calls watch_next keeps the events in memory.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,6 +31,7 @@
 
 #define WATCH_BACKOFF_MIN_MS 50
 #define WATCH_BACKOFF_MAX_MS 1000
+#define WATCH_SEED_TRIES     3 /* listings of the start revision's keys before it opens without */
 
 typedef struct watch_node {
     struct watch_node *next;
@@ -57,8 +59,9 @@ typedef struct etcd_watch {
     char *line;
     size_t line_len, line_cap;
     bool created, compacted, auth_err;
-    bool seed_tried;    /* the keys at the start revision were listed, or cannot be */
-    bool seeded;        /* known holds every key there (since the start revision or a listing) */
+    bool seed_tried; /* the keys at the start revision were listed, or cannot be */
+    bool seeded;     /* known holds every key there (since the start revision or a listing) */
+    unsigned seed_failures;
     known_key_t *known; /* sorted by key bytes */
     size_t n_known, cap_known;
 } etcd_watch_t;
@@ -135,6 +138,12 @@ static void known_clear(etcd_watch_t *w)
     for (size_t i = 0; i < w->n_known; i++)
         free(w->known[i].key);
     w->n_known = 0;
+}
+
+static void watch_node_free(watch_node_t *n)
+{
+    mc__meta_kv_free(&n->ev.kv);
+    free(n);
 }
 
 static void watch_enqueue(etcd_watch_t *w, watch_node_t *n)
@@ -374,16 +383,22 @@ static int watch_relist(etcd_watch_t *w)
     for (i = 0; i < json_array_size(kvs); i++) {
         watch_node_t *nd = calloc(1, sizeof(*nd));
         if (!nd || mc__etcd_kv_decode(json_array_get(kvs, i), &nd->ev.kv)) {
-            mc_warn("etcd watch: dropped a key of the listing: %s",
-                    nd ? mc_last_error() : "no memory");
+            /* (a key left out would be reported deleted: the next stream lists again) */
+            rc = nd ? mc__set_error(-MC_EMETA, "%s", mc_last_error()) : -ENOMEM;
+            mc_warn("etcd watch: a listing it could not read: %s", mc_last_error());
             free(nd);
-            continue;
+            while (n)
+                watch_node_free(put[--n]);
+            free(put);
+            json_decref(resp);
+            return rc;
         }
         nd->ev.type = MC_META_PUT;
         put[n++] = nd;
     }
     json_decref(resp);
-    qsort(put, n, sizeof(*put), node_key_cmp);
+    if (n > 1)
+        qsort(put, n, sizeof(*put), node_key_cmp);
     /* Both sorted: what known has and the listing lacks is gone. */
     for (i = j = 0; i < w->n_known; i++) {
         const known_key_t *k = &w->known[i];
@@ -428,12 +443,13 @@ static int watch_seed(etcd_watch_t *w)
     rc = mc__etcd_call(w->m, "kv/range", req, &resp);
     json_decref(req);
     if (rc) {
-        if (!strstr(mc_last_error(), "compacted"))
+        bool gone = strstr(mc_last_error(), "compacted") != NULL;
+        if (!gone && ++w->seed_failures < WATCH_SEED_TRIES)
             return rc;
-        mc_warn("etcd watch: its start revision %" PRId64 " is compacted: deletions of keys it "
+        mc_warn("etcd watch: the keys at its start revision %" PRId64 " %s: deletions of keys it "
                 "does not hear about are not reported",
-                w->next_rev);
-        w->seed_tried = true; /* (the stream re-lists) */
+                w->next_rev, gone ? "are compacted away" : "cannot be listed");
+        w->seed_tried = true; /* (its stream opens: a compaction re-lists) */
         return 0;
     }
     json_array_foreach(json_object_get(resp, "kvs"), i, kv)
@@ -530,8 +546,7 @@ static void watch_free(etcd_watch_t *w)
 
     for (n = w->head; n; n = next) {
         next = n->next;
-        mc__meta_kv_free(&n->ev.kv);
-        free(n);
+        watch_node_free(n);
     }
     if (w->multi)
         curl_multi_cleanup(w->multi);

@@ -241,20 +241,28 @@ static void fill_qps(mc_engine_t *e, mc_peer_t *p)
     }
 }
 
-/* When one of p's rails may carry again: 0 if one may now (it has a QP, or connect_rails
- * would connect it), else when the first may connect (UINT64_MAX: none ever will, their devices
- * of ours are dead). */
+/* Connects in a row that failed before a rail without a QP counts as out (rails_down_until). */
+#define RAIL_OUT_CONNECTS 3
+
+/* When one of p's rails may carry again: 0 if one may now or soon (it has a QP, connect_rails
+ * would connect it, or only a connect or two failed: its tasks wait for it), else when the
+ * first one's next connect is due (UINT64_MAX: never, every one is on a dead device of ours). A
+ * rail is out while its device of ours is dead or its port down, or after RAIL_OUT_CONNECTS
+ * failed connects (its peer's device dead, or refusing): one failure that passes (a QP the
+ * target could not make just then) does not send a peer's work to a slower transport. */
 static uint64_t rails_down_until(mc_engine_t *e, rdma_peer_t *rp, uint64_t now)
 {
     uint64_t until = UINT64_MAX;
 
     for (unsigned i = 0; i < rp->n_rails; i++) {
         rdma_rail_t *r = &rp->rails[i];
+        const mc_rdma_dev_t *d = &rdma_of(e)->devs[r->ldev];
         if (r->qp && r->qp->state != QP_DRAINING)
             return 0;
-        if (rdma_of(e)->devs[r->ldev].fatal)
+        if (d->fatal)
             continue;
-        if (mc__rail_usable(&r->base, now) && now >= r->base.next_connect_ns)
+        if ((!d->port_down && r->base.connect_failures < RAIL_OUT_CONNECTS) ||
+            (mc__rail_usable(&r->base, now) && now >= r->base.next_connect_ns))
             return 0;
         until = r->base.next_connect_ns < until ? r->base.next_connect_ns : until;
     }
@@ -263,7 +271,8 @@ static uint64_t rails_down_until(mc_engine_t *e, rdma_peer_t *rp, uint64_t now)
 
 /* No rail to p can carry now: its tasks go to the next transport of its order (tcp) until one
  * connects again (mc__rdma_ctrl_reply), and rdma_accept sends new ones there meanwhile; once
- * a rail may connect again, the next task routed here probes it. */
+ * a rail may connect again, the next task routed here probes it. A task no other transport
+ * takes (VRAM without staging) stays, as before, until a rail is back or its timeout. */
 static void rails_down(mc_engine_t *e, mc_peer_t *p, uint64_t until)
 {
     rdma_peer_t *rp = rdma_peer(p);
