@@ -327,7 +327,14 @@ static size_t validate_requests(mc_engine_t *e, const mc_request_t *reqs, mc_tas
                  !(t->lbuf = run_lookup(&run, (uint64_t)(uintptr_t)r->local, r->length)))
             rc = mc__set_error(-EINVAL, "request %zu: local range %p+%llu is not registered", i,
                                r->local, (unsigned long long)r->length);
-        else
+        else if (t->lbuf && t->lbuf->read_only && r->opcode == MC_READ) {
+            run.buf_n--; /* (the reference run_lookup just counted) */
+            t->lbuf = NULL;
+            rc = mc__set_error(-EINVAL,
+                               "request %zu: local range %p+%llu is mapped without write "
+                               "permission: a READ cannot land in it",
+                               i, r->local, (unsigned long long)r->length);
+        } else
             run_peer(&run, t->peer);
     }
     run_flush(&run);
@@ -406,7 +413,13 @@ static void route_one(mc_engine_t *e, mc_task_t *t)
     t->tp = (uint8_t)e->ctrl;
     t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
     t->rbuf = b ? (uint32_t)(b - p->desc.buffers) : MC_RBUF_NONE;
-    if (b)
+    if (b && b->read_only && t->req.opcode == MC_WRITE)
+        mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
+                        "remote range 0x%llx+%llu: segment %s maps it without write permission: it "
+                        "may only be read",
+                        (unsigned long long)t->req.target_offset,
+                        (unsigned long long)t->req.length, p->name);
+    else if (b)
         route_from(e, t, b, 0, false);
 }
 

@@ -28,6 +28,8 @@ struct mc_buffer {
     char location[MC_LOCATION_MAX];
     int memfd;                /* >= 0 for mc_mem_alloc() memory: same-host peers may map it */
     bool vram;                /* CUDA device memory */
+    bool read_only;           /* mapped without write permission: WRITEs into it and READs that
+                                 would land in it are refused (memory.c, mem_read_only) */
     uint64_t serial;          /* its registration's number in this engine, from 1: another buffer
                                  registered later at the same address has another */
     unsigned regs;            /* registrations of exactly this range (mem.lock) */

@@ -6,6 +6,8 @@
  *    "buffers": [{"addr": 140..., "length": 1048576, "location": "cpu:0", ...}],
  *    "priority_matrix": {"cpu:0": [["eth0"], ["eth1"]]}, ...}
  *
+ * A buffer may say "internal": true (the engine's own bounce buffers) and "read_only": true
+ * (mapped without write permission: peers' WRITEs into it are refused at submit).
  * The core writes and reads the fields above; each transport adds its own (its encode ops) and
  * reads them back (its codec): tcp and shm their "endpoints" entries, shm a buffer's "shm", rdma
  * its "rdma" device list and a buffer's "rkey" and "mr_chunk". Decoding is pure and strict
@@ -102,6 +104,7 @@ static int decode_buffer(json_t *jb, mc_desc_t *d, mc_desc_buffer_t *b)
         return mc__set_error(-MC_EPROTO, "descriptor: buffer wraps around");
     rc = copy_str(jb, "location", b->location, sizeof(b->location));
     b->internal = json_is_true(json_object_get(jb, "internal"));
+    b->read_only = json_is_true(json_object_get(jb, "read_only"));
     for (unsigned i = 0; !rc && i < mc__n_transports; i++) {
         const mc_desc_codec_t *c = mc__transports[i]->codec;
         if (c && c->decode_buffer)

@@ -25,6 +25,7 @@ struct mc_desc_buffer {
     char location[MC_LOCATION_MAX];
     uint32_t part[MC_TP_MAX];     /* offset + 1 of transport i's bytes for it in mc_desc_t.parts */
     uint32_t part_len[MC_TP_MAX]; /* and their length */
+    bool read_only;               /* the owner may not write it: peers only read it */
     uint8_t owner;                /* 0: memory; else 1 + the slot of the transport whose codec said
                                      it owns this opaque buffer (a file): only it may move it;
                                      MC_OWNER_NONE: opaque, and no transport here knows its kind */

@@ -40,6 +40,10 @@ static json_t *buffer_json(mc_engine_t *e, const mc_buffer_t *b)
         json_decref(jb);
         return NULL;
     }
+    if (jb && b->read_only && json_object_set_new(jb, "read_only", json_true())) {
+        json_decref(jb);
+        return NULL;
+    }
     for (unsigned i = 0; jb && i < mc__n_transports; i++) {
         const mc_transport_ops_t *ops = mc__transports[i];
         if (e->tp[i] && mc__buffer_visible(b, i) && MC_TP_HAS(ops, encode_buffer) &&

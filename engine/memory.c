@@ -316,6 +316,34 @@ static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
     return rc;
 }
 
+/* Whether a mapping of this process that overlaps [addr, addr+len) lacks write permission
+ * (/proc/self/maps): a file mapped PROT_READ (a model, a checkpoint served read-only). Peers
+ * may only read such a buffer: a WRITE into it would have been a SIGSEGV of the target (tcp)
+ * or a registration the kernel refuses (rdma asks for write access). A part not mapped at all
+ * does not count (what it holds is the host's business, as before), nor does a maps file that
+ * cannot be read. */
+static bool mem_read_only(uint64_t addr, uint64_t len)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    char *line = NULL;
+    size_t cap = 0;
+    bool ro = false;
+
+    while (f && !ro && getline(&line, &cap, f) > 0) {
+        unsigned long long lo, hi;
+        char perms[5];
+        if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) != 3)
+            continue;
+        if (lo >= addr + len)
+            break; /* (sorted by address) */
+        ro = hi > addr && perms[1] != 'w';
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    return ro;
+}
+
 /* The same range registered again (a second layer of the host): one more registration of the
  * buffer, nothing else changes. 1 if so, 0 if it is new. */
 static int mem_register_again(mc_engine_t *e, uint64_t addr, size_t len, const char *location)
@@ -378,6 +406,9 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
         return 0;
     }
     b->vram = !strncmp(b->location, "cuda:", 5);
+    b->read_only = !b->vram && memfd < 0 && mem_read_only(b->addr, len);
+    if (b->read_only)
+        mc_info("%p+%zu is mapped without write permission: peers may only read it", addr, len);
     if (!rc)
         rc = mem_insert(e, b);
     if (rc)

@@ -16,11 +16,9 @@ static int fail(const char *what, const char *path)
     return EXIT_LOCAL;
 }
 
-/* Private and writable, not read-only: the engine registers the memory for remote access,
- * which on rdma asks the NIC for write access and fails on a read-only mapping. Private keeps
- * the file itself untouched whatever a peer writes, and costs nothing more than the page
- * cache while nobody writes (no copy of the file, as reading it into mc_mem_alloc memory
- * would make). */
+/* Shared and read-only: the pages are the page cache's, never copied (a private writable
+ * mapping was copied page by page when rdma pinned it for write access), and the engine lets
+ * peers only read memory mapped without write permission (its WRITEs are refused). */
 int tool_map_in(const char *path, tool_map_t *m)
 {
     struct stat st;
@@ -41,7 +39,7 @@ int tool_map_in(const char *path, tool_map_t *m)
         return EXIT_USAGE;
     }
     m->len = (size_t)st.st_size;
-    m->addr = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    m->addr = mmap(NULL, m->len, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (m->addr == MAP_FAILED) {
         m->addr = NULL;

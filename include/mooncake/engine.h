@@ -120,8 +120,10 @@ MC_API int mc_engine_arm(mc_engine_t *engine);
  * range (and location) again counts one more registration of it; an overlapping range is a
  * registration of its own, and a peer's request is served while any registration holds it
  * whole. Peers learn of new buffers through the published descriptor (bursts of registrations
- * are published together) or at once through a buffer key. The memory must stay valid until
- * the last mc_mem_unregister() of it returns. */
+ * are published together) or at once through a buffer key. Memory mapped without write
+ * permission (PROT_READ) is registered read-only: peers may only read it, and a request of
+ * ours that would write into it (a READ landing there) is refused at submit. The memory must
+ * stay valid until the last mc_mem_unregister() of it returns. */
 MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const char *location);
 
 /* Drop one registration of the buffer that starts at addr (the latest, when several start

@@ -450,8 +450,9 @@ static void child_msgs(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
 static void child_register(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
 {
     void *p = NULL;
+    bool alloc = c_opts.use_alloc && !c->a0; /* (read-only: mapped here whatever the setup) */
 
-    if (c_opts.use_alloc) {
+    if (alloc) {
         r->rc = mc_mem_alloc(ce->e, c->a1, "cpu:0", &p);
     } else {
         p = mmap(NULL, c->a1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -460,7 +461,9 @@ static void child_register(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
     if (r->rc)
         return;
     th_fill(p, c->a1, c->a2);
-    if (!c_opts.use_alloc)
+    if (c->a0 && mprotect(p, c->a1, PROT_READ))
+        r->rc = -errno;
+    if (!alloc && !r->rc)
         r->rc = mc_mem_register(ce->e, p, c->a1, "cpu:0");
     r->v[0] = (int64_t)(uintptr_t)p;
 }
@@ -736,7 +739,13 @@ int th_target_cmd(th_target_t *t, const th_cmd_t *cmd, th_reply_t *rep, int time
 uint64_t th_register_keyed(th_target_t *t, mc_engine_t *e, mc_segment_id_t seg, size_t len,
                            uint64_t seed)
 {
-    th_cmd_t c = {.op = TH_CMD_REGISTER, .a1 = len, .a2 = seed};
+    return th_register_keyed_ro(t, e, seg, len, seed, false);
+}
+
+uint64_t th_register_keyed_ro(th_target_t *t, mc_engine_t *e, mc_segment_id_t seg, size_t len,
+                              uint64_t seed, bool read_only)
+{
+    th_cmd_t c = {.op = TH_CMD_REGISTER, .a0 = read_only, .a1 = len, .a2 = seed};
     th_reply_t r;
 
     if (th_target_cmd(t, &c, &r, 30000) || r.rc)

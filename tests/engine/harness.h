@@ -13,6 +13,7 @@
 #ifndef MC_TEST_HARNESS_H
 #define MC_TEST_HARNESS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -72,7 +73,8 @@ enum th_cmd_op {
     TH_CMD_MSGS,       /* a0 = count expected, a3 = timeout ms: wait for the message handler
                           (message n: u32 n then stream 1000 + n, cut to any length) */
     TH_CMD_STATS,      /* counters of "tcp" */
-    TH_CMD_REGISTER,   /* a1 = len, a2 = seed: a new buffer with that pattern; v[0] = its addr */
+    TH_CMD_REGISTER,   /* a1 = len, a2 = seed: a new buffer with that pattern; v[0] = its addr;
+                          a0 = 1: mapped read-only (PROT_READ), whatever the setup */
     TH_CMD_KEY,        /* a0 = addr: msg = mc_buffer_key_pack of its buffer */
     TH_CMD_ADDRESS,    /* msg = mc_engine_address, v[0] = its length */
     TH_CMD_POPS,       /* a0 = count, a3 = timeout ms (0: only what is queued): pop notifications,
@@ -120,6 +122,9 @@ int th_target_cmd(th_target_t *t, const th_cmd_t *cmd, th_reply_t *rep, int time
  * known to e's open segment seg by its key (mc_segment_add_buffer): its address, or 0. */
 uint64_t th_register_keyed(th_target_t *t, mc_engine_t *e, mc_segment_id_t seg, size_t len,
                            uint64_t seed);
+/* The same, the target's buffer mapped read-only (PROT_READ). */
+uint64_t th_register_keyed_ro(th_target_t *t, mc_engine_t *e, mc_segment_id_t seg, size_t len,
+                              uint64_t seed, bool read_only);
 /* The two halves of th_target_cmd, for a command that runs while the parent works. */
 int th_target_send(th_target_t *t, const th_cmd_t *cmd);
 int th_target_recv(th_target_t *t, th_reply_t *rep, int timeout_ms);

@@ -852,6 +852,67 @@ static void test_registered_later(void **state)
     assert_int_equal(ts.error, -MC_EACCESS);
 }
 
+/* Memory mapped without write permission (a model or checkpoint file served read-only):
+ * - the target's: peers read it; a WRITE into it fails with a reason that says so, through the
+ *   descriptor (refused before a byte moves), and through a buffer key, which does not say it
+ *   (the target refuses it: tcp's check, the NIC's access rights, CMA's fault), and nothing
+ *   lands; the target goes on serving (a tcp WRITE into it used to kill the target: SIGSEGV);
+ * - ours: a READ into it is refused at submit, a WRITE from it moves. */
+static void test_read_only(void **state)
+{
+    fx_t *fx = *state;
+    const size_t len = 1 << 20;
+    uint8_t *src = fx_buf(fx, len), *dst = fx_buf(fx, len);
+    th_cmd_t c = {.op = TH_CMD_REGISTER, .a0 = 1, .a1 = len, .a2 = 4721};
+    th_reply_t r;
+    char why[512];
+
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    uint64_t rb = (uint64_t)r.v[0];
+    assert_int_equal(th_xfer(fx->e, MC_READ, dst, fx->seg, rb, len, NULL, 0), MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, len, 4721), -1);
+    th_fill(src, len, 4722);
+    int st = th_xfer(fx->e, MC_WRITE, src, fx->seg, rb + 4096, 65536, why, sizeof(why));
+    if (st != MC_TASK_FAILED || !th_contains(why, "without write permission"))
+        print_error("WRITE into read-only memory: state %d, reason \"%s\"\n", st, why);
+    assert_int_equal(st, MC_TASK_FAILED);
+    assert_true(th_contains(why, "without write permission"));
+
+    uint64_t kb = th_register_keyed_ro(&fx->t, fx->e, fx->seg, len, 4723, true);
+    assert_true(kb != 0);
+    st = th_xfer(fx->e, MC_WRITE, src, fx->seg, kb, 65536, why, sizeof(why));
+    print_message("  WRITE by key: state %d: %s\n", st, why);
+    assert_int_equal(st, MC_TASK_FAILED);
+    assert_int_equal(th_remote_check(&fx->t, 0, rb, len, 4721, 0), -1);
+    assert_int_equal(th_remote_check(&fx->t, 0, kb, len, 4723, 0), -1);
+    assert_int_equal(th_xfer(fx->e, MC_READ, dst, fx->seg, kb, len, NULL, 0), MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, len, 4723), -1);
+
+    /* Ours. */
+    uint8_t *ro = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(ro != MAP_FAILED);
+    th_fill(ro, len, 4724);
+    assert_int_equal(mprotect(ro, len, PROT_READ), 0);
+    assert_int_equal(mc_mem_register(fx->e, ro, len, "cpu:0"), 0);
+    mc_batch_t *b;
+    mc_request_t q = {.opcode = MC_READ,
+                      .local = ro,
+                      .target = fx->seg,
+                      .target_offset = tbuf(fx, 0),
+                      .length = 4096};
+    assert_int_equal(mc_batch_create(fx->e, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &q, 1, NULL), -EINVAL);
+    assert_true(th_contains(mc_last_error(), "without write permission"));
+    th_batch_destroy(fx->e, b);
+    assert_int_equal(th_xfer(fx->e, MC_WRITE, ro, fx->seg, tbuf(fx, 0), len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(th_remote_check(&fx->t, 0, tbuf(fx, 0), len, 4724, 0), -1);
+    assert_int_equal(th_check(ro, len, 4724), -1);
+    assert_int_equal(mc_mem_unregister(fx->e, ro), 0);
+    munmap(ro, len);
+}
+
 /* A fresh engine opens the target by its compact address and adds the key of a buffer the
  * target packed (no metadata, no descriptor blob): requests into it are routed at once, even
  * while the segment is still OPENING, and move the right bytes both ways. */
@@ -1028,6 +1089,7 @@ static const conf_case_t cases[] = {
     {"bad_ranges", test_bad_ranges, 1u << 20, 1, 1, 0},
     {"bad_submit", test_bad_submit, 1u << 20, 1, 1, 0},
     {"unregistered_remote", test_unregistered_remote, 1u << 20, 2, 1, CASE_KEEPS_MAPPED},
+    {"read_only", test_read_only, 1u << 20, 1, 1, 0},
 };
 
 static void skip_case(void **state)

@@ -6,6 +6,7 @@
 #include "sv_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -97,6 +98,33 @@ static int sv_mem_check(const void *addr, size_t length)
     return 0;
 }
 
+/* The kernel pins the pages of a region with write access (local or remote write) for writing,
+ * which fails with EFAULT where a mapping lacks write permission (PROT_READ: a file mapped
+ * read-only). /proc/self/maps says which ones do; 0 or EFAULT (0 when it cannot be read). */
+static int sv_mem_check_write(const void *addr, size_t length)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    uintptr_t start = (uintptr_t)addr;
+    char line[512], perms[5];
+    unsigned long long lo, hi;
+    int err = 0;
+
+    while (f && !err && fgets(line, sizeof(line), f)) {
+        if (!strchr(line, '\n')) /* (a long path: the rest of the line is skipped below) */
+            for (int c; (c = fgetc(f)) != EOF && c != '\n';)
+                ;
+        if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) != 3)
+            continue;
+        if (lo >= start + length)
+            break;
+        if (hi > start && perms[1] != 'w')
+            err = EFAULT;
+    }
+    if (f)
+        fclose(f);
+    return err;
+}
+
 SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
                                           uint64_t iova, unsigned int access)
 {
@@ -110,6 +138,9 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t 
         return NULL;
     }
     err = sv_mem_check(addr, length);
+    if (!err &&
+        (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)))
+        err = sv_mem_check_write(addr, length);
     if (err) {
         errno = err;
         return NULL;

@@ -317,6 +317,10 @@ static void mrs_free(mc_rdma_mrs_t *m)
     free(m);
 }
 
+/* Memory mapped without write permission: peers read it, nothing writes it (the kernel would
+ * refuse to pin it for writing). */
+#define MC_RDMA_ACCESS_READ_ONLY IBV_ACCESS_REMOTE_READ
+
 int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
 {
     mc_rdma_t *r = rdma_of(e);
@@ -337,7 +341,7 @@ int mc__rdma_mr_register(mc_engine_t *e, mc_buffer_t *b)
             struct ibv_mr *mr =
                 b->vram ? mc__rdma_vram_reg(&r->devs[d], b->addr + off, len, why, sizeof(why))
                         : ibv_reg_mr(r->devs[d].pd, (void *)(uintptr_t)(b->addr + off), len,
-                                     r->devs[d].access);
+                                     b->read_only ? MC_RDMA_ACCESS_READ_ONLY : r->devs[d].access);
             if (!mr && b->vram) { /* no GPUDirect path: the file transport stages it */
                 mc_info("rdma: VRAM %p+%llu (%s) has no GPUDirect registration (%s with %s): it "
                         "is staged through host memory",

@@ -172,6 +172,7 @@ typedef struct mc_tcp_conn {
     const uint8_t *msg;  /* a MSG frame's payload: in ctrl, or where it lies staged */
     mc_buffer_t *rx_ref; /* inbound WRITE: buffer being written */
     int rx_status;       /* inbound WRITE: refusal code, payload discarded */
+    bool rx_read_only;   /* ... because the buffer may only be read */
 } mc_tcp_conn_t;
 
 /* An outbound connection was reset or closed before its handshake completed (a listener going

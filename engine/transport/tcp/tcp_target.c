@@ -98,6 +98,11 @@ int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
     switch (t) {
     case MC_FR_WRITE:
         c->rx_ref = host_buf_get(e, c->fr.addr, c->fr.length);
+        c->rx_read_only = c->rx_ref && c->rx_ref->read_only;
+        if (c->rx_read_only) {
+            mc__mem_put(e, c->rx_ref);
+            c->rx_ref = NULL;
+        }
         c->rx_status = c->rx_ref ? 0 : -MC_EACCESS;
         c->dst_kind = c->rx_ref ? DST_MEM : DST_DISCARD;
         c->dst = (uint8_t *)(uintptr_t)c->fr.addr;
@@ -234,7 +239,12 @@ static void on_write(mc_engine_t *e, mc_tcp_conn_t *c)
         respond(e, c, MC_FR_WRITE_ACK, 0, NULL, 0, NULL, NULL);
         return;
     }
-    refuse_reason(e, &c->fr, c->fr.length, reason, sizeof(reason));
+    if (c->rx_read_only)
+        snprintf(reason, sizeof(reason),
+                 "range 0x%llx+%llu of %s is mapped without write permission: it may only be read",
+                 (unsigned long long)c->fr.addr, (unsigned long long)c->fr.length, e->name);
+    else
+        refuse_reason(e, &c->fr, c->fr.length, reason, sizeof(reason));
     respond(e, c, MC_FR_WRITE_ACK, c->rx_status, NULL, 0, NULL, reason);
 }
 
