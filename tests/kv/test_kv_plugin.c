@@ -1547,7 +1547,12 @@ static void test_timeout_not_disconnect(void **state)
     if (st != MC_KV_ERR_BACKEND)
         fail_msg("a timed-out READ: %s: %s", mc_kv_status_name(st), P->last_error(pr.a));
     memset(pr.mem, 0, PEER_SIZE);
-    assert_int_equal(run(pr.a, pr.x, NULL), MC_KV_SUCCESS);
+    /* The peer catches up after SIGCONT; the repost has the same 1 s timeout, which a loaded
+     * machine (a sanitizer build beside other tests) may make it outlast once more: then it
+     * ends BACKEND again, never REMOTE_DISCONNECT, and a later post moves every byte. */
+    for (int tries = 0; (st = run(pr.a, pr.x, NULL)) == MC_KV_ERR_BACKEND && tries < 3; tries++)
+        print_message("  repost %d timed out again: %s\n", tries + 1, P->last_error(pr.a));
+    assert_int_equal(st, MC_KV_SUCCESS);
     assert_int_equal(check(pr.mem, PEER_SIZE, PEER_SEED, 0), -1);
     peer_stop(&pr.peer);
     peer_read_teardown(&pr);
