@@ -127,6 +127,16 @@ static void test_lease_across_restart(void **state)
     assert_int_equal(mc__meta_lease_revoke(meta, lease), 0);
 }
 
+/* Compact etcd's history up to rev. */
+static void compact(int64_t rev)
+{
+    assert_int_equal(etcd_proc_sh(&etcd,
+                                  "curl -sf -m 5 %s/v3/kv/compaction -d '{\"revision\":\"%lld\"}'"
+                                  " >/dev/null",
+                                  etcd.http, (long long)rev),
+                     0);
+}
+
 /* A watch from a revision etcd compacted away re-lists the prefix, then goes on. */
 static void test_watch_compacted(void **state)
 {
@@ -137,11 +147,7 @@ static void test_watch_compacted(void **state)
     assert_int_equal(mc__meta_put(meta, "cmp/a", 5, "1", 1, 0, &r0), 0);
     assert_int_equal(mc__meta_put(meta, "cmp/a", 5, "2", 1, 0, NULL), 0);
     assert_int_equal(mc__meta_put(meta, "cmp/b", 5, "3", 1, 0, &rev), 0);
-    assert_int_equal(etcd_proc_sh(&etcd,
-                                  "curl -sf -m 5 %s/v3/kv/compaction -d '{\"revision\":\"%lld\"}'"
-                                  " >/dev/null",
-                                  etcd.http, (long long)rev),
-                     0);
+    compact(rev);
     assert_int_equal(mc__meta_watch_create(meta, "cmp/", 4, r0, &w), 0);
     mc_meta_event_t ev;
     assert_int_equal(mc__meta_watch_next(w, 10000, &ev), 0);
@@ -288,11 +294,7 @@ static void test_watch_gap_deletions(void **state)
     assert_int_equal(mc__meta_del(meta, "gap/a", 5), 0);
     assert_int_equal(mc__meta_put(meta, "gap/b", 5, "b2", 2, 0, NULL), 0);
     assert_int_equal(mc__meta_put(meta, "gap/d", 5, "d", 1, 0, &rev), 0);
-    assert_int_equal(etcd_proc_sh(&etcd,
-                                  "curl -sf -m 5 %s/v3/kv/compaction -d '{\"revision\":\"%lld\"}'"
-                                  " >/dev/null",
-                                  etcd.http, (long long)rev),
-                     0);
+    compact(rev);
     assert_int_equal(mc__meta_watch_next(w, 500, &ev), -ETIMEDOUT); /* cut off */
     atomic_store(&proxy.cut, false);
 
@@ -326,11 +328,7 @@ static void test_watch_gap_deletions(void **state)
     assert_int_equal(mc__meta_del(meta, "gap/b", 5), 0);
     assert_int_equal(mc__meta_del(meta, "gap/d", 5), 0);
     assert_int_equal(mc__meta_put(meta, "other", 5, "x", 1, 0, &rev), 0);
-    assert_int_equal(etcd_proc_sh(&etcd,
-                                  "curl -sf -m 5 %s/v3/kv/compaction -d '{\"revision\":\"%lld\"}'"
-                                  " >/dev/null",
-                                  etcd.http, (long long)rev),
-                     0);
+    compact(rev);
     atomic_store(&proxy.cut, false);
     for (int i = 0; i < 2; i++) {
         ev = next_event(w);
