@@ -4,6 +4,8 @@
  *    0 u32 magic "MCBK"   4 u8 version   5 u8 parts   6 u16 bytes used
  *    8 u64 owner's instance   16 u64 addr   24 u64 length   32 location (16 bytes, NUL padded)
  *   48 parts: u8 transport slot, u8 length, that transport's bytes for the buffer (key_pack)
+ *   MC_BUFFER_KEY_SIZE - 1: u8 flags (bit 0: read-only memory), past what the parts use: an
+ *   older packer's zero there (or a part, when its parts filled the key) says none
  *
  * Little-endian, zero-filled to the end. The bytes of each transport are what its codec stores
  * for the buffer when it decodes our descriptor, so the peer ends up with the same view either
@@ -19,6 +21,8 @@
 #define KEY_VERSION 1
 #define KEY_HDR     48
 #define KEY_LOC     16
+#define KEY_FLAGS   (MC_BUFFER_KEY_SIZE - 1)
+#define KEY_FLAG_RO 0x1u
 
 _Static_assert(KEY_HDR < MC_BUFFER_KEY_SIZE, "a key needs room for its parts");
 
@@ -33,7 +37,7 @@ static int pack_parts(mc_engine_t *e, const mc_buffer_t *b, uint8_t *key, size_t
         const mc_transport_ops_t *ops = mc__transports[i];
         if (!e->tp[i] || !mc__buffer_visible(b, i) || !MC_TP_HAS(ops, key_pack))
             continue;
-        size_t room = MC_BUFFER_KEY_SIZE - used;
+        size_t room = KEY_FLAGS - used; /* (the flags byte stays free) */
         if (room < 3)
             return mc__set_error(-E2BIG, "buffer 0x%llx: its key does not fit in %d bytes",
                                  (unsigned long long)b->addr, MC_BUFFER_KEY_SIZE);
@@ -82,6 +86,7 @@ int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
         mc__put64(key + 16, b->addr);
         mc__put64(key + 24, b->len);
         memcpy(key + 32, b->location, strlen(b->location));
+        key[KEY_FLAGS] = b->read_only ? KEY_FLAG_RO : 0;
     }
     pthread_rwlock_unlock(&e->mem.lock);
     if (!rc)
@@ -198,6 +203,8 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
     size_t parts_len = p->desc.parts_len;
     unsigned packs = p->desc.parts_packs;
     rc = mc__desc_buffer_add(&p->desc, addr, blen, loc, &b);
+    if (!rc)
+        b->read_only = used <= KEY_FLAGS && (k[KEY_FLAGS] & KEY_FLAG_RO);
     if (!rc) {
         rc = key_parts(e, k, used, k[5], &p->desc, b);
         bool drop = rc || known_as(&p->desc, b);

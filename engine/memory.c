@@ -316,12 +316,13 @@ static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
     return rc;
 }
 
-/* Whether a mapping of this process that overlaps [addr, addr+len) lacks write permission
+/* Whether a mapping of this process that overlaps [addr, addr+len) may be read but not written
  * (/proc/self/maps): a file mapped PROT_READ (a model, a checkpoint served read-only). Peers
  * may only read such a buffer: a WRITE into it would have been a SIGSEGV of the target (tcp)
- * or a registration the kernel refuses (rdma asks for write access). A part not mapped at all
- * does not count (what it holds is the host's business, as before), nor does a maps file that
- * cannot be read. */
+ * or a registration the kernel refuses (rdma asks for write access). A part not mapped at all,
+ * or mapped PROT_NONE (address space reserved, made writable later), does not count (what it
+ * holds is the host's business, as before), nor does a maps file that cannot be read. The scan
+ * reads the maps file up to the range (a few ms with tens of thousands of mappings). */
 static bool mem_read_only(uint64_t addr, uint64_t len)
 {
     FILE *f = fopen("/proc/self/maps", "re");
@@ -335,8 +336,8 @@ static bool mem_read_only(uint64_t addr, uint64_t len)
         if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) != 3)
             continue;
         if (lo >= addr + len)
-            break; /* (sorted by address) */
-        ro = hi > addr && perms[1] != 'w';
+            break;                                            /* (sorted by address) */
+        ro = hi > addr && perms[0] == 'r' && perms[1] != 'w'; /* (PROT_NONE: as a hole) */
     }
     free(line);
     if (f)
@@ -406,7 +407,7 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
         return 0;
     }
     b->vram = !strncmp(b->location, "cuda:", 5);
-    b->read_only = !b->vram && memfd < 0 && mem_read_only(b->addr, len);
+    b->read_only = !rc && !b->vram && memfd < 0 && !internal && mem_read_only(b->addr, len);
     if (b->read_only)
         mc_info("%p+%zu is mapped without write permission: peers may only read it", addr, len);
     if (!rc)

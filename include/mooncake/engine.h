@@ -122,8 +122,9 @@ MC_API int mc_engine_arm(mc_engine_t *engine);
  * whole. Peers learn of new buffers through the published descriptor (bursts of registrations
  * are published together) or at once through a buffer key. Memory mapped without write
  * permission (PROT_READ) is registered read-only: peers may only read it, and a request of
- * ours that would write into it (a READ landing there) is refused at submit. The memory must
- * stay valid until the last mc_mem_unregister() of it returns. */
+ * ours that would write into it (a READ landing there) is refused at submit; the permission is
+ * read at registration, so it must not be taken away while the memory is registered. The
+ * memory must stay valid until the last mc_mem_unregister() of it returns. */
 MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const char *location);
 
 /* Drop one registration of the buffer that starts at addr (the latest, when several start

@@ -461,8 +461,11 @@ static void child_register(child_engine_t *ce, const th_cmd_t *c, th_reply_t *r)
     if (r->rc)
         return;
     th_fill(p, c->a1, c->a2);
-    if (c->a0 && mprotect(p, c->a1, PROT_READ))
+    if (c->a0 && mprotect(p, c->a1, PROT_READ)) {
         r->rc = -errno;
+        munmap(p, c->a1);
+        return;
+    }
     if (!alloc && !r->rc)
         r->rc = mc_mem_register(ce->e, p, c->a1, "cpu:0");
     r->v[0] = (int64_t)(uintptr_t)p;

@@ -854,9 +854,10 @@ static void test_registered_later(void **state)
 
 /* Memory mapped without write permission (a model or checkpoint file served read-only):
  * - the target's: peers read it; a WRITE into it fails with a reason that says so, through the
- *   descriptor (refused before a byte moves), and through a buffer key, which does not say it
- *   (the target refuses it: tcp's check, the NIC's access rights, CMA's fault), and nothing
- *   lands; the target goes on serving (a tcp WRITE into it used to kill the target: SIGSEGV);
+ *   descriptor or a buffer key (refused before a byte moves), and through a key without the
+ *   flag (an older packer's: the target refuses it, by tcp's check, the NIC's access rights or
+ *   CMA's fault); nothing lands, and the target goes on serving (a tcp WRITE into it used to
+ *   kill the target: SIGSEGV);
  * - ours: a READ into it is refused at submit, a WRITE from it moves. */
 static void test_read_only(void **state)
 {
@@ -879,15 +880,31 @@ static void test_read_only(void **state)
     assert_int_equal(st, MC_TASK_FAILED);
     assert_true(th_contains(why, "without write permission"));
 
+    /* By its key, which carries the flag. */
     uint64_t kb = th_register_keyed_ro(&fx->t, fx->e, fx->seg, len, 4723, true);
     assert_true(kb != 0);
     st = th_xfer(fx->e, MC_WRITE, src, fx->seg, kb, 65536, why, sizeof(why));
-    print_message("  WRITE by key: state %d: %s\n", st, why);
+    assert_int_equal(st, MC_TASK_FAILED);
+    assert_true(th_contains(why, "without write permission"));
+    /* By a key without the flag (an older packer's): the target refuses it itself. */
+    c = (th_cmd_t){.op = TH_CMD_REGISTER, .a0 = 1, .a1 = len, .a2 = 4725};
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    uint64_t ob = (uint64_t)r.v[0];
+    c = (th_cmd_t){.op = TH_CMD_KEY, .a0 = ob};
+    assert_int_equal(th_target_cmd(&fx->t, &c, &r, 30000), 0);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal((uint8_t)r.msg[MC_BUFFER_KEY_SIZE - 1], 1);
+    r.msg[MC_BUFFER_KEY_SIZE - 1] = 0;
+    assert_int_equal(mc_segment_add_buffer(fx->e, fx->seg, r.msg, MC_BUFFER_KEY_SIZE), 0);
+    st = th_xfer(fx->e, MC_WRITE, src, fx->seg, ob, 65536, why, sizeof(why));
+    print_message("  WRITE by a key without the flag: state %d: %s\n", st, why);
     assert_int_equal(st, MC_TASK_FAILED);
     assert_int_equal(th_remote_check(&fx->t, 0, rb, len, 4721, 0), -1);
     assert_int_equal(th_remote_check(&fx->t, 0, kb, len, 4723, 0), -1);
-    assert_int_equal(th_xfer(fx->e, MC_READ, dst, fx->seg, kb, len, NULL, 0), MC_TASK_COMPLETED);
-    assert_int_equal(th_check(dst, len, 4723), -1);
+    assert_int_equal(th_remote_check(&fx->t, 0, ob, len, 4725, 0), -1);
+    assert_int_equal(th_xfer(fx->e, MC_READ, dst, fx->seg, ob, len, NULL, 0), MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, len, 4725), -1);
 
     /* Ours. */
     uint8_t *ro = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

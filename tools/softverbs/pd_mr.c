@@ -138,8 +138,8 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t 
         return NULL;
     }
     err = sv_mem_check(addr, length);
-    if (!err &&
-        (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)))
+    if (!err && (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                           IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)))
         err = sv_mem_check_write(addr, length);
     if (err) {
         errno = err;

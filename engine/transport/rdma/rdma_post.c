@@ -343,8 +343,8 @@ static void slice_end(mc_engine_t *e, mc_slice_t *s, rdma_rail_t *r)
              rs->wc_reason);
     if (rs->wc_err == -MC_EACCESS)
         strncat(why,
-                " (the target's NIC refused the key or range: stale descriptor or "
-                "unregistered memory)",
+                " (the target's NIC refused the key or range: stale descriptor, unregistered "
+                "memory, or memory mapped without write permission there)",
                 sizeof(why) - strlen(why) - 1);
     mc__slice_failed(e, s, rs->wc_err, rs->wc_err != -MC_EACCESS, why);
 }
