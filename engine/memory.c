@@ -1,6 +1,7 @@
 /* Registered memory: the table peers' requests are checked against, locations, and the
  * memfd-backed allocator. */
 #include <errno.h>
+#include <fcntl.h>
 #include <numaif.h>
 #include <poll.h>
 #include <stdio.h>
@@ -325,23 +326,35 @@ static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
  * reads the maps file up to the range (a few ms with tens of thousands of mappings). */
 static bool mem_read_only(uint64_t addr, uint64_t len)
 {
-    FILE *f = fopen("/proc/self/maps", "re");
-    char *line = NULL;
-    size_t cap = 0;
-    bool ro = false;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    char buf[8192]; /* (a line is at most a path of PATH_MAX and ~80 bytes) */
+    size_t have = 0;
+    bool ro = false, done = fd < 0;
 
-    while (f && !ro && getline(&line, &cap, f) > 0) {
-        unsigned long long lo, hi;
-        char perms[5];
-        if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) != 3)
-            continue;
-        if (lo >= addr + len)
-            break;                                            /* (sorted by address) */
-        ro = hi > addr && perms[0] == 'r' && perms[1] != 'w'; /* (PROT_NONE: as a hole) */
+    while (!done) {
+        ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        char *line = buf, *nl;
+        while (!done && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+            unsigned long long lo, hi;
+            char perms[5];
+            *nl = 0;
+            if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) == 3) {
+                done = lo >= addr + len; /* (sorted by address) */
+                ro = !done && hi > addr && perms[0] == 'r' && perms[1] != 'w';
+                done |= ro;
+            }
+            line = nl + 1;
+        }
+        have -= (size_t)(line - buf);
+        if (have == sizeof(buf) - 1)
+            have = 0; /* no line that long: drop it */
+        memmove(buf, line, have);
     }
-    free(line);
-    if (f)
-        fclose(f);
+    if (fd >= 0)
+        close(fd);
     return ro;
 }
 
