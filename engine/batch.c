@@ -417,8 +417,8 @@ static void route_one(mc_engine_t *e, mc_task_t *t)
         mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
                         "remote range 0x%llx+%llu: segment %s maps it without write permission: it "
                         "may only be read",
-                        (unsigned long long)t->req.target_offset,
-                        (unsigned long long)t->req.length, p->name);
+                        (unsigned long long)t->req.target_offset, (unsigned long long)t->req.length,
+                        p->name);
     else if (b)
         route_from(e, t, b, 0, false);
 }

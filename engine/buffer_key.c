@@ -203,9 +203,8 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
     size_t parts_len = p->desc.parts_len;
     unsigned packs = p->desc.parts_packs;
     rc = mc__desc_buffer_add(&p->desc, addr, blen, loc, &b);
-    if (!rc)
-        b->read_only = used <= KEY_FLAGS && (k[KEY_FLAGS] & KEY_FLAG_RO);
     if (!rc) {
+        b->read_only = used <= KEY_FLAGS && (k[KEY_FLAGS] & KEY_FLAG_RO);
         rc = key_parts(e, k, used, k[5], &p->desc, b);
         bool drop = rc || known_as(&p->desc, b);
         if (drop && p->desc.parts_packs == packs) {

@@ -354,8 +354,7 @@ static void watch_queue_gone(etcd_watch_t *w, const known_key_t *k, int64_t rev)
     }
     mc_warn("etcd watch: no memory to report the deletion of a key");
     if (n)
-        mc__meta_kv_free(&n->ev.kv);
-    free(n);
+        watch_node_free(n);
 }
 
 /* The start revision is compacted away: report the keys known that the listing lacks as
