@@ -15,6 +15,7 @@
 #endif
 
 #include "sys/cudart.h"
+#include "sys/maps.h"
 #include "transport/transport.h"
 
 int mc__memtab_init(mc_memtab_t *t)
@@ -317,47 +318,6 @@ static int memtab_insert(mc_memtab_t *t, mc_buffer_t *b)
     return rc;
 }
 
-/* Whether a mapping of this process that overlaps [addr, addr+len) may be read but not written
- * (/proc/self/maps): a file mapped PROT_READ (a model, a checkpoint served read-only). Peers
- * may only read such a buffer: a WRITE into it would have been a SIGSEGV of the target (tcp)
- * or a registration the kernel refuses (rdma asks for write access). A part not mapped at all,
- * or mapped PROT_NONE (address space reserved, made writable later), does not count (what it
- * holds is the host's business, as before), nor does a maps file that cannot be read. The scan
- * reads the maps file up to the range (a few ms with tens of thousands of mappings). */
-static bool mem_read_only(uint64_t addr, uint64_t len)
-{
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    char buf[8192]; /* (a line is at most a path of PATH_MAX and ~80 bytes) */
-    size_t have = 0;
-    bool ro = false, done = fd < 0;
-
-    while (!done) {
-        ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
-        if (n <= 0)
-            break;
-        have += (size_t)n;
-        char *line = buf, *nl;
-        while (!done && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
-            unsigned long long lo, hi;
-            char perms[5];
-            *nl = 0;
-            if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perms) == 3) {
-                done = lo >= addr + len; /* (sorted by address) */
-                ro = !done && hi > addr && perms[0] == 'r' && perms[1] != 'w';
-                done |= ro;
-            }
-            line = nl + 1;
-        }
-        have -= (size_t)(line - buf);
-        if (have == sizeof(buf) - 1)
-            have = 0; /* no line that long: drop it */
-        memmove(buf, line, have);
-    }
-    if (fd >= 0)
-        close(fd);
-    return ro;
-}
-
 /* The same range registered again (a second layer of the host): one more registration of the
  * buffer, nothing else changes. 1 if so, 0 if it is new. */
 static int mem_register_again(mc_engine_t *e, uint64_t addr, size_t len, const char *location)
@@ -420,7 +380,7 @@ static int mem_register(mc_engine_t *e, void *addr, size_t len, const char *loca
         return 0;
     }
     b->vram = !strncmp(b->location, "cuda:", 5);
-    b->read_only = !rc && !b->vram && memfd < 0 && !internal && mem_read_only(b->addr, len);
+    b->read_only = !rc && !b->vram && memfd < 0 && !internal && mc__maps_read_only(b->addr, len);
     if (b->read_only)
         mc_info("%p+%zu is mapped without write permission: peers may only read it", addr, len);
     if (!rc)

@@ -6,6 +6,8 @@ mc_unit_test(test_tcp_proto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tcp_proto.c)
 mc_unit_test(test_rdma_proto SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rdma_proto.c)
 # Descriptors: the parts of buffers replaced by newer keys are packed away (engine/descriptor.c).
 mc_unit_test(test_desc SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_desc.c)
+# Whether registered memory is read-only: PROCMAP_QUERY and the maps file's text (sys/maps.h).
+mc_unit_test(test_maps SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_maps.c)
 # The message rings' records (engine/msg_ring.h): wrapped ones delivered, corrupt ones refused.
 mc_unit_test(test_msg_ring SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_msg_ring.c)
 # The epoll watch a spinning host asks instead of epoll_wait (engine/sys/epwatch.h).
