@@ -1,6 +1,15 @@
 /* Cache of peer descriptors read from metadata, kept current by a watch on the ram/ prefix, so
  * that opening or re-reading a segment still works while the metadata service is briefly
- * unreachable. Started by the first lookup through metadata; stopped by mc_engine_destroy. */
+ * unreachable. Started by the first lookup through metadata; stopped by mc_engine_destroy.
+ *
+ * Three writers: the cache thread's listings and watch events, and blocking lookups, whose get
+ * may be answered before a change the watch then delivers first. Revisions order them: an entry
+ * is replaced only by a newer descriptor (its mod_revision), and deleted only by a deletion
+ * newer than it; a lookup does not bring back a key the cache has seen the store go past (its
+ * descriptor no newer than the revision the cache caught up with, and the key not cached: it
+ * was deleted since). Before, a lookup that raced a restarted peer's new descriptor put the old
+ * one back, and one that raced its deletion (or the listing that started the watch) brought a
+ * departed peer back until the next change of its key: opens reached its old address. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +25,12 @@ typedef struct cache_entry {
     char name[MC_NAME_MAX];
     char *value;
     size_t len;
-    unsigned gen; /* the listing it was last seen in */
+    int64_t rev;  /* its mod_revision (0: the backend gave none) */
+    unsigned gen; /* the listing it was last seen in (0: none) */
 } cache_entry_t;
+
+/* Who puts a descriptor into the cache. */
+enum put_by { BY_LOOKUP, BY_LISTING, BY_EVENT };
 
 struct mc_seg_cache {
     pthread_mutex_t lock;
@@ -28,6 +41,7 @@ struct mc_seg_cache {
     char prefix[256];
     size_t prefix_len;
     unsigned gen;          /* listings so far (under lock) */
+    int64_t known_rev;     /* the store's revision the cache caught up with (under lock) */
     atomic_uint deletions; /* entries deleted (a lease expired, an engine left) */
 };
 
@@ -39,18 +53,39 @@ static cache_entry_t *find(struct mc_seg_cache *c, const char *name)
     return NULL;
 }
 
-static void cache_put(struct mc_seg_cache *c, const char *name, const char *val, size_t len)
+/* Whether a descriptor of revision rev from a lookup is older than what the cache knows of its
+ * key: a newer descriptor cached, or none although the cache caught up with the store past rev
+ * (the key was deleted since). Under lock. */
+static bool lookup_stale(const struct mc_seg_cache *c, const cache_entry_t *en, int64_t rev)
 {
-    char *copy = malloc(len + 1);
+    if (!rev)
+        return false;
+    return en ? en->rev > rev : rev <= c->known_rev;
+}
+
+static void cache_put(struct mc_seg_cache *c, const char *name, const mc_meta_kv_t *kv,
+                      enum put_by by)
+{
+    char *copy = malloc(kv->value_len + 1);
+    int64_t rev = kv->mod_revision;
 
     if (!copy || strlen(name) >= MC_NAME_MAX) {
         free(copy);
         return;
     }
-    memcpy(copy, val, len);
-    copy[len] = 0;
+    memcpy(copy, kv->value, kv->value_len);
+    copy[kv->value_len] = 0;
     pthread_mutex_lock(&c->lock);
     cache_entry_t *en = find(c, name);
+    if (by == BY_EVENT && rev > c->known_rev)
+        c->known_rev = rev;
+    if (by == BY_LISTING && en)
+        en->gen = c->gen;
+    if ((by == BY_LOOKUP && lookup_stale(c, en, rev)) || (rev && en && en->rev > rev)) {
+        pthread_mutex_unlock(&c->lock);
+        free(copy);
+        return;
+    }
     if (!en && c->n == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 16;
         cache_entry_t *v = realloc(c->v, cap * sizeof(*v));
@@ -63,23 +98,29 @@ static void cache_put(struct mc_seg_cache *c, const char *name, const char *val,
         en = &c->v[c->n++];
         snprintf(en->name, sizeof(en->name), "%s", name);
         en->value = NULL;
+        en->gen = 0;
     }
     if (en) {
         free(en->value);
         en->value = copy;
-        en->len = len;
-        en->gen = c->gen;
+        en->len = kv->value_len;
+        en->rev = rev;
+        if (by == BY_LISTING)
+            en->gen = c->gen;
     } else {
         free(copy);
     }
     pthread_mutex_unlock(&c->lock);
 }
 
-static void cache_del(struct mc_seg_cache *c, const char *name)
+/* A watch's DELETE at revision rev: not of a descriptor newer than it (a lookup's). */
+static void cache_del(struct mc_seg_cache *c, const char *name, int64_t rev)
 {
     pthread_mutex_lock(&c->lock);
     cache_entry_t *en = find(c, name);
-    if (en) {
+    if (rev > c->known_rev)
+        c->known_rev = rev;
+    if (en && !(rev && en->rev > rev)) {
         free(en->value);
         *en = c->v[--c->n];
         atomic_fetch_add(&c->deletions, 1);
@@ -95,12 +136,13 @@ static const char *key_name(struct mc_seg_cache *c, const mc_meta_kv_t *kv)
     return kv->key + c->prefix_len;
 }
 
-/* Entries not in the latest listing: deleted while no watch was running. */
-static void drop_unlisted(struct mc_seg_cache *c)
+/* Entries not in the latest listing, of revision rev: deleted while no watch was running (one
+ * newer than the listing is a lookup's, which the watch follows from there). */
+static void drop_unlisted(struct mc_seg_cache *c, int64_t rev)
 {
     pthread_mutex_lock(&c->lock);
     for (size_t i = 0; i < c->n;) {
-        if (c->v[i].gen == c->gen) {
+        if (c->v[i].gen == c->gen || (rev && c->v[i].rev > rev)) {
             i++;
             continue;
         }
@@ -122,14 +164,16 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
         return -1;
     pthread_mutex_lock(&c->lock);
     c->gen++;
+    if (rev > c->known_rev)
+        c->known_rev = rev;
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
         const char *name = key_name(c, &kvs[i]);
         if (name)
-            cache_put(c, name, kvs[i].value, kvs[i].value_len);
+            cache_put(c, name, &kvs[i], BY_LISTING);
     }
     mc__meta_kvs_free(kvs, n);
-    drop_unlisted(c);
+    drop_unlisted(c, rev);
     return rev;
 }
 
@@ -156,9 +200,9 @@ static void *cache_thread(void *arg)
                 break;
             const char *name = key_name(c, &ev.kv);
             if (name && ev.type == MC_META_PUT)
-                cache_put(c, name, ev.kv.value, ev.kv.value_len);
+                cache_put(c, name, &ev.kv, BY_EVENT);
             else if (name)
-                cache_del(c, name);
+                cache_del(c, name, ev.kv.mod_revision);
             mc__meta_kv_free(&ev.kv);
         }
         mc__meta_watch_destroy(w);
@@ -227,7 +271,7 @@ int mc__meta_lookup(mc_engine_t *e, const char *name, bool cached_only, mc_meta_
     if (!c || rc == -ENOENT)
         return rc;
     if (rc == 0) {
-        cache_put(c, name, kv->value, kv->value_len);
+        cache_put(c, name, kv, BY_LOOKUP);
         return 0;
     }
     /* The metadata service did not answer: serve the last descriptor we saw. */

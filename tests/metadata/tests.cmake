@@ -13,6 +13,9 @@ mc_script_test(test_etcd_engine COMMAND ${MC_ETCD_TEST_DIR}/test_etcd_engine.sh 
                LABELS etcd)
 mc_unit_test(test_segment_cache SOURCES ${MC_ETCD_TEST_DIR}/test_segment_cache.c
              ${MC_ETCD_TEST_DIR}/etcd_proc.c TIMEOUT 120 LABELS etcd)
+# The segment cache keeps a peer's newest descriptor when a lookup's answer comes after a change
+# the watch delivered (the file backend, behind a gate that holds the lookup: no etcd needed).
+mc_unit_test(test_segment_cache_order SOURCES ${MC_ETCD_TEST_DIR}/test_segment_cache_order.c)
 # Keys hosts put on the engine's lease (mc_engine_publish): gone with the process, put again
 # with a new lease, there after an etcd restart.
 mc_unit_test(test_engine_publish SOURCES ${MC_ETCD_TEST_DIR}/test_engine_publish.c
