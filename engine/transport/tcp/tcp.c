@@ -146,6 +146,7 @@ static void tcp_peer_close(mc_engine_t *e, mc_peer_t *p)
     tcp_peer_t *tp = tcp_peer(p);
 
     close_conns(e, &tp->conns, false);
+    free(tp->retired);
     free(tp);
     p->tp[mc__tcp_slot] = NULL;
 }

@@ -11,8 +11,7 @@
 
 #include "tcp_int.h"
 
-#define RETIRE_KEEP_NS(e)                                                                          \
-    ((uint64_t)(2 * (e)->cfg.io_timeout_ms + (e)->cfg.connect_timeout_ms) * MC_MS)
+#define RETIRED_MAX          4096 /* a peer's retired ids not known dropped: the oldest go past it */
 #define CONNECT_FAILURES_MAX 3
 
 /* Liveness is the kernel's: a peer whose host stops acknowledging is given up after
@@ -96,7 +95,6 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     tcp_peer_t *tp = tcp_peer(p);
     mc_hello_t h = {.instance = e->instance};
     uint8_t buf[MC_PROTO_MAX_CTRL];
-    uint64_t now = mc__now_ns();
     mc_frame_t f = {.type = MC_FR_HELLO, .id = c->id};
 
     mc__random_bytes(c->nonce, sizeof(c->nonce));
@@ -105,9 +103,9 @@ static void send_hello(mc_engine_t *e, mc_tcp_conn_t *c)
     if (p->state != MC_SEGMENT_OPENING) /* opened by address: whoever answers there, checked by
                                         its instance */
         snprintf(h.peer_name, sizeof(h.peer_name), "%s", p->name);
-    for (unsigned i = 0; i < tp->n_retired; i++)
-        if (now - tp->retired_at[i] < RETIRE_KEEP_NS(e))
-            h.retired[h.n_retired++] = tp->retired[i];
+    for (unsigned i = 0; i < tp->n_retired && h.n_retired < MC_PROTO_MAX_RETIRE; i++)
+        h.retired[h.n_retired++] = c->hello_retired[i] = tp->retired[i];
+    c->n_hello_retired = (uint8_t)h.n_retired;
     size_t len = mc__tcp_hello_encode(&h, buf);
     if (mc__tcp_conn_send_ctrl(e, c, &f, buf, (uint32_t)len))
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
@@ -136,38 +134,71 @@ void mc__tcp_out_connected(mc_engine_t *e, mc_tcp_conn_t *c)
 static void maybe_open(mc_engine_t *e, mc_peer_t *p, const char *location, int best);
 static void rail_open(mc_engine_t *e, mc_peer_t *p, tcp_rail_t *r);
 
-/* ---- retire bookkeeping ---- */
+/* ---- retire bookkeeping ----
+ *
+ * A connection that failed with requests on it is retired: the target must drop what it has
+ * not read of it before it applies their retries, or a stale WRITE still in the network (the
+ * kernel retransmits a closed socket's bytes; a partitioned target reads them when it heals)
+ * could land over newer data. The target hears it in a RETIRE frame on each ready sibling, and
+ * in the HELLO of every connection made after, ahead of any slice; an id is forgotten only once
+ * a connection whose HELLO listed it is ready (the target drops the listed connections before
+ * it answers the handshake). Before, ids were forgotten by age (2 x MC_IO_TIMEOUT_MS +
+ * MC_CONNECT_TIMEOUT_MS): a partition that outlasted it with no sibling ready let the stale
+ * WRITE land after the newer one. Only connections that were ready are retired, so a peer's list
+ * holds about as many as it had connections; RETIRED_MAX bounds it anyway. */
 
-static void retire_remember(tcp_peer_t *p, uint32_t id)
+static void retire_remember(tcp_peer_t *p, const char *name, uint32_t id)
 {
-    if (p->n_retired == MC_PROTO_MAX_RETIRE) {
-        memmove(p->retired, p->retired + 1, (MC_PROTO_MAX_RETIRE - 1) * sizeof(p->retired[0]));
-        memmove(p->retired_at, p->retired_at + 1,
-                (MC_PROTO_MAX_RETIRE - 1) * sizeof(p->retired_at[0]));
+    if (p->n_retired == p->cap_retired && p->cap_retired < RETIRED_MAX) {
+        unsigned cap = p->cap_retired ? 2 * p->cap_retired : 16;
+        uint32_t *v = realloc(p->retired, cap * sizeof(*v));
+        if (v) {
+            p->retired = v;
+            p->cap_retired = cap;
+        }
+    }
+    if (p->n_retired == p->cap_retired) {
+        if (!p->cap_retired)
+            return;
+        mc_warn("%s: %u retired connections not known dropped by the target: forgetting the "
+                "oldest",
+                name, p->n_retired);
+        memmove(p->retired, p->retired + 1, (p->n_retired - 1) * sizeof(*p->retired));
         p->n_retired--;
     }
-    p->retired[p->n_retired] = id;
-    p->retired_at[p->n_retired++] = mc__now_ns();
+    p->retired[p->n_retired++] = id;
+}
+
+/* c is ready: the ids its HELLO listed are dropped at the target. */
+static void retire_confirmed(tcp_peer_t *p, const mc_tcp_conn_t *c)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < p->n_retired; i++) {
+        bool listed = false;
+        for (unsigned j = 0; j < c->n_hello_retired && !listed; j++)
+            listed = c->hello_retired[j] == p->retired[i];
+        if (!listed)
+            p->retired[n++] = p->retired[i];
+    }
+    p->n_retired = n;
 }
 
 /* Tell the target, on a live connection, to drop what it has not read of the listed ones.
  * Queued before any retried slice, so the target drops stale data before applying new. */
-static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, uint64_t after_ns)
+static void retire_send(mc_engine_t *e, mc_tcp_conn_t *c, const uint32_t *list, unsigned count)
 {
-    tcp_peer_t *p = tcp_peer(c->link.peer);
     uint8_t ids[MC_PROTO_MAX_RETIRE * 4];
-    uint32_t n = 0;
     mc_frame_t f = {.type = MC_FR_RETIRE};
 
-    for (unsigned i = 0; i < p->n_retired; i++) {
-        if (p->retired_at[i] < after_ns || p->retired[i] == c->id)
-            continue;
-        for (int b = 0; b < 4; b++)
-            ids[4 * n + (uint32_t)b] = (uint8_t)(p->retired[i] >> (8 * b));
-        n++;
+    for (unsigned i = 0; i < count && c->state != CS_DEAD;) {
+        uint32_t n = 0;
+        for (; i < count && n < MC_PROTO_MAX_RETIRE; i++, n++)
+            for (int b = 0; b < 4; b++)
+                ids[4 * n + (uint32_t)b] = (uint8_t)(list[i] >> (8 * b));
+        if (mc__tcp_conn_send_ctrl(e, c, &f, ids, 4 * n))
+            mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
     }
-    if (n && mc__tcp_conn_send_ctrl(e, c, &f, ids, 4 * n))
-        mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory");
 }
 
 /* Every rail of the peer has failed to connect several times in a row, or is paused. */
@@ -278,14 +309,13 @@ void mc__tcp_out_failed(mc_engine_t *e, mc_tcp_conn_t *c, int err, const char *r
     if (reason)
         rail_failed(tp, r, connecting);
     if (had_data) {
-        retire_remember(tp, c->id);
-        /* (read once: a sibling failing below adds its own) */
-        uint64_t at = tp->retired_at[tp->n_retired - 1];
+        uint32_t id = c->id; /* (c is not touched below: a sibling failing adds its own) */
+        retire_remember(tp, p->name, id);
         for (mc_list_t *pos = tp->conns.next; pos != &tp->conns; pos = pos->next) {
             mc_tcp_conn_t *o = mc_container_of(pos, mc_tcp_conn_t, node);
             if (o->state != CS_READY)
                 continue;
-            retire_send(e, o, at);
+            retire_send(e, o, &id, 1);
             if (o->state == CS_DEAD) /* could not queue it: o (and maybe others) left the */
                 pos = &tp->conns;    /* list; again from the start (a RETIRE twice is harmless) */
         }
@@ -524,7 +554,9 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         c->rail->refused = c->rail->recheck = false;
         c->rail->rechecks = 0;
         mc__rail_ready(&c->rail->base);
-        retire_send(e, c, c->since_ns);
+        tcp_peer_t *tp = tcp_peer(c->link.peer);
+        retire_confirmed(tp, c);
+        retire_send(e, c, tp->retired, tp->n_retired); /* retired since its HELLO, or past it */
         mc__peer_activate(e, c->link.peer);
         mc__peer_link_up(e, c->link.peer);
     }

@@ -80,9 +80,11 @@ typedef struct tcp_peer {
     unsigned n_rails;
     mc_list_t conns; /* outbound connections of every rail (mc_tcp_conn_t.node) */
     unsigned n_conns;
-    uint32_t retired[MC_PROTO_MAX_RETIRE]; /* ids of torn-down conns, newest last */
-    uint64_t retired_at[MC_PROTO_MAX_RETIRE];
-    unsigned n_retired;
+    /* Ids of torn-down connections that carried requests, oldest first, until the target is
+     * known to have dropped them: a connection whose HELLO listed them is ready (tcp_initiator.c,
+     * "retire bookkeeping"). */
+    uint32_t *retired;
+    unsigned n_retired, cap_retired;
     struct mc_tcp_conn *msg_conn;   /* its messages go on it (tcp_msg.c); NULL when it fails */
     uint32_t msg_gen;               /* tcp_engine_t.inbound_gen when msg_conn was chosen */
     struct mc_tcp_conn *order_conn; /* its ORDERED tasks go on it, in order; NULL when it goes */
@@ -134,7 +136,9 @@ typedef struct mc_tcp_conn {
     tcp_rail_t *rail; /* outbound only: the path it runs over */
     mc_list_t node;   /* in the peer's conns (outbound) or inbound; then the graveyard */
     uint32_t id;      /* the initiator's connection id */
-    uint32_t hello_retired[MC_PROTO_MAX_RETIRE]; /* inbound: its HELLO's, dropped once READY */
+    /* Its HELLO's connections to retire: inbound, dropped once it is READY; outbound, known
+     * dropped by the target then. */
+    uint32_t hello_retired[MC_PROTO_MAX_RETIRE];
     uint8_t n_hello_retired;
     char remote_name[MC_NAME_MAX];
     uint8_t nonce[MC_PROTO_NONCE_LEN], peer_nonce[MC_PROTO_NONCE_LEN];
