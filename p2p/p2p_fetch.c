@@ -176,26 +176,43 @@ static int reap_slots(p2p_fetch_t *f)
 }
 
 /* The engine times tasks out itself (submit timeout, from their first bytes); a batch whose
- * bytes have not grown for well over that (queued behind a holder that completes nothing) is
- * canceled, and retried elsewhere once its callbacks have run. One whose bytes keep coming is
- * left alone however long it takes: shards queued behind others on a slow link (8 of 64 MiB
- * at 100 Mbit/s: 43 s) were canceled at 32 s from their submit, each a try of 16. */
+ * bytes have not grown for well over that, from a holder none of whose shards in flight gained
+ * bytes either (a holder that completes nothing), is canceled, and retried elsewhere once its
+ * callbacks have run. One whose bytes keep coming is left alone however long it takes, and so
+ * is one queued behind others of a holder that keeps sending: the engine carves a peer's tasks
+ * in order, so on a slow link the eighth shard in flight gets its first byte once seven are on
+ * their way (8 of 64 MiB at 100 Mbit/s: 43 s). Shards were canceled at 32 s from their submit
+ * first, then (until 2026-12-05) once they had waited that long without a byte: each a try of
+ * 16, put back behind the same queue, and a fetch from one holder at 40 Mbit/s with 4 MiB shards
+ * and a 2 s timeout retried 3 times (test_p2p_slow_link). */
 static void expire_slots(p2p_fetch_t *f, uint64_t now)
 {
+    uint64_t limit = (uint64_t)f->o.shard_timeout_ms + P2P_CANCEL_GRACE_MS;
+
     for (unsigned i = 0; i < f->n_slots; i++) {
         p2p_slot_t *s = &f->slots[i];
         mc_batch_status_t bs;
-        if (!s->busy || s->canceled)
-            continue;
-        if (!mc_batch_status(s->batch, &bs) && bs.bytes != s->moved_bytes) {
+        if (s->busy && !s->canceled && !mc_batch_status(s->batch, &bs) &&
+            bs.bytes != s->moved_bytes) {
             s->moved_bytes = bs.bytes;
             s->moved_ms = now;
         }
-        if (now - s->moved_ms > (uint64_t)f->o.shard_timeout_ms + P2P_CANCEL_GRACE_MS) {
+    }
+    pthread_mutex_lock(&f->lock); /* (the holders: the watch thread adds to them) */
+    for (unsigned i = 0; i < f->n_slots; i++) {
+        const p2p_slot_t *s = &f->slots[i];
+        if (s->busy && s->moved_ms > f->holders[s->holder].moved_ms)
+            f->holders[s->holder].moved_ms = s->moved_ms;
+    }
+    for (unsigned i = 0; i < f->n_slots; i++) {
+        p2p_slot_t *s = &f->slots[i];
+        if (s->busy && !s->canceled && now - s->moved_ms > limit &&
+            now - f->holders[s->holder].moved_ms > limit) {
             s->canceled = true;
-            mc_batch_cancel(s->batch);
+            mc_batch_cancel(s->batch); /* (its callbacks take wake_lock only) */
         }
     }
+    pthread_mutex_unlock(&f->lock);
 }
 
 /* Nothing in flight and nothing can start: wait for new holders, up to the shard timeout. */

@@ -44,6 +44,7 @@ typedef struct p2p_holder {
     unsigned lost;          /* times in a row it was unreachable (mc__p2p_holder_lost) */
     uint64_t rest_until_ms; /* unreachable: skipped until then; 0: not resting */
     unsigned inflight;
+    uint64_t moved_ms;   /* when a shard of ours in flight from it last gained bytes */
     mc_segment_id_t seg; /* MC_SEGMENT_INVALID until opened */
     p2p_entry_t e;       /* what it serves, and where */
 } p2p_holder_t;

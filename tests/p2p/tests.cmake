@@ -32,6 +32,10 @@ if(TARGET mooncake_p2p)
   add_test(NAME test_p2p_units COMMAND test_p2p_units)
   set_tests_properties(test_p2p_units PROPERTIES TIMEOUT 60 LABELS "p2p")
 
+  # One holder over a slow link (namespaces, tbf): shards queued behind others are not canceled.
+  mc_script_test(test_p2p_slow_link COMMAND ${MC_P2P_TEST_DIR}/test_p2p_slow_link.sh TIMEOUT 180
+                 LABELS "p2p;netns")
+  set_property(TEST test_p2p_slow_link APPEND PROPERTY DEPENDS mooncake-p2p)
   mc_script_test(test_p2p_tool COMMAND ${MC_P2P_TEST_DIR}/test_p2p_tool.sh TIMEOUT 180
                  LABELS p2p)
   set_property(TEST test_p2p_tool APPEND PROPERTY DEPENDS mooncake-p2p)
