@@ -220,6 +220,7 @@ mc_kv_status_t kv__create(const mc_kv_init_t *init, mc_kv_backend_t **backend_p)
     }
     snprintf(b->agent, sizeof(b->agent), "%s", init->agent);
     b->connect_timeout_ms = (unsigned)strtoul(mc_config_get(cfg, "CONNECT_TIMEOUT_MS"), NULL, 10);
+    b->transfer_timeout_s = (unsigned)strtoul(mc_config_get(cfg, "TRANSFER_TIMEOUT"), NULL, 10);
     if ((rc = mc_engine_create(cfg, &b->engine)) < 0) {
         st = kv__fail_engine(NULL, rc, "create: the transfer engine");
         goto err_free;

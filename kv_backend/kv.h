@@ -52,6 +52,7 @@ struct mc_kv_backend {
     mc_engine_t *engine;
     char agent[MC_KV_AGENT_MAX];
     unsigned connect_timeout_ms;
+    unsigned transfer_timeout_s;  /* MC_TRANSFER_TIMEOUT */
     pthread_rwlock_t agents_lock; /* agents; exclusive calls write, transfers read */
     kv_agent_t *agents;
     mc_kv_md_t *mds; /* every handle of a region or a loaded one, for destroy (exclusive calls) */

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,6 +362,51 @@ mc_kv_status_t kv__connect(mc_kv_backend_t *b, const char *agent)
                                                 : "cannot be reached (its process is gone?)");
 }
 
+/* A flush of an agent, shared by its callback and the disconnect that may stop waiting. */
+typedef struct agent_flush {
+    atomic_int refs;
+    atomic_bool done;
+} agent_flush_t;
+
+static void flush_put(agent_flush_t *f)
+{
+    if (atomic_fetch_sub(&f->refs, 1) == 1)
+        free(f);
+}
+
+static void flushed(void *arg, int status)
+{
+    agent_flush_t *f = arg;
+
+    (void)status; /* delivered, or the peer is gone: either way nothing is left to wait for */
+    atomic_store(&f->done, true);
+    flush_put(f);
+}
+
+/* What the host sent the agent before (notifications of gen_notif and of posts that ended)
+ * reaches it before its segment closes: a close cancels the messages the agent has not taken
+ * yet (a notification has no callback to say so). Waits up to the transfer timeout (an agent
+ * whose host does not pop its notifications holds them back); false if they were not taken by
+ * then. */
+static bool flush_agent(mc_kv_backend_t *b, mc_segment_id_t seg)
+{
+    agent_flush_t *f = calloc(1, sizeof(*f));
+    bool done = true;
+
+    if (!f)
+        return true; /* (nothing to wait with: closed as before) */
+    atomic_init(&f->refs, 2);
+    if (mc_peer_flush(b->engine, seg, flushed, f) < 0) { /* dead already */
+        free(f);
+        return true;
+    }
+    for (unsigned ms = 0; !(done = atomic_load(&f->done)) && ms < 1000 * b->transfer_timeout_s;
+         ms++)
+        sleep_ms(1);
+    flush_put(f);
+    return done;
+}
+
 /* Close an agent's segment. The regions of every transfer to it are unloaded, so its tasks
  * still in flight are those of released transfers: canceled, and let go of by the engine as
  * soon as their bytes on the wire settle (a dead peer's at once). Wait for that, bounded. */
@@ -396,6 +442,11 @@ mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
         st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
                       "disconnect: %u transfers to agent '%s' are prepared; release them first",
                       atomic_load(&a->xfers), agent);
+    else if (!flush_agent(b, a->seg))
+        st = kv__fail(b, MC_KV_ERR_BACKEND,
+                      "disconnect: agent '%s' did not take what was sent to it within %u s "
+                      "(its host does not pop notifications?); try again",
+                      agent, b->transfer_timeout_s);
     else if ((rc = segment_close(b, a->seg)) < 0)
         st = kv__fail_engine(b, rc, "disconnect");
     else {

@@ -192,9 +192,11 @@ typedef struct mc_kv_plugin {
      * agent) or REMOTE_DISCONNECT. Optional. */
     mc_kv_status_t (*connect)(mc_kv_backend_t *b, const char *agent);
     /* Forget the agent: NOT_ALLOWED while remote metadata of it is loaded (unload it first),
-     * which prepared transfers hold. Waits (up to the connect timeout) for released transfers'
-     * bytes still on the wire to settle. Load its connection info again to reach a restarted
-     * process. */
+     * which prepared transfers hold. Waits until the agent took the notifications sent to it
+     * before (gen_notif, and those of posts that ended), up to MC_TRANSFER_TIMEOUT (then
+     * BACKEND, and the agent stays: its host does not pop them), then (up to the connect
+     * timeout) for released transfers' bytes still on the wire to settle. Load its connection
+     * info again to reach a restarted process. */
     mc_kv_status_t (*disconnect)(mc_kv_backend_t *b, const char *agent);
 
     /* Load a remote region from the public data its owner produced; the handle is freed by
