@@ -251,7 +251,7 @@ static void test_newer_descriptor_stays(void **state)
     (void)state;
     setup(&f);
     store_put(&f, "v1");
-    assert_null(cached(&f)); /* the first look starts the cache */
+    (void)cached(&f); /* the first look starts the cache (which may list v1 at once) */
     wait_cached(&f, "v1");
     assert_string_equal(lookup_held(&f, put_v2, "v2"), "v1");
     assert_string_equal(cached(&f), "v2");
@@ -268,7 +268,7 @@ static void test_deleted_stays_deleted(void **state)
     (void)state;
     setup(&f);
     store_put(&f, "v1");
-    assert_null(cached(&f));
+    (void)cached(&f);
     wait_cached(&f, "v1");
     assert_string_equal(lookup_held(&f, delete_peer, NULL), "v1");
     assert_null(cached(&f));

@@ -4,8 +4,9 @@
 # its first byte long after its submit. That wait is not a stall: while the holder keeps sending,
 # no shard may be canceled and retried. Two network namespaces on a bridge, each link shaped
 # with tbf (tests/fixtures/hosts.sh); mooncake-p2p publish in one, fetch --no-p2p in the other
-# with a 2 s shard timeout (one shard alone takes 0.84 s at 40 Mbit/s, the eighth in flight
-# starts after ~5.5 s).
+# with a 3 s shard timeout: one shard alone takes 1.1 s at 30 Mbit/s (1.7 s from its first byte,
+# with the 2 MiB the engine keeps in flight ahead of it), the eighth in flight starts after
+# ~7.3 s, where shards were canceled at 5 s.
 # Checks: the file is identical and the fetch retried nothing. Skips (77) where namespaces,
 # veth or tbf cannot be made. Everything it made is removed at exit.
 set -uo pipefail
@@ -29,7 +30,7 @@ fail() {
 }
 
 [[ $(id -u) == 0 ]] || { echo "test_p2p_slow_link: needs root (namespaces): skipped"; exit 77; }
-if ! hosts_bridge_up "$P" 1 40mbit 10.233.0 2>"/tmp/$P.err"; then
+if ! hosts_bridge_up "$P" 1 30mbit 10.233.0 2>"/tmp/$P.err"; then
     echo "test_p2p_slow_link: cannot build the namespaces: $(head -c 300 "/tmp/$P.err"): skipped"
     rm -f "/tmp/$P.err"
     exit 77
@@ -49,7 +50,7 @@ done
 grep -q '^published ckpt/slow' "$tmp/pub.log" || { cat "$tmp/pub.log" >&2; fail "not published"; }
 
 ip netns exec "$P-h1" timeout -k 5 90 "$tool" --listen 10.233.0.2:0 fetch ckpt/slow "$tmp/out" \
-    --no-p2p --timeout-ms 2000 --json >"$tmp/fetch.out" 2>"$tmp/fetch.err"
+    --no-p2p --timeout-ms 3000 --json >"$tmp/fetch.out" 2>"$tmp/fetch.err"
 rc=$?
 cat "$tmp/fetch.out"
 [[ $rc == 0 ]] || { cat "$tmp/fetch.err" >&2; fail "the fetch exited $rc"; }

@@ -11,7 +11,7 @@
 
 #include "tcp_int.h"
 
-#define RETIRED_MAX          4096 /* a peer's retired ids not known dropped: the oldest go past it */
+#define RETIRED_MAX          4096 /* a peer's retired ids not known dropped (the oldest go past) */
 #define CONNECT_FAILURES_MAX 3
 
 /* Liveness is the kernel's: a peer whose host stops acknowledging is given up after
