@@ -401,8 +401,10 @@ static bool flush_agent(mc_kv_backend_t *b, mc_segment_id_t seg)
         return true;
     }
     for (unsigned ms = 0; !(done = atomic_load(&f->done)) && ms < 1000 * b->transfer_timeout_s;
-         ms++)
+         ms++) {
+        mc_engine_progress(b->engine); /* (MC_PROGRESS_THREAD=0; with the thread: nothing) */
         sleep_ms(1);
+    }
     flush_put(f);
     return done;
 }
@@ -428,6 +430,18 @@ mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
     kv_agent_t **pp, *a;
     int rc;
 
+    /* What was sent to the agent reaches it first, before the lock every transfer takes: the
+     * wait is the agent's (disconnect is an exclusive call: the agent stays meanwhile). */
+    pthread_rwlock_rdlock(&b->agents_lock);
+    a = agent ? kv__agent_find(b, agent) : NULL;
+    bool flush = a && !a->mds && !atomic_load(&a->xfers); /* (else refused below) */
+    mc_segment_id_t seg = a ? a->seg : MC_SEGMENT_INVALID;
+    pthread_rwlock_unlock(&b->agents_lock);
+    if (flush && !flush_agent(b, seg))
+        return kv__fail(b, MC_KV_ERR_BACKEND,
+                        "disconnect: agent '%s' did not take what was sent to it within %u s "
+                        "(its host does not pop notifications?); try again",
+                        agent, b->transfer_timeout_s);
     pthread_rwlock_wrlock(&b->agents_lock);
     for (pp = &b->agents; *pp && strcmp((*pp)->name, agent ? agent : ""); pp = &(*pp)->next)
         ;
@@ -442,11 +456,6 @@ mc_kv_status_t kv__disconnect(mc_kv_backend_t *b, const char *agent)
         st = kv__fail(b, MC_KV_ERR_NOT_ALLOWED,
                       "disconnect: %u transfers to agent '%s' are prepared; release them first",
                       atomic_load(&a->xfers), agent);
-    else if (!flush_agent(b, a->seg))
-        st = kv__fail(b, MC_KV_ERR_BACKEND,
-                      "disconnect: agent '%s' did not take what was sent to it within %u s "
-                      "(its host does not pop notifications?); try again",
-                      agent, b->transfer_timeout_s);
     else if ((rc = segment_close(b, a->seg)) < 0)
         st = kv__fail_engine(b, rc, "disconnect");
     else {
