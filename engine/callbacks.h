@@ -19,8 +19,9 @@
 /* Hold a message for its handler (id 1..255): 0, or -EAGAIN when MC_MSG_WINDOW are held
  * already (the sender keeps it); a peer event for the peer handler; a completion (a send, a
  * flush). Progress context.
- * A message from a ring that lends its records (lend not NULL: only in a pass that runs the
- * callbacks, so that nothing stays lent after it) is not copied: the handler gets data and
+ * A message from a ring that lends its records (lend not NULL: in a pass that runs the
+ * callbacks, and with MC_MSG_ACK_AFTER_HANDLER in a serving thread's too, whose loans last until
+ * the host's pass) is not copied: the handler gets data and
  * sender where they are, and the record, which ends at ring position end, counts in lend until
  * the handler ran (lend->returned then moves to end). */
 int mc__cb_hold_msg(mc_engine_t *e, const char *sender, uint8_t id, const void *data, size_t len,

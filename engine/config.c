@@ -140,6 +140,10 @@ static const mc_setting_t core_settings[] = {
     {"CONNECT_TIMEOUT_MS", "3000", 100, 600000, NULL, "connect + handshake limit"},
     {"LINGER_MS", "0", 0, 3600000, NULL,
      "destroy first waits up to this long for live peers to take the messages sent to them"},
+    {"MSG_ACK_AFTER_HANDLER", "0", 0, 0, mc__parse_bool,
+     "1: a message received through the same-host ring is acknowledged once its handler ran, "
+     "also one a serving thread took; 0 (and over tcp and rdma): once it is in the handler "
+     "queue"},
     {"HANDSHAKE_MAX_LENGTH", "1048576", 4096, 64 << 20, NULL,
      "largest descriptor accepted from a peer"},
     {"DEVICES", "", 0, 0, mc__parse_text, "comma-separated NICs to use; empty: all"},
@@ -372,6 +376,7 @@ void mc__engine_cfg_read(const mc_config_t *c, mc_engine_cfg_t *cfg)
     cfg->io_timeout_ms = (unsigned)mc__config_num(c, "IO_TIMEOUT_MS");
     cfg->connect_timeout_ms = (unsigned)mc__config_num(c, "CONNECT_TIMEOUT_MS");
     cfg->linger_ms = (unsigned)mc__config_num(c, "LINGER_MS");
+    cfg->msg_ack_after_handler = (bool)mc__config_num(c, "MSG_ACK_AFTER_HANDLER");
     cfg->handshake_max = mc__config_num(c, "HANDSHAKE_MAX_LENGTH");
     cfg->devices = mc__config_str(c, "DEVICES");
     cfg->matrix = mc__config_str(c, "NIC_PRIORITY_MATRIX");

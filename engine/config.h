@@ -9,6 +9,7 @@
 #ifndef MC_CONFIG_H
 #define MC_CONFIG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <mooncake/engine.h>
@@ -50,7 +51,8 @@ typedef struct mc_engine_cfg {
     unsigned retry_cnt;
     unsigned transfer_timeout_ms;
     unsigned io_timeout_ms;
-    unsigned linger_ms; /* destroy: how long it waits for peers to take its messages */
+    unsigned linger_ms;         /* destroy: how long it waits for peers to take its messages */
+    bool msg_ack_after_handler; /* a ring's message is acknowledged once its handler ran */
     unsigned connect_timeout_ms;
     uint64_t handshake_max;
     const char *devices; /* MC_DEVICES: "" for all */

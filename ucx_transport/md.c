@@ -143,6 +143,11 @@ static int engine_config(const uct_mc_md_config_t *cfg, mc_config_t **c_p)
         /* what UCT took (an am_bcopy returned) is sent, as a socket's bytes are after a close:
          * closing the domain waits up to 1 s for peers to take it */
         (!env_set("MC_LINGER_MS") && (rc = mc_config_set(c, "LINGER_MS", "1000"))) ||
+        /* a flush means the peer's UCP has the active messages, not its engine: a close after
+         * it disconnects UCP's connection manager, and the peer's UCP then drops what its
+         * worker did not take yet (a serving thread took them while the application was away) */
+        (!env_set("MC_MSG_ACK_AFTER_HANDLER") &&
+         (rc = mc_config_set(c, "MSG_ACK_AFTER_HANDLER", "1"))) ||
         (rc = set_list(c, cfg->engine)) ||
         /* UCT's rule: callbacks only from uct_iface_progress, so the caller drives I/O */
         (rc = mc_config_set(c, "PROGRESS_THREAD", "0")) ||

@@ -486,11 +486,12 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
 
 /* Messages and notifications to one peer are delivered exactly once and in the order sent, as
  * long as the peer's process lives: each is acknowledged by the receiver once it is in its
- * handler queue, resent over another connection after a failure, and dropped by the receiver
- * if it sees it twice. At most MC_MSG_WINDOW of them per peer, and MC_MSG_WINDOW_BYTES of their
- * payload (one is always let through), are queued or unacknowledged; past that, sends return
- * -EAGAIN (a receiver that does not keep up slows its senders down,
- * it never drops). If the peer dies, the ones it did not acknowledge fail: their completion
+ * handler queue (a receiver with MC_MSG_ACK_AFTER_HANDLER=1: a message from a same-host peer
+ * once its handler ran, what a UCT flush needs), resent over another connection after a
+ * failure, and dropped by the receiver if it sees it twice. At most MC_MSG_WINDOW of them per
+ * peer, and MC_MSG_WINDOW_BYTES of their payload (one is always let through), are queued or
+ * unacknowledged; past that, sends return -EAGAIN (a receiver that does not keep up slows its
+ * senders down, it never drops). If the peer dies, the ones it did not acknowledge fail: their completion
  * callbacks get -MC_EPEERDEAD and the peer event says how many. A peer that stays unreachable
  * (no connection to it succeeds, none is refused either: a host that lost power) while messages
  * wait for it is dead after 10 times MC_IO_TIMEOUT_MS (at least MC_CONNECT_TIMEOUT_MS), as one

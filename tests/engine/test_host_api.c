@@ -1486,6 +1486,56 @@ static void test_served_messages(void **state)
     arm_pair_destroy();
 }
 
+/* With MSG_ACK_AFTER_HANDLER (as the UCX module runs its engines: a UCT flush means UCP has the
+ * messages) the serving thread still takes a host's messages from the same-host ring, but they
+ * are answered only once the host's handlers ran: the sender's flush waits for the host, then
+ * completes. Before, the flush completed while the messages waited for the host, and a UCP
+ * peer that closed after it made the host's UCP fail the endpoint before it got them
+ * (ucp_client_server lost its last rounds in about half the runs). */
+static void test_served_ack_after_handler(void **state)
+{
+    static uint8_t buf[6000];
+    mc_counters_t c = {0};
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+
+    (void)state;
+    atomic_store(&served.got, 0);
+    atomic_store(&served.bad, 0);
+    atomic_store(&served.flushed, 0);
+    th_config(&cfg);
+    th_set(&cfg, "PROTOCOL", "shm");
+    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0");
+    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    th_set(&cfg, "PROGRESS_SERVE_US", "100");
+    th_set(&cfg, "MSG_ACK_AFTER_HANDLER", "1");
+    mc_engine_t *host = g.e[1] = th_engine(&cfg);
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_served_msg, NULL), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
+    for (int i = 0; i < SERVED_N; i++) {
+        for (size_t j = 0; j < served_len(i); j++)
+            buf[j] = (uint8_t)(i * 31 + (int)j);
+        assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, buf, served_len(i)), 0);
+    }
+    assert_int_equal(mc_peer_flush(snd, seg, on_served_flush, NULL), 0);
+    /* the serving thread takes them all; no handler ran, and the flush waits */
+    int64_t dl = th_now_ms() + 10000;
+    while ((mc_stats_transport(host, "shm", &c) || c.msgs_received < SERVED_N) && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(c.msgs_received, SERVED_N);
+    usleep(300 * 1000);
+    assert_int_equal(atomic_load(&served.got), 0);
+    assert_int_equal(atomic_load(&served.flushed), 0);
+    /* the host runs its handlers: then the flush completes */
+    while (atomic_load(&served.flushed) == 0 && th_now_ms() < dl)
+        mc_engine_progress(host);
+    assert_int_equal(atomic_load(&served.flushed), 1);
+    assert_int_equal(atomic_load(&served.got), SERVED_N);
+    assert_int_equal(atomic_load(&served.bad), 0);
+    arm_pair_destroy();
+}
+
 /* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
 
 static struct {
@@ -2239,6 +2289,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_engine_arm_send, teardown),
         cmocka_unit_test_teardown(test_arm_spinning_peer, teardown),
         cmocka_unit_test_teardown(test_served_messages, teardown),
+        cmocka_unit_test_teardown(test_served_ack_after_handler, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),

@@ -179,7 +179,7 @@ examples() {
 # cs_run WHERE API SIZE ROUNDS PRINTS: one ucp_client_server pair (a UCP listener; the client
 # connects by address, with error handling on) over UCX_TLS=mooncake alone. The server prints
 # the strings of the first and the last round, which must be the client's, whole. Returns 0, or
-# 2 when the client's force close overtook the last rounds (below). The server waits for its
+# 2 when the client's close overtook the last rounds (below). The server waits for its
 # next client once done ("Waiting for connection..." again): it is ended then, its output
 # line-buffered. The client must have put its lanes on device engine (UCX's debug log).
 cs_run() {
@@ -208,7 +208,9 @@ cs_run() {
             >"$LOG/sc" 2>&1 || cli_rc=$?
     fi
     ((cli_rc == 0)) || { grep -v '^ABC' "$LOG/sc" | cut -c1-160 | tail -40; fail "$what: rc $cli_rc"; }
-    grep -Eq 'lane\[[0-9]+\]: +[0-9]+:mooncake/engine\.0 .*rma_bw.* am ' "$LOG/sc" ||
+    local lane='lane\[[0-9]+\]: +[0-9]+:mooncake/engine\.0 .*rma_bw.* am '
+    [[ $api == stream ]] && lane='lane\[[0-9]+\]: +[0-9]+:mooncake/engine\.0 .* am ' # (no RMA)
+    grep -Eq "$lane" "$LOG/sc" ||
         { grep 'lane\[' "$LOG/sc" | cut -c1-200; fail "$what: the client's lanes are not on engine"; }
     for _ in $(seq 100); do
         (($(grep -c 'Waiting for connection' "$LOG/ss") >= 2)) && break
@@ -236,33 +238,39 @@ print(len(got) if all(g == want for g in got) else -1)" "$LOG/ss") ||
     [[ $got != -1 ]] || fail "$what: a string the server received differs from the one sent"
     [[ $(grep -c 'UCP TEST SUCCESS' "$LOG/ss") == "$prints" && $got == "$prints" ]] &&
         ! grep -q 'unable to\|failed on iteration' "$LOG/ss" && return 0
-    grep -q 'Connection reset by remote peer' "$LOG/ss" && return 2
+    if grep -q 'Connection reset by remote peer' "$LOG/ss"; then
+        grep -v '^ABC' "$LOG/ss" | grep -v '^$' | cut -c1-160 | tail -12
+        grep -v '^ABC' "$LOG/sc" | grep -v 'DEBUG\|^$' | cut -c1-160 | tail -8
+        return 2
+    fi
     grep -v '^ABC' "$LOG/ss" | cut -c1-160 | tail -40
     fail "$what: the server did not get the strings sent"
 }
 
-# client_server WHERE: cs_run for tag and AM, eager and rendezvous. The client force-closes as
-# soon as its last send completed locally, and UCP fails the server's endpoint when its
-# connection manager reports that: a message the engine had not delivered by then is lost, as
-# UCP's force close allows. Tag messages still match (matching is the worker's), and a pair
-# that lost its last rounds anyway runs again, up to 3 times; stream data of a failed endpoint
-# is dropped, which took most stream runs between namespaces (its bytes are checked by
-# ucx_perftest and test_ucp_data instead). The AM server keeps one message at a time (two that
+# client_server WHERE: cs_run for tag, AM and stream, eager and rendezvous (stream always goes
+# eager). The client closes once its last send completed and its endpoint is flushed, and UCP
+# fails the server's endpoint when its connection manager reports that: the flush must not
+# complete before the server's UCP has every message, or the last rounds are lost. On one host
+# the module's engines answer a message once its handler ran (MC_MSG_ACK_AFTER_HANDLER): one
+# run must get them all (until 2026-12-05 stream runs lost them about half the time). Between
+# namespaces (tcp) answers still go once the engine queued a message, and a pair that lost its
+# last rounds runs again, up to 3 times. The AM server keeps one message at a time (two that
 # arrive in one progress call overwrite each other, over UCX's own tcp too): one round there.
 client_server() {
-    local where=$1 api size rounds prints try rc
+    local where=$1 api size rounds prints try tries=1 rc
     [[ -x $B/bin/ucp_client_server ]] || { echo "note: ucp_client_server was not built"; return; }
-    for api in tag am; do
+    [[ $where == netns ]] && tries=3
+    for api in tag am stream; do
         rounds=3 prints=2
         [[ $api == am ]] && rounds=1 prints=1
         for size in 16 100000; do
-            for try in 1 2 3; do
+            for ((try = 1; try <= tries; try++)); do
                 rc=0
                 cs_run $where $api $size $rounds $prints || rc=$?
                 ((rc == 0)) && break
-                echo "note: $where ucp_client_server -c $api -s $size: the force close overtook the last rounds (try $try)"
+                echo "note: $where ucp_client_server -c $api -s $size: the close overtook the last rounds (try $try)"
             done
-            ((rc == 0)) || fail "$where ucp_client_server -c $api -s $size: lost to the force close 3 times"
+            ((rc == 0)) || fail "$where ucp_client_server -c $api -s $size: the close overtook the last rounds $tries time(s)"
             echo "ok $where ucp_client_server -c $api, $size bytes, $rounds round(s)"
         done
     done

@@ -13,7 +13,9 @@
  * are (msg_ring.h's loans), and moves its tail, and so the sender's answers, past them once
  * they ran, at the end of that pass. A pass that keeps the callbacks for the host (a quiet one,
  * a serving thread's) copies what it takes: the sender hears at once that it was taken, as
- * over the other carriers, and the ring does not wait for a host that is away.
+ * over the other carriers, and the ring does not wait for a host that is away. With
+ * MC_MSG_ACK_AFTER_HANDLER it lends them too, and they are answered once the host's handlers
+ * ran (what a UCT flush means: UCP has them).
  *
  * The sender reads the receiver's tail, and answers what it consumed, only when an answer is
  * waited for: a message with a callback, a flush of the peer, a ring or fifo that is full, every
@@ -416,7 +418,8 @@ static void rx_poll(mc_engine_t *e, shm_rx_t *rx)
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
     if (head != rx->tail &&
         mc__ring_take(e, mc__shm_slot, r->data, RING_BYTES, head, &rx->tail, rx->sender, rx->stream,
-                      RX_BUDGET, &rx->blocked, e->pass_callbacks ? &rx->lend : NULL)) {
+                      RX_BUDGET, &rx->blocked,
+                      e->pass_callbacks || e->cfg.msg_ack_after_handler ? &rx->lend : NULL)) {
         mc_warn("shm: the message ring from %s is corrupt: closing it", rx->sender);
         rx->corrupt = true;
         shutdown(rx->fd, SHUT_RDWR); /* its connection goes, and the sender hears it */
