@@ -92,24 +92,25 @@ static int text(int fd, uint64_t addr, uint64_t len)
     return ro;
 }
 
-int mc__maps_read_only_query(uint64_t addr, uint64_t len)
+/* how, on a maps file of its own. */
+static int on_maps(int (*how)(int fd, uint64_t addr, uint64_t len), uint64_t addr, uint64_t len)
 {
     int fd = maps_open();
     if (fd < 0)
         return fd;
-    int rc = query(fd, addr, len);
+    int rc = how(fd, addr, len);
     close(fd);
     return rc;
 }
 
+int mc__maps_read_only_query(uint64_t addr, uint64_t len)
+{
+    return on_maps(query, addr, len);
+}
+
 int mc__maps_read_only_text(uint64_t addr, uint64_t len)
 {
-    int fd = maps_open();
-    if (fd < 0)
-        return fd;
-    int rc = text(fd, addr, len);
-    close(fd);
-    return rc;
+    return on_maps(text, addr, len);
 }
 
 bool mc__maps_read_only(uint64_t addr, uint64_t len)

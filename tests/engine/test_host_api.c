@@ -1443,27 +1443,34 @@ static int rings_mapped(void)
     return n;
 }
 
-static void test_served_messages(void **state)
+/* The SERVED_N messages from snd to seg, then a flush (on_served_flush). */
+static void send_served(mc_engine_t *snd, mc_segment_id_t seg)
 {
     static uint8_t buf[6000];
-    mc_engine_t *snd, *host;
-    mc_segment_id_t seg;
-    mc_counters_t c = {0};
-    int fd;
 
-    (void)state;
     atomic_store(&served.got, 0);
     atomic_store(&served.bad, 0);
     atomic_store(&served.flushed, 0);
-    arm_pair("shm", 100, &snd, &host, &fd);
-    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_served_msg, NULL), 0);
-    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
     for (int i = 0; i < SERVED_N; i++) {
         for (size_t j = 0; j < served_len(i); j++)
             buf[j] = (uint8_t)(i * 31 + (int)j);
         assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, buf, served_len(i)), 0);
     }
     assert_int_equal(mc_peer_flush(snd, seg, on_served_flush, NULL), 0);
+}
+
+static void test_served_messages(void **state)
+{
+    mc_engine_t *snd, *host;
+    mc_segment_id_t seg;
+    mc_counters_t c = {0};
+    int fd;
+
+    (void)state;
+    arm_pair("shm", 100, &snd, &host, &fd);
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_served_msg, NULL), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
+    send_served(snd, seg);
     /* the serving thread takes them all over the ring and the sender hears so; no handler ran */
     int64_t dl = th_now_ms() + 10000;
     while (atomic_load(&served.flushed) == 0 && th_now_ms() < dl)
@@ -1494,15 +1501,11 @@ static void test_served_messages(void **state)
  * (ucp_client_server lost its last rounds in about half the runs). */
 static void test_served_ack_after_handler(void **state)
 {
-    static uint8_t buf[6000];
     mc_counters_t c = {0};
     mc_segment_id_t seg;
     th_cfg_t cfg;
 
     (void)state;
-    atomic_store(&served.got, 0);
-    atomic_store(&served.bad, 0);
-    atomic_store(&served.flushed, 0);
     th_config(&cfg);
     th_set(&cfg, "PROTOCOL", "shm");
     mc_engine_t *snd = g.e[0] = th_engine(&cfg);
@@ -1513,12 +1516,7 @@ static void test_served_ack_after_handler(void **state)
     mc_engine_t *host = g.e[1] = th_engine(&cfg);
     assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_served_msg, NULL), 0);
     assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
-    for (int i = 0; i < SERVED_N; i++) {
-        for (size_t j = 0; j < served_len(i); j++)
-            buf[j] = (uint8_t)(i * 31 + (int)j);
-        assert_int_equal(mc_msg_send(snd, seg, TH_MSG_ID, buf, served_len(i)), 0);
-    }
-    assert_int_equal(mc_peer_flush(snd, seg, on_served_flush, NULL), 0);
+    send_served(snd, seg);
     /* the serving thread takes them all; no handler ran, and the flush waits */
     int64_t dl = th_now_ms() + 10000;
     while ((mc_stats_transport(host, "shm", &c) || c.msgs_received < SERVED_N) && th_now_ms() < dl)
