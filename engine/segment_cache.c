@@ -164,8 +164,10 @@ static int64_t relist(mc_engine_t *e, struct mc_seg_cache *c)
         return -1;
     pthread_mutex_lock(&c->lock);
     c->gen++;
-    if (rev > c->known_rev)
-        c->known_rev = rev;
+    if (rev < c->known_rev) /* a store that went back (etcd's data wiped): its revisions anew */
+        for (size_t i = 0; i < c->n; i++)
+            c->v[i].rev = 0;
+    c->known_rev = rev;
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
         const char *name = key_name(c, &kvs[i]);
