@@ -1,7 +1,6 @@
 /* Registered memory: the table peers' requests are checked against, locations, and the
  * memfd-backed allocator. */
 #include <errno.h>
-#include <fcntl.h>
 #include <numaif.h>
 #include <poll.h>
 #include <stdio.h>

@@ -183,8 +183,8 @@ static int reap_slots(p2p_fetch_t *f)
  * in order, so on a slow link the eighth shard in flight gets its first byte once seven are on
  * their way (8 of 64 MiB at 100 Mbit/s: 43 s). Shards were canceled at 32 s from their submit
  * first, then (until 2026-12-05) once they had waited that long without a byte: each a try of
- * 16, put back behind the same queue, and a fetch from one holder at 40 Mbit/s with 4 MiB shards
- * and a 2 s timeout retried 3 times (test_p2p_slow_link). */
+ * 16, put back behind the same queue, and a fetch from one holder at 30 Mbit/s with 4 MiB shards
+ * and a 3 s timeout retried 3 times (test_p2p_slow_link). */
 static void expire_slots(p2p_fetch_t *f, uint64_t now)
 {
     uint64_t limit = (uint64_t)f->o.shard_timeout_ms + P2P_CANCEL_GRACE_MS;

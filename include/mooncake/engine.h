@@ -491,11 +491,11 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
  * failure, and dropped by the receiver if it sees it twice. At most MC_MSG_WINDOW of them per
  * peer, and MC_MSG_WINDOW_BYTES of their payload (one is always let through), are queued or
  * unacknowledged; past that, sends return -EAGAIN (a receiver that does not keep up slows its
- * senders down, it never drops). If the peer dies, the ones it did not acknowledge fail: their completion
- * callbacks get -MC_EPEERDEAD and the peer event says how many. A peer that stays unreachable
- * (no connection to it succeeds, none is refused either: a host that lost power) while messages
- * wait for it is dead after 10 times MC_IO_TIMEOUT_MS (at least MC_CONNECT_TIMEOUT_MS), as one
- * whose metadata lease expired and that does not answer. */
+ * senders down, it never drops). If the peer dies, the ones it did not acknowledge fail: their
+ * completion callbacks get -MC_EPEERDEAD and the peer event says how many. A peer that stays
+ * unreachable (no connection to it succeeds, none is refused either: a host that lost power)
+ * while messages wait for it is dead after 10 times MC_IO_TIMEOUT_MS (at least
+ * MC_CONNECT_TIMEOUT_MS), as one whose metadata lease expired and that does not answer. */
 
 /* Handler for messages with id 1..255, called from progress with the sender's segment name.
  * data and sender are valid during the call only (a same-host message is read where its sender
