@@ -141,9 +141,8 @@ static const mc_setting_t core_settings[] = {
     {"LINGER_MS", "0", 0, 3600000, NULL,
      "destroy first waits up to this long for live peers to take the messages sent to them"},
     {"MSG_ACK_AFTER_HANDLER", "0", 0, 0, mc__parse_bool,
-     "1: a message received through the same-host ring is acknowledged once its handler ran, "
-     "also one a serving thread took; 0 (and for other messages): once it is in the handler "
-     "queue"},
+     "1: a message is acknowledged once its handler ran (or, kept, was released: mc_msg_keep), "
+     "also one a serving thread took; 0 (and over rdma): once it is in the handler queue"},
     {"HANDSHAKE_MAX_LENGTH", "1048576", 4096, 64 << 20, NULL,
      "largest descriptor accepted from a peer"},
     {"DEVICES", "", 0, 0, mc__parse_text, "comma-separated NICs to use; empty: all"},

@@ -230,7 +230,8 @@ static void pass_end(mc_engine_t *e, bool whole)
     transports_reap(e, whole);
     if (e->pass_soon) /* the fast tick lasts a while: no timer syscall per pass meanwhile */
         e->soon_until_ns = e->last_pass_ns + TICK_BUSY_MS * MC_MS;
-    if (e->pass_callbacks && mc__callbacks_pending(e)) /* let go of, or read by a reap, just now */
+    if ((e->pass_callbacks && mc__callbacks_pending(e)) || /* let go of, or read by a reap, */
+        atomic_load_explicit(&e->kept_released, memory_order_relaxed)) /* released, just now */
         mc__doorbell(e);
     arm_timer(e); /* (a light pass too: what it or a send before it started may need the tick) */
     e->pass_callbacks = false;
@@ -267,6 +268,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         n++; /* handled as if epoll had reported it: the caller looks again at once */
     }
     drain_submissions(e);
+    mc__callbacks_released(e);
     for (unsigned i = 0; i < mc__n_transports; i++)
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], progress))
             mc__transports[i]->progress(e);
@@ -276,6 +278,7 @@ static int progress_pass(mc_engine_t *e, uint64_t now, struct epoll_event *evs, 
         now = mc__now_ns(); /* later than what the pass recorded meanwhile (last_done_ns) */
         mc__sched_timers(e, now);
         mc__peers_tick(e, now);
+        mc__msgs_tick(e, now);
         for (unsigned i = 0; i < mc__n_transports; i++)
             if (e->tp[i] && MC_TP_HAS(mc__transports[i], timers))
                 mc__transports[i]->timers(e, now);
@@ -541,6 +544,7 @@ static bool express_pass(mc_engine_t *e)
     pass_engine = e;
     e->pass_callbacks = true;
     e->sends_since_pass = 0;
+    mc__callbacks_released(e);
     for (unsigned i = 0; i < mc__n_transports; i++) {
         if (e->tp[i] && MC_TP_HAS(mc__transports[i], express) && !mc__transports[i]->express(e)) {
             progress_pass(e, 0, NULL, 0, NULL, true); /* (what was taken is run there) */
@@ -614,12 +618,16 @@ int mc_engine_arm(mc_engine_t *e)
     if (pass_engine || !mc_lock_try(&e->lock))
         return -EAGAIN; /* another thread is in a pass: look again */
     /* callbacks a serving pass held for the host are work too */
-    ok = !mc__callbacks_pending(e) && idle_arm(e);
+    ok = !mc__callbacks_pending(e) && !atomic_load(&e->kept_released) && idle_arm(e);
     if (ok) /* it sleeps on epoll: no descriptor read without it (progress_locked) */
         e->solo = e->solo_next = NULL;
     /* until the host calls in again, what arrives is its to handle: the serving thread would
      * take the wake-up from under it and hold the callbacks */
     atomic_store(&e->host_armed, ok);
+    if (ok && atomic_load(&e->kept_released)) { /* mc_msg_release saw it not armed yet */
+        atomic_store(&e->host_armed, false);
+        ok = false;
+    }
     mc_unlock(&e->lock);
     return ok ? 0 : -EAGAIN;
 }

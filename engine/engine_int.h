@@ -101,6 +101,11 @@ struct mc_engine {
     mc_quick_t quick[MC_QUICK_MAX]; /* messages lent while nothing else is held: they run */
     unsigned n_quick;               /* first, without a held record each (callbacks.c) */
     bool rx_held_full;           /* a message was refused for that: wake progress once they ran */
+    struct mc_ran *ran_now;      /* the message whose handler runs (callbacks.c, mc_msg_keep) */
+    uint64_t ran_kept;           /* ... its token, once kept */
+    mc_list_t kept;              /* messages kept, and those acknowledged behind them */
+    atomic_bool kept_released;   /* one was released since the last pass looked */
+    unsigned msgs_taken;         /* messages sent, answered MC__MSG_LATER, not handled yet */
     mc_bufcache_t held_bufs;     /* held records kept for reuse (callbacks.c) */
     mc_list_t done_msgs;         /* sends and flushes whose completion got no held record: */
     mc_list_t done_flushes;      /* they carry it themselves (mc__msgs_done_run) */

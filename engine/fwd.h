@@ -33,6 +33,13 @@ typedef struct mc_ring_lend {
     unsigned slot;     /* the lending transport's: its reap gives them back (mc__reap_mark) */
 } mc_ring_lend_t;
 
+/* A message whose sender waits to hear that its handler ran: its stream, its number there and
+ * the transport it came over (msg.c, MC__MSG_LATER). */
+typedef struct mc_msg_tell {
+    uint64_t stream, seq;
+    uint8_t tp;
+} mc_msg_tell_t;
+
 /* A message lent by a ring and handed to its handler without a held record (callbacks.c). */
 #define MC_QUICK_MAX 16
 typedef struct mc_quick {

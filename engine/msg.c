@@ -359,58 +359,120 @@ mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p, unsigned tp)
     return m;
 }
 
+static mc_msg_t *first_msg(mc_list_t *list)
+{
+    return mc_container_of(list->next, mc_msg_t, link);
+}
+
 /* Every unacknowledged message goes back to the front of msgq, in order, to be sent again
- * (after delay_ns). */
-static void go_back(mc_peer_t *p, uint64_t delay_ns)
+ * (after delay_ns), but with keep_taken those in the receiver's queue (taken: the first ones),
+ * which wait for their handlers there. */
+static void go_back(mc_engine_t *e, mc_peer_t *p, uint64_t delay_ns, bool keep_taken)
 {
     mc_list_t again;
 
     mc_list_init(&again);
     mc_list_splice_back(&again, &p->msg_unacked);
-    for (mc_list_t *pos = again.next; pos != &again; pos = pos->next)
-        mc_container_of(pos, mc_msg_t, link)->inflight = false;
+    while (keep_taken && !mc_list_empty(&again) && first_msg(&again)->taken)
+        mc_list_push_back(&p->msg_unacked, mc_list_pop_front(&again));
+    for (mc_list_t *pos = again.next; pos != &again; pos = pos->next) {
+        mc_msg_t *m = mc_container_of(pos, mc_msg_t, link);
+        m->inflight = false;
+        e->msgs_taken -= m->taken;
+        m->taken = false;
+    }
     mc_list_splice_back(&again, &p->msgq);
     mc_list_splice_back(&p->msgq, &again);
     if (delay_ns)
         p->msg_retry_ns = mc__now_ns() + delay_ns;
 }
 
+/* The oldest message p has not had acknowledged leaves: in the receiver's queue (status 0; its
+ * handler ran, if it answers so), or refused for good. */
+static void msg_acked(mc_engine_t *e, mc_peer_t *p, int status)
+{
+    mc_msg_t *x = first_msg(&p->msg_unacked);
+
+    mc_list_del(&x->link);
+    p->msg_acked = x->seq;
+    e->msgs_taken -= x->taken;
+    if (!status) {
+        mc__count_pass(&p->c[MC_CNT_MSGS_SENT], 1);
+        mc__count_pass(&e->c[x->tp][MC_CNT_MSGS_SENT], 1);
+    }
+    msg_done(e, p, x, status);
+}
+
+/* Some of p's messages were acknowledged: the rest may switch carriers, flushes may end. */
+static void acked_after(mc_engine_t *e, mc_peer_t *p)
+{
+    if (!mc_list_empty(&p->msgq) || p->msg_hold)
+        faster_carrier(e, p);
+    mc__flushes_check(e, p);
+}
+
 void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status)
 {
-    mc_list_t *n;
-
     if (!m->inflight || m->tx != tx) /* sent again since; this answer is of an earlier send */
         return;
     if (status == -EAGAIN) {
-        go_back(p, RESEND_DELAY_NS);
+        go_back(e, p, RESEND_DELAY_NS, true);
         if (p->msg_hold)
             faster_carrier(e, p);
         mc__peer_activate(e, p);
         return;
     }
     /* Answers come in order: m and whatever was sent before it are in the receiver's queue (or
-     * were refused for good: status). */
-    while ((n = mc_list_pop_front(&p->msg_unacked))) {
-        mc_msg_t *x = mc_container_of(n, mc_msg_t, link);
-        p->msg_acked = x->seq;
-        if (!status || x != m) {
-            mc__count_pass(&p->c[MC_CNT_MSGS_SENT], 1);
-            mc__count_pass(&e->c[x->tp][MC_CNT_MSGS_SENT], 1);
+     * m was refused for good: status). */
+    if (status == MC__MSG_LATER) { /* they leave once the receiver says their handlers ran */
+        for (mc_list_t *pos = p->msg_unacked.next;; pos = pos->next) {
+            mc_msg_t *x = mc_container_of(pos, mc_msg_t, link);
+            x->inflight = false;
+            e->msgs_taken += !x->taken;
+            x->taken = true;
+            p->msg_taken_ns = mc__now_ns();
+            if (x == m)
+                return;
         }
-        msg_done(e, p, x, x == m ? status : 0);
-        if (x == m)
-            break;
     }
-    if (!mc_list_empty(&p->msgq) || p->msg_hold)
-        faster_carrier(e, p);
-    mc__flushes_check(e, p);
+    while (first_msg(&p->msg_unacked) != m)
+        msg_acked(e, p, 0);
+    msg_acked(e, p, status);
+    acked_after(e, p);
+}
+
+void mc__msg_handled(mc_engine_t *e, mc_peer_t *p, uint64_t stream, uint64_t seq)
+{
+    if (stream != p->msg_stream)
+        return; /* (an earlier stream's, before p was opened again) */
+    while (!mc_list_empty(&p->msg_unacked) && first_msg(&p->msg_unacked)->seq <= seq)
+        msg_acked(e, p, 0); /* (in flight again after a lost link: its answer is dropped) */
+    p->msg_taken_ns = mc__now_ns();
+    acked_after(e, p);
+}
+
+void mc__msgs_tick(mc_engine_t *e, uint64_t now)
+{
+    uint64_t quiet = 2 * (uint64_t)e->cfg.io_timeout_ms * MC_MS;
+
+    for (size_t i = 0; e->msgs_taken && i < e->n_peers; i++) {
+        mc_peer_t *p = mc__peer_at(e, i);
+        if (!p || mc_list_empty(&p->msg_unacked) || !first_msg(&p->msg_unacked)->taken ||
+            (int64_t)(now - p->msg_taken_ns) < (int64_t)quiet)
+            continue;
+        p->msg_taken_ns = now;
+        go_back(e, p, 0, false);
+        if (p->msg_hold)
+            faster_carrier(e, p);
+        mc__peer_activate(e, p);
+    }
 }
 
 void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp)
 {
     if (tp != p->msg_tp || mc_list_empty(&p->msg_unacked))
         return;
-    go_back(p, 0);
+    go_back(e, p, 0, false); /* those taken too: their receiver tells on the link they come on */
     if (p->msg_hold)
         faster_carrier(e, p);
     mc__peer_activate(e, p);
@@ -422,6 +484,8 @@ void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp)
  * table forgets the streams least recently heard from). */
 typedef struct rx_stream {
     uint64_t stream, next, used;
+    uint64_t handled; /* answered MC__MSG_LATER: the messages up to it ran their handlers */
+    unsigned pending; /* ... these, answered so, wait for theirs */
 } rx_stream_t;
 
 struct mc_rx_streams {
@@ -514,6 +578,14 @@ static rx_stream_t *rx_find(mc_engine_t *e, uint64_t stream, uint64_t seq)
     return s;
 }
 
+/* The stream's entry, if it is known. */
+static rx_stream_t *rx_get(mc_engine_t *e, uint64_t stream)
+{
+    rx_stream_t *s = e->rx_streams ? rx_slot(e->rx_streams, stream) : NULL;
+
+    return s && s->stream == stream ? s : NULL;
+}
+
 static int notify_push(mc_engine_t *e, const char *sender, const void *data, size_t len)
 {
     mc_notify_item_t *it;
@@ -545,21 +617,52 @@ int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t st
                     uint8_t id, const void *data, size_t len, mc_ring_lend_t *lend, uint64_t end)
 {
     rx_stream_t *s = rx_find(e, stream, seq);
+    /* the sender hears when the handler ran (msg.h): a copied message, over a carrier that tells */
+    bool later =
+        !lend && e->cfg.msg_ack_after_handler && MC_TP_HAS(mc__transports[tp], msg_handled);
+    mc_msg_tell_t tell = {.stream = stream, .seq = seq, .tp = (uint8_t)tp};
     int rc;
 
     if (!s)
         return -EAGAIN;
-    if (seq < s->next)
-        return 0; /* a duplicate: it was delivered already */
+    if (seq < s->next) /* a duplicate: it was delivered already (its handler may not have run) */
+        return later && s->pending && seq > s->handled ? MC__MSG_LATER : 0;
     if (seq > s->next)
         return -EAGAIN; /* one before it is missing: the sender goes back to it */
+    /* a notification is handled as it is queued, but its sender hears of it only after the
+     * messages ahead of it: a mark in the held queue, if one still waits for its handler */
+    bool mark = later && id == 0 && s->pending;
+    if (mark && mc__cb_hold_mark(e, &tell))
+        return -EAGAIN;
     rc = id == 0 ? notify_push(e, sender, data, len)
-                 : mc__cb_hold_msg(e, sender, id, data, len, lend, end);
-    if (!rc) {
-        s->next = seq + 1;
-        mc__count_pass(&e->c[tp][MC_CNT_MSGS_RECEIVED], 1);
+                 : mc__cb_hold_msg(e, sender, id, data, len, lend, end, later ? &tell : NULL);
+    if (rc) {
+        if (mark)
+            mc__cb_unhold_mark(e);
+        return rc;
     }
-    return rc;
+    s->next = seq + 1;
+    mc__count_pass(&e->c[tp][MC_CNT_MSGS_RECEIVED], 1);
+    if (!later)
+        return 0;
+    if (id == 0 && !mark) {
+        s->handled = seq;
+        return 0;
+    }
+    s->pending++;
+    return MC__MSG_LATER;
+}
+
+void mc__msg_ran(mc_engine_t *e, const mc_msg_tell_t *t)
+{
+    rx_stream_t *s = rx_get(e, t->stream); /* (forgotten meanwhile: the sender is told anyway) */
+
+    if (s && s->pending) {
+        s->pending--;
+        if (t->seq > s->handled)
+            s->handled = t->seq;
+    }
+    mc__transports[t->tp]->msg_handled(e, t->stream, t->seq);
 }
 
 int mc_notify_pop(mc_engine_t *e, mc_notify_t *out)
@@ -788,7 +891,9 @@ unsigned mc__msgs_fail_peer(mc_engine_t *e, mc_peer_t *p, int err)
 
     if (MC_TP_HAS(carrier, msg_settle)) /* what the receiver took was delivered */
         carrier->msg_settle(e, p);
-    go_back(p, 0); /* the unacknowledged first, in order */
+    while (!mc_list_empty(&p->msg_unacked) && first_msg(&p->msg_unacked)->taken)
+        msg_acked(e, p, 0);  /* in its queue: delivered, its handler run or not */
+    go_back(e, p, 0, false); /* the unacknowledged first, in order */
     while ((n = mc_list_pop_front(&p->msgq))) {
         msg_done(e, p, mc_container_of(n, mc_msg_t, link), err);
         n_msgs++;

@@ -10,6 +10,16 @@
  * Receiver: per stream, the next sequence number expected; a message is delivered only if it
  * is that one (a smaller one is a duplicate: acknowledged, dropped).
  *
+ * A receiver with MC_MSG_ACK_AFTER_HANDLER acknowledges a message once its handler ran. A ring
+ * that lends its records to the handlers answers then; a carrier that answers as it takes
+ * (tcp) answers MC__MSG_LATER (queued, not handled), and tells the sender when the handler ran
+ * (the transport's msg_handled op, which says that of every message of the stream up to then:
+ * mc__msg_handled at the sender). The sender keeps such a message (taken) in msg_unacked, in
+ * its window, until then; after a lost link, or 2 x MC_IO_TIMEOUT_MS without a word
+ * (mc__msgs_tick), it sends it again, and the receiver answers the duplicate 0 or
+ * MC__MSG_LATER as its handler ran or not. A peer closed or dead meanwhile completes it with 0
+ * (it was queued there).
+ *
  * Everything here runs in the progress context unless said otherwise. */
 #ifndef MC_MSG_H
 #define MC_MSG_H
@@ -31,6 +41,7 @@ struct mc_msg {
     uint8_t id;    /* 0: a notification */
     uint8_t tp;    /* the transport that took it last */
     bool inflight; /* taken by the transport, not answered yet */
+    bool taken;    /* answered MC__MSG_LATER: in the receiver's queue, waiting for its handler */
     bool in_ring;  /* its payload is only in a ring's record, put there from src (the ring
                       copies it into data before it goes) */
     uint32_t len;
@@ -83,25 +94,34 @@ int mc__msg_reserve(mc_engine_t *e, mc_segment_id_t target, const void *data, si
                     mc_msg_t **m_p);
 void mc__msg_unreserve(mc_engine_t *e, mc_msg_t *m);
 
+/* An answer, and what mc__msg_deliver returns: in the receiver's queue, the sender is told when
+ * its handler ran (see above). */
+#define MC__MSG_LATER 1
+
 /* For the transport that carries p's messages (p->msg_tp; others get nothing). peek: the next
  * message it may take now, left queued. take: that message, taken (it stays p's until answered;
  * one more reference for the transport), or NULL. answered: the receiver's answer to take
- * number tx of m (0: in its queue, and so is everything taken before it; -EAGAIN: not taken,
- * send it again later). link_lost: what carrier tp sent to p on a link that failed is sent again.
- * put: the transport no longer points at m. */
+ * number tx of m (0: in its queue, and so is everything taken before it; MC__MSG_LATER: so,
+ * their handlers not run yet; -EAGAIN: not taken, send it again later). link_lost: what
+ * carrier tp sent to p on a link that failed is sent again. put: the transport no longer
+ * points at m. handled: p's receiver says the handlers of its messages of stream up to seq
+ * ran (over any transport). */
 mc_msg_t *mc__msg_peek(mc_peer_t *p, unsigned tp);
 mc_msg_t *mc__msg_take(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, int status);
 void mc__msg_link_lost(mc_engine_t *e, mc_peer_t *p, unsigned tp);
 void mc__msg_put(mc_engine_t *e, mc_msg_t *m);
+void mc__msg_handled(mc_engine_t *e, mc_peer_t *p, uint64_t stream, uint64_t seq);
 
 /* A message arrived from sender (its stream and sequence number) over transport tp: delivered
- * (or a duplicate) 0, or -EAGAIN when it cannot be taken now (the queue it goes to is full: a
- * progress pass comes once there is room; or it is not the next one of its stream). lend: the
- * ring it sits in lends it to its handler (mc__cb_hold_msg), its record ending at end; NULL:
- * it is copied. */
+ * (or a duplicate) 0 or MC__MSG_LATER (only over a transport with msg_handled), or -EAGAIN
+ * when it cannot be taken now (the queue it goes to is full: a progress pass comes once there
+ * is room; or it is not the next one of its stream). lend: the ring it sits in lends it to its
+ * handler (mc__cb_hold_msg), its record ending at end; NULL: it is copied. ran: the handler
+ * of a message answered MC__MSG_LATER ran (callbacks.c): its transport tells the sender. */
 int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t stream, uint64_t seq,
                     uint8_t id, const void *data, size_t len, mc_ring_lend_t *lend, uint64_t end);
+void mc__msg_ran(mc_engine_t *e, const mc_msg_tell_t *t);
 
 /* Peers: fail everything p will not deliver (err, the reason), with its flushes; returns how
  * many messages that was. peer_fini: drop what p still holds (it goes away). */
@@ -121,6 +141,11 @@ void mc__flush_group_done(mc_engine_t *e, struct mc_notify_group *g, uint64_t se
  * (memory ran out: mc__cb_hold_done failed): they wait, with their message or flush, in
  * e->done_msgs and e->done_flushes. Run them (callbacks.c, after what was held), then let go. */
 void mc__msgs_done_run(mc_engine_t *e);
+
+/* Timer tick: a peer whose messages answered MC__MSG_LATER heard nothing more for 2 x
+ * MC_IO_TIMEOUT_MS (a "handled" lost, or a host that is away) gets them again: the answers to
+ * the duplicates settle them. */
+void mc__msgs_tick(mc_engine_t *e, uint64_t now);
 
 /* Engine destroy, first (MC_LINGER_MS): a flush of every live peer that has messages not
  * acknowledged yet, the engine driven until they completed or the time is up. Not from a pass

@@ -114,6 +114,7 @@ struct mc_peer {
     uint64_t msg_seq;        /* the last sequence number given */
     uint64_t msg_acked;      /* everything up to it is in its queue */
     uint64_t msg_retry_ns;   /* it said -EAGAIN: send again from then on */
+    uint64_t msg_taken_ns;   /* the last answer MC__MSG_LATER, or "handled", from it (msg.c) */
     mc_list_t flushes;       /* mc_peer_flush in progress, in order (mc_flush_t.link) */
     mc_list_t active_link;   /* in e->active_peers while it has queued work */
     bool active;

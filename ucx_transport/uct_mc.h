@@ -165,6 +165,7 @@ typedef struct uct_mc_am {
     uint8_t id;
     bool own; /* from am_own (queued by the interface's own progress) */
     unsigned len;
+    uint64_t kept; /* mc_msg_keep's token: released once UCP took it */
     char data[];
 } uct_mc_am_t;
 
@@ -205,6 +206,7 @@ struct uct_mc_iface {
 
     /* The rest is the worker's own (UCT operations and progress). */
     bool blocked;     /* an interface-wide resource ran out since the last progress */
+    size_t released;  /* bytes of active messages the engine kept for UCP, since released */
     bool dispatching; /* in uct_mc_pending_dispatch */
     uint64_t round;   /* progress calls (atomic: other arms read it): an endpoint's block lasts
                        * one round */

@@ -245,6 +245,14 @@ struct mc_transport_ops {
      * which the host may reuse as soon as it sees the state. Not needed where late answers are
      * dropped as they arrive (tcp reads and drops those of a final task). */
     void (*abandon)(mc_engine_t *e, mc_task_t *t);
+
+    /* A carrier that answers messages as it takes them (msg.h, MC__MSG_LATER): tell the sender
+     * of stream, on the link its messages came on last, that the handlers of its messages up to
+     * seq ran (progress context; nothing if no such link is up: a sender that lost it, or
+     * heard nothing for 2 x MC_IO_TIMEOUT_MS, sends them again, and hears of it in their
+     * answers: msg.c, mc__msgs_tick). Without it, a receiver with MC_MSG_ACK_AFTER_HANDLER
+     * answers this transport's messages as they are queued. */
+    void (*msg_handled)(mc_engine_t *e, uint64_t stream, uint64_t seq);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

@@ -486,8 +486,9 @@ MC_API int mc_batch_wait(mc_batch_t *batch, int timeout_ms);
 
 /* Messages and notifications to one peer are delivered exactly once and in the order sent, as
  * long as the peer's process lives: each is acknowledged by the receiver once it is in its
- * handler queue (a receiver with MC_MSG_ACK_AFTER_HANDLER=1: a message from a same-host peer
- * once its handler ran, what a UCT flush needs), resent over another connection after a
+ * handler queue (a receiver with MC_MSG_ACK_AFTER_HANDLER=1: once its handler ran, or, kept,
+ * was released, what a UCT flush needs; over rdma still once queued; a peer closed or dead by
+ * then completes such a message with 0: it was queued), resent over another connection after a
  * failure, and dropped by the receiver if it sees it twice. At most MC_MSG_WINDOW of them per
  * peer, and MC_MSG_WINDOW_BYTES of their payload (one is always let through), are queued or
  * unacknowledged; past that, sends return -EAGAIN (a receiver that does not keep up slows its
@@ -504,6 +505,15 @@ typedef void (*mc_msg_cb)(void *arg, const char *sender, uint8_t id, const void 
 
 /* Set (or clear with cb == NULL) the handler of message id (1..255; 0 is notifications). */
 MC_API int mc_msg_handler_set(mc_engine_t *engine, uint8_t id, mc_msg_cb cb, void *arg);
+
+/* From a message handler that hands the message on, to be taken after the handler returned (UCX's
+ * module queues it for UCP, which takes it in its own time): with MC_MSG_ACK_AFTER_HANDLER=1,
+ * its sender hears of it (its send completes, a flush passes it) only once mc_msg_release is
+ * called with the token returned, once, from any thread, before the engine is destroyed.
+ * Returns 0 where there is nothing to keep (not in a handler; the setting off; the sender
+ * heard already): then nothing is to be released. */
+MC_API uint64_t mc_msg_keep(mc_engine_t *engine);
+MC_API void mc_msg_release(mc_engine_t *engine, uint64_t token);
 
 /* Completion of a send or a flush, from progress: 0, or why it failed (-MC_EPEERDEAD;
  * -MC_ECANCELED when the segment was closed or the engine destroyed before the receiver's

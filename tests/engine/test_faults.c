@@ -29,7 +29,7 @@
 
 #include "harness.h"
 
-#define WIRE_VERSION   2
+#define WIRE_VERSION   3
 #define FR_HELLO       1
 #define FR_HELLO_REPLY 2
 #define FR_ERROR       5
@@ -306,7 +306,7 @@ static void test_wrong_version(void **state)
     expect_dropped(f, HDR + n);
     f[4] = 0;
     expect_dropped(f, HDR + n);
-    f[4] = WIRE_VERSION - 1; /* the version before control requests were generic */
+    f[4] = WIRE_VERSION - 1; /* the version before messages were answered "handled" */
     expect_dropped(f, HDR + n);
 }
 

@@ -1499,15 +1499,29 @@ static void test_served_messages(void **state)
  * completes. Before, the flush completed while the messages waited for the host, and a UCP
  * peer that closed after it made the host's UCP fail the endpoint before it got them
  * (ucp_client_server lost its last rounds in about half the runs). */
-static void test_served_ack_after_handler(void **state)
+/* A config whose engines carry messages over tp: "tcp" (the control transport for every peer),
+ * or a protocol. */
+static void config_over(th_cfg_t *cfg, const char *tp)
+{
+    th_config(cfg);
+    if (!strcmp(tp, "tcp"))
+        th_set(cfg, "FORCE_TCP", "1");
+    else
+        th_set(cfg, "PROTOCOL", tp);
+}
+
+static void served_ack_after_handler(const char *tp)
 {
     mc_counters_t c = {0};
     mc_segment_id_t seg;
     th_cfg_t cfg;
 
-    (void)state;
-    th_config(&cfg);
-    th_set(&cfg, "PROTOCOL", "shm");
+    config_over(&cfg, tp);
+    /* over tcp the sender sends the messages again while the host is away (2 x the I/O
+     * timeout without "handled"): the duplicates are answered "queued" again, and dropped */
+    bool tcp = !strcmp(tp, "tcp");
+    if (tcp)
+        th_set(&cfg, "IO_TIMEOUT_MS", "200");
     mc_engine_t *snd = g.e[0] = th_engine(&cfg);
     th_set(&cfg, "PROGRESS_THREAD", "0");
     th_set(&cfg, "PROGRESS_IMPLICIT", "0");
@@ -1519,10 +1533,10 @@ static void test_served_ack_after_handler(void **state)
     send_served(snd, seg);
     /* the serving thread takes them all; no handler ran, and the flush waits */
     int64_t dl = th_now_ms() + 10000;
-    while ((mc_stats_transport(host, "shm", &c) || c.msgs_received < SERVED_N) && th_now_ms() < dl)
+    while ((mc_stats_transport(host, tp, &c) || c.msgs_received < SERVED_N) && th_now_ms() < dl)
         usleep(1000);
     assert_int_equal(c.msgs_received, SERVED_N);
-    usleep(300 * 1000);
+    usleep((tcp ? 1500 : 300) * 1000);
     assert_int_equal(atomic_load(&served.got), 0);
     assert_int_equal(atomic_load(&served.flushed), 0);
     /* the host runs its handlers: then the flush completes */
@@ -1531,7 +1545,82 @@ static void test_served_ack_after_handler(void **state)
     assert_int_equal(atomic_load(&served.flushed), 1);
     assert_int_equal(atomic_load(&served.got), SERVED_N);
     assert_int_equal(atomic_load(&served.bad), 0);
+    assert_int_equal(mc_stats_transport(host, tp, &c), 0);
+    assert_int_equal(c.msgs_received, SERVED_N); /* each once */
     arm_pair_destroy();
+}
+
+static void test_served_ack_after_handler(void **state)
+{
+    (void)state;
+    served_ack_after_handler("shm");
+}
+
+/* The same over tcp, which answers a message as it is queued (MSG_ACK_LATER here) and says
+ * when its handler ran in a frame of its own (MSG_DONE). */
+static void test_served_ack_after_handler_tcp(void **state)
+{
+    (void)state;
+    served_ack_after_handler("tcp");
+}
+
+/* A handler that hands its messages on (mc_msg_keep, as UCX's module does for UCP): the sender's
+ * flush waits until the last one is released, from outside the engine's passes, over the ring
+ * and over tcp. Outside a handler nothing is kept. */
+static uint64_t kept_tokens[SERVED_N];
+
+static void on_kept_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    int i = atomic_load(&served.got);
+
+    on_served_msg(arg, sender, id, data, len);
+    if (i < SERVED_N)
+        kept_tokens[i] = mc_msg_keep(arg);
+}
+
+static void keep_release(const char *tp)
+{
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+
+    config_over(&cfg, tp);
+    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "MSG_ACK_AFTER_HANDLER", "1");
+    mc_engine_t *host = g.e[1] = th_engine(&cfg);
+    assert_int_equal(mc_msg_keep(host), 0); /* not in a handler */
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_kept_msg, host), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
+    memset(kept_tokens, 0, sizeof(kept_tokens));
+    send_served(snd, seg);
+    int64_t dl = th_now_ms() + 10000;
+    while (atomic_load(&served.got) < SERVED_N && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(atomic_load(&served.got), SERVED_N);
+    assert_int_equal(atomic_load(&served.bad), 0);
+    for (int i = 0; i < SERVED_N; i++)
+        assert_true(kept_tokens[i] != 0);
+    /* every handler ran; the flush waits for the last release */
+    for (int i = 0; i < SERVED_N - 1; i++)
+        mc_msg_release(host, kept_tokens[i]);
+    usleep(300 * 1000);
+    assert_int_equal(atomic_load(&served.flushed), 0);
+    mc_msg_release(host, kept_tokens[SERVED_N - 1]);
+    while (atomic_load(&served.flushed) == 0 && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(atomic_load(&served.flushed), 1);
+    arm_pair_destroy();
+}
+
+static void test_keep_release(void **state)
+{
+    (void)state;
+    keep_release("shm");
+}
+
+static void test_keep_release_tcp(void **state)
+{
+    (void)state;
+    keep_release("tcp");
 }
 
 /* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
@@ -2288,6 +2377,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_arm_spinning_peer, teardown),
         cmocka_unit_test_teardown(test_served_messages, teardown),
         cmocka_unit_test_teardown(test_served_ack_after_handler, teardown),
+        cmocka_unit_test_teardown(test_served_ack_after_handler_tcp, teardown),
+        cmocka_unit_test_teardown(test_keep_release, teardown),
+        cmocka_unit_test_teardown(test_keep_release_tcp, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),

@@ -64,11 +64,15 @@ if(TARGET softverbs)
   set_tests_properties(test_messages_rdma PROPERTIES TIMEOUT 600 LABELS "integration;softverbs"
     ENVIRONMENT "TH_TRANSPORT=rdma;TH_MESSAGES=200000;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_messages;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_messages")
 endif()
-# The same-host ring with every engine answering a message once its handler ran
-# (MC_MSG_ACK_AFTER_HANDLER, as the UCX module's; test_host_api checks the wait itself).
+# The same-host ring and tcp with every engine answering a message once its handler ran
+# (MC_MSG_ACK_AFTER_HANDLER, as the UCX module's; test_host_api checks the wait itself): tcp
+# then answers MSG_ACK_LATER and MSG_DONE, and its connections are killed meanwhile.
 add_test(NAME test_messages_shm_ack_after COMMAND test_messages)
 set_tests_properties(test_messages_shm_ack_after PROPERTIES TIMEOUT 600 LABELS integration
   ENVIRONMENT "TH_TRANSPORT=shm;MC_MSG_ACK_AFTER_HANDLER=1")
+add_test(NAME test_messages_tcp_ack_after COMMAND test_messages)
+set_tests_properties(test_messages_tcp_ack_after PROPERTIES TIMEOUT 600 LABELS integration
+  ENVIRONMENT "TH_MESSAGES=300000;MC_MSG_ACK_AFTER_HANDLER=1")
 mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 # A WRITE held in the network by a partition longer than the timeouts does not land over a

@@ -1401,7 +1401,9 @@ static void am_short_seq(side_t *a, uct_ep_h ep, unsigned from, unsigned to)
 
 /* Messages for B that B2 (another worker on B's domain) took from the engine wait in B's queue;
  * the next ones, which B's own progress takes, come after them (that progress hands what it
- * takes over without a lock, ahead of that queue, unless the queue held some already). */
+ * takes over without a lock, ahead of that queue, unless the queue held some already). A's
+ * flush waits until B's progress handed them to B's handler: a flush means the peer has them
+ * (a UCP peer that closes after it fails the endpoint here, dropping what B did not take). */
 static void test_own_queue_order(void)
 {
     side_t a, b, b2;
@@ -1418,10 +1420,26 @@ static void test_own_queue_order(void)
 
     for (unsigned round = 0; round < 3; round++) {
         unsigned base = round * 20;
+        comp_t c;
+        ucs_status_t st;
         am_short_seq(&a, to_b, base, base + 10);
-        flush_ep(to_b, &a, &b2, "messages for B in B2's progress"); /* in B's queue now */
+        comp_init(&c);
+        while ((st = uct_ep_flush(to_b, 0, &c.super)) == UCS_ERR_NO_RESOURCE)
+            progress_for(&a, &b2, 0.001);
+        progress_for(&a, &b2, 0.3); /* B2 takes them: in B's queue now */
         if (got != base)
             fail("B's handler ran from B2's progress");
+        if (st != UCS_INPROGRESS || c.done)
+            fail("A's flush completed before B's handler got the messages (status %d)", st);
+        for (double dl = now() + WAIT_S; !c.done;) {
+            if (now() > dl)
+                fail("A's flush did not complete once B progressed, in %.0f s", WAIT_S);
+            progress(&a);
+            progress(&b);
+        }
+        check_st(c.status, "A's flush");
+        if (got != base + 10)
+            fail("B got %u of %u messages when A's flush completed", got - base, 10);
         am_short_seq(&a, to_b, base + 10, base + 20);
         wait_got(&got, base + 20, &a, &b);
     }
@@ -1431,7 +1449,7 @@ static void test_own_queue_order(void)
     side_close(&a);
     side_close(&b);
     ok("active messages another worker's progress took for an interface, then its own progress: "
-       "in the order sent");
+       "in the order sent; the sender's flush waits for the interface's progress");
 }
 
 int main(void)

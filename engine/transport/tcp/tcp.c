@@ -97,6 +97,7 @@ static void tcp_stop(mc_engine_t *e)
 static void tcp_fini(mc_engine_t *e)
 {
     mc__tcp_reap(e);
+    free(tcp_of(e)->dones);
     free(tcp_of(e));
     e->tp[mc__tcp_slot] = NULL;
 }
@@ -399,4 +400,5 @@ const mc_transport_ops_t mc__tcp_ops = {
     .address_reachable = tcp_address_reachable,
     .ctrl_answer = mc__tcp_ctrl_answer,
     .reap_marked = true,
+    .msg_handled = mc__tcp_msg_handled,
 };

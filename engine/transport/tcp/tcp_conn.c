@@ -199,6 +199,7 @@ void mc__tcp_reap(mc_engine_t *e)
 {
     mc_list_t *n;
 
+    mc__tcp_dones_send(e);
     send_held(e);
     while ((n = mc_list_pop_front(&tcp_of(e)->acks_later))) {
         mc_tcp_conn_t *c = mc_container_of(n, mc_tcp_conn_t, later);

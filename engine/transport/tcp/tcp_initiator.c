@@ -417,6 +417,7 @@ int mc__tcp_out_header(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_MSG_ACK:
         return mc__tcp_msg_ack_expect(e, c);
     case MC_FR_MSG: /* the target's own message (tcp_msg.c) */
+    case MC_FR_MSG_DONE:
         if (c->state != CS_READY)
             break;
         c->dst_kind = DST_CTRL;
@@ -545,6 +546,9 @@ void mc__tcp_out_frame(mc_engine_t *e, mc_tcp_conn_t *c)
         return;
     case MC_FR_MSG:
         mc__tcp_msg_in(e, c);
+        return;
+    case MC_FR_MSG_DONE:
+        mc__tcp_msg_done_in(e, c);
         return;
     default:
         on_response(e, c);

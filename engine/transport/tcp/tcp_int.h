@@ -38,6 +38,11 @@
 
 extern unsigned mc__tcp_slot;
 
+/* A MSG_DONE to send (tcp_msg.c). */
+typedef struct tcp_done {
+    uint64_t stream, seq;
+} tcp_done_t;
+
 /* e->tp[mc__tcp_slot] */
 typedef struct tcp_engine {
     unsigned conns_per_rail; /* MC_TCP_CONNS */
@@ -58,10 +63,12 @@ typedef struct tcp_engine {
     mc_list_t graveyard;  /* connections freed at the end of the pass (tcp_reap) */
     mc_list_t acks_later; /* connections whose message answers go at the end of the pass
                            * (tcp_reap), after what the handlers sent: not in their way */
-    uint64_t msg_rx_seq;  /* messages received on inbound connections (their msg_rx_seq) */
+    uint64_t msg_rx_seq;  /* messages received (the connections' msg_rx_seq) */
     uint32_t inbound_gen; /* inbound connections that became ready (tcp_msg.c looks again) */
     mc_list_t acks_held;  /* connections with only answers to send, held for one pass: a
                            * reply sent meanwhile takes them along */
+    tcp_done_t *dones;    /* streams to tell that handlers ran, up to seq (tcp_msg.c) */
+    unsigned n_dones, cap_dones;
 } tcp_engine_t;
 
 /* One rail: our address on a link and one of the peer's endpoints. */
@@ -151,7 +158,8 @@ typedef struct mc_tcp_conn {
     mc_list_t ackq;       /* slices written, awaiting their response (inbound: messages) */
     unsigned window_used; /* outbound: slices in sendq + ackq that await a response */
     unsigned msgs_out;    /* messages among those (outbound: outside the window) */
-    uint64_t msg_rx_seq;  /* inbound: when its initiator's messages last came on it */
+    uint64_t msg_rx_seq;  /* when the peer's messages last came on it */
+    uint64_t rx_stream;   /* ... their stream */
     unsigned ctrl_out;    /* outbound: other transports' control requests among those (outside
                              the window too: one may be answered late, and the data slices that
                              free what it waits for must not wait behind it) */
@@ -230,6 +238,12 @@ void mc__tcp_msg_in(mc_engine_t *e, mc_tcp_conn_t *c);
 int mc__tcp_msg_ack_expect(mc_engine_t *e, mc_tcp_conn_t *c);
 void mc__tcp_msg_acked(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s);
 void mc__tcp_msgs_lost(mc_engine_t *e, mc_tcp_conn_t *c, mc_list_t *slices);
+/* MC__MSG_LATER (msg.h): msg_handled (the transport op) notes that the sender of stream is to
+ * hear that its handlers ran up to seq; dones_send (reap) queues a MSG_DONE for each on the
+ * connection its messages came on last; msg_done_in: a MSG_DONE arrived on c. */
+void mc__tcp_msg_handled(mc_engine_t *e, uint64_t stream, uint64_t seq);
+void mc__tcp_dones_send(mc_engine_t *e);
+void mc__tcp_msg_done_in(mc_engine_t *e, mc_tcp_conn_t *c);
 /* Whether a connection to p is ready for control requests (else one is being opened). */
 bool mc__tcp_ctrl_ready(mc_engine_t *e, mc_peer_t *p);
 /* Queue control request s on a ready connection to p (-EAGAIN while none is ready). */

@@ -14,8 +14,13 @@
  *
  * A connection that fails takes the messages sent on it: they go back to the front of the
  * peer's queue and leave again on the next connection; the receiver drops what it saw.
+ *
+ * A receiver with MC_MSG_ACK_AFTER_HANDLER answers MSG_ACK_LATER instead (queued, its handler
+ * not run yet), and a MSG_DONE (stream, seq) once the handlers ran, on the connection the
+ * stream's messages came on last, held for a pass like an answer.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tcp_int.h"
@@ -104,18 +109,19 @@ void mc__tcp_msg_in(mc_engine_t *e, mc_tcp_conn_t *c)
     static const char full[] = "the receiver's queue is full";
     mc_frame_t f = {.type = MC_FR_MSG_ACK,
                     .id = c->fr.id,
-                    .aux = (uint64_t)(int64_t)rc,
-                    .length = rc ? (uint32_t)strlen(full) : 0};
+                    .flags = rc == MC__MSG_LATER ? MC_MSG_ACK_LATER : 0,
+                    .aux = (uint64_t)(int64_t)(rc == MC__MSG_LATER ? 0 : rc),
+                    .length = rc < 0 ? (uint32_t)strlen(full) : 0};
     mc_slice_t *s = mc__slice_alloc(e);
 
-    if (!c->outbound)
-        c->msg_rx_seq = ++tcp_of(e)->msg_rx_seq;
+    c->msg_rx_seq = ++tcp_of(e)->msg_rx_seq;
+    c->rx_stream = c->fr.aux;
     if (!s) {
         mc__tcp_conn_fail(e, c, -ENOMEM, "out of memory for an answer");
         return;
     }
     s->kind = TCP_SL_ANSWER;
-    s->payload = rc ? (void *)full : NULL; /* static: not owned */
+    s->payload = rc < 0 ? (void *)full : NULL; /* static: not owned */
     s->payload_len = f.length;
     mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
     mc_list_push_back(&c->sendq, &s->link);
@@ -150,7 +156,7 @@ void mc__tcp_msg_acked(mc_engine_t *e, mc_tcp_conn_t *c, mc_slice_t *s)
     c->last_io_ns = mc__now_ns();
     /* its peer, unless closed since (then m is no longer in flight and the answer is dropped) */
     mc__msg_answered(e, mc__peer_get(e, m->target), m, (uint32_t)s->offset,
-                     (int)(int64_t)c->fr.aux);
+                     c->fr.flags & MC_MSG_ACK_LATER ? MC__MSG_LATER : (int)(int64_t)c->fr.aux);
     mc__msg_put(e, m);
     mc__slice_free(e, s);
 }
@@ -174,9 +180,95 @@ void mc__tcp_msgs_lost(mc_engine_t *e, mc_tcp_conn_t *c, mc_list_t *slices)
     c->msgs_out = 0;
     for (size_t i = 0; i < e->n_peers; i++) {
         mc_peer_t *q = mc__peer_at(e, i);
-        if (q && tcp_peer(q) && tcp_peer(q)->msg_conn == c)
+        if (q && tcp_peer(q) && tcp_peer(q)->msg_conn == c) {
             tcp_peer(q)->msg_conn = NULL;
+            if (q != p) /* answered MSG_ACK_LATER, they waited for a MSG_DONE on c */
+                mc__msg_link_lost(e, q, e->ctrl);
+        }
     }
     if (p) /* sent again, in order, on the next connection */
         mc__msg_link_lost(e, p, e->ctrl);
+}
+
+void mc__tcp_msg_handled(mc_engine_t *e, uint64_t stream, uint64_t seq)
+{
+    tcp_engine_t *t = tcp_of(e);
+
+    mc__reap_mark(e, mc__tcp_slot);
+    for (unsigned i = 0; i < t->n_dones; i++)
+        if (t->dones[i].stream == stream) {
+            if (seq > t->dones[i].seq)
+                t->dones[i].seq = seq;
+            return;
+        }
+    if (t->n_dones == t->cap_dones) {
+        unsigned cap = t->cap_dones ? 2 * t->cap_dones : 8;
+        tcp_done_t *d = realloc(t->dones, cap * sizeof(*d));
+        if (!d) {
+            mc_error("out of memory: a sender is not told that its messages' handlers ran");
+            return;
+        }
+        t->dones = d;
+        t->cap_dones = cap;
+    }
+    t->dones[t->n_dones++] = (tcp_done_t){stream, seq};
+}
+
+static void consider(mc_tcp_conn_t *c, uint64_t stream, mc_tcp_conn_t **best)
+{
+    if (c->state == CS_READY && c->rx_stream == stream &&
+        (!*best || c->msg_rx_seq > (*best)->msg_rx_seq))
+        *best = c;
+}
+
+/* The ready connection stream's messages came on last, or NULL. */
+static mc_tcp_conn_t *conn_of_stream(mc_engine_t *e, uint64_t stream)
+{
+    mc_tcp_conn_t *best = NULL;
+    mc_list_t *pos;
+
+    for (pos = tcp_of(e)->inbound.next; pos != &tcp_of(e)->inbound; pos = pos->next)
+        consider(mc_container_of(pos, mc_tcp_conn_t, node), stream, &best);
+    for (size_t i = 0; i < e->n_peers; i++) {
+        mc_peer_t *q = mc__peer_at(e, i);
+        if (!q || !tcp_peer(q))
+            continue;
+        for (pos = tcp_peer(q)->conns.next; pos != &tcp_peer(q)->conns; pos = pos->next)
+            consider(mc_container_of(pos, mc_tcp_conn_t, node), stream, &best);
+    }
+    return best;
+}
+
+void mc__tcp_dones_send(mc_engine_t *e)
+{
+    tcp_engine_t *t = tcp_of(e);
+
+    for (unsigned i = 0; i < t->n_dones; i++) {
+        mc_tcp_conn_t *c = conn_of_stream(e, t->dones[i].stream);
+        mc_slice_t *s = c ? mc__slice_alloc(e) : NULL;
+        if (!c) /* its sender lost the link: it sends them again on the next, and hears then */
+            continue;
+        if (!s) {
+            mc_error("out of memory: a sender is not told that its messages' handlers ran");
+            continue;
+        }
+        mc_frame_t f = {.type = MC_FR_MSG_DONE, .addr = t->dones[i].seq, .aux = t->dones[i].stream};
+        s->kind = TCP_SL_ANSWER;
+        mc__tcp_frame_encode(&f, tcp_sl(s)->hdr);
+        mc_list_push_back(&c->sendq, &s->link);
+        c->n_resp++;
+        mc__tcp_answer_later(e, c);
+    }
+    t->n_dones = 0;
+}
+
+void mc__tcp_msg_done_in(mc_engine_t *e, mc_tcp_conn_t *c)
+{
+    uint64_t stream = c->fr.aux;
+    mc_peer_t *p = c->outbound ? c->link.peer : NULL;
+
+    for (size_t i = 0; (!p || p->msg_stream != stream) && i < e->n_peers; i++)
+        p = mc__peer_at(e, i);
+    if (p && p->msg_stream == stream)
+        mc__msg_handled(e, p, stream, c->fr.addr);
 }

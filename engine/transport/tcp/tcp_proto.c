@@ -36,6 +36,7 @@ static const char *const type_names[MC_FR_TYPE_MAX] = {
     [MC_FR_RETIRE] = "RETIRE",
     [MC_FR_CTRL_REQ] = "CTRL_REQ",
     [MC_FR_CTRL_RESP] = "CTRL_RESP",
+    [MC_FR_MSG_DONE] = "MSG_DONE",
 };
 
 const char *mc__tcp_frame_type_name(unsigned type)
@@ -54,6 +55,7 @@ static uint64_t frame_limit(uint8_t type, uint64_t desc_max)
     case MC_FR_READY:
     case MC_FR_READ:
     case MC_FR_DESC_REQ:
+    case MC_FR_MSG_DONE:
         return 0;
     case MC_FR_WRITE:
     case MC_FR_READ_RESP:

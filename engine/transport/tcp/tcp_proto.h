@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define MC_PROTO_MAGIC      0x4554434du /* bytes 'M' 'C' 'T' 'E' */
-#define MC_PROTO_VERSION    2
+#define MC_PROTO_VERSION    3           /* 3: MSG_ACK_LATER and MSG_DONE */
 #define MC_FRAME_HDR_LEN    32
 #define MC_PROTO_MAX_DATA   (64u << 20) /* largest slice payload */
 #define MC_PROTO_MAX_CTRL   1024u       /* hello, errors, acks with a reason */
@@ -39,12 +39,17 @@ enum mc_frame_type {
     MC_FR_RETIRE,     /* payload = u32 connection ids of this sender to drop unread */
     MC_FR_CTRL_REQ,   /* flags = transport slot, id = cookie; payload = that transport's request */
     MC_FR_CTRL_RESP,  /* id = cookie, aux = status; payload = the answer, or a reason */
-    MC_FR_MSG_ACK,    /* id = cookie, aux = status (0, or -EAGAIN: send it again later) */
+    MC_FR_MSG_ACK,    /* id = cookie, aux = status (0, or -EAGAIN: send it again later); flags */
+    MC_FR_MSG_DONE,   /* addr = seq, aux = stream: the handlers of that stream's messages up to seq
+                         ran (what MSG_ACK_LATER answers promised); no answer */
     MC_FR_TYPE_MAX
 };
 
 /* HELLO_REPLY flags */
 #define MC_HELLO_AUTH_REQUIRED 0x1
+/* MSG_ACK flags: in the receiver's queue, its handler not run yet; a MSG_DONE says when it ran
+ * (a receiver with MC_MSG_ACK_AFTER_HANDLER) */
+#define MC_MSG_ACK_LATER 0x1
 
 typedef struct mc_frame {
     uint8_t type;

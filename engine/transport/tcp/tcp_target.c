@@ -111,6 +111,7 @@ int mc__tcp_in_header(mc_engine_t *e, mc_tcp_conn_t *c)
     case MC_FR_DESC_REQ:
         return 0;
     case MC_FR_MSG:
+    case MC_FR_MSG_DONE:
     case MC_FR_RETIRE:
     case MC_FR_CTRL_REQ:
         c->dst_kind = DST_CTRL;
@@ -329,9 +330,11 @@ static void on_msg_ack(mc_engine_t *e, mc_tcp_conn_t *c)
 
 /* mc__tcp_in_header admits only these frame types. */
 static void (*const in_handlers[MC_FR_TYPE_MAX])(mc_engine_t *, mc_tcp_conn_t *) = {
-    [MC_FR_HELLO] = on_hello,     [MC_FR_AUTH] = on_auth,         [MC_FR_WRITE] = on_write,
-    [MC_FR_READ] = on_read,       [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
-    [MC_FR_MSG] = mc__tcp_msg_in, [MC_FR_CTRL_REQ] = on_ctrl_req, [MC_FR_MSG_ACK] = on_msg_ack,
+    [MC_FR_HELLO] = on_hello,       [MC_FR_AUTH] = on_auth,
+    [MC_FR_WRITE] = on_write,       [MC_FR_READ] = on_read,
+    [MC_FR_DESC_REQ] = on_desc_req, [MC_FR_RETIRE] = on_retire,
+    [MC_FR_MSG] = mc__tcp_msg_in,   [MC_FR_CTRL_REQ] = on_ctrl_req,
+    [MC_FR_MSG_ACK] = on_msg_ack,   [MC_FR_MSG_DONE] = mc__tcp_msg_done_in,
 };
 
 void mc__tcp_in_frame(mc_engine_t *e, mc_tcp_conn_t *c)
