@@ -1493,12 +1493,6 @@ static void test_served_messages(void **state)
     arm_pair_destroy();
 }
 
-/* With MSG_ACK_AFTER_HANDLER (as the UCX module runs its engines: a UCT flush means UCP has the
- * messages) the serving thread still takes a host's messages from the same-host ring, but they
- * are answered only once the host's handlers ran: the sender's flush waits for the host, then
- * completes. Before, the flush completed while the messages waited for the host, and a UCP
- * peer that closed after it made the host's UCP fail the endpoint before it got them
- * (ucp_client_server lost its last rounds in about half the runs). */
 /* A config whose engines carry messages over tp: "tcp" (the control transport for every peer),
  * or a protocol. */
 static void config_over(th_cfg_t *cfg, const char *tp)
@@ -1507,9 +1501,15 @@ static void config_over(th_cfg_t *cfg, const char *tp)
     if (!strcmp(tp, "tcp"))
         th_set(cfg, "FORCE_TCP", "1");
     else
-        th_set(cfg, "PROTOCOL", tp);
+        th_set(cfg, "PROTOCOL", "%s", tp);
 }
 
+/* With MSG_ACK_AFTER_HANDLER (as the UCX module runs its engines: a UCT flush means UCP has the
+ * messages) the serving thread still takes a host's messages from the same-host ring, but they
+ * are answered only once the host's handlers ran: the sender's flush waits for the host, then
+ * completes. Before, the flush completed while the messages waited for the host, and a UCP
+ * peer that closed after it made the host's UCP fail the endpoint before it got them
+ * (ucp_client_server lost its last rounds in about half the runs). */
 static void served_ack_after_handler(const char *tp)
 {
     mc_counters_t c = {0};
