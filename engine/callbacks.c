@@ -112,7 +112,7 @@ void mc__cb_unhold_mark(mc_engine_t *e)
     held_t *h = mc_container_of(e->heldq.prev, held_t, link);
 
     mc_list_del(&h->link);
-    mc_buf_free(&e->held_bufs, h, h->size);
+    held_free(e, h);
 }
 
 bool mc__cb_hold_done(mc_engine_t *e, mc_done_cb cb, void *arg, int status)

@@ -425,12 +425,12 @@ void mc__msg_answered(mc_engine_t *e, mc_peer_t *p, mc_msg_t *m, uint32_t tx, in
     /* Answers come in order: m and whatever was sent before it are in the receiver's queue (or
      * m was refused for good: status). */
     if (status == MC__MSG_LATER) { /* they leave once the receiver says their handlers ran */
+        p->msg_taken_ns = mc__now_ns();
         for (mc_list_t *pos = p->msg_unacked.next;; pos = pos->next) {
             mc_msg_t *x = mc_container_of(pos, mc_msg_t, link);
             x->inflight = false;
             e->msgs_taken += !x->taken;
             x->taken = true;
-            p->msg_taken_ns = mc__now_ns();
             if (x == m)
                 return;
         }
