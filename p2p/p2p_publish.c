@@ -93,18 +93,20 @@ static bool same_object(const p2p_desc_t *a, const p2p_desc_t *b)
  * segment as its origin (no other live node has it) and the same bytes: it is adopted, with
  * its id (copies fetched from it stay valid), and d->id becomes that id. */
 static int existing_is_ours(mc_p2p_t *p2p, const char *key, p2p_desc_t *d, int64_t *rev_p,
-                            char *origin, size_t size)
+                            char *origin, size_t size, uint64_t *id_p)
 {
     mc_meta_kv_t kv;
     p2p_desc_t old;
     int ours = 0;
 
+    *id_p = 0;
     if (mc_meta_get(p2p->meta, key, strlen(key), &kv))
         return 0;
     if (mc__p2p_desc_decode(kv.value, kv.value_len, &old) == 0) {
         ours = old.id == d->id || (!strcmp(old.origin, p2p->segment) && same_object(&old, d));
         if (ours)
             d->id = old.id;
+        *id_p = old.id;
         snprintf(origin, size, "%s", old.origin);
         mc__p2p_desc_free(&old);
     }
@@ -113,36 +115,117 @@ static int existing_is_ours(mc_p2p_t *p2p, const char *key, p2p_desc_t *d, int64
     return ours;
 }
 
-static int write_desc(mc_p2p_t *p2p, const char *name, p2p_desc_t *d, int force, int64_t *rev_p)
+/* Whether object id of name, published by origin, was left by a publisher that is gone with
+ * every copy: origin's segment is not in the store (its lease expired: the process died) and no
+ * holder's entry names the object. Nobody can fetch it, and nobody would ever remove it (only
+ * its origin may, by its revision): a register without force may replace it. A publisher
+ * killed between its description and its entry left such a one; so does one killed after, once
+ * its entry went with its lease, if no fetcher kept a copy. A live publisher between the two
+ * steps has its segment in the store. */
+static bool abandoned(mc_p2p_t *p2p, const char *name, const char *origin, uint64_t id)
+{
+    char key[P2P_KEY_MAX];
+    mc_meta_kv_t kv, *kvs = NULL;
+    size_t n = 0;
+    bool gone = false;
+
+    if (mc_meta_key(key, sizeof(key), p2p->cluster, "ram", origin) < 0)
+        return false;
+    int rc = mc_meta_get(p2p->meta, key, strlen(key), &kv);
+    if (rc != -ENOENT) {
+        if (!rc)
+            mc_meta_kv_free(&kv);
+        return false;
+    }
+    if (mc__p2p_key(p2p, name, "replica/", key) < 0 ||
+        mc_meta_list(p2p->meta, key, strlen(key), &kvs, &n, NULL) < 0)
+        return false;
+    gone = true;
+    for (size_t i = 0; gone && i < n; i++) {
+        uint64_t eid;
+        gone = mc__p2p_entry_id(kvs[i].value, kvs[i].value_len, &eid) || eid != id;
+    }
+    mc_meta_kvs_free(kvs, n);
+    return gone;
+}
+
+/* The id of a replaced description that does not decode (a newer format). */
+#define REPLACED_UNKNOWN UINT64_MAX
+
+/* Write d's description (json) in place of whatever stands at key: by CAS on the revision just
+ * read, so that each of two forced publishes at once replaces exactly what it read, and the
+ * entries it deletes afterwards are those of the object it replaced, never those of the one
+ * that replaced it (a plain put made the loser delete the winner's entry). *replaced: the id of
+ * the object replaced (0: none; REPLACED_UNKNOWN), left as it was when the one standing is d
+ * itself (written by an attempt whose answer was lost). */
+static int force_put(mc_p2p_t *p2p, const char *key, const p2p_desc_t *d, const char *json,
+                     size_t len, int64_t *rev_p, uint64_t *replaced)
+{
+    mc_meta_kv_t kv;
+    p2p_desc_t old;
+    int64_t rev = 0;
+    int rc = mc_meta_get(p2p->meta, key, strlen(key), &kv);
+
+    if (rc == -ENOENT)
+        *replaced = 0;
+    else if (rc)
+        return rc;
+    else {
+        rev = kv.mod_revision;
+        if (mc__p2p_desc_decode(kv.value, kv.value_len, &old))
+            *replaced = REPLACED_UNKNOWN;
+        else {
+            if (old.id != d->id)
+                *replaced = old.id;
+            mc__p2p_desc_free(&old);
+        }
+        mc_meta_kv_free(&kv);
+    }
+    return mc_meta_cas(p2p->meta, key, strlen(key), rev, json, len, 0, rev_p);
+}
+
+/* Publish d as name's description: only where there is none (or ours: existing_is_ours; or one
+ * abandoned), or, forced, in place of any (*replaced: which, as force_put says). */
+static int write_desc(mc_p2p_t *p2p, const char *name, p2p_desc_t *d, int force, int64_t *rev_p,
+                      uint64_t *replaced)
 {
     char key[P2P_KEY_MAX], *json, origin[MC_NAME_MAX] = "?";
-    uint64_t end = mc__p2p_now_ms() + p2p->connect_timeout_ms;
+    uint64_t end = mc__p2p_now_ms() + p2p->connect_timeout_ms, id = 0;
     size_t len;
     int rc = mc__p2p_key(p2p, name, "object", key);
 
+    *replaced = 0;
     if (rc < 0 || (rc = mc__p2p_desc_encode(d, &json, &len)) != 0)
         return rc;
     for (;;) { /* no lease: the description outlives its origin */
-        rc = force ? mc_meta_put(p2p->meta, key, strlen(key), json, len, 0, rev_p)
+        rc = force ? force_put(p2p, key, d, json, len, rev_p, replaced)
                    : mc_meta_cas(p2p->meta, key, strlen(key), 0, json, len, 0, rev_p);
+        if (force && rc == -MC_ECONFLICT && mc__p2p_now_ms() < end)
+            continue; /* written meanwhile by another publish: read it again */
         if (!mc__p2p_meta_down(rc) || mc__p2p_now_ms() >= end)
             break;
         mc__p2p_sleep_ms(100);
     }
+    if (rc == -MC_ECONFLICT && !force &&
+        existing_is_ours(p2p, key, d, rev_p, origin, sizeof(origin), &id))
+        rc = 0;
+    else if (rc == -MC_ECONFLICT && !force && id && abandoned(p2p, name, origin, id) &&
+             mc_meta_cas(p2p->meta, key, strlen(key), *rev_p, json, len, 0, rev_p) == 0) {
+        mc__p2p_warn(p2p, "%s: replacing the object %s published (gone, with every copy)", name,
+                     origin);
+        *replaced = id;
+        rc = 0;
+    }
     free(json);
-    if (rc == -MC_ECONFLICT && existing_is_ours(p2p, key, d, rev_p, origin, sizeof(origin)))
+    if (rc == 0)
         return 0;
-    if (rc == -MC_ECONFLICT)
+    if (rc == -MC_ECONFLICT && !force)
         return mc__p2p_error(-EEXIST, "%s is published already (origin %s); force replaces it",
                              name, origin);
-    if (rc)
-        return mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc,
-                             "%s: writing the description: %s", name, mc_last_error());
-    return 0;
+    return mc__p2p_error(mc__p2p_meta_down(rc) ? -MC_EMETA : rc, "%s: writing the description: %s",
+                         name, mc_last_error());
 }
 
-/* A forced replacement: holders of the old object stop being listed (their entries name the
- * old id, which fetchers ignore anyway). */
 /* Delete name's replica entries of the registration whose description had id (of_id), or of
  * every other one (!of_id); one that does not decode goes either way. A registration of the
  * name made meanwhile by another node keeps its entries (they carry its id), and an entry is
@@ -186,6 +269,7 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
     mc_p2p_register_opts_t o;
     p2p_desc_t d = {0};
     p2p_held_t *h;
+    uint64_t replaced;
     int rc = register_args(p2p, name, bufs, n, opts, &o, &d);
 
     if (rc || (rc = mc__p2p_claim(p2p, name, true, &h)) != 0)
@@ -194,12 +278,16 @@ int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, s
     if (!rc)
         rc = mc__p2p_hold_bufs(p2p, h, bufs, n);
     if (!rc)
-        rc = write_desc(p2p, name, &d, o.force, &h->object_rev);
+        rc = write_desc(p2p, name, &d, o.force, &h->object_rev, &replaced);
     if (rc)
         goto err_release;
     h->id = d.id; /* an adopted description's */
-    if (o.force)  /* the replaced object's */
+    /* A forced replacement: holders of the old object stop being listed (their entries name
+     * its id, which fetchers ignore anyway); of one that did not decode, every other entry. */
+    if (replaced == REPLACED_UNKNOWN)
         drop_entries(p2p, name, d.id, false);
+    else if (replaced)
+        drop_entries(p2p, name, replaced, true);
     rc = publish_complete(p2p, h, &d);
     if (rc)
         goto err_delete_desc;

@@ -85,7 +85,8 @@ typedef struct mc_p2p_register_opts {
  * node's replica entry (all shards). The buffers must stay valid and unchanged until
  * mc_p2p_unregister. -EEXIST if the name is published already (unless force) or held by this
  * node (a description with this node's segment as origin and the same bytes, left by a register
- * that failed with -MC_EMETA after the store took it, is not: it is adopted), -EINVAL for a bad
+ * that failed with -MC_EMETA after the store took it, is not: it is adopted; nor is one whose
+ * origin is gone from the store with every copy: it is replaced), -EINVAL for a bad
  * name or buffers (the reason says which), -MC_EMETA if the store cannot be reached. opts may be
  * NULL. */
 MC_P2P_API int mc_p2p_register(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs, size_t n,

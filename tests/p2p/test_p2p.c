@@ -8,6 +8,7 @@
 #endif
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include <mooncake/engine.h>
 #include <mooncake/error.h>
 #include <mooncake/meta.h>
+#include <mooncake/p2p.h>
 
 #include "p2p_pattern.h"
 #include "p2p_test.h"
@@ -604,6 +606,101 @@ static void test_unregister_after_remove(void **state)
     STOP(&o);
 }
 
+/* A publisher killed: while a fetcher keeps a copy its object stands (another node's register
+ * without force is refused), and once that copy is deleted too, nobody can fetch it and
+ * nobody could ever remove it (only its origin may): a register without force replaces it,
+ * and fetchers get the new bytes. Before, only --force could. */
+static void test_abandoned(void **state)
+{
+    p2p_proc_t o, a, p;
+    mc_meta_t *meta;
+
+    (void)state;
+    start(&o);
+    start(&a);
+    start(&p);
+    assert_int_equal(mc_meta_open(getenv("MC_METADATA"), &meta), 0);
+    OK(&o, "publish left 65536 41 4096 1");
+    fetch_check(&a, "left", 65536, 1, 41, "");
+    p2p_node_kill(&o);
+    /* o's entry (and its segment) go with its lease (MC_METADATA_TTL=3) */
+    uint64_t dl = p2p_now_ms() + 20000;
+    while (entries(meta, "left") > 1 && p2p_now_ms() < dl)
+        p2p_sleep_ms(100);
+    assert_int_equal(entries(meta, "left"), 1);
+    FAILS(-EEXIST, &p, "publish left 65536 42 4096 1"); /* a still serves it */
+    OK(&a, "delete left");
+    assert_int_equal(entries(meta, "left"), 0);
+    OK(&p, "publish left 65536 42 4096 1");
+    fetch_check(&a, "left", 65536, 1, 42, "");
+    OK(&a, "delete left");
+    OK(&p, "unregister left 0");
+    assert_int_equal(entries(meta, "left"), 0);
+    mc_meta_close(meta);
+    STOP(&p);
+    STOP(&a);
+}
+
+/* Two nodes of this process force-publish one name at the same moment, round after round:
+ * both calls succeed, one description stands, and its publisher's entry lists it as a holder.
+ * Before, each forced publish deleted every entry that was not its own, after writing its
+ * description: the loser deleted the winner's entry, and fetchers found no holder. */
+enum { RACE_ROUNDS = 40, RACE_LEN = 16384 };
+
+typedef struct racer {
+    mc_p2p_t *node;
+    pthread_barrier_t *start;
+    uint8_t buf[RACE_LEN];
+    int rc;
+} racer_t;
+
+static void *race_publish(void *arg)
+{
+    racer_t *r = arg;
+    mc_p2p_buf_t b = {r->buf, RACE_LEN};
+    mc_p2p_register_opts_t o = {.size = sizeof(o), .shard_size = 4096, .force = 1};
+
+    pthread_barrier_wait(r->start);
+    r->rc = mc_p2p_register(r->node, "race", &b, 1, &o);
+    return NULL;
+}
+
+static void test_force_race(void **state)
+{
+    static racer_t r[2];
+    pthread_barrier_t start;
+    pthread_t th[2];
+    mc_p2p_object_info_t info;
+
+    (void)state;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(mc_p2p_create(NULL, &r[i].node), 0);
+        memset(r[i].buf, 'a' + i, RACE_LEN);
+    }
+    for (int round = 0; round < RACE_ROUNDS; round++) {
+        assert_int_equal(pthread_barrier_init(&start, NULL, 2), 0);
+        for (int i = 0; i < 2; i++) {
+            r[i].start = &start;
+            assert_int_equal(pthread_create(&th[i], NULL, race_publish, &r[i]), 0);
+        }
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&start);
+        for (int i = 0; i < 2; i++)
+            if (r[i].rc)
+                fail_msg("round %d: node %d: %d %s", round, i, r[i].rc, mc_p2p_last_error());
+        assert_int_equal(mc_p2p_stat(r[0].node, "race", &info), 0);
+        if (info.holders != 1 || info.complete_holders != 1)
+            fail_msg("round %d: %u holders (%u complete) of the object published by %s", round,
+                     info.holders, info.complete_holders, info.origin);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(mc_p2p_unregister(r[i].node, "race", 0), 0);
+        assert_int_equal(mc_p2p_stat(r[0].node, "race", &info), -ENOENT);
+    }
+    for (int i = 0; i < 2; i++)
+        mc_p2p_destroy(r[i].node);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -622,9 +719,13 @@ int main(void)
         cmocka_unit_test_teardown(test_names, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_errors, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_unregister_after_remove, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_abandoned, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_force_race, p2p_node_cleanup),
     };
 
     setenv("MC_METADATA_TTL", "3", 0);
     p2p_test_dir();
+    if (getenv("TH_FILTER")) /* run only the tests whose names match (cmocka's glob) */
+        cmocka_set_test_filter(getenv("TH_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
