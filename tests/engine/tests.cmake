@@ -48,6 +48,12 @@ mc_unit_test(test_engine_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_api.c
 # that do not block, a flooded target).
 mc_unit_test(test_host_api SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_host_api.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
+# ... its rdma cases (messages answered once their handlers ran) on the software device.
+if(TARGET softverbs)
+  add_test(NAME test_host_api_rdma COMMAND test_host_api)
+  set_tests_properties(test_host_api_rdma PROPERTIES TIMEOUT 300 LABELS "integration;softverbs"
+    ENVIRONMENT "TH_FILTER=*_rdma;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_host_api;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_host_api")
+endif()
 # Completions of sends and flushes when every malloc fails (malloc wrapped at link time).
 mc_unit_test(test_oom_callbacks SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_oom_callbacks.c
              LIBS -Wl,--wrap=malloc LABELS integration)
@@ -73,6 +79,12 @@ set_tests_properties(test_messages_shm_ack_after PROPERTIES TIMEOUT 600 LABELS i
 add_test(NAME test_messages_tcp_ack_after COMMAND test_messages)
 set_tests_properties(test_messages_tcp_ack_after PROPERTIES TIMEOUT 600 LABELS integration
   ENVIRONMENT "TH_MESSAGES=300000;MC_MSG_ACK_AFTER_HANDLER=1")
+if(TARGET softverbs)
+  add_test(NAME test_messages_rdma_ack_after COMMAND test_messages)
+  set_tests_properties(test_messages_rdma_ack_after PROPERTIES TIMEOUT 600
+    LABELS "integration;softverbs" ENVIRONMENT
+    "TH_TRANSPORT=rdma;TH_MESSAGES=100000;MC_MSG_ACK_AFTER_HANDLER=1;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_messages_ack;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_messages_ack")
+endif()
 mc_unit_test(test_faults SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_faults.c
              ${CMAKE_CURRENT_LIST_DIR}/harness.c TIMEOUT 300 LABELS integration)
 # A WRITE held in the network by a partition longer than the timeouts does not land over a

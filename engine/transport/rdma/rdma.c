@@ -162,6 +162,7 @@ static int rdma_init(mc_engine_t *e)
     mc_list_init(&r->qps);
     mc_list_init(&r->to_post);
     mc_list_init(&r->msg_rx);
+    mc_list_init(&r->msg_rx_lent);
     r->chunk = UINT64_MAX;
     r->qp_depth = (unsigned)mc__config_num(e->conf, "RDMA_QP_DEPTH");
     r->max_qps = (unsigned)mc__config_num(e->conf, "RDMA_MAX_QPS");
@@ -201,6 +202,7 @@ static void rdma_fini(mc_engine_t *e)
 {
     mc_rdma_t *r = rdma_of(e);
 
+    mc__rdma_msg_reap(e, true);
     for (unsigned i = 0; i < r->n_devs; i++)
         dev_close(e, &r->devs[i]);
     free(r);
@@ -535,6 +537,11 @@ static const mc_setting_t rdma_settings[] = {
     {0},
 };
 
+static void rdma_reap(mc_engine_t *e)
+{
+    mc__rdma_msg_reap(e, false);
+}
+
 const mc_transport_ops_t mc__rdma_ops = {
     .size = sizeof(mc_transport_ops_t),
     .name = "rdma",
@@ -559,8 +566,10 @@ const mc_transport_ops_t mc__rdma_ops = {
     .msg_open = mc__rdma_msg_open,
     .msg_settle = mc__rdma_msg_settle,
     .progress = mc__rdma_msg_progress,
+    .reap = rdma_reap,
     .idle = mc__rdma_msg_idle,
     .abandon = mc__rdma_abandon,
+    .reap_marked = true,
 };
 
 void mc__rdma_rail_failed(mc_peer_t *p, rdma_rail_t *r, bool connecting)

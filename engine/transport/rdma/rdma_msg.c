@@ -15,7 +15,10 @@
  * as the queues allow (a blocked record is tried again every pass, as shm does) and the
  * consumed position goes back by a write with immediate into the sender's cell, at most one
  * per pass and MC_RDMA_MSG_UPD in flight (the latest value; the sender reads the cell). A
- * sender whose receives for these run short only delays them (RNR retries for ever).
+ * sender whose receives for these run short only delays them (RNR retries for ever). Where
+ * handlers get their messages where they lie (callbacks in the pass, MC_MSG_ACK_AFTER_HANDLER),
+ * the ring lends its records, as shm's does: the consumed position passes a record once its
+ * handler ran (the reap sends it), so that the sender hears then that it was delivered.
  *
  * Failures: the QP going (an error completion, its control link lost, the peer closed) makes
  * the sender answer what the receiver consumed and hand the rest back to the control link
@@ -55,11 +58,13 @@ struct rdma_msg_tx {
 };
 
 struct rdma_msg_rx {
-    mc_list_t link; /* in mc_rdma_t.msg_rx while the QP receives */
+    mc_list_t link; /* in mc_rdma_t.msg_rx while the QP receives, then in msg_rx_lent while
+                       records of its ring are lent (its QP gone) */
     mc_rdma_qp_t *qp;
     struct ibv_mr *mr;
     uint8_t *area;                  /* the ring, then the value updates are written from */
-    uint64_t head, tail, tail_sent; /* written (as the last immediate said), consumed, told */
+    uint64_t head, tail, tail_sent; /* written (as the last immediate said), taken, told */
+    mc_ring_lend_t lend;            /* records taken and lent to their handlers */
     uint64_t stream, cell;          /* the sender's stream and cell */
     uint32_t cell_rkey;
     unsigned upd_out; /* updates posted, not completed */
@@ -325,6 +330,7 @@ int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
         return mc__set_error(-ENOMEM, "out of memory");
     }
     rx->qp = qp;
+    rx->lend.slot = mc__rdma_slot;
     qp->mrx = rx;
     mc_list_init(&rx->link);
     if (!(rx->mr = area_reg(qp, rx->area, RING_BYTES + sizeof(uint64_t))))
@@ -344,23 +350,24 @@ int mc__rdma_msg_rx_create(mc_engine_t *e, mc_rdma_qp_t *qp, const mc_link_t *l,
     return 0;
 }
 
-/* Tell the sender how far we consumed (the latest value, if an update may go now). */
+/* Tell the sender how far we consumed, records still lent excepted (the latest value, if an
+ * update may go now). */
 static void rx_update(mc_engine_t *e, rdma_msg_rx_t *rx)
 {
     mc_rdma_qp_t *qp = rx->qp;
     uint64_t *src = (uint64_t *)(void *)(rx->area + RING_BYTES);
+    uint64_t given = mc__ring_given(&rx->lend, rx->tail);
 
-    (void)e;
-    if (rx->tail == rx->tail_sent || rx->upd_out >= MC_RDMA_MSG_UPD ||
+    if (given == rx->tail_sent || rx->upd_out >= MC_RDMA_MSG_UPD ||
         qp->dev->cq_used >= qp->dev->cq_size)
-        return; /* an update's completion (or the next pass) sends it */
-    *src = rx->tail;
+        return; /* an update's completion (or the next pass, or the reap) sends it */
+    *src = given;
     if (post_write(qp, rx->mr, (uint8_t *)src, sizeof(*src), rx->cell, rx->cell_rkey, true,
-                   (uint32_t)rx->tail)) {
+                   (uint32_t)given)) {
         msg_qp_failed(e, qp);
         return;
     }
-    rx->tail_sent = rx->tail;
+    rx->tail_sent = given;
     rx->upd_out++;
 }
 
@@ -369,7 +376,8 @@ static void rx_update(mc_engine_t *e, rdma_msg_rx_t *rx)
 static void rx_poll(mc_engine_t *e, rdma_msg_rx_t *rx)
 {
     if (mc__ring_take(e, mc__rdma_slot, rx->area, RING_BYTES, rx->head, &rx->tail, rx->sender,
-                      rx->stream, RX_BUDGET, &rx->blocked, NULL)) {
+                      rx->stream, RX_BUDGET, &rx->blocked,
+                      e->pass_callbacks || e->cfg.msg_ack_after_handler ? &rx->lend : NULL)) {
         mc__set_error(-MC_EPROTO, "the message ring from %s is corrupt", rx->sender);
         msg_qp_failed(e, rx->qp);
         return;
@@ -401,8 +409,28 @@ void mc__rdma_msg_progress(mc_engine_t *e)
         rdma_msg_rx_t *rx = mc_container_of(pos, rdma_msg_rx_t, link);
         if (rx->head != rx->tail)
             rx_poll(e, rx);
-        else if (rx->tail != rx->tail_sent) /* an update the CQ had no room for */
+        else /* an update the CQ had no room for */
             rx_update(e, rx);
+    }
+}
+
+/* Handlers ran: their records go back to the senders; rings whose QP went are freed once
+ * nothing of them is lent (all: at the end, after every QP, whatever they lent). */
+void mc__rdma_msg_reap(mc_engine_t *e, bool all)
+{
+    mc_list_t *pos, *tmp;
+
+    if (!all) /* (at the end there is no QP left to tell) */
+        mc_list_for_each_safe(pos, tmp, &rdma_of(e)->msg_rx)
+            rx_update(e, mc_container_of(pos, rdma_msg_rx_t, link));
+    mc_list_for_each_safe(pos, tmp, &rdma_of(e)->msg_rx_lent)
+    {
+        rdma_msg_rx_t *rx = mc_container_of(pos, rdma_msg_rx_t, link);
+        if (all || !rx->lend.n) {
+            mc_list_del(&rx->link);
+            free(rx->area);
+            free(rx);
+        }
     }
 }
 
@@ -497,10 +525,18 @@ void mc__rdma_msg_free(mc_engine_t *e, mc_rdma_qp_t *qp)
         qp->mtx = NULL;
     }
     if (qp->mrx) {
-        if (qp->mrx->mr)
-            ibv_dereg_mr(qp->mrx->mr);
-        free(qp->mrx->area);
-        free(qp->mrx);
+        rdma_msg_rx_t *rx = qp->mrx;
+        if (rx->mr)
+            ibv_dereg_mr(rx->mr);
         qp->mrx = NULL;
+        if (rx->lend.n) { /* handlers still read their records there: freed by the reap */
+            rx->qp = NULL;
+            mc_list_del(&rx->link);
+            mc_list_push_back(&rdma_of(e)->msg_rx_lent, &rx->link);
+            mc__reap_mark(e, mc__rdma_slot);
+            return;
+        }
+        free(rx->area);
+        free(rx);
     }
 }
