@@ -59,6 +59,9 @@ typedef struct mc_memtab {
     _Atomic uint64_t serials; /* registrations numbered so far (mc_buffer_t.serial) */
     atomic_uint dying;        /* buffers unregistered whose unregister still waits */
     mc_buffer_t *dead; /* out of the table, their unregister timed out: another waits again */
+    bool keep_mapped;  /* set by a transport's stop: a peer may still be writing our memory (its
+                          copy outlasted MC_IO_TIMEOUT_MS), so allocations stay mapped (leaked)
+                          when the engine goes, never handed back to be reused */
 } mc_memtab_t;
 
 int mc__memtab_init(mc_memtab_t *t);

@@ -69,7 +69,8 @@ static void buffer_free(mc_engine_t *e, mc_buffer_t *b)
 {
     tp_deregister(e, b);
     if (b->memfd >= 0) {
-        munmap((void *)(uintptr_t)b->addr, b->len);
+        if (!e->mem.keep_mapped)
+            munmap((void *)(uintptr_t)b->addr, b->len);
         close(b->memfd);
     }
     free(b);

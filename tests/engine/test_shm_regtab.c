@@ -5,6 +5,9 @@
  *   write the memory the host then reused); once the lane moved on, it succeeds;
  * - a lane left odd by a peer that died in its call, reaped or a zombie: not waited for (before,
  *   every unregister waited the whole timeout until another peer took the slot).
+ * - an engine destroyed while a live peer's call still runs: its own allocations stay mapped
+ *   (before, they were unmapped, and the peer's call could write whatever was mapped there
+ *   next); without such a call they are unmapped.
  * The lanes are set here by hand, as a peer's call would leave them. */
 #include <errno.h>
 #include <setjmp.h>
@@ -14,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -105,9 +109,48 @@ static void test_grace(void **state)
     mc_engine_destroy(e);
 }
 
+/* Whether [a, a + len) is mapped. */
+static bool mapped(void *a, size_t len)
+{
+    return msync(a, len, MS_ASYNC) == 0;
+}
+
+static void test_destroy_keeps_memory(void **state)
+{
+    const size_t len = 1 << 20;
+    void *a;
+
+    (void)state;
+    for (int stuck = 0; stuck < 2; stuck++) {
+        mc_engine_t *e = engine_new();
+        shm_engine_t *se = e->tp[mc__shm_slot];
+        if (!se || !se->regtab) {
+            mc_engine_destroy(e);
+            skip();
+        }
+        assert_int_equal(mc_mem_alloc(e, len, "cpu:0", &a), 0);
+        memset(a, 0x5a, len);
+        if (stuck) { /* a live peer's call on our memory that does not end */
+            atomic_store(&se->regtab_pid[3], getpid());
+            atomic_store(&se->regtab->slot[3].lane[1], 1);
+        }
+        int64_t t0 = now_ms();
+        mc_engine_destroy(e);
+        if (!stuck) {
+            assert_false(mapped(a, len));
+            continue;
+        }
+        assert_true(now_ms() - t0 >= 300); /* it waited for the call first */
+        assert_true(mapped(a, len));
+        assert_true(((uint8_t *)a)[0] == 0x5a && ((uint8_t *)a)[len - 1] == 0x5a);
+        munmap(a, len);
+    }
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_grace)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_grace),
+                                       cmocka_unit_test(test_destroy_keeps_memory)};
 
     return cmocka_run_group_tests_name("shm_regtab", tests, NULL, NULL);
 }

@@ -1071,7 +1071,13 @@ static void shm_stop(mc_engine_t *e)
 {
     shm_engine_t *se = shm_of(e);
 
-    mc__shm_regtab_withdraw(e); /* before our memory goes (memtab_fini, or the host's free) */
+    /* before our memory goes (memtab_fini, or the host's free) */
+    if (!mc__shm_regtab_withdraw(e)) {
+        e->mem.keep_mapped = true;
+        mc_warn("shm: a same-host peer's copy did not end within MC_IO_TIMEOUT_MS: the "
+                "engine's allocations stay mapped (leaked), and memory the host registered may "
+                "still be written after the engine is destroyed");
+    }
     while (!mc_list_empty(&se->conns))
         conn_bury(e, mc_container_of(se->conns.next, shm_conn_t, link));
     if (se->listen.fd >= 0) {

@@ -183,8 +183,9 @@ void mc__shm_regtab_slot_put(mc_engine_t *e, int slot);
 void mc__shm_regtab_publish(mc_engine_t *e);
 /* After a registration was removed: wait for same-host peers' CMA calls that may still use it. */
 bool mc__shm_regtab_grace(mc_engine_t *e, uint64_t deadline_ns);
-/* Engine destroy: nothing of ours in the table any more, and no CMA that saw it still running. */
-void mc__shm_regtab_withdraw(mc_engine_t *e);
+/* Engine destroy: nothing of ours in the table any more, and no CMA that saw it still running;
+ * false when one still ran at MC_IO_TIMEOUT_MS. */
+bool mc__shm_regtab_withdraw(mc_engine_t *e);
 
 /* Initiator side (shm.c): a task moved; CMA (shm_cma.c): move the run of CMA tasks from
  * tasks[i] (below n), shared out to the helpers when it is long; the end of what it took care

@@ -70,13 +70,13 @@ void mc__shm_regtab_publish(mc_engine_t *e)
 /* The engine is going: empty the table, so that no peer's CMA starts on our memory any more,
  * and wait out those running, before the memory is unmapped or handed back to the host. Peers
  * hear that we went only when they see our connections close, which may be later. */
-void mc__shm_regtab_withdraw(mc_engine_t *e)
+bool mc__shm_regtab_withdraw(mc_engine_t *e)
 {
     if (!shm_of(e)->regtab)
-        return;
+        return true;
     shm_of(e)->regtab_withdrawn = true;
     mc__shm_regtab_publish(e);
-    mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
+    return mc__shm_regtab_grace(e, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS);
 }
 
 /* Whether the process slot was last handed to is gone (its calls with it): no such process, or
