@@ -149,6 +149,26 @@ static bool abandoned(mc_p2p_t *p2p, const char *name, const char *origin, uint6
     return gone;
 }
 
+/* Replace the abandoned description read at revision *rev_p with d's (json), until end while
+ * the store is down: a CAS applied whose answer was lost finds ours there (existing_is_ours),
+ * and one that finds another's in its place (written meanwhile) is -MC_ECONFLICT. */
+static int replace_abandoned(mc_p2p_t *p2p, const char *key, p2p_desc_t *d, const char *json,
+                             size_t len, int64_t *rev_p, uint64_t end)
+{
+    char origin[MC_NAME_MAX];
+    int64_t rev = *rev_p;
+    uint64_t id;
+
+    for (;;) {
+        int rc = mc_meta_cas(p2p->meta, key, strlen(key), rev, json, len, 0, rev_p);
+        if (!mc__p2p_meta_down(rc) || mc__p2p_now_ms() >= end)
+            return rc;
+        mc__p2p_sleep_ms(100);
+        if (existing_is_ours(p2p, key, d, rev_p, origin, sizeof(origin), &id))
+            return 0;
+    }
+}
+
 /* The id of a replaced description that does not decode (a newer format). */
 #define REPLACED_UNKNOWN UINT64_MAX
 
@@ -210,11 +230,10 @@ static int write_desc(mc_p2p_t *p2p, const char *name, p2p_desc_t *d, int force,
         existing_is_ours(p2p, key, d, rev_p, origin, sizeof(origin), &id))
         rc = 0;
     else if (rc == -MC_ECONFLICT && !force && id && abandoned(p2p, name, origin, id) &&
-             mc_meta_cas(p2p->meta, key, strlen(key), *rev_p, json, len, 0, rev_p) == 0) {
+             (rc = replace_abandoned(p2p, key, d, json, len, rev_p, end)) == 0) {
         mc__p2p_warn(p2p, "%s: replacing the object %s published (gone, with every copy)", name,
                      origin);
         *replaced = id;
-        rc = 0;
     }
     free(json);
     if (rc == 0)

@@ -606,10 +606,22 @@ static void test_unregister_after_remove(void **state)
     STOP(&o);
 }
 
+/* Delete the one replica entry of name, as if its holder had gone. */
+static void entries_delete(mc_meta_t *meta, const char *name)
+{
+    char prefix[256];
+    size_t n = 0;
+
+    snprintf(prefix, sizeof(prefix), "mooncake/p2p/%s/replica/", name);
+    assert_int_equal(mc_meta_delete_prefix(meta, prefix, strlen(prefix), &n), 0);
+    assert_int_equal(n, 1);
+}
+
 /* A publisher killed: while a fetcher keeps a copy its object stands (another node's register
  * without force is refused), and once that copy is deleted too, nobody can fetch it and
  * nobody could ever remove it (only its origin may): a register without force replaces it,
- * and fetchers get the new bytes. Before, only --force could. */
+ * and fetchers get the new bytes. Before, only --force could. An object without entries whose
+ * origin lives (between its description and its entry) is not replaced. */
 static void test_abandoned(void **state)
 {
     p2p_proc_t o, a, p;
@@ -620,6 +632,10 @@ static void test_abandoned(void **state)
     start(&a);
     start(&p);
     assert_int_equal(mc_meta_open(getenv("MC_METADATA"), &meta), 0);
+    OK(&o, "publish live 65536 40 4096 1");
+    entries_delete(meta, "live");
+    FAILS(-EEXIST, &p, "publish live 65536 42 4096 1"); /* its origin lives */
+    OK(&o, "unregister live 0");
     OK(&o, "publish left 65536 41 4096 1");
     fetch_check(&a, "left", 65536, 1, 41, "");
     p2p_node_kill(&o);
