@@ -613,6 +613,16 @@ static int notify_push(mc_engine_t *e, const char *sender, const void *data, siz
     return 0;
 }
 
+/* Whether a ring still lends records of stream to handlers that may not have run. */
+static bool ring_lends(mc_engine_t *e, uint64_t stream)
+{
+    for (unsigned i = 0; i < mc__n_transports; i++)
+        if (e->tp[i] && MC_TP_HAS(mc__transports[i], msg_lending) &&
+            mc__transports[i]->msg_lending(e, stream))
+            return true;
+    return false;
+}
+
 int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t stream, uint64_t seq,
                     uint8_t id, const void *data, size_t len, mc_ring_lend_t *lend, uint64_t end)
 {
@@ -625,8 +635,13 @@ int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t st
 
     if (!s)
         return -EAGAIN;
-    if (seq < s->next) /* a duplicate: it was delivered already (its handler may not have run) */
+    if (seq < s->next) { /* a duplicate: it was delivered already (its handler may not have run) */
+        /* one a ring took and lends to its handler, sent again after the ring went: asked
+         * again later, once the ring's loans came back (its handler ran then) */
+        if (later && ring_lends(e, stream))
+            return -EAGAIN;
         return later && s->pending && seq > s->handled ? MC__MSG_LATER : 0;
+    }
     if (seq > s->next)
         return -EAGAIN; /* one before it is missing: the sender goes back to it */
     /* a notification is handled as it is queued, but its sender hears of it only after the

@@ -74,6 +74,19 @@ int mc__ring_take(mc_engine_t *e, unsigned tp, const uint8_t *data, uint64_t byt
     return 0;
 }
 
+bool mc__ring_list_lends(const mc_list_t *l, size_t link_off, size_t stream_off, size_t lend_off,
+                         uint64_t stream)
+{
+    for (const mc_list_t *pos = l->next; pos != l; pos = pos->next) {
+        const char *rx = (const char *)pos - link_off;
+        uint64_t s;
+        memcpy(&s, rx + stream_off, sizeof(s));
+        if (s == stream && ((const mc_ring_lend_t *)(const void *)(rx + lend_off))->n)
+            return true;
+    }
+    return false;
+}
+
 int mc__ring_fifo_init(mc_ring_fifo_t *f, unsigned cap)
 {
     memset(f, 0, sizeof(*f));

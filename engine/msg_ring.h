@@ -16,6 +16,7 @@
 #define MC_MSG_RING_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "msg.h"
@@ -48,6 +49,13 @@ static inline uint64_t mc__ring_given(const mc_ring_lend_t *lend, uint64_t tail)
 {
     return lend->n ? lend->returned : tail;
 }
+
+/* Whether list l of rings (entries of type with members link, stream and lend) holds one of
+ * stream's that lends records to handlers. */
+bool mc__ring_list_lends(const mc_list_t *l, size_t link_off, size_t stream_off, size_t lend_off,
+                         uint64_t stream);
+#define MC_RING_LENDS(l, type, s)                                                                  \
+    mc__ring_list_lends(l, offsetof(type, link), offsetof(type, stream), offsetof(type, lend), s)
 
 /* The sender's records not consumed yet, oldest first (a circle of cap entries). */
 typedef struct mc_ring_fifo {

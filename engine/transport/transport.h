@@ -253,6 +253,12 @@ struct mc_transport_ops {
      * answers: msg.c, mc__msgs_tick). Without it, a receiver with MC_MSG_ACK_AFTER_HANDLER
      * answers this transport's messages as they are queued. */
     void (*msg_handled)(mc_engine_t *e, uint64_t stream, uint64_t seq);
+
+    /* A ring that lends its records to the handlers (msg_ring.h): whether one of this
+     * transport's still lends records of sender stream, whose handlers may not have run
+     * (progress context). A duplicate of such a message, sent again over the control link after
+     * the ring went, must not be answered "handled" (msg.c, mc__msg_deliver). */
+    bool (*msg_lending)(mc_engine_t *e, uint64_t stream);
 };
 
 /* The table (table.c): every transport, best first when several reach a peer equally. */

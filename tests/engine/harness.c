@@ -110,6 +110,21 @@ int64_t th_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int th_sv_ctl(const char *dir, const char *dev, const char *text)
+{
+    char tmp[600], path[600];
+    FILE *f;
+
+    snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, dev);
+    snprintf(path, sizeof(path), "%s/%s", dir, dev);
+    if (!(f = fopen(tmp, "w")))
+        return -1;
+    int rc = fputs(text, f) >= 0 ? 0 : -1;
+    if (fclose(f) || rc || rename(tmp, path))
+        return -1;
+    return 0;
+}
+
 void th_sleep_ms(int ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};

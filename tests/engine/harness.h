@@ -190,6 +190,11 @@ void th_batch_destroy(mc_engine_t *e, mc_batch_t *b);
 int64_t th_now_ms(void);
 void th_sleep_ms(int ms);
 
+/* Set the fault state of software RDMA device dev ("port=down\n", "drop=10\n", ...) through
+ * its control file in dir, in one go (a rename); 0 or -1. Its progress threads apply it within
+ * a few milliseconds. */
+int th_sv_ctl(const char *dir, const char *dev, const char *text);
+
 /* mkdtemp under /tmp; th_rmdir removes the tree. */
 void th_tmpdir(char *out, size_t size);
 void th_rmdir(const char *dir);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -1550,10 +1551,21 @@ static void ring_up(mc_engine_t *snd, mc_segment_id_t seg, mc_engine_t *host, co
     assert_int_equal(atomic_load(&flushed), 1);
 }
 
-/* Whether the software RDMA device is there (the *_rdma tests run as test_host_api_rdma). */
+/* Whether the software RDMA device is there (the *_rdma tests run as test_host_api_rdma); its
+ * ports up (a test that failed with them down does not leave them so for the next). */
 static bool softverbs(void)
 {
-    return getenv("SOFTVERBS_FABRIC") != NULL;
+    const char *dir = getenv("SOFTVERBS_CTL_DIR");
+
+    if (!getenv("SOFTVERBS_FABRIC"))
+        return false;
+    if (dir) {
+        mkdir(dir, 0755);
+        assert_int_equal(th_sv_ctl(dir, "softverbs0", "port=up\n"), 0);
+        assert_int_equal(th_sv_ctl(dir, "softverbs1", "port=up\n"), 0);
+        th_sleep_ms(50); /* (the device applies it within a few milliseconds) */
+    }
+    return true;
 }
 
 /* With MSG_ACK_AFTER_HANDLER (as the UCX module runs its engines: a UCT flush means UCP has the
@@ -1694,6 +1706,56 @@ static void test_keep_release_rdma(void **state)
     if (!softverbs())
         skip();
     keep_release("rdma");
+}
+
+/* Messages kept by the host, lent by the rdma ring they came on, and the ring goes (every port
+ * of the software devices down): the sender sends what the ring did not give back again over
+ * tcp. The duplicates must not be answered "handled" while the ring still lends them (they
+ * are asked for again later): the flush waits for the releases, and each message was handled
+ * once. Before, a duplicate of a lent message over tcp was answered 0, and the flush completed
+ * while the host still kept them. */
+static void test_keep_ring_gone_rdma(void **state)
+{
+    const char *dir = getenv("SOFTVERBS_CTL_DIR");
+    mc_segment_id_t seg;
+    mc_counters_t c = {0};
+    th_cfg_t cfg;
+
+    (void)state;
+    if (!softverbs() || !dir)
+        skip();
+    config_over(&cfg, "rdma");
+    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+    th_set(&cfg, "MSG_ACK_AFTER_HANDLER", "1");
+    mc_engine_t *host = g.e[1] = th_engine(&cfg);
+    assert_int_equal(mc_msg_handler_set(host, TH_MSG_ID, on_kept_msg, host), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(host), &seg), 0);
+    ring_up(snd, seg, host, "rdma");
+    uint64_t before = received_over(host, "rdma");
+    memset(kept_tokens, 0, sizeof(kept_tokens));
+    send_served(snd, seg);
+    int64_t dl = th_now_ms() + 10000;
+    while (atomic_load(&served.got) < SERVED_N && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(atomic_load(&served.got), SERVED_N);
+    assert_int_equal(received_over(host, "rdma") - before, SERVED_N);
+    assert_int_equal(th_sv_ctl(dir, "softverbs0", "port=down\n"), 0);
+    assert_int_equal(th_sv_ctl(dir, "softverbs1", "port=down\n"), 0);
+    /* the sender's message QP goes, and tcp carries the kept messages again */
+    usleep(1000 * 1000);
+    assert_int_equal(atomic_load(&served.flushed), 0); /* the host keeps them all */
+    for (int i = 0; i < SERVED_N; i++)
+        mc_msg_release(host, kept_tokens[i]);
+    while (atomic_load(&served.flushed) == 0 && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(atomic_load(&served.flushed), 1);
+    assert_int_equal(atomic_load(&served.got), SERVED_N); /* none handled twice */
+    assert_int_equal(mc_stats_transport(snd, "tcp", &c), 0);
+    assert_true(c.msgs_sent > 0); /* answered over tcp in the end: the ring had gone */
+    assert_int_equal(atomic_load(&served.bad), 0);
+    assert_int_equal(th_sv_ctl(dir, "softverbs0", "port=up\n"), 0);
+    assert_int_equal(th_sv_ctl(dir, "softverbs1", "port=up\n"), 0);
+    arm_pair_destroy();
 }
 
 /* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
@@ -2455,6 +2517,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_keep_release, teardown),
         cmocka_unit_test_teardown(test_keep_release_tcp, teardown),
         cmocka_unit_test_teardown(test_keep_release_rdma, teardown),
+        cmocka_unit_test_teardown(test_keep_ring_gone_rdma, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),

@@ -178,24 +178,10 @@ struct killer {
     unsigned port;   /* 0: no connections to kill */
     unsigned port2;  /* and those to or from this one too (0: none) */
     pid_t pid;       /* the target, stopped now and then */
-    const char *ctl; /* rdma: the software device's fault file (both processes use it) */
+    const char *ctl; /* rdma: the software devices' control dir (both processes use it) */
     atomic_bool stop;
     unsigned rounds, killed, stops, downs, drops;
 };
-
-/* Set the software RDMA device's fault state (in one go: a rename). */
-static void sv_fault(const char *ctl, const char *state)
-{
-    char tmp[600];
-
-    snprintf(tmp, sizeof(tmp), "%s.tmp", ctl);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return;
-    fputs(state, f);
-    fclose(f);
-    rename(tmp, ctl);
-}
 
 /* Every few milliseconds, kill every established connection to or from the port (both ends,
  * both processes): what was in flight on them is lost; or stop the target for a few
@@ -217,9 +203,9 @@ static void *killer_main(void *arg)
         th_sleep_ms(2 + (int)((r >> 16) % 40));
         if (k->ctl && (r >> 8) % 8 >= 6) {
             bool down = (r >> 8) % 8 == 6;
-            sv_fault(k->ctl, down ? "port=down\n" : "drop=10\n");
+            th_sv_ctl(k->ctl, "softverbs0", down ? "port=down\n" : "drop=10\n");
             th_sleep_ms(2 + (int)((r >> 12) % 20));
-            sv_fault(k->ctl, "port=up\n");
+            th_sv_ctl(k->ctl, "softverbs0", "port=up\n");
             *(down ? &k->downs : &k->drops) += 1;
             continue;
         }
@@ -319,8 +305,8 @@ static void test_exactly_once(void **state)
     char ctl[512];
     if (over_rdma() && getenv("SOFTVERBS_CTL_DIR")) {
         mkdir(getenv("SOFTVERBS_CTL_DIR"), 0755); /* the device may have made it already */
-        snprintf(ctl, sizeof(ctl), "%s/softverbs0", getenv("SOFTVERBS_CTL_DIR"));
-        k.ctl = ctl;
+        k.ctl = getenv("SOFTVERBS_CTL_DIR");
+        snprintf(ctl, sizeof(ctl), "%s/softverbs0", k.ctl);
     }
     killer_start(&k);
     int64_t t0 = th_now_ms();
@@ -343,7 +329,7 @@ static void test_exactly_once(void **state)
     if (k.ctl) {
         print_message("  the first RDMA port went down %u times, dropped packets %u times\n",
                       k.downs, k.drops);
-        unlink(k.ctl);
+        unlink(ctl);
     }
     print_message("  %u messages (%.1f MiB) in %lld ms, %u kill rounds killed %u connections, "
                   "%u stops\n",

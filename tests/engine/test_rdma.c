@@ -121,16 +121,7 @@ static uint64_t tbuf(const fx_t *fx, unsigned i)
  * threads read the file on an inotify event). */
 static void ctl_write(const char *dir, const char *dev, const char *text, int settle_ms)
 {
-    char tmp[128], path[128];
-    FILE *f;
-
-    snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, dev);
-    snprintf(path, sizeof(path), "%s/%s", dir, dev);
-    f = fopen(tmp, "w");
-    assert_non_null(f);
-    assert_true(fputs(text, f) >= 0);
-    assert_int_equal(fclose(f), 0);
-    assert_int_equal(rename(tmp, path), 0);
+    assert_int_equal(th_sv_ctl(dir, dev, text), 0);
     th_sleep_ms(settle_ms);
 }
 

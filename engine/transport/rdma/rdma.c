@@ -565,6 +565,7 @@ const mc_transport_ops_t mc__rdma_ops = {
     .link_lost = mc__rdma_link_lost,
     .msg_open = mc__rdma_msg_open,
     .msg_settle = mc__rdma_msg_settle,
+    .msg_lending = mc__rdma_msg_lending,
     .progress = mc__rdma_msg_progress,
     .reap = rdma_reap,
     .idle = mc__rdma_msg_idle,

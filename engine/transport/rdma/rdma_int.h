@@ -171,7 +171,7 @@ typedef struct mc_rdma {
     struct ibv_sge sge[MC_RDMA_SCRATCH];
     unsigned n_wr;
     mc_list_t msg_rx;      /* rdma_msg_rx_t of target QPs receiving messages */
-    mc_list_t msg_rx_lent; /* ... of QPs gone, while records of their rings are lent */
+    mc_list_t msg_rx_lent; /* ... of QPs stopped, while records of their rings are lent */
 } mc_rdma_t;
 
 /* The per-slice state of a slice on a QP. */
@@ -278,6 +278,7 @@ void mc__rdma_msg_progress(mc_engine_t *e);
 /* The reap: records given back by their handlers are told to their senders; the rings of QPs
  * gone are freed once they lend nothing (all: whatever they lend, at the end). */
 void mc__rdma_msg_reap(mc_engine_t *e, bool all);
+bool mc__rdma_msg_lending(mc_engine_t *e, uint64_t stream);
 bool mc__rdma_msg_idle(mc_engine_t *e);
 void mc__rdma_ctrl_reply(mc_engine_t *e, mc_slice_t *s, mc_link_t *l, int status, const void *ans,
                          size_t len);

@@ -59,7 +59,7 @@ struct rdma_msg_tx {
 
 struct rdma_msg_rx {
     mc_list_t link; /* in mc_rdma_t.msg_rx while the QP receives, then in msg_rx_lent while
-                       records of its ring are lent (its QP gone) */
+                       records of its ring are lent (its QP draining or gone) */
     mc_rdma_qp_t *qp;
     struct ibv_mr *mr;
     uint8_t *area;                  /* the ring, then the value updates are written from */
@@ -415,7 +415,8 @@ void mc__rdma_msg_progress(mc_engine_t *e)
 }
 
 /* Handlers ran: their records go back to the senders; rings whose QP went are freed once
- * nothing of them is lent (all: at the end, after every QP, whatever they lent). */
+ * nothing of them is lent (all: at the end, after every QP, whatever they lent); one whose QP
+ * still drains is freed with it (mc__rdma_msg_free). */
 void mc__rdma_msg_reap(mc_engine_t *e, bool all)
 {
     mc_list_t *pos, *tmp;
@@ -426,12 +427,18 @@ void mc__rdma_msg_reap(mc_engine_t *e, bool all)
     mc_list_for_each_safe(pos, tmp, &rdma_of(e)->msg_rx_lent)
     {
         rdma_msg_rx_t *rx = mc_container_of(pos, rdma_msg_rx_t, link);
-        if (all || !rx->lend.n) {
+        if (all || (!rx->lend.n && !rx->qp)) {
             mc_list_del(&rx->link);
             free(rx->area);
             free(rx);
         }
     }
+}
+
+bool mc__rdma_msg_lending(mc_engine_t *e, uint64_t stream)
+{
+    return MC_RING_LENDS(&rdma_of(e)->msg_rx, rdma_msg_rx_t, stream) ||
+           MC_RING_LENDS(&rdma_of(e)->msg_rx_lent, rdma_msg_rx_t, stream);
 }
 
 bool mc__rdma_msg_idle(mc_engine_t *e)
@@ -492,8 +499,11 @@ void mc__rdma_msg_stop(mc_engine_t *e, mc_rdma_qp_t *qp)
 {
     rdma_msg_tx_t *tx = qp->mtx;
 
-    if (qp->mrx)
+    if (qp->mrx) { /* it receives no more; one that lends stays known (msg_lending) */
         mc_list_del(&qp->mrx->link);
+        if (qp->mrx->lend.n)
+            mc_list_push_back(&rdma_of(e)->msg_rx_lent, &qp->mrx->link);
+    }
     if (!tx || !tx->peer)
         return;
     mc_peer_t *p = tx->peer;
@@ -529,9 +539,9 @@ void mc__rdma_msg_free(mc_engine_t *e, mc_rdma_qp_t *qp)
         if (rx->mr)
             ibv_dereg_mr(rx->mr);
         qp->mrx = NULL;
+        rx->qp = NULL;
+        mc_list_del(&rx->link);
         if (rx->lend.n) { /* handlers still read their records there: freed by the reap */
-            rx->qp = NULL;
-            mc_list_del(&rx->link);
             mc_list_push_back(&rdma_of(e)->msg_rx_lent, &rx->link);
             mc__reap_mark(e, mc__rdma_slot);
             return;

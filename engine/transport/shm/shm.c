@@ -1227,6 +1227,7 @@ const mc_transport_ops_t mc__shm_ops = {
     .fill = mc__shm_msg_fill,
     .msg_open = mc__shm_msg_open,
     .msg_settle = mc__shm_msg_settle,
+    .msg_lending = mc__shm_msg_lending,
     .idle = shm_idle,
     .grant_ask = shm_grant_ask,
     .msg_direct = true,

@@ -218,6 +218,7 @@ shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd);
 void mc__shm_rx_detach(mc_engine_t *e, shm_rx_t *rx);
 /* After the pass's handlers ran: the rings get back the records they lent them. */
 void mc__shm_msg_give(mc_engine_t *e);
+bool mc__shm_msg_lending(mc_engine_t *e, uint64_t stream);
 /* Free the detached rings whose records are all given back (all: every one; the transport
  * goes, after the held callbacks were dropped). */
 void mc__shm_rx_lent_free(mc_engine_t *e, bool all);

@@ -442,6 +442,12 @@ void mc__shm_msg_give(mc_engine_t *e)
         rx_give(mc_container_of(pos, shm_rx_t, link));
 }
 
+bool mc__shm_msg_lending(mc_engine_t *e, uint64_t stream)
+{
+    return MC_RING_LENDS(&shm_of(e)->rx_rings, shm_rx_t, stream) ||
+           MC_RING_LENDS(&shm_of(e)->rx_lent, shm_rx_t, stream);
+}
+
 static void rx_free(shm_rx_t *rx)
 {
     munmap(rx->ring, ring_size());
