@@ -1655,6 +1655,8 @@ static void on_kept_msg(void *arg, const char *sender, uint8_t id, const void *d
 /* Engines g.e[0] (the sender) and g.e[1] (the host, which keeps every message: returned)
  * carrying messages over tp; the SERVED_N messages and their flush sent, every handler run,
  * every message kept. */
+static mc_segment_id_t kept_seg; /* the host, opened by the sender */
+
 static mc_engine_t *kept_all(const char *tp)
 {
     mc_segment_id_t seg;
@@ -1679,7 +1681,21 @@ static mc_engine_t *kept_all(const char *tp)
     assert_int_equal(received_over(host, tp) - before, SERVED_N); /* all over tp */
     for (int i = 0; i < SERVED_N; i++)
         assert_true(kept_tokens[i] != 0);
+    kept_seg = seg;
     return host;
+}
+
+/* QPs snd has connected to seg over its rdma rails. */
+static unsigned rdma_qps(mc_engine_t *snd, mc_segment_id_t seg)
+{
+    mc_rail_stats_t r[16];
+    size_t n = 0;
+    unsigned qps = 0;
+
+    assert_int_equal(mc_stats_rails(snd, seg, r, 16, &n), 0);
+    for (size_t i = 0; i < n && i < 16; i++)
+        qps += strncmp(r[i].name, "softverbs", 9) ? 0 : r[i].conns;
+    return qps;
 }
 
 static void keep_release(const char *tp)
@@ -1735,10 +1751,14 @@ static void test_keep_ring_gone_rdma(void **state)
         skip();
     mc_engine_t *host = kept_all("rdma");
     int64_t dl = th_now_ms() + 10000;
+    assert_true(rdma_qps(g.e[0], kept_seg) > 0);
     assert_int_equal(th_sv_ctl(dir, "softverbs0", "port=down\n"), 0);
     assert_int_equal(th_sv_ctl(dir, "softverbs1", "port=down\n"), 0);
-    /* the sender's message QP goes, and tcp carries the kept messages again */
-    usleep(1000 * 1000);
+    /* the sender's QPs go, and tcp carries the kept messages again */
+    while (rdma_qps(g.e[0], kept_seg) && th_now_ms() < dl)
+        usleep(1000);
+    assert_int_equal(rdma_qps(g.e[0], kept_seg), 0);
+    usleep(500 * 1000);
     assert_int_equal(atomic_load(&served.flushed), 0); /* the host keeps them all */
     for (int i = 0; i < SERVED_N; i++)
         mc_msg_release(host, kept_tokens[i]);
