@@ -636,9 +636,10 @@ int mc__msg_deliver(mc_engine_t *e, unsigned tp, const char *sender, uint64_t st
     if (!s)
         return -EAGAIN;
     if (seq < s->next) { /* a duplicate: it was delivered already (its handler may not have run) */
-        /* one a ring took and lends to its handler, sent again after the ring went: asked
-         * again later, once the ring's loans came back (its handler ran then) */
-        if (later && ring_lends(e, stream))
+        /* one a ring took and lends to its handler, sent again after the ring went (over the
+         * control link, or a ring set up since): asked again later (a ring that brought it
+         * stays blocked), once the loans came back (its handler ran then) */
+        if ((later || (lend && e->cfg.msg_ack_after_handler)) && ring_lends(e, stream))
             return -EAGAIN;
         return later && s->pending && seq > s->handled ? MC__MSG_LATER : 0;
     }

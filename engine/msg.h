@@ -19,8 +19,8 @@
  * (mc__msgs_tick), it sends it again, and the receiver answers the duplicate 0 or
  * MC__MSG_LATER as its handler ran or not. A peer closed or dead meanwhile completes it with 0
  * (it was queued there). A duplicate of a message a ring still lends to its handler (the ring
- * went, and what it had not given back came again over the control link) is answered -EAGAIN
- * (transport.h, msg_lending): sent again later, once the ring's loans came back.
+ * went, and what it had not given back came again over the control link or a new ring) is
+ * answered -EAGAIN (transport.h, msg_lending): sent again later, once the loans came back.
  *
  * Everything here runs in the progress context unless said otherwise. */
 #ifndef MC_MSG_H

@@ -427,7 +427,7 @@ void mc__rdma_msg_reap(mc_engine_t *e, bool all)
     mc_list_for_each_safe(pos, tmp, &rdma_of(e)->msg_rx_lent)
     {
         rdma_msg_rx_t *rx = mc_container_of(pos, rdma_msg_rx_t, link);
-        if (all || (!rx->lend.n && !rx->qp)) {
+        if (!rx->qp && (all || !rx->lend.n)) { /* (one whose QP outlived the end: with it) */
             mc_list_del(&rx->link);
             free(rx->area);
             free(rx);
