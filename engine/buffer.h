@@ -82,6 +82,9 @@ mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uin
  * reference is taken: the caller holds e->mem.lock (a batch of lookups takes its references
  * before it lets go). */
 mc_buffer_t *mc__mem_find_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
+/* The registration of [addr, addr+len): of those holding it, one of exactly that range before
+ * others, the newest first; NULL if none. Caller holds e->mem.lock. */
+mc_buffer_t *mc__mem_find_reg_locked(mc_engine_t *e, uint64_t addr, uint64_t len);
 
 /* Register len bytes that are not memory (a file) as an opaque buffer of transport slot, at a
  * fresh address of the opaque range, with location (its kind, e.g. "file"). priv becomes

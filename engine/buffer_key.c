@@ -56,7 +56,9 @@ static int pack_parts(mc_engine_t *e, const mc_buffer_t *b, uint8_t *key, size_t
     return 0;
 }
 
-int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
+/* The key of the buffer holding [addr, addr+len): the nearest one (any), or the registration
+ * of that range (reg: mc__mem_find_reg_locked). */
+static int key_pack(mc_engine_t *e, const void *addr, size_t len, bool reg, void *out)
 {
     uint8_t key[MC_BUFFER_KEY_SIZE] = {0};
     size_t used = 0;
@@ -66,11 +68,13 @@ int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
 
     if (!e || !out)
         return mc__set_error(-EINVAL, "mc_buffer_key_pack: NULL argument");
+    uint64_t a = (uint64_t)(uintptr_t)addr;
     pthread_rwlock_rdlock(&e->mem.lock);
-    b = mc__mem_find_any_locked(e, (uint64_t)(uintptr_t)addr, 1);
+    b = reg ? mc__mem_find_reg_locked(e, a, len) : mc__mem_find_any_locked(e, a, len);
     if (!b) {
         pthread_rwlock_unlock(&e->mem.lock);
-        return mc__set_error(-ENOENT, "mc_buffer_key_pack: %p is in no registered buffer", addr);
+        return mc__set_error(-ENOENT, "mc_buffer_key_pack: %p+%zu is in no registered buffer", addr,
+                             len);
     }
     rc = strlen(b->location) < KEY_LOC
              ? 0
@@ -92,6 +96,18 @@ int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
     if (!rc)
         memcpy(out, key, sizeof(key));
     return rc;
+}
+
+int mc_buffer_key_pack(mc_engine_t *e, const void *addr, void *out)
+{
+    return key_pack(e, addr, 1, false, out);
+}
+
+int mc_buffer_key_pack_range(mc_engine_t *e, const void *addr, size_t len, void *out)
+{
+    if (!len)
+        return mc__set_error(-EINVAL, "mc_buffer_key_pack_range: empty range");
+    return key_pack(e, addr, len, true, out);
 }
 
 /* The header of a key, checked. */
@@ -149,11 +165,11 @@ static bool same_parts(const mc_desc_t *d, const mc_desc_buffer_t *a, const mc_d
     return true;
 }
 
-/* The buffer key just added as b, of a range d holds already: true if that entry says the same
- * (b goes again); else it is of an earlier registration of the range (a registration cache, or
- * memory registered again at the same address: what transports keep for it, memory regions and
- * their keys, is new), which goes. Caller holds peers_lock for writing. */
-static bool known_as(mc_desc_t *d, mc_desc_buffer_t *b)
+/* The buffer key just added as b, of a range d holds already: that entry if it says the same
+ * (b goes again); else NULL, and it is of an earlier registration of the range (a registration
+ * cache, or memory registered again at the same address: what transports keep for it, memory
+ * regions and their keys, is new), which goes. Caller holds peers_lock for writing. */
+static mc_desc_buffer_t *known_as(mc_desc_t *d, mc_desc_buffer_t *b)
 {
     size_t at = (size_t)(b - d->buffers), lo = at, hi = at + 1;
 
@@ -166,11 +182,11 @@ static bool known_as(mc_desc_t *d, mc_desc_buffer_t *b)
         if (o == b || o->len != b->len || strcmp(o->location, b->location))
             continue;
         if (same_parts(d, o, b))
-            return true;
+            return o;
         mc__desc_buffer_replaced(d, o);
-        return false;
+        return NULL;
     }
-    return false;
+    return NULL;
 }
 
 int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, size_t len)
@@ -206,7 +222,10 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
     if (!rc) {
         b->read_only = used <= KEY_FLAGS && (k[KEY_FLAGS] & KEY_FLAG_RO);
         rc = key_parts(e, k, used, k[5], &p->desc, b);
-        bool drop = rc || known_as(&p->desc, b);
+        mc_desc_buffer_t *same = rc ? NULL : known_as(&p->desc, b);
+        bool drop = rc || same;
+        if (!rc) /* (the newest key's buffer is used first: mc__desc_find) */
+            (same ? same : b)->added = ++p->desc.keys_added;
         if (drop && p->desc.parts_packs == packs) {
             mc__desc_buffer_remove(&p->desc, b); /* its bytes were the last added: taken back */
             p->desc.parts_len = parts_len;

@@ -218,9 +218,14 @@ static size_t desc_floor(const mc_desc_t *d, uint64_t addr)
 
 const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len)
 {
+    const mc_desc_buffer_t *best = NULL;
+
     /* Buffers may overlap (the same pages registered twice): look back over those that start
      * close enough below addr to hold it, nearest first. Opaque ones never overlap: the nearest
-     * is the only one. */
+     * is the only one. Of buffers keys added, the newest holder: an older one may be of a
+     * registration the owner has dropped since (keys are not withdrawn; only a descriptor
+     * replaces them), whose rdma keys its NIC refuses; the newest key is the one the host was
+     * just given for this request. */
     for (size_t i = desc_floor(d, addr); i-- > 0;) {
         const mc_desc_buffer_t *b = &d->buffers[i];
         bool holds = addr - b->addr <= b->len && len <= b->len - (addr - b->addr);
@@ -228,10 +233,12 @@ const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_
             return b->owner && holds ? b : NULL;
         if (addr - b->addr >= d->max_len)
             break;
-        if (holds)
+        if (holds && !d->keys_added)
             return b;
+        if (holds && (!best || b->added > best->added))
+            best = b;
     }
-    return NULL;
+    return best;
 }
 
 int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,

@@ -30,6 +30,8 @@ struct mc_desc_buffer {
                                      it owns this opaque buffer (a file): only it may move it;
                                      MC_OWNER_NONE: opaque, and no transport here knows its kind */
     bool internal;                /* the peer's own (bounce buffers): not listed to hosts */
+    uint64_t added;               /* added by a key (mc_segment_add_buffer): its number among
+                                     them, from 1; 0: listed by the descriptor */
 };
 
 struct mc_desc {
@@ -46,6 +48,7 @@ struct mc_desc {
     size_t parts_len, parts_cap;
     size_t parts_dead; /* of them, the bytes of buffers replaced since (mc__desc_buffer_replaced) */
     unsigned parts_packs; /* how often they were packed together (offsets changed) */
+    uint64_t keys_added;  /* buffers added by keys so far (mc_desc_buffer_t.added) */
 };
 
 /* How a transport reads its parts of a peer's descriptor. Pure functions of the JSON: they are

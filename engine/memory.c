@@ -168,6 +168,26 @@ mc_buffer_t *mc__mem_get_owned(mc_engine_t *e, unsigned slot, uint64_t addr, uin
     return b;
 }
 
+mc_buffer_t *mc__mem_find_reg_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
+{
+    const mc_memtab_t *t = &e->mem;
+    mc_buffer_t *best = NULL;
+    bool exact = false;
+
+    if (addr >= MC_OPAQUE_BASE)
+        return opaque_find(t, addr, len);
+    for (ssize_t i = memtab_floor(t, addr); i >= 0 && addr - t->v[i]->addr < t->max_len; i--) {
+        mc_buffer_t *b = t->v[i];
+        bool holds = len <= b->len && addr - b->addr <= b->len - len;
+        bool is = b->addr == addr && b->len == len;
+        if (holds && (!best || (is && !exact) || (is == exact && b->serial > best->serial))) {
+            best = b;
+            exact = is;
+        }
+    }
+    return best;
+}
+
 mc_buffer_t *mc__mem_find_any_locked(mc_engine_t *e, uint64_t addr, uint64_t len)
 {
     return addr >= MC_OPAQUE_BASE ? opaque_find(&e->mem, addr, len) : mem_find(&e->mem, addr, len);

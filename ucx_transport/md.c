@@ -525,7 +525,7 @@ ucs_status_t uct_mc_mkey_pack(uct_md_h tl_md, uct_mem_h tl_memh,
         memset(rkey_buffer, 0, MC_BUFFER_KEY_SIZE);
         return UCS_OK;
     }
-    rc = mc_buffer_key_pack(md->engine, memh->addr, rkey_buffer);
+    rc = mc_buffer_key_pack_range(md->engine, memh->addr, memh->len, rkey_buffer);
     if (rc)
         ucs_error("mooncake: packing the key of %p: %s", memh->addr, mc_last_error());
     return uct_mc_status(rc);

@@ -324,6 +324,14 @@ MC_API int mc_segment_is_local_host(mc_engine_t *engine, mc_segment_id_t id);
  * Pack the key of the buffer holding addr into out (MC_BUFFER_KEY_SIZE bytes); -ENOENT if addr
  * is in no registered buffer. */
 MC_API int mc_buffer_key_pack(mc_engine_t *engine, const void *addr, void *out);
+/* The key of the registration of [addr, addr+len): where the same memory is registered more
+ * than once (a registration cache's older one, not released yet), the one of exactly that
+ * range, the newest first, else the newest that holds it. A host that packs the key of its own
+ * registration this way hands out a key valid as long as that registration is (the one
+ * mc_buffer_key_pack picks by address alone may be of an older registration that goes first:
+ * a peer's rdma request with it then fails). -ENOENT if no registered buffer holds the range,
+ * -EINVAL if len is 0. */
+MC_API int mc_buffer_key_pack_range(mc_engine_t *engine, const void *addr, size_t len, void *out);
 
 /* Make the buffer a key describes usable in the open segment id, whatever its descriptor says
  * (requests inside it are routed at once). Any thread, callbacks too. -MC_ENOSEGMENT if the

@@ -1781,6 +1781,55 @@ static void test_keep_ring_gone_rdma(void **state)
     arm_pair_destroy();
 }
 
+/* Keys of two registrations that hold the same bytes, the one nearer them registered first;
+ * then the owner drops that one. The peer's request goes with the newest key (before, with the
+ * nearest buffer's: its rdma key was refused by the owner's NIC, as UCX's rendezvous over rdma
+ * kept meeting when UCP's registrations came and went). mc_buffer_key_pack_range packs the key
+ * of the registration of exactly that range, the newest. */
+static void test_newest_key_rdma(void **state)
+{
+    enum { LEN = 256 << 10, AT = 8192, N = 16384 };
+    static uint8_t own[LEN] __attribute__((aligned(4096))), src[N], first[64];
+    uint8_t k1[MC_BUFFER_KEY_SIZE], k2[MC_BUFFER_KEY_SIZE];
+    mc_counters_t c0 = {0}, c1 = {0};
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+    char why[512] = "";
+
+    (void)state;
+    if (!softverbs())
+        skip();
+    config_over(&cfg, "rdma");
+    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+    mc_engine_t *owner = g.e[1] = th_engine(&cfg);
+    assert_int_equal(mc_mem_register(owner, first, sizeof(first), "cpu:0"), 0);
+    assert_int_equal(mc_mem_register(snd, src, N, "cpu:0"), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(owner), &seg), 0);
+    /* the owner's descriptor is here: what comes next, only keys say */
+    assert_int_equal(th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)first, sizeof(first),
+                             why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k1), 0);
+    assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k2), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own, 0, k2 + 0), -EINVAL);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own + LEN, 1, k2 + 0), -ENOENT);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k2, sizeof(k2)), 0);
+    assert_int_equal(mc_mem_unregister_range(owner, own + 4096, LEN - 4096), 0);
+    memset(src, 0x77, N);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c0), 0);
+    int st = th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)(own + AT), N, why, sizeof(why));
+    if (st != MC_TASK_COMPLETED)
+        fail_msg("the WRITE ended %d: %s", st, why);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(own[AT + i], 0x77);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
+    assert_true(c1.bytes_written - c0.bytes_written >= N); /* over rdma */
+    arm_pair_destroy();
+}
+
 /* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
 
 static struct {
@@ -2541,6 +2590,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_keep_release_tcp, teardown),
         cmocka_unit_test_teardown(test_keep_release_rdma, teardown),
         cmocka_unit_test_teardown(test_keep_ring_gone_rdma, teardown),
+        cmocka_unit_test_teardown(test_newest_key_rdma, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
