@@ -222,10 +222,13 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
     if (!rc) {
         b->read_only = used <= KEY_FLAGS && (k[KEY_FLAGS] & KEY_FLAG_RO);
         rc = key_parts(e, k, used, k[5], &p->desc, b);
+        /* numbered before known_as, which may move b (it drops an earlier entry); the newest
+         * key's buffer is used first (mc__desc_find), and one given again counts as new */
+        uint64_t added = b->added = ++p->desc.keys_added;
         mc_desc_buffer_t *same = rc ? NULL : known_as(&p->desc, b);
         bool drop = rc || same;
-        if (!rc) /* (the newest key's buffer is used first: mc__desc_find) */
-            (same ? same : b)->added = ++p->desc.keys_added;
+        if (same)
+            same->added = added;
         if (drop && p->desc.parts_packs == packs) {
             mc__desc_buffer_remove(&p->desc, b); /* its bytes were the last added: taken back */
             p->desc.parts_len = parts_len;

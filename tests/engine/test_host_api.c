@@ -1827,6 +1827,19 @@ static void test_newest_key_rdma(void **state)
         assert_int_equal(own[AT + i], 0x77);
     assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
     assert_true(c1.bytes_written - c0.bytes_written >= N); /* over rdma */
+    /* the nearer range registered again: its key replaces the first one's entry and is the
+     * newest; then the larger registration goes too */
+    uint8_t k3[MC_BUFFER_KEY_SIZE];
+    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k3), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k3, sizeof(k3)), 0);
+    assert_int_equal(mc_mem_unregister_range(owner, own, LEN), 0);
+    memset(src, 0x99, N);
+    st = th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)(own + AT), N, why, sizeof(why));
+    if (st != MC_TASK_COMPLETED)
+        fail_msg("the second WRITE ended %d: %s", st, why);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(own[AT + i], 0x99);
     arm_pair_destroy();
 }
 
