@@ -256,6 +256,7 @@ int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *l
     v[at].len = len;
     snprintf(v[at].location, sizeof(v[at].location), "%s", location);
     d->n_buffers++;
+    d->layout++;
     if (addr < MC_OPAQUE_BASE && len > d->max_len)
         d->max_len = len;
     *b_p = &v[at];
@@ -268,6 +269,7 @@ void mc__desc_buffer_remove(mc_desc_t *d, mc_desc_buffer_t *b)
 
     memmove(b, b + 1, (d->n_buffers - at - 1) * sizeof(*b));
     d->n_buffers--;
+    d->layout++;
 }
 
 /* Copy every buffer's parts into a new parts array, in order, without the dead ones' bytes.

@@ -49,6 +49,9 @@ struct mc_desc {
     size_t parts_dead; /* of them, the bytes of buffers replaced since (mc__desc_buffer_replaced) */
     unsigned parts_packs; /* how often they were packed together (offsets changed) */
     uint64_t keys_added;  /* buffers added by keys so far (mc_desc_buffer_t.added) */
+    uint32_t layout;      /* changes whenever entries move (one added or removed, the whole
+                             descriptor replaced): an index into buffers taken earlier names the
+                             same entry only while this is the same */
 };
 
 /* How a transport reads its parts of a peer's descriptor. Pure functions of the JSON: they are

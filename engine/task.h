@@ -46,12 +46,13 @@ struct mc_task {
     unsigned timeout_ms;
     unsigned inflight; /* slices on the wire (progress-owned) */
     bool queued, released;
-    bool vram;        /* either end is CUDA memory */
-    uint8_t tp;       /* the transport that carries it (index in transport/table.c) */
-    uint8_t tp_hint;  /* that transport's note about it, set by its accept op */
-    uint32_t rbuf;    /* index of the remote buffer in the peer's descriptor (a hint), or
-                         MC_RBUF_NONE when the range is in none */
-    atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
+    bool vram;            /* either end is CUDA memory */
+    uint8_t tp;           /* the transport that carries it (index in transport/table.c) */
+    uint8_t tp_hint;      /* that transport's note about it, set by its accept op */
+    uint32_t rbuf;        /* index of the remote buffer in the peer's descriptor (a hint), or
+                             MC_RBUF_NONE when the range is in none */
+    uint32_t rbuf_layout; /* the descriptor's layout then: the index is good while it is that */
+    atomic_int state;     /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
     int error;    /* 0 or a negative code; written with reason */
     char *reason; /* written by the finisher before the final state is published */

@@ -1843,6 +1843,66 @@ static void test_newest_key_rdma(void **state)
     arm_pair_destroy();
 }
 
+/* A task notes where its remote buffer is in the peer's descriptor when it is submitted, and
+ * the rdma transport used that note when it posted: a key added in between shifted the entries,
+ * and the note then named the entry before, of a registration the owner had dropped that held
+ * the same bytes (UCX's rendezvous over rdma met it: a GET refused by the owner's NIC, the send
+ * never completed). */
+static void test_key_shift_rdma(void **state)
+{
+    enum { LOW = 8192, LEN = 256 << 10, AT = 16384, N = 16384 };
+    static uint8_t area[LOW + LEN] __attribute__((aligned(4096))), src[N], first[64];
+    uint8_t *own = area + LOW;
+    uint8_t k1[MC_BUFFER_KEY_SIZE], k2[MC_BUFFER_KEY_SIZE], k3[MC_BUFFER_KEY_SIZE];
+    mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
+    mc_segment_id_t seg;
+    mc_task_status_t st;
+    mc_batch_t *b;
+    th_cfg_t cfg;
+    char why[512] = "";
+
+    (void)state;
+    if (!softverbs())
+        skip();
+    config_over(&cfg, "rdma");
+    mc_engine_t *owner = g.e[1] = th_engine(&cfg);
+    th_set(&cfg, "PROGRESS_THREAD", "0"); /* nothing is posted until the wait below */
+    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
+    assert_int_equal(mc_mem_register(owner, first, sizeof(first), "cpu:0"), 0);
+    assert_int_equal(mc_mem_register(snd, src, N, "cpu:0"), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(owner), &seg), 0);
+    assert_int_equal(th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)first, sizeof(first),
+                             why, sizeof(why)),
+                     MC_TASK_COMPLETED);
+    /* the peer's entries by address: [own, LEN) (dropped by the owner), then [own+4096, ...)
+     * (the newest key: the task's buffer) */
+    assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k1), 0);
+    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k2), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k2, sizeof(k2)), 0);
+    assert_int_equal(mc_mem_unregister_range(owner, own, LEN), 0);
+    assert_int_equal(mc_mem_register(owner, area, 4096, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, area, 4096, k3), 0);
+    memset(src, 0x5a, N);
+    req.target = seg;
+    req.target_offset = (uint64_t)(uintptr_t)(own + AT);
+    assert_int_equal(mc_batch_create(snd, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+    /* an entry below both: the task's buffer moves up one place before the task is posted */
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k3, sizeof(k3)), 0);
+    assert_int_equal(mc_batch_wait(b, -1), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    if (st.state != MC_TASK_COMPLETED)
+        fail_msg("the WRITE ended %d: %s", st.state, st.reason ? st.reason : "");
+    th_batch_destroy(snd, b);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(own[AT + i], 0x5a);
+    arm_pair_destroy();
+}
+
 /* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
 
 static struct {
@@ -2604,6 +2664,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_keep_release_rdma, teardown),
         cmocka_unit_test_teardown(test_keep_ring_gone_rdma, teardown),
         cmocka_unit_test_teardown(test_newest_key_rdma, teardown),
+        cmocka_unit_test_teardown(test_key_shift_rdma, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),

@@ -13,6 +13,13 @@ if(TARGET uct_mooncake)
   add_test(NAME test_ucp_data_tcp COMMAND test_ucp_data)
   set_tests_properties(test_ucp_data_tcp PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "ucx"
     ENVIRONMENT "${MC_UCX_TEST_ENV};UCX_MOONCAKE_PROTOCOL=tcp")
+  # ... and over rdma on the software device (rendezvous by GET with keys of registrations
+  # that come and go).
+  if(TARGET softverbs)
+    add_test(NAME test_ucp_data_rdma COMMAND test_ucp_data)
+    set_tests_properties(test_ucp_data_rdma PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+      LABELS "ucx;softverbs" ENVIRONMENT "${MC_UCX_TEST_ENV};UCX_MOONCAKE_PROTOCOL=rdma;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_ucp_data;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_ucp_data")
+  endif()
   # The module's endpoints at the UCT level: which callbacks it calls (a pack callback only for
   # a send it takes), the order it issues queued requests in (a fence behind them), and what
   # happens to an operation the engine holds while the interface closes.

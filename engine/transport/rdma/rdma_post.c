@@ -13,18 +13,22 @@ typedef struct remote {
     const rdma_desc_buf_t *k;
 } remote_t;
 
-/* The peer's descriptor buffer holding the task's remote range (t->rbuf is a hint: the
- * descriptor may have been reloaded since submit), with its rkeys. Caller holds peers_lock. */
+/* The peer's descriptor buffer holding the task's remote range, with its rkeys. t->rbuf names
+ * it while the entries have not moved since it was found (a key added meanwhile shifts them,
+ * and the entry the index then names may hold the range too: a registration the owner dropped,
+ * whose rkey its NIC refuses). Caller holds peers_lock. */
 static bool remote_buf(mc_peer_t *p, mc_task_t *t, remote_t *r)
 {
     const mc_desc_t *d = &p->desc;
-    uint64_t a = t->req.target_offset, len = t->req.length;
-    const mc_desc_buffer_t *b = t->rbuf < d->n_buffers ? &d->buffers[t->rbuf] : NULL;
+    const mc_desc_buffer_t *b =
+        t->rbuf_layout == d->layout && t->rbuf < d->n_buffers ? &d->buffers[t->rbuf] : NULL;
 
-    if (!b || a < b->addr || a - b->addr > b->len || len > b->len - (a - b->addr)) {
-        b = mc__desc_find(d, a, len);
-        if (b)
+    if (!b) {
+        b = mc__desc_find(d, t->req.target_offset, t->req.length);
+        if (b) {
             t->rbuf = (uint32_t)(b - d->buffers);
+            t->rbuf_layout = d->layout;
+        }
     }
     r->b = b;
     r->k = b ? mc__desc_part(d, b, mc__rdma_slot) : NULL;
