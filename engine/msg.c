@@ -171,6 +171,23 @@ static void msg_route_src(mc_engine_t *e, mc_msg_t *m, const void *data)
     mc__msg_put(e, m);
 }
 
+/* Before a message routed at once: those other threads queued meanwhile, which their sends
+ * returned for before this one began (a thread that sent, then told a handler, which sends:
+ * "in the order sent"; routed with the pass's next drain, they came after the handler's). */
+static void route_queued(mc_engine_t *e)
+{
+    mc_list_t msgs, *n;
+
+    if (!atomic_load_explicit(&e->sub_any, memory_order_acquire))
+        return;
+    mc_list_init(&msgs);
+    pthread_mutex_lock(&e->sub_lock);
+    mc_list_splice_back(&msgs, &e->msgq_in);
+    pthread_mutex_unlock(&e->sub_lock);
+    while ((n = mc_list_pop_front(&msgs)))
+        route(e, mc_container_of(n, mc_msg_t, link), false);
+}
+
 /* Make m and hand it to progress: routed at once where this thread may (a callback, whose
  * message goes out at the end of the pass; a host's send section), else queued. */
 static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const void *data,
@@ -185,6 +202,7 @@ static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
 
     if (section || mc__in_pass_of(e)) {
         bool src = len >= SRC_MIN;
+        route_queued(e);
         rc = msg_new(e, target, id, src ? NULL : data, len, opts, &m);
         if (!rc && src)
             msg_route_src(e, m, data);

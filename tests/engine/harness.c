@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -308,10 +309,24 @@ typedef struct child_engine {
     atomic_uint received, bad_order, bad_payload, bad_sender;
     char first_sender[MC_NAME_MAX];
     atomic_bool echo;          /* send every message back */
-    atomic_uint echo_errors;   /* sends back that failed */
+    atomic_uint echo_errors;   /* sends back that failed (a full window is not a failure) */
     mc_segment_id_t echo_peer; /* the sender, opened on its first message */
     bool echo_opened;
+    /* Echoes the window refused (-EAGAIN), in order: echo_retry sends them from a thread of
+     * its own, and later ones queue behind them (a callback cannot wait for room: the answers
+     * that make it come in the pass it runs in). */
+    pthread_mutex_t echo_lock;
+    struct echo_item *echo_head, **echo_tail;
+    pthread_t echo_thread;
+    bool echo_thread_on;
+    atomic_bool echo_stop;
 } child_engine_t;
+
+typedef struct echo_item {
+    struct echo_item *next;
+    size_t len;
+    uint8_t data[];
+} echo_item_t;
 
 static th_target_opts_t c_opts;
 static child_engine_t c_eng[TH_MAX_ENGINES];
@@ -338,8 +353,77 @@ static void child_msg_cb(void *arg, const char *sender, uint8_t id, const void *
         return;
     if (!ce->echo_opened && mc_segment_open_nb(ce->e, sender, &ce->echo_peer) == 0)
         ce->echo_opened = true;
-    if (!ce->echo_opened || mc_msg_send(ce->e, ce->echo_peer, TH_ECHO_ID, data, len))
+    if (!ce->echo_opened) {
         atomic_fetch_add(&ce->echo_errors, 1);
+        return;
+    }
+    pthread_mutex_lock(&ce->echo_lock);
+    if (!atomic_load(&ce->echo)) { /* stopped meanwhile: echo_set dropped what waited */
+        pthread_mutex_unlock(&ce->echo_lock);
+        return;
+    }
+    int rc = ce->echo_head ? -EAGAIN : mc_msg_send(ce->e, ce->echo_peer, TH_ECHO_ID, data, len);
+    echo_item_t *it = rc == -EAGAIN ? malloc(sizeof(*it) + len) : NULL;
+    if (it) {
+        it->next = NULL;
+        it->len = len;
+        memcpy(it->data, data, len);
+        *ce->echo_tail = it;
+        ce->echo_tail = &it->next;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&ce->echo_lock);
+    if (rc)
+        atomic_fetch_add(&ce->echo_errors, 1);
+}
+
+/* Send the refused echoes again, in order, until told to stop. */
+static void *echo_retry(void *arg)
+{
+    child_engine_t *ce = arg;
+
+    while (!atomic_load(&ce->echo_stop)) {
+        pthread_mutex_lock(&ce->echo_lock);
+        echo_item_t *it = ce->echo_head; /* only this thread takes it off */
+        pthread_mutex_unlock(&ce->echo_lock);
+        int rc = it ? mc_msg_send(ce->e, ce->echo_peer, TH_ECHO_ID, it->data, it->len) : -EAGAIN;
+        if (rc == -EAGAIN) {
+            th_sleep_ms(1);
+            continue;
+        }
+        if (rc)
+            atomic_fetch_add(&ce->echo_errors, 1);
+        pthread_mutex_lock(&ce->echo_lock);
+        if (!(ce->echo_head = it->next))
+            ce->echo_tail = &ce->echo_head;
+        pthread_mutex_unlock(&ce->echo_lock);
+        free(it);
+    }
+    return NULL;
+}
+
+/* Echo or not (TH_CMD_ECHO); echoes still refused when it stops are counted as errors. */
+static void echo_set(child_engine_t *ce, bool on)
+{
+    if (on && !ce->echo_thread_on) {
+        atomic_store(&ce->echo_stop, false);
+        ce->echo_thread_on = !pthread_create(&ce->echo_thread, NULL, echo_retry, ce);
+    }
+    atomic_store(&ce->echo, on && ce->echo_thread_on);
+    if (on || !ce->echo_thread_on)
+        return;
+    atomic_store(&ce->echo_stop, true);
+    pthread_join(ce->echo_thread, NULL);
+    ce->echo_thread_on = false;
+    pthread_mutex_lock(&ce->echo_lock);
+    while (ce->echo_head) {
+        echo_item_t *it = ce->echo_head;
+        ce->echo_head = it->next;
+        free(it);
+        atomic_fetch_add(&ce->echo_errors, 1);
+    }
+    ce->echo_tail = &ce->echo_head;
+    pthread_mutex_unlock(&ce->echo_lock);
 }
 
 static int child_engine_setup(unsigned j, child_engine_t *ce, char *err, size_t errsz)
@@ -350,6 +434,8 @@ static int child_engine_setup(unsigned j, child_engine_t *ce, char *err, size_t 
     mc_config_t *conf = NULL;
     int rc;
 
+    pthread_mutex_init(&ce->echo_lock, NULL);
+    ce->echo_tail = &ce->echo_head;
     th_set(&cfg, "PROGRESS_THREAD", "1"); /* the child blocks on its command socket */
     if (j > 0 && name && *name)
         th_set(&cfg, "SEGMENT_NAME", "%s-%u", th_get(&c_opts.cfg, "SEGMENT_NAME"), j);
@@ -527,6 +613,7 @@ static void child_command(const th_cmd_t *c, th_reply_t *r)
         r->rc = mc_buffer_key_pack(ce->e, (void *)(uintptr_t)c->a0, r->msg);
         break;
     case TH_CMD_DESTROY:
+        echo_set(ce, false);
         mc_engine_destroy(ce->e);
         ce->e = NULL;
         break;
@@ -546,7 +633,7 @@ static void child_command(const th_cmd_t *c, th_reply_t *r)
         r->v[5] = atomic_load(&ce->echo_errors);
         break;
     case TH_CMD_ECHO:
-        atomic_store(&ce->echo, c->a0 != 0);
+        echo_set(ce, c->a0 != 0);
         break;
     default:
         break;
@@ -576,8 +663,10 @@ static void child_main(int fd)
             _exit(0); /* the parent went away */
         memset(&r, 0, sizeof(r));
         if (c.op == TH_CMD_EXIT) {
-            for (unsigned j = 0; j < c_opts.n_engines; j++)
+            for (unsigned j = 0; j < c_opts.n_engines; j++) {
+                echo_set(&c_eng[j], false);
                 mc_engine_destroy(c_eng[j].e);
+            }
             io_full(fd, &r, sizeof(r), 1, th_now_ms() + 5000);
             _exit(0);
         }

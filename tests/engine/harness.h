@@ -80,8 +80,9 @@ enum th_cmd_op {
     TH_CMD_POPS,       /* a0 = count, a3 = timeout ms (0: only what is queued): pop notifications,
                           each a2 bytes (0: 4) starting with a u32 from a1 on; v[0] = popped,
                           v[1] = wrong ones */
-    TH_CMD_ECHO,       /* a0 = 1: the message handler sends every message back (TH_ECHO_ID), its
-                          send errors counted in STATS v[5]; a0 = 0: no more */
+    TH_CMD_ECHO,       /* a0 = 1: the message handler sends every message back (TH_ECHO_ID),
+                          in order, what the window refuses again from a thread; its send errors
+                          counted in STATS v[5]; a0 = 0: no more (echoes still refused count) */
     TH_CMD_DESTROY,    /* mc_engine_destroy; the process and its (non-engine) memory stay */
     TH_CMD_EXIT,
 };

@@ -1145,6 +1145,73 @@ static void test_linger(void **state)
     assert_int_equal(r.v[0], 0); /* nothing twice */
 }
 
+/* ---- a host's send, then a handler's ----------------------------------------------------- */
+
+enum { ORDER_GO = TH_MSG_ID + 1, ORDER_FIRST, ORDER_SECOND };
+
+static struct {
+    mc_engine_t *e;     /* the engine whose handler sends */
+    mc_segment_id_t to; /* its peer */
+    atomic_int stage;   /* 1: the handler runs; 2: the host's send returned */
+    atomic_int got[2];  /* at the peer: the ids in the order they came */
+    atomic_int n;
+    atomic_int send_rc; /* the handler's send */
+} order;
+
+/* Waits until the host's send returned (the host sent while this pass ran), then sends. */
+static void on_order_go(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    (void)arg, (void)sender, (void)id, (void)data, (void)len;
+    atomic_store(&order.stage, 1);
+    for (int64_t dl = th_now_ms() + 10000; atomic_load(&order.stage) != 2 && th_now_ms() < dl;)
+        ;
+    atomic_store(&order.send_rc, mc_msg_send(order.e, order.to, ORDER_SECOND, "2", 1));
+}
+
+static void on_order(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
+{
+    int i = atomic_fetch_add(&order.n, 1);
+
+    (void)arg, (void)sender, (void)data, (void)len;
+    if (i < 2)
+        atomic_store(&order.got[i], id);
+}
+
+/* A host thread sends while the progress thread runs a handler; the handler, told that the
+ * send returned, sends too: the host's message comes first ("in the order sent"). Before, the
+ * host's waited in the submission queue for the next pass, and the handler's, routed at once,
+ * went ahead of it. */
+static void test_host_then_handler(void **state)
+{
+    th_cfg_t cfg;
+    mc_segment_id_t back;
+
+    (void)state;
+    config(&cfg);
+    memset(&order, 0, sizeof(order));
+    mc_engine_t *a = g.e = th_engine(&cfg);
+    mc_engine_t *b = th_engine(&cfg);
+    order.e = a;
+    assert_int_equal(mc_segment_open(a, mc_engine_segment_name(b), &order.to), 0);
+    assert_int_equal(mc_segment_open(b, mc_engine_segment_name(a), &back), 0);
+    assert_int_equal(mc_msg_handler_set(a, ORDER_GO, on_order_go, NULL), 0);
+    assert_int_equal(mc_msg_handler_set(b, ORDER_FIRST, on_order, NULL), 0);
+    assert_int_equal(mc_msg_handler_set(b, ORDER_SECOND, on_order, NULL), 0);
+    assert_int_equal(mc_msg_send(b, back, ORDER_GO, "g", 1), 0);
+    for (int64_t dl = th_now_ms() + 10000; atomic_load(&order.stage) != 1 && th_now_ms() < dl;)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&order.stage), 1);
+    assert_int_equal(mc_msg_send(a, order.to, ORDER_FIRST, "1", 1), 0);
+    atomic_store(&order.stage, 2);
+    for (int64_t dl = th_now_ms() + 10000; atomic_load(&order.n) < 2 && th_now_ms() < dl;)
+        th_sleep_ms(1);
+    assert_int_equal(atomic_load(&order.send_rc), 0);
+    assert_int_equal(atomic_load(&order.n), 2);
+    assert_int_equal(atomic_load(&order.got[0]), ORDER_FIRST);
+    assert_int_equal(atomic_load(&order.got[1]), ORDER_SECOND);
+    mc_engine_destroy(b);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -1159,6 +1226,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_notifications, teardown),
         cmocka_unit_test_teardown(test_backpressure, teardown),
         cmocka_unit_test_teardown(test_linger, teardown),
+        cmocka_unit_test_teardown(test_host_then_handler, teardown),
     };
 
     th_main(argc, argv);
