@@ -109,6 +109,7 @@ static void drain_submissions(mc_engine_t *e)
     atomic_store_explicit(&e->sub_any, false, memory_order_relaxed);
     mc_list_splice_back(&tasks, &e->subq);
     mc_list_splice_back(&msgs, &e->msgq_in);
+    atomic_store_explicit(&e->msgs_in, false, memory_order_relaxed);
     mc_list_splice_back(&flushes, &e->flushq_in);
     mc_list_splice_back(&cancels, &e->cancelq);
     pthread_mutex_unlock(&e->sub_lock);

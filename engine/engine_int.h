@@ -76,6 +76,7 @@ struct mc_engine {
     mc_list_t cancelq;        /* mc_batch_t.cancel_link */
     mc_list_t descq;          /* peers with work from other threads (mc__peer_kicked): desc_link */
     atomic_bool sub_any; /* one of them may hold something: set with every push (mc__sub_mark) */
+    atomic_bool msgs_in; /* msgq_in may: set with its pushes, cleared as it is taken (sub_lock) */
 
     pthread_mutex_t done_lock; /* with done_cond: mc_batch_wait sleepers */
     pthread_cond_t done_cond;

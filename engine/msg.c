@@ -178,11 +178,12 @@ static void route_queued(mc_engine_t *e)
 {
     mc_list_t msgs, *n;
 
-    if (!atomic_load_explicit(&e->sub_any, memory_order_acquire))
+    if (!atomic_load_explicit(&e->msgs_in, memory_order_acquire))
         return;
     mc_list_init(&msgs);
     pthread_mutex_lock(&e->sub_lock);
     mc_list_splice_back(&msgs, &e->msgq_in);
+    atomic_store_explicit(&e->msgs_in, false, memory_order_relaxed);
     pthread_mutex_unlock(&e->sub_lock);
     while ((n = mc_list_pop_front(&msgs)))
         route(e, mc_container_of(n, mc_msg_t, link), false);
@@ -224,6 +225,7 @@ static int msg_make(mc_engine_t *e, mc_segment_id_t target, uint8_t id, const vo
         return rc;
     pthread_mutex_lock(&e->sub_lock);
     mc_list_push_back(&e->msgq_in, &m->link);
+    atomic_store_explicit(&e->msgs_in, true, memory_order_release);
     mc__sub_mark(e);
     pthread_mutex_unlock(&e->sub_lock);
     mc__doorbell(e);

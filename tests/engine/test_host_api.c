@@ -1855,6 +1855,7 @@ static void test_key_shift_rdma(void **state)
     uint8_t *own = area + LOW;
     uint8_t k1[MC_BUFFER_KEY_SIZE], k2[MC_BUFFER_KEY_SIZE], k3[MC_BUFFER_KEY_SIZE];
     mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
+    mc_counters_t c0 = {0}, c1 = {0};
     mc_segment_id_t seg;
     mc_task_status_t st;
     mc_batch_t *b;
@@ -1889,6 +1890,7 @@ static void test_key_shift_rdma(void **state)
     memset(src, 0x5a, N);
     req.target = seg;
     req.target_offset = (uint64_t)(uintptr_t)(own + AT);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c0), 0);
     assert_int_equal(mc_batch_create(snd, 1, &b), 0);
     assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
     /* an entry below both: the task's buffer moves up one place before the task is posted */
@@ -1900,6 +1902,8 @@ static void test_key_shift_rdma(void **state)
     th_batch_destroy(snd, b);
     for (size_t i = 0; i < N; i++)
         assert_int_equal(own[AT + i], 0x5a);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
+    assert_true(c1.bytes_written - c0.bytes_written >= N); /* over rdma */
     arm_pair_destroy();
 }
 

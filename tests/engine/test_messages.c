@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -32,7 +33,7 @@
 #include "harness.h"
 
 static struct {
-    mc_engine_t *e;
+    mc_engine_t *e, *e2; /* the engines of a test, destroyed by the teardown */
     th_target_t t;
 } g;
 
@@ -50,6 +51,8 @@ static int teardown(void **state)
     th_kill_all();
     if (g.e)
         mc_engine_destroy(g.e);
+    if (g.e2)
+        mc_engine_destroy(g.e2);
     memset(&g, 0, sizeof(g));
     return 0;
 }
@@ -1164,7 +1167,7 @@ static void on_order_go(void *arg, const char *sender, uint8_t id, const void *d
     (void)arg, (void)sender, (void)id, (void)data, (void)len;
     atomic_store(&order.stage, 1);
     for (int64_t dl = th_now_ms() + 10000; atomic_load(&order.stage) != 2 && th_now_ms() < dl;)
-        ;
+        sched_yield();
     atomic_store(&order.send_rc, mc_msg_send(order.e, order.to, ORDER_SECOND, "2", 1));
 }
 
@@ -1190,7 +1193,7 @@ static void test_host_then_handler(void **state)
     config(&cfg);
     memset(&order, 0, sizeof(order));
     mc_engine_t *a = g.e = th_engine(&cfg);
-    mc_engine_t *b = th_engine(&cfg);
+    mc_engine_t *b = g.e2 = th_engine(&cfg);
     order.e = a;
     assert_int_equal(mc_segment_open(a, mc_engine_segment_name(b), &order.to), 0);
     assert_int_equal(mc_segment_open(b, mc_engine_segment_name(a), &back), 0);
@@ -1209,7 +1212,6 @@ static void test_host_then_handler(void **state)
     assert_int_equal(atomic_load(&order.n), 2);
     assert_int_equal(atomic_load(&order.got[0]), ORDER_FIRST);
     assert_int_equal(atomic_load(&order.got[1]), ORDER_SECOND);
-    mc_engine_destroy(b);
 }
 
 int main(int argc, char **argv)
