@@ -1781,6 +1781,33 @@ static void test_keep_ring_gone_rdma(void **state)
     arm_pair_destroy();
 }
 
+/* Two engines over rdma for the key cases: the owner registers first, the sender src, and a
+ * WRITE into first brings the owner's descriptor: what the owner registers next, only keys say.
+ * caller: the sender is driven by its host alone (it posts nothing until then). */
+static mc_segment_id_t keys_pair(bool caller, void *src, size_t n, void *first, size_t first_len,
+                                 mc_engine_t **snd_p, mc_engine_t **owner_p)
+{
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+    char why[512] = "";
+
+    config_over(&cfg, "rdma");
+    mc_engine_t *owner = *owner_p = g.e[1] = th_engine(&cfg);
+    if (caller) {
+        th_set(&cfg, "PROGRESS_THREAD", "0");
+        th_set(&cfg, "PROGRESS_IMPLICIT", "0");
+    }
+    mc_engine_t *snd = *snd_p = g.e[0] = th_engine(&cfg);
+    assert_int_equal(mc_mem_register(owner, first, first_len, "cpu:0"), 0);
+    assert_int_equal(mc_mem_register(snd, src, n, "cpu:0"), 0);
+    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(owner), &seg), 0);
+    int st =
+        th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)first, first_len, why, sizeof(why));
+    if (st != MC_TASK_COMPLETED)
+        fail_msg("the first WRITE ended %d: %s", st, why);
+    return seg;
+}
+
 /* Keys of two registrations that hold the same bytes, the one nearer them registered first;
  * then the owner drops that one. The peer's request goes with the newest key (before, with the
  * nearest buffer's: its rdma key was refused by the owner's NIC, as UCX's rendezvous over rdma
@@ -1792,29 +1819,19 @@ static void test_newest_key_rdma(void **state)
     static uint8_t own[LEN] __attribute__((aligned(4096))), src[N], first[64];
     uint8_t k1[MC_BUFFER_KEY_SIZE], k2[MC_BUFFER_KEY_SIZE];
     mc_counters_t c0 = {0}, c1 = {0};
-    mc_segment_id_t seg;
-    th_cfg_t cfg;
+    mc_engine_t *snd, *owner;
     char why[512] = "";
 
     (void)state;
     if (!softverbs())
         skip();
-    config_over(&cfg, "rdma");
-    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
-    mc_engine_t *owner = g.e[1] = th_engine(&cfg);
-    assert_int_equal(mc_mem_register(owner, first, sizeof(first), "cpu:0"), 0);
-    assert_int_equal(mc_mem_register(snd, src, N, "cpu:0"), 0);
-    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(owner), &seg), 0);
-    /* the owner's descriptor is here: what comes next, only keys say */
-    assert_int_equal(th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)first, sizeof(first),
-                             why, sizeof(why)),
-                     MC_TASK_COMPLETED);
+    mc_segment_id_t seg = keys_pair(false, src, N, first, sizeof(first), &snd, &owner);
     assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
     assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k1), 0);
     assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
     assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k2), 0);
     assert_int_equal(mc_buffer_key_pack_range(owner, own, 0, k2 + 0), -EINVAL);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own + LEN, 1, k2 + 0), -ENOENT);
+    assert_int_equal(mc_buffer_key_pack_range(owner, why, 1, k2 + 0), -ENOENT); /* a stack's */
     assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k2, sizeof(k2)), 0);
     assert_int_equal(mc_mem_unregister_range(owner, own + 4096, LEN - 4096), 0);
@@ -1856,26 +1873,15 @@ static void test_key_shift_rdma(void **state)
     uint8_t k1[MC_BUFFER_KEY_SIZE], k2[MC_BUFFER_KEY_SIZE], k3[MC_BUFFER_KEY_SIZE];
     mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
     mc_counters_t c0 = {0}, c1 = {0};
-    mc_segment_id_t seg;
+    mc_engine_t *snd, *owner;
     mc_task_status_t st;
     mc_batch_t *b;
-    th_cfg_t cfg;
-    char why[512] = "";
 
     (void)state;
     if (!softverbs())
         skip();
-    config_over(&cfg, "rdma");
-    mc_engine_t *owner = g.e[1] = th_engine(&cfg);
-    th_set(&cfg, "PROGRESS_THREAD", "0"); /* nothing is posted until the wait below */
-    th_set(&cfg, "PROGRESS_IMPLICIT", "0");
-    mc_engine_t *snd = g.e[0] = th_engine(&cfg);
-    assert_int_equal(mc_mem_register(owner, first, sizeof(first), "cpu:0"), 0);
-    assert_int_equal(mc_mem_register(snd, src, N, "cpu:0"), 0);
-    assert_int_equal(mc_segment_open(snd, mc_engine_segment_name(owner), &seg), 0);
-    assert_int_equal(th_xfer(snd, MC_WRITE, src, seg, (uint64_t)(uintptr_t)first, sizeof(first),
-                             why, sizeof(why)),
-                     MC_TASK_COMPLETED);
+    /* the sender posts nothing until the wait below */
+    mc_segment_id_t seg = keys_pair(true, src, N, first, sizeof(first), &snd, &owner);
     /* the peer's entries by address: [own, LEN) (dropped by the owner), then [own+4096, ...)
      * (the newest key: the task's buffer) */
     assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
