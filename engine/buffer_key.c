@@ -205,6 +205,15 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
     rc = key_header(k, len, &addr, &blen, loc, &used);
     if (rc)
         return rc;
+    /* a host that adds the key it is about to use, every time (UCX's module): its entry is the
+     * newest already, unless another key came meanwhile */
+    pthread_rwlock_rdlock(&e->peers_lock);
+    p = mc__peer_get(e, id);
+    bool newest = p && p->state != MC_SEGMENT_DEAD && p->desc.keys_added &&
+                  p->key_newest_layout == p->desc.layout && !memcmp(p->key_newest, k, len);
+    pthread_rwlock_unlock(&e->peers_lock);
+    if (newest)
+        return 0;
     pthread_rwlock_wrlock(&e->peers_lock);
     p = mc__peer_get(e, id);
     if (!p)
@@ -238,6 +247,10 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
         }
         if (!(added % KEYS_KEPT))
             mc__desc_keys_trim(&p->desc, KEYS_KEPT);
+        if (!rc) {
+            memcpy(p->key_newest, k, len);
+            p->key_newest_layout = p->desc.layout;
+        }
     }
 out:
     pthread_rwlock_unlock(&e->peers_lock);

@@ -67,11 +67,15 @@ enum {
 
 struct mc_peer {
     mc_segment_id_t id;
-    char name[MC_NAME_MAX];   /* while OPENING by address: its "ip:port" */
-    int refcnt;               /* protected by e->peers_lock */
-    int state;                /* MC_PEER_*: written under peers_lock, by progress */
-    char dead_reason[700];    /* why it is DEAD (written with state) */
-    mc_desc_t desc;           /* protected by e->peers_lock (reloaded on failure) */
+    char name[MC_NAME_MAX]; /* while OPENING by address: its "ip:port" */
+    int refcnt;             /* protected by e->peers_lock */
+    int state;              /* MC_PEER_*: written under peers_lock, by progress */
+    char dead_reason[700];  /* why it is DEAD (written with state) */
+    mc_desc_t desc;         /* protected by e->peers_lock (reloaded on failure) */
+    /* the buffer key added last, while desc.layout is key_newest_layout: its entry is the
+       newest, and adding it again changes nothing (peers_lock) */
+    uint8_t key_newest[MC_BUFFER_KEY_SIZE];
+    uint32_t key_newest_layout;
     bool local_host;          /* same host id as ours */
     bool by_metadata;         /* opened by name through metadata: may be refreshed from it */
     uint8_t order[MC_TP_MAX]; /* transports that reach it, best first (peers_lock) */

@@ -537,22 +537,19 @@ ucs_status_t uct_mc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header,
 
 /* ---- put and get ---- */
 
-/* Make the buffer the key describes usable in the endpoint's segment. */
+/* Make the buffer the key describes usable in the endpoint's segment, and the one a request
+ * into its bytes goes with: added at every use (cheap while it is the last key added), since
+ * a key added later for some of the same bytes (another registration of the peer's, which may
+ * be gone by now) would be taken first. */
 static ucs_status_t add_rkey(uct_mc_ep_t *ep, uct_rkey_t tl_rkey)
 {
     uct_mc_rkey_t *rkey = (uct_mc_rkey_t *)tl_rkey;
-    mc_engine_t *engine = ep->iface->md->engine;
-    int rc;
+    int rc = mc_segment_add_buffer(ep->iface->md->engine, ep->seg, rkey->key, sizeof(rkey->key));
 
-    if (rkey->added_engine == engine && rkey->added_seg == ep->seg)
-        return UCS_OK;
-    rc = mc_segment_add_buffer(engine, ep->seg, rkey->key, sizeof(rkey->key));
     if (rc) {
         ucs_error("mooncake: a remote key this peer cannot use: %s", mc_last_error());
         return UCS_ERR_INVALID_PARAM;
     }
-    rkey->added_engine = engine;
-    rkey->added_seg = ep->seg;
     return UCS_OK;
 }
 

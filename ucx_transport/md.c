@@ -542,7 +542,6 @@ ucs_status_t uct_mc_rkey_unpack(uct_component_t *component, const void *rkey_buf
     if (!rkey)
         return UCS_ERR_NO_MEMORY;
     memcpy(rkey->key, rkey_buffer, MC_BUFFER_KEY_SIZE);
-    rkey->added_seg = MC_SEGMENT_INVALID;
     *rkey_p = (uct_rkey_t)rkey;
     *handle_p = NULL;
     return UCS_OK;

@@ -77,11 +77,9 @@ typedef struct uct_mc_memh {
     bool cached; /* a region of the cache: released to it, not unregistered */
 } uct_mc_memh_t;
 
-/* An unpacked remote key: the buffer key, and the last segment it was added to. */
+/* An unpacked remote key: the buffer key. */
 typedef struct uct_mc_rkey {
     uint8_t key[MC_BUFFER_KEY_SIZE];
-    mc_engine_t *added_engine;
-    mc_segment_id_t added_seg;
 } uct_mc_rkey_t;
 
 typedef struct uct_mc_iface_config {

@@ -31,6 +31,12 @@ if(TARGET uct_mooncake)
   add_test(NAME test_uct_ep COMMAND test_uct_ep)
   set_tests_properties(test_uct_ep PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "ucx"
     ENVIRONMENT "${MC_UCX_TEST_ENV}")
+  # ... its rdma case (a remote key used again after a newer one went) on the software device.
+  if(TARGET softverbs)
+    add_test(NAME test_uct_ep_rdma COMMAND test_uct_ep)
+    set_tests_properties(test_uct_ep_rdma PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+      LABELS "ucx;softverbs" ENVIRONMENT "${MC_UCX_TEST_ENV};UCT_EP_CASE=rkey_reuse;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=2;SOFTVERBS_FABRIC=test_uct_ep;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_uct_ep")
+  endif()
   # UCX's installed examples, built from Debian's libucx-dev documentation when it is there
   # (not copied into the tree), for test_ucx_tools.sh.
   set(MC_UCX_EXAMPLES /usr/share/doc/libucx-dev/examples)
