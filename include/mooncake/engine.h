@@ -338,7 +338,11 @@ MC_API int mc_buffer_key_pack_range(mc_engine_t *engine, const void *addr, size_
  * key is of another engine than id (or id is a segment opened by a name metadata has not
  * resolved yet, whose instance is unknown), -MC_EPROTO if it is not a key. A key of a range
  * the segment lists already replaces that entry when it says something else (the owner
- * registered that memory again: new rdma rkeys), and changes nothing when it says the same. A
+ * registered that memory again: new rdma rkeys). A request into bytes that several keys hold
+ * goes with the one added last (given again, a key counts as added last): a host that holds
+ * keys of registrations that come and go adds the key of each request before submitting it
+ * (the key added last, added again, costs a look under a read lock). Only the buffers of the
+ * newest 4096 keys are kept; a request into one that went waits for the segment's descriptor. A
  * descriptor of the segment that arrives later replaces what keys added (it lists what is
  * registered then). Its owner
  * still checks every request: a key of an unregistered buffer gets requests refused there, not
