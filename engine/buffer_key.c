@@ -23,7 +23,6 @@
 #define KEY_LOC     16
 #define KEY_FLAGS   (MC_BUFFER_KEY_SIZE - 1)
 #define KEY_FLAG_RO 0x1u
-#define KEYS_KEPT   4096 /* entries keys added that a view keeps: every so many, the older go */
 
 _Static_assert(KEY_HDR < MC_BUFFER_KEY_SIZE, "a key needs room for its parts");
 
@@ -245,8 +244,6 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
         } else if (drop) {
             mc__desc_buffer_replaced(&p->desc, b); /* packed meanwhile: they are dead */
         }
-        if (!(added % KEYS_KEPT))
-            mc__desc_keys_trim(&p->desc, KEYS_KEPT);
         if (!rc) {
             memcpy(p->key_newest, k, len);
             p->key_newest_layout = p->desc.layout;

@@ -313,30 +313,6 @@ void mc__desc_buffer_replaced(mc_desc_t *d, mc_desc_buffer_t *b)
         parts_pack(d);
 }
 
-void mc__desc_keys_trim(mc_desc_t *d, size_t keep)
-{
-    /* numbers are unique (a key given again moves its number to the entry it names) */
-    uint64_t keep_from = d->keys_added > keep ? d->keys_added - keep + 1 : 1;
-    size_t n = 0;
-
-    for (size_t i = 0; i < d->n_buffers; i++) {
-        mc_desc_buffer_t *b = &d->buffers[i];
-        if (!b->added || b->added >= keep_from) {
-            d->buffers[n++] = *b;
-            continue;
-        }
-        for (unsigned slot = 0; slot < MC_TP_MAX; slot++)
-            if (b->part[slot])
-                d->parts_dead += part_room(b->part_len[slot]);
-    }
-    if (n == d->n_buffers)
-        return;
-    d->n_buffers = n;
-    d->layout++;
-    if (d->parts_dead >= DESC_DEAD_PACK && 2 * d->parts_dead >= d->parts_len)
-        parts_pack(d);
-}
-
 void mc__desc_free(mc_desc_t *d)
 {
     for (unsigned i = 0; i < mc__n_transports; i++) {

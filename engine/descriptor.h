@@ -87,12 +87,6 @@ void mc__desc_buffer_remove(mc_desc_t *d, mc_desc_buffer_t *b);
  * again: without it, a peer whose registration cache registers a range again and again would
  * fill parts up to its limit, past which keys are refused. Pointers to parts do not last. */
 void mc__desc_buffer_replaced(mc_desc_t *d, mc_desc_buffer_t *b);
-/* Keep only the newest `keep` of the entries keys added (the descriptor's own stay): the others
- * go as replaced ones do, in one pass. Keys are never withdrawn, so without it a peer whose
- * registrations come and go (a registration cache over changing buffers) would pile up entries
- * that every lookup near them scans. An entry taken out while still good costs a request the
- * wait for the peer's descriptor, which lists it (or a new key of it). */
-void mc__desc_keys_trim(mc_desc_t *d, size_t keep);
 
 /* Store len bytes as transport slot's part of buffer b. 0 or -ENOMEM. */
 int mc__desc_part_add(mc_desc_t *d, mc_desc_buffer_t *b, unsigned slot, const void *data,

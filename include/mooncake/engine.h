@@ -341,8 +341,7 @@ MC_API int mc_buffer_key_pack_range(mc_engine_t *engine, const void *addr, size_
  * registered that memory again: new rdma rkeys). A request into bytes that several keys hold
  * goes with the one added last (given again, a key counts as added last): a host that holds
  * keys of registrations that come and go adds the key of each request before submitting it
- * (the key added last, added again, costs a look under a read lock). Only the buffers of the
- * newest 4096 keys are kept; a request into one that went waits for the segment's descriptor. A
+ * (the key added last, added again, costs a look under a read lock). A
  * descriptor of the segment that arrives later replaces what keys added (it lists what is
  * registered then). Its owner
  * still checks every request: a key of an unregistered buffer gets requests refused there, not

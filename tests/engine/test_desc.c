@@ -145,70 +145,11 @@ static void test_packed_at_the_limit(void **state)
     free(want);
 }
 
-#define KEYED 10000 /* key entries added, one range each */
-#define KEEP  1000
-#define OWN   8 /* the descriptor's own entries, among them */
-
-/* Key entries past the newest KEEP go in one pass; the descriptor's own stay, every kept entry
- * is found with its parts, and lookups of those that went find none (or a descriptor entry). */
-static void test_keys_trimmed(void **state)
-{
-    mc_desc_t d = {0};
-    uint8_t a[LEN_A];
-    mc_desc_buffer_t *nb;
-
-    (void)state;
-    for (unsigned r = 0; r < OWN; r++) { /* listed by the descriptor: every 1000th range */
-        assert_int_equal(mc__desc_buffer_add(&d, range_addr(r * 1000) + 8192, 4096, "cpu:0", &nb),
-                         0);
-        part_bytes(a, sizeof(a), r, SLOT_A, 0);
-        assert_int_equal(mc__desc_part_add(&d, nb, SLOT_A, a, sizeof(a)), 0);
-    }
-    for (unsigned r = 0; r < KEYED; r++) { /* keys, in a shuffled order of addresses */
-        unsigned at = (r * 7919u) % KEYED;
-        assert_int_equal(mc__desc_buffer_add(&d, range_addr(at), 4096, "cpu:0", &nb), 0);
-        part_bytes(a, sizeof(a), at, SLOT_A, 1);
-        assert_int_equal(mc__desc_part_add(&d, nb, SLOT_A, a, sizeof(a)), 0);
-        nb->added = ++d.keys_added;
-    }
-    uint32_t layout = d.layout;
-    mc__desc_keys_trim(&d, KEEP);
-    assert_int_equal(d.n_buffers, OWN + KEEP);
-    assert_true(d.layout != layout);
-    for (unsigned r = 0; r < KEYED; r++) {
-        unsigned at = (r * 7919u) % KEYED;
-        const mc_desc_buffer_t *b = mc__desc_find(&d, range_addr(at), 4096);
-        if (r < KEYED - KEEP) {
-            assert_null(b);
-            continue;
-        }
-        assert_non_null(b);
-        assert_int_equal(b->addr, range_addr(at));
-        part_bytes(a, sizeof(a), at, SLOT_A, 1);
-        assert_memory_equal(mc__desc_part(&d, b, SLOT_A), a, sizeof(a));
-    }
-    for (unsigned r = 0; r < OWN; r++) {
-        const mc_desc_buffer_t *b = mc__desc_find(&d, range_addr(r * 1000) + 8192, 4096);
-        assert_non_null(b);
-        assert_int_equal(b->added, 0);
-        part_bytes(a, sizeof(a), r, SLOT_A, 0);
-        assert_memory_equal(mc__desc_part(&d, b, SLOT_A), a, sizeof(a));
-    }
-    /* the dead parts were packed away: 9,000 of 16 bytes passed the 64 KiB a pack waits for */
-    assert_int_equal(d.parts_dead, 0);
-    layout = d.layout;
-    mc__desc_keys_trim(&d, KEEP); /* nothing more to take: no change */
-    assert_int_equal(d.n_buffers, OWN + KEEP);
-    assert_int_equal(d.layout, layout);
-    mc__desc_free(&d);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replaced_parts_packed),
         cmocka_unit_test(test_packed_at_the_limit),
-        cmocka_unit_test(test_keys_trimmed),
     };
     return cmocka_run_group_tests_name("desc", tests, NULL, NULL);
 }
