@@ -414,6 +414,11 @@ static void route_one(mc_engine_t *e, mc_task_t *t)
     t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
     t->rbuf = b ? (uint32_t)(b - p->desc.buffers) : MC_RBUF_NONE;
     t->rbuf_layout = p->desc.layout;
+    if (b) {
+        t->rbuf_addr = b->addr;
+        t->rbuf_len = b->len;
+        t->rbuf_added = b->added;
+    }
     if (b && b->read_only && t->req.opcode == MC_WRITE)
         mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
                         "remote range 0x%llx+%llu: segment %s maps it without write permission: it "

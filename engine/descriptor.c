@@ -241,6 +241,15 @@ const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_
     return best;
 }
 
+const mc_desc_buffer_t *mc__desc_entry(const mc_desc_t *d, uint64_t addr, uint64_t len,
+                                       uint64_t added)
+{
+    for (size_t i = desc_floor(d, addr); i-- > 0 && d->buffers[i].addr == addr;)
+        if (d->buffers[i].len == len && d->buffers[i].added == added)
+            return &d->buffers[i];
+    return NULL;
+}
+
 int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,
                         mc_desc_buffer_t **b_p)
 {

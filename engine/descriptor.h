@@ -77,6 +77,10 @@ int mc__desc_decode(const void *buf, size_t len, mc_desc_t *d);
 void mc__desc_free(mc_desc_t *d);
 /* The buffer of d holding [addr, addr+len), or NULL (binary search: buffers are sorted). */
 const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len);
+/* The entry of [addr, addr+len) numbered added (mc_desc_buffer_t.added), if d still has it: the
+ * one a task was routed with, found again after entries moved. */
+const mc_desc_buffer_t *mc__desc_entry(const mc_desc_t *d, uint64_t addr, uint64_t len,
+                                       uint64_t added);
 /* Insert a buffer in order (its transport parts empty); *b_p points at it until the next
  * insertion. 0 or -ENOMEM. remove: take b out again. */
 int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,

@@ -1913,6 +1913,51 @@ static void test_key_shift_rdma(void **state)
     arm_pair_destroy();
 }
 
+/* A task stays with the key it was routed with: a key of another registration that holds the
+ * same bytes, added before the task is posted and dropped by the owner then, is not the one it
+ * goes with (after the entries moved, the task took the newest holder). */
+static void test_key_routed_rdma(void **state)
+{
+    enum { LEN = 256 << 10, AT = 16384, N = 16384 };
+    static uint8_t own[LEN] __attribute__((aligned(4096))), src[N], first[64];
+    uint8_t k0[MC_BUFFER_KEY_SIZE], k1[MC_BUFFER_KEY_SIZE];
+    mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
+    mc_counters_t c0 = {0}, c1 = {0};
+    mc_engine_t *snd, *owner;
+    mc_task_status_t st;
+    mc_batch_t *b;
+
+    (void)state;
+    if (!softverbs())
+        skip();
+    /* the sender posts nothing until the wait below */
+    mc_segment_id_t seg = keys_pair(true, src, N, first, sizeof(first), &snd, &owner);
+    assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k0), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k0, sizeof(k0)), 0);
+    memset(src, 0x6b, N);
+    req.target = seg;
+    req.target_offset = (uint64_t)(uintptr_t)(own + AT);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c0), 0);
+    assert_int_equal(mc_batch_create(snd, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+    /* another registration of the task's bytes: its key is the newest, then it goes */
+    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k1), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
+    assert_int_equal(mc_mem_unregister_range(owner, own + 4096, LEN - 4096), 0);
+    assert_int_equal(mc_batch_wait(b, -1), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    if (st.state != MC_TASK_COMPLETED)
+        fail_msg("the WRITE ended %d: %s", st.state, st.reason ? st.reason : "");
+    th_batch_destroy(snd, b);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(own[AT + i], 0x6b);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
+    assert_true(c1.bytes_written - c0.bytes_written >= N); /* over rdma */
+    arm_pair_destroy();
+}
+
 /* ---- sends and flushes from a callback while the engine is destroyed ------------------------ */
 
 static struct {
@@ -2675,6 +2720,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_keep_ring_gone_rdma, teardown),
         cmocka_unit_test_teardown(test_newest_key_rdma, teardown),
         cmocka_unit_test_teardown(test_key_shift_rdma, teardown),
+        cmocka_unit_test_teardown(test_key_routed_rdma, teardown),
         cmocka_unit_test_teardown(test_handler_swap, teardown),
         cmocka_unit_test_teardown(test_overlapping_registrations, teardown),
         cmocka_unit_test_teardown(test_open_unreachable, teardown),
