@@ -397,6 +397,31 @@ static bool route_from(mc_engine_t *e, mc_task_t *t, const mc_desc_buffer_t *rb,
     return false;
 }
 
+/* t goes with entry b of d. */
+static void rbuf_note(mc_task_t *t, const mc_desc_t *d, const mc_desc_buffer_t *b)
+{
+    t->rbuf = (uint32_t)(b - d->buffers);
+    t->rbuf_layout = d->layout;
+    t->rbuf_addr = b->addr;
+    t->rbuf_len = b->len;
+    t->rbuf_serial = b->serial;
+}
+
+const mc_desc_buffer_t *mc__task_rbuf(const mc_desc_t *d, mc_task_t *t)
+{
+    const mc_desc_buffer_t *b = NULL;
+
+    if (t->rbuf != MC_RBUF_NONE && t->rbuf_layout == d->layout && t->rbuf < d->n_buffers)
+        return &d->buffers[t->rbuf];
+    if (t->rbuf != MC_RBUF_NONE)
+        b = mc__desc_entry(d, t->rbuf_addr, t->rbuf_len, t->rbuf_serial);
+    if (!b)
+        b = mc__desc_find(d, t->req.target_offset, t->req.length);
+    if (b)
+        rbuf_note(t, d, b);
+    return b;
+}
+
 /* Route t after its remote range is looked up in its peer's descriptor. Caller holds peers_lock
  * for reading. A range the descriptor lacks leaves t unrouted (rbuf MC_RBUF_NONE): it waits on
  * its peer while the descriptor is asked for (the peer may have registered memory since). */
@@ -412,13 +437,9 @@ static void route_one(mc_engine_t *e, mc_task_t *t)
     b = mc__desc_find(&p->desc, t->req.target_offset, t->req.length);
     t->tp = (uint8_t)e->ctrl;
     t->vram = t->lbuf->vram || (b && !strncmp(b->location, "cuda:", 5));
-    t->rbuf = b ? (uint32_t)(b - p->desc.buffers) : MC_RBUF_NONE;
-    t->rbuf_layout = p->desc.layout;
-    if (b) {
-        t->rbuf_addr = b->addr;
-        t->rbuf_len = b->len;
-        t->rbuf_added = b->added;
-    }
+    t->rbuf = MC_RBUF_NONE;
+    if (b)
+        rbuf_note(t, &p->desc, b);
     if (b && b->read_only && t->req.opcode == MC_WRITE)
         mc__task_finish(t, MC_TASK_FAILED, -MC_EACCESS,
                         "remote range 0x%llx+%llu: segment %s maps it without write permission: it "
@@ -475,7 +496,7 @@ static bool reroute(mc_engine_t *e, mc_task_t *t, bool keep)
     pthread_rwlock_rdlock(&e->peers_lock);
     while (k < p->n_order && p->order[k] != t->tp)
         k++;
-    const mc_desc_buffer_t *b = mc__desc_find(&p->desc, t->req.target_offset, t->req.length);
+    const mc_desc_buffer_t *b = mc__task_rbuf(&p->desc, t);
     if (b)
         moved = route_from(e, t, b, k + 1, keep);
     else if (!keep)

@@ -234,6 +234,7 @@ int mc_segment_add_buffer(mc_engine_t *e, mc_segment_id_t id, const void *key, s
         /* numbered before known_as, which may move b (it drops an earlier entry); the newest
          * key's buffer is used first (mc__desc_find), and one given again counts as new */
         uint64_t added = b->added = ++p->desc.keys_added;
+        b->serial = ++p->desc.serials;
         mc_desc_buffer_t *same = rc ? NULL : known_as(&p->desc, b);
         bool drop = rc || same;
         if (same)

@@ -242,10 +242,10 @@ const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_
 }
 
 const mc_desc_buffer_t *mc__desc_entry(const mc_desc_t *d, uint64_t addr, uint64_t len,
-                                       uint64_t added)
+                                       uint64_t serial)
 {
     for (size_t i = desc_floor(d, addr); i-- > 0 && d->buffers[i].addr == addr;)
-        if (d->buffers[i].len == len && d->buffers[i].added == added)
+        if (d->buffers[i].len == len && d->buffers[i].serial == serial)
             return &d->buffers[i];
     return NULL;
 }

@@ -32,6 +32,8 @@ struct mc_desc_buffer {
     bool internal;                /* the peer's own (bounce buffers): not listed to hosts */
     uint64_t added;               /* added by a key (mc_segment_add_buffer): its number among
                                      them, from 1; 0: listed by the descriptor */
+    uint64_t serial;              /* added by a key: its own number, never changed (added is
+                                     given anew when the key comes again); 0: listed */
 };
 
 struct mc_desc {
@@ -49,6 +51,8 @@ struct mc_desc {
     size_t parts_dead; /* of them, the bytes of buffers replaced since (mc__desc_buffer_replaced) */
     unsigned parts_packs; /* how often they were packed together (offsets changed) */
     uint64_t keys_added;  /* buffers added by keys so far (mc_desc_buffer_t.added) */
+    uint64_t serials;     /* the last mc_desc_buffer_t.serial given (a descriptor that replaces
+                             this one carries it on, so that none is given twice) */
     uint32_t layout;      /* changes whenever entries move (one added or removed, the whole
                              descriptor replaced): an index into buffers taken earlier names the
                              same entry only while this is the same */
@@ -77,10 +81,10 @@ int mc__desc_decode(const void *buf, size_t len, mc_desc_t *d);
 void mc__desc_free(mc_desc_t *d);
 /* The buffer of d holding [addr, addr+len), or NULL (binary search: buffers are sorted). */
 const mc_desc_buffer_t *mc__desc_find(const mc_desc_t *d, uint64_t addr, uint64_t len);
-/* The entry of [addr, addr+len) numbered added (mc_desc_buffer_t.added), if d still has it: the
- * one a task was routed with, found again after entries moved. */
+/* The entry of [addr, addr+len) with that serial (mc_desc_buffer_t.serial), if d still has it:
+ * the one a task was routed with, found again after entries moved. */
 const mc_desc_buffer_t *mc__desc_entry(const mc_desc_t *d, uint64_t addr, uint64_t len,
-                                       uint64_t added);
+                                       uint64_t serial);
 /* Insert a buffer in order (its transport parts empty); *b_p points at it until the next
  * insertion. 0 or -ENOMEM. remove: take b out again. */
 int mc__desc_buffer_add(mc_desc_t *d, uint64_t addr, uint64_t len, const char *location,

@@ -68,6 +68,7 @@ static int peer_install(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
     int rc;
 
     d->layout = old.layout + 1;
+    d->serials = old.serials;
     p->desc = *d;
     if (p->state == MC_SEGMENT_OPENING)
         snprintf(p->name, sizeof(p->name), "%s", d->name);

@@ -52,9 +52,10 @@ struct mc_task {
     uint32_t rbuf;        /* index of the remote buffer in the peer's descriptor (a hint), or
                              MC_RBUF_NONE when the range is in none */
     uint32_t rbuf_layout; /* the descriptor's layout then: the index is good while it is that */
-    uint64_t rbuf_addr, rbuf_len, rbuf_added; /* that entry's range and number (after entries
-                                                 moved, the task stays with it while it is there) */
-    atomic_int state;                         /* mc_task_state_t or MC_TASK_FINISHING */
+    uint64_t rbuf_addr, rbuf_len,
+        rbuf_serial;  /* that entry's range and serial (after entries
+                         moved, the task stays with it while it is there) */
+    atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
     int error;    /* 0 or a negative code; written with reason */
     char *reason; /* written by the finisher before the final state is published */
@@ -142,6 +143,11 @@ static inline void mc__batch_unbusy(mc_batch_t *b)
 void mc__task_reroute(mc_engine_t *e, mc_task_t *t);
 /* The same, except that a task no later transport accepts stays as it was: false. */
 bool mc__task_move(mc_engine_t *e, mc_task_t *t);
+/* The entry of its peer's descriptor d that t goes with (peers_lock held): the one it was routed
+ * with while d has it (a key of another registration of the same bytes, added since, may be of
+ * one that goes while t's stays), else the one a new task would take (mc__desc_find); noted in
+ * t. NULL: none holds its range. */
+const mc_desc_buffer_t *mc__task_rbuf(const mc_desc_t *d, mc_task_t *t);
 /* Route a task that waited for its peer's descriptor (progress context): a transport, or
  * failed (range still unknown, nothing accepts it); a transport that moves data at submit
  * takes it at once. */

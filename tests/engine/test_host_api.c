@@ -1915,12 +1915,13 @@ static void test_key_shift_rdma(void **state)
 
 /* A task stays with the key it was routed with: a key of another registration that holds the
  * same bytes, added before the task is posted and dropped by the owner then, is not the one it
- * goes with (after the entries moved, the task took the newest holder). */
+ * goes with (after the entries moved, the task took the newest holder), also after its own key
+ * was given again meanwhile (which numbers its entry anew). */
 static void test_key_routed_rdma(void **state)
 {
     enum { LEN = 256 << 10, AT = 16384, N = 16384 };
     static uint8_t own[LEN] __attribute__((aligned(4096))), src[N], first[64];
-    uint8_t k0[MC_BUFFER_KEY_SIZE], k1[MC_BUFFER_KEY_SIZE];
+    uint8_t k0[MC_BUFFER_KEY_SIZE], k1[MC_BUFFER_KEY_SIZE], kf[MC_BUFFER_KEY_SIZE];
     mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
     mc_counters_t c0 = {0}, c1 = {0};
     mc_engine_t *snd, *owner;
@@ -1941,6 +1942,10 @@ static void test_key_routed_rdma(void **state)
     assert_int_equal(mc_stats_transport(snd, "rdma", &c0), 0);
     assert_int_equal(mc_batch_create(snd, 1, &b), 0);
     assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+    /* another key, then the task's again: its entry is numbered anew */
+    assert_int_equal(mc_buffer_key_pack_range(owner, first, sizeof(first), kf), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, kf, sizeof(kf)), 0);
+    assert_int_equal(mc_segment_add_buffer(snd, seg, k0, sizeof(k0)), 0);
     /* another registration of the task's bytes: its key is the newest, then it goes */
     assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
     assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k1), 0);

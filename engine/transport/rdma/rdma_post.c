@@ -13,31 +13,15 @@ typedef struct remote {
     const rdma_desc_buf_t *k;
 } remote_t;
 
-/* The peer's descriptor buffer holding the task's remote range, with its rkeys: the entry it
- * was routed with while there is one (t->rbuf while the entries have not moved: a key added
- * meanwhile shifts them, and the entry the index then names may hold the range too, a
- * registration the owner dropped, whose rkey its NIC refuses; after they moved, found by its
- * range and number, not the newest that holds the range, which may be of a registration that
- * goes while the task's does not), else the one a new task would go with. Caller holds
- * peers_lock. */
+/* The peer's descriptor buffer the task goes with (mc__task_rbuf: t->rbuf while the entries have
+ * not moved; a key added meanwhile shifts them, and the entry the index then names may hold the
+ * range too, a registration the owner dropped, whose rkey its NIC refuses), with its rkeys.
+ * Caller holds peers_lock. */
 static bool remote_buf(mc_peer_t *p, mc_task_t *t, remote_t *r)
 {
     const mc_desc_t *d = &p->desc;
-    const mc_desc_buffer_t *b =
-        t->rbuf_layout == d->layout && t->rbuf < d->n_buffers ? &d->buffers[t->rbuf] : NULL;
+    const mc_desc_buffer_t *b = mc__task_rbuf(d, t);
 
-    if (!b) {
-        b = mc__desc_entry(d, t->rbuf_addr, t->rbuf_len, t->rbuf_added);
-        if (!b)
-            b = mc__desc_find(d, t->req.target_offset, t->req.length);
-        if (b) {
-            t->rbuf = (uint32_t)(b - d->buffers);
-            t->rbuf_layout = d->layout;
-            t->rbuf_addr = b->addr;
-            t->rbuf_len = b->len;
-            t->rbuf_added = b->added;
-        }
-    }
     r->b = b;
     r->k = b ? mc__desc_part(d, b, mc__rdma_slot) : NULL;
     return r->k != NULL;
