@@ -32,8 +32,8 @@ struct mc_desc_buffer {
     bool internal;                /* the peer's own (bounce buffers): not listed to hosts */
     uint64_t added;               /* added by a key (mc_segment_add_buffer): its number among
                                      them, from 1; 0: listed by the descriptor */
-    uint64_t serial;              /* added by a key: its own number, never changed (added is
-                                     given anew when the key comes again); 0: listed */
+    uint64_t serial;              /* its own number in its peer's view, never changed or given
+                                     again (added is given anew when a key comes again) */
 };
 
 struct mc_desc {

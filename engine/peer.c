@@ -69,6 +69,8 @@ static int peer_install(mc_engine_t *e, mc_peer_t *p, mc_desc_t *d)
 
     d->layout = old.layout + 1;
     d->serials = old.serials;
+    for (size_t i = 0; i < d->n_buffers; i++) /* (a descriptor may list one range twice) */
+        d->buffers[i].serial = ++d->serials;
     p->desc = *d;
     if (p->state == MC_SEGMENT_OPENING)
         snprintf(p->name, sizeof(p->name), "%s", d->name);
