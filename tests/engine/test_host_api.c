@@ -1808,6 +1808,13 @@ static mc_segment_id_t keys_pair(bool caller, void *src, size_t n, void *first, 
     return seg;
 }
 
+/* Register [addr, addr+len) with owner and pack the key of that registration. */
+static void key_of(mc_engine_t *owner, void *addr, size_t len, uint8_t *key)
+{
+    assert_int_equal(mc_mem_register(owner, addr, len, "cpu:0"), 0);
+    assert_int_equal(mc_buffer_key_pack_range(owner, addr, len, key), 0);
+}
+
 /* Keys of two registrations that hold the same bytes, the one nearer them registered first;
  * then the owner drops that one. The peer's request goes with the newest key (before, with the
  * nearest buffer's: its rdma key was refused by the owner's NIC, as UCX's rendezvous over rdma
@@ -1826,10 +1833,8 @@ static void test_newest_key_rdma(void **state)
     if (!softverbs())
         skip();
     mc_segment_id_t seg = keys_pair(false, src, N, first, sizeof(first), &snd, &owner);
-    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k1), 0);
-    assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k2), 0);
+    key_of(owner, own + 4096, LEN - 4096, k1);
+    key_of(owner, own, LEN, k2);
     assert_int_equal(mc_buffer_key_pack_range(owner, own, 0, k2 + 0), -EINVAL);
     assert_int_equal(mc_buffer_key_pack_range(owner, why, 1, k2 + 0), -ENOENT); /* a stack's */
     assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
@@ -1847,8 +1852,7 @@ static void test_newest_key_rdma(void **state)
     /* the nearer range registered again: its key replaces the first one's entry and is the
      * newest; then the larger registration goes too */
     uint8_t k3[MC_BUFFER_KEY_SIZE];
-    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k3), 0);
+    key_of(owner, own + 4096, LEN - 4096, k3);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k3, sizeof(k3)), 0);
     assert_int_equal(mc_mem_unregister_range(owner, own, LEN), 0);
     memset(src, 0x99, N);
@@ -1858,6 +1862,43 @@ static void test_newest_key_rdma(void **state)
     for (size_t i = 0; i < N; i++)
         assert_int_equal(own[AT + i], 0x99);
     arm_pair_destroy();
+}
+
+/* A WRITE of n bytes of v from src to dst in seg, submitted by a sender that posts nothing
+ * until it is driven (keys_pair(true, ...)); the sender's rdma counters then in *c0. */
+static mc_batch_t *write_submit(mc_engine_t *snd, mc_segment_id_t seg, uint8_t *src, uint8_t *dst,
+                                size_t n, uint8_t v, mc_counters_t *c0)
+{
+    mc_request_t req = {.opcode = MC_WRITE,
+                        .local = src,
+                        .target = seg,
+                        .target_offset = (uint64_t)(uintptr_t)dst,
+                        .length = n};
+    mc_batch_t *b;
+
+    memset(src, v, n);
+    assert_int_equal(mc_stats_transport(snd, "rdma", c0), 0);
+    assert_int_equal(mc_batch_create(snd, 1, &b), 0);
+    assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+    return b;
+}
+
+/* ... then: it completes, over rdma, and dst holds the bytes. */
+static void write_done(mc_engine_t *snd, mc_batch_t *b, const uint8_t *dst, size_t n, uint8_t v,
+                       const mc_counters_t *c0)
+{
+    mc_counters_t c1 = {0};
+    mc_task_status_t st;
+
+    assert_int_equal(mc_batch_wait(b, -1), 0);
+    assert_int_equal(mc_task_status(b, 0, &st), 0);
+    if (st.state != MC_TASK_COMPLETED)
+        fail_msg("the WRITE ended %d: %s", st.state, st.reason ? st.reason : "");
+    th_batch_destroy(snd, b);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(dst[i], v);
+    assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
+    assert_true(c1.bytes_written - c0->bytes_written >= n); /* over rdma */
 }
 
 /* A task notes where its remote buffer is in the peer's descriptor when it is submitted, and
@@ -1871,11 +1912,8 @@ static void test_key_shift_rdma(void **state)
     static uint8_t area[LOW + LEN] __attribute__((aligned(4096))), src[N], first[64];
     uint8_t *own = area + LOW;
     uint8_t k1[MC_BUFFER_KEY_SIZE], k2[MC_BUFFER_KEY_SIZE], k3[MC_BUFFER_KEY_SIZE];
-    mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
-    mc_counters_t c0 = {0}, c1 = {0};
+    mc_counters_t c0 = {0};
     mc_engine_t *snd, *owner;
-    mc_task_status_t st;
-    mc_batch_t *b;
 
     (void)state;
     if (!softverbs())
@@ -1884,32 +1922,16 @@ static void test_key_shift_rdma(void **state)
     mc_segment_id_t seg = keys_pair(true, src, N, first, sizeof(first), &snd, &owner);
     /* the peer's entries by address: [own, LEN) (dropped by the owner), then [own+4096, ...)
      * (the newest key: the task's buffer) */
-    assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k1), 0);
-    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k2), 0);
+    key_of(owner, own, LEN, k1);
+    key_of(owner, own + 4096, LEN - 4096, k2);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k2, sizeof(k2)), 0);
     assert_int_equal(mc_mem_unregister_range(owner, own, LEN), 0);
-    assert_int_equal(mc_mem_register(owner, area, 4096, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, area, 4096, k3), 0);
-    memset(src, 0x5a, N);
-    req.target = seg;
-    req.target_offset = (uint64_t)(uintptr_t)(own + AT);
-    assert_int_equal(mc_stats_transport(snd, "rdma", &c0), 0);
-    assert_int_equal(mc_batch_create(snd, 1, &b), 0);
-    assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+    key_of(owner, area, 4096, k3);
+    mc_batch_t *b = write_submit(snd, seg, src, own + AT, N, 0x5a, &c0);
     /* an entry below both: the task's buffer moves up one place before the task is posted */
     assert_int_equal(mc_segment_add_buffer(snd, seg, k3, sizeof(k3)), 0);
-    assert_int_equal(mc_batch_wait(b, -1), 0);
-    assert_int_equal(mc_task_status(b, 0, &st), 0);
-    if (st.state != MC_TASK_COMPLETED)
-        fail_msg("the WRITE ended %d: %s", st.state, st.reason ? st.reason : "");
-    th_batch_destroy(snd, b);
-    for (size_t i = 0; i < N; i++)
-        assert_int_equal(own[AT + i], 0x5a);
-    assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
-    assert_true(c1.bytes_written - c0.bytes_written >= N); /* over rdma */
+    write_done(snd, b, own + AT, N, 0x5a, &c0);
     arm_pair_destroy();
 }
 
@@ -1922,44 +1944,26 @@ static void test_key_routed_rdma(void **state)
     enum { LEN = 256 << 10, AT = 16384, N = 16384 };
     static uint8_t own[LEN] __attribute__((aligned(4096))), src[N], first[64];
     uint8_t k0[MC_BUFFER_KEY_SIZE], k1[MC_BUFFER_KEY_SIZE], kf[MC_BUFFER_KEY_SIZE];
-    mc_request_t req = {.opcode = MC_WRITE, .local = src, .length = N};
-    mc_counters_t c0 = {0}, c1 = {0};
+    mc_counters_t c0 = {0};
     mc_engine_t *snd, *owner;
-    mc_task_status_t st;
-    mc_batch_t *b;
 
     (void)state;
     if (!softverbs())
         skip();
     /* the sender posts nothing until the wait below */
     mc_segment_id_t seg = keys_pair(true, src, N, first, sizeof(first), &snd, &owner);
-    assert_int_equal(mc_mem_register(owner, own, LEN, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own, LEN, k0), 0);
+    key_of(owner, own, LEN, k0);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k0, sizeof(k0)), 0);
-    memset(src, 0x6b, N);
-    req.target = seg;
-    req.target_offset = (uint64_t)(uintptr_t)(own + AT);
-    assert_int_equal(mc_stats_transport(snd, "rdma", &c0), 0);
-    assert_int_equal(mc_batch_create(snd, 1, &b), 0);
-    assert_int_equal(mc_batch_submit(b, &req, 1, NULL), 0);
+    mc_batch_t *b = write_submit(snd, seg, src, own + AT, N, 0x6b, &c0);
     /* another key, then the task's again: its entry is numbered anew */
     assert_int_equal(mc_buffer_key_pack_range(owner, first, sizeof(first), kf), 0);
     assert_int_equal(mc_segment_add_buffer(snd, seg, kf, sizeof(kf)), 0);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k0, sizeof(k0)), 0);
     /* another registration of the task's bytes: its key is the newest, then it goes */
-    assert_int_equal(mc_mem_register(owner, own + 4096, LEN - 4096, "cpu:0"), 0);
-    assert_int_equal(mc_buffer_key_pack_range(owner, own + 4096, LEN - 4096, k1), 0);
+    key_of(owner, own + 4096, LEN - 4096, k1);
     assert_int_equal(mc_segment_add_buffer(snd, seg, k1, sizeof(k1)), 0);
     assert_int_equal(mc_mem_unregister_range(owner, own + 4096, LEN - 4096), 0);
-    assert_int_equal(mc_batch_wait(b, -1), 0);
-    assert_int_equal(mc_task_status(b, 0, &st), 0);
-    if (st.state != MC_TASK_COMPLETED)
-        fail_msg("the WRITE ended %d: %s", st.state, st.reason ? st.reason : "");
-    th_batch_destroy(snd, b);
-    for (size_t i = 0; i < N; i++)
-        assert_int_equal(own[AT + i], 0x6b);
-    assert_int_equal(mc_stats_transport(snd, "rdma", &c1), 0);
-    assert_true(c1.bytes_written - c0.bytes_written >= N); /* over rdma */
+    write_done(snd, b, own + AT, N, 0x6b, &c0);
     arm_pair_destroy();
 }
 
