@@ -52,9 +52,9 @@ struct mc_task {
     uint32_t rbuf;        /* index of the remote buffer in the peer's descriptor (a hint), or
                              MC_RBUF_NONE when the range is in none */
     uint32_t rbuf_layout; /* the descriptor's layout then: the index is good while it is that */
-    uint64_t rbuf_addr, rbuf_len,
-        rbuf_serial;  /* that entry's range and serial (after entries
-                         moved, the task stays with it while it is there) */
+    /* that entry's range and serial: after entries moved, the task stays with it while it is
+       there (mc__task_rbuf) */
+    uint64_t rbuf_addr, rbuf_len, rbuf_serial;
     atomic_int state; /* mc_task_state_t or MC_TASK_FINISHING */
     _Atomic uint64_t bytes;
     int error;    /* 0 or a negative code; written with reason */
