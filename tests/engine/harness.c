@@ -317,9 +317,8 @@ typedef struct child_engine {
      * that make it come in the pass it runs in). */
     pthread_mutex_t echo_lock;
     struct echo_item *echo_head, **echo_tail;
-    pthread_t echo_thread;
+    pthread_t echo_thread; /* runs while echo is on */
     bool echo_thread_on;
-    atomic_bool echo_stop;
 } child_engine_t;
 
 typedef struct echo_item {
@@ -377,12 +376,12 @@ static void child_msg_cb(void *arg, const char *sender, uint8_t id, const void *
         atomic_fetch_add(&ce->echo_errors, 1);
 }
 
-/* Send the refused echoes again, in order, until told to stop. */
+/* Send the refused echoes again, in order, while echo is on. */
 static void *echo_retry(void *arg)
 {
     child_engine_t *ce = arg;
 
-    while (!atomic_load(&ce->echo_stop)) {
+    while (atomic_load(&ce->echo)) {
         pthread_mutex_lock(&ce->echo_lock);
         echo_item_t *it = ce->echo_head; /* only this thread takes it off */
         pthread_mutex_unlock(&ce->echo_lock);
@@ -405,14 +404,13 @@ static void *echo_retry(void *arg)
 /* Echo or not (TH_CMD_ECHO); echoes still refused when it stops are counted as errors. */
 static void echo_set(child_engine_t *ce, bool on)
 {
-    if (on && !ce->echo_thread_on) {
-        atomic_store(&ce->echo_stop, false);
+    atomic_store(&ce->echo, on);
+    if (on && !ce->echo_thread_on)
         ce->echo_thread_on = !pthread_create(&ce->echo_thread, NULL, echo_retry, ce);
-    }
-    atomic_store(&ce->echo, on && ce->echo_thread_on);
+    if (on && !ce->echo_thread_on)
+        atomic_store(&ce->echo, false);
     if (on || !ce->echo_thread_on)
         return;
-    atomic_store(&ce->echo_stop, true);
     pthread_join(ce->echo_thread, NULL);
     ce->echo_thread_on = false;
     pthread_mutex_lock(&ce->echo_lock);
