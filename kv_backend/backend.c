@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "kv.h"
 #include "sys/cudart.h"
@@ -105,6 +106,7 @@ mc_kv_status_t kv__status_of(int rc)
         return MC_KV_ERR_NOT_ALLOWED;
     case -EINVAL:
     case -E2BIG:
+    case -MC_EPROTO: /* (connection info or public data that is not what a peer made) */
         return MC_KV_ERR_INVALID_PARAM;
     case -ENOENT:
         return MC_KV_ERR_NOT_FOUND;
@@ -188,6 +190,15 @@ static mc_kv_status_t config_build(const mc_kv_init_t *init, mc_config_t **cfg_p
     return MC_KV_SUCCESS;
 }
 
+/* A boolean setting that says no (the engine checked its spelling: 0, false, no or off). */
+static bool setting_off(const mc_config_t *cfg, const char *name)
+{
+    const char *v = mc_config_get(cfg, name);
+
+    return v && (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+                 !strcasecmp(v, "off"));
+}
+
 static mc_kv_status_t init_check(const mc_kv_init_t *init, mc_kv_backend_t **backend_p)
 {
     if (!init || !backend_p)
@@ -221,6 +232,10 @@ mc_kv_status_t kv__create(const mc_kv_init_t *init, mc_kv_backend_t **backend_p)
     snprintf(b->agent, sizeof(b->agent), "%s", init->agent);
     b->connect_timeout_ms = (unsigned)strtoul(mc_config_get(cfg, "CONNECT_TIMEOUT_MS"), NULL, 10);
     b->transfer_timeout_s = (unsigned)strtoul(mc_config_get(cfg, "TRANSFER_TIMEOUT"), NULL, 10);
+    /* The table has no progress call: with neither the engine's thread nor the implicit
+     * progress of its calls, check_xfer and get_notif are the host's progress. */
+    b->drives_progress =
+        setting_off(cfg, "PROGRESS_THREAD") && setting_off(cfg, "PROGRESS_IMPLICIT");
     if ((rc = mc_engine_create(cfg, &b->engine)) < 0) {
         st = kv__fail_engine(NULL, rc, "create: the transfer engine");
         goto err_free;

@@ -46,13 +46,15 @@ struct mc_kv_md {
     atomic_uint users; /* prepared transfers that name it, plus loopback views of a local one */
     kv_agent_t *agent; /* REMOTE */
     mc_kv_md_t *local; /* REMOTE loopback view: the local region it shows */
+    unsigned char key[MC_BUFFER_KEY_SIZE]; /* REMOTE: its buffer key, added again at each post */
 };
 
 struct mc_kv_backend {
     mc_engine_t *engine;
     char agent[MC_KV_AGENT_MAX];
     unsigned connect_timeout_ms;
-    unsigned transfer_timeout_s;  /* MC_TRANSFER_TIMEOUT */
+    unsigned transfer_timeout_s; /* MC_TRANSFER_TIMEOUT */
+    bool drives_progress; /* PROGRESS_THREAD=0 and PROGRESS_IMPLICIT=0: checks run the passes */
     pthread_rwlock_t agents_lock; /* agents; exclusive calls write, transfers read */
     kv_agent_t *agents;
     mc_kv_md_t *mds; /* every handle of a region or a loaded one, for destroy (exclusive calls) */

@@ -209,7 +209,9 @@ mc_kv_status_t kv__public_data(mc_kv_backend_t *b, mc_kv_md_t *md, void *buf, si
     memcpy(data + 16, &md->len, 8);
     memcpy(data + 24, &md->dev_id, 8);
     memcpy(data + 32, &md->base, 8);
-    rc = mc_buffer_key_pack(b->engine, (void *)(uintptr_t)md->base, data + KV_PUBLIC_HDR);
+    /* the key of this registration, not of another that starts at the same address */
+    rc = mc_buffer_key_pack_range(b->engine, (void *)(uintptr_t)md->base, md->len,
+                                  data + KV_PUBLIC_HDR);
     if (rc < 0)
         return kv__fail_engine(b, rc, "public_data: the region's key");
     memcpy(buf, data, KV_PUBLIC_LEN);
@@ -349,10 +351,12 @@ mc_kv_status_t kv__connect(mc_kv_backend_t *b, const char *agent)
     if (!a)
         return kv__fail(b, MC_KV_ERR_NOT_FOUND, "connect: agent '%s' is not loaded",
                         agent ? agent : "(null)");
-    /* The engine's thread opens the segment; its connect timeout bounds the wait. */
+    /* The engine opens the segment (its thread, or the passes run here without one); its
+     * connect timeout bounds the wait. */
     for (unsigned ms = 0; ms <= b->connect_timeout_ms + 1000; ms++) {
         if ((state = mc_segment_state(b->engine, seg)) != MC_SEGMENT_OPENING)
             break;
+        mc_engine_progress(b->engine); /* (MC_PROGRESS_THREAD=0; with the thread: nothing) */
         sleep_ms(1);
     }
     if (state == MC_SEGMENT_READY)
@@ -419,6 +423,7 @@ static int segment_close(mc_kv_backend_t *b, mc_segment_id_t seg)
     for (unsigned ms = 0; (rc = mc_segment_close(b->engine, seg)) == -EBUSY; ms++) {
         if (ms >= b->connect_timeout_ms)
             break;
+        mc_engine_progress(b->engine);
         sleep_ms(1);
     }
     return rc;
@@ -510,6 +515,7 @@ static mc_kv_status_t remote_md_add(mc_kv_backend_t *b, kv_agent_t *a, const uns
     if (!(md = malloc(sizeof(*md))))
         return kv__fail(b, MC_KV_ERR_BACKEND, "load_remote_md: out of memory");
     *md = *tmpl;
+    memcpy(md->key, data + KV_PUBLIC_HDR, MC_BUFFER_KEY_SIZE);
     md->agent = a;
     a->mds++;
     md_link(b, md);

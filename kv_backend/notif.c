@@ -127,6 +127,8 @@ int kv__get_notif(mc_kv_backend_t *b, mc_kv_notif_t *out)
 
     if (!out)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "get_notif: NULL output");
+    if (b->drives_progress)
+        mc_engine_progress(b->engine);
     if (mc_notify_pop(b->engine, n) != 1)
         return 0;
     if (notif_framed(n, &name_len)) {

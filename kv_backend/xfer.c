@@ -282,6 +282,8 @@ static mc_kv_status_t xfer_poll(mc_kv_backend_t *b, mc_kv_xfer_t *x)
 {
     mc_batch_status_t s;
 
+    if (b->drives_progress)
+        mc_engine_progress(b->engine);
     if (mc_batch_status(x->batch, &s) < 0)
         return kv__fail_engine(b, -EINVAL, "check_xfer");
     if (s.state == MC_TASK_PENDING)
@@ -338,6 +340,30 @@ mc_kv_status_t kv__check_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x)
     }
 }
 
+/* The keys of the agent's regions the transfer names, added again before each post: the
+ * engine routes a request with the key added last that holds it, and a descriptor of the agent
+ * that arrived since the load (at connect, say) replaced what the keys had added; by the
+ * descriptor alone the request could go with another registration of the same bytes, one the
+ * agent may have dropped since (its rkey is refused over rdma). As the UCX module does at every
+ * put and get; the key added last again costs a look under a read lock. */
+static mc_kv_status_t keys_add(mc_kv_backend_t *b, mc_kv_xfer_t *x)
+{
+    const mc_kv_md_t *last = NULL;
+    int rc;
+
+    for (size_t i = 0; i < x->n_mds; i++) {
+        const mc_kv_md_t *md = x->mds[i];
+
+        if (md->kind != KV_MD_REMOTE || md == last)
+            continue;
+        last = md;
+        rc = mc_segment_add_buffer(b->engine, x->agent->seg, md->key, MC_BUFFER_KEY_SIZE);
+        if (rc < 0)
+            return kv__fail_engine(b, rc, "post_xfer: a region's key");
+    }
+    return MC_KV_SUCCESS;
+}
+
 /* An empty batch for the post: the previous one, once the engine let go of it. */
 static mc_kv_status_t xfer_batch(mc_kv_backend_t *b, mc_kv_xfer_t *x)
 {
@@ -380,6 +406,8 @@ mc_kv_status_t kv__post_xfer(mc_kv_backend_t *b, mc_kv_xfer_t *x, const void *no
             x->state = KV_X_DONE;
         return st;
     }
+    if ((st = keys_add(b, x)))
+        return st;
     if (notif) {
         if ((st = kv__notif_pack(b, notif, len, &packed, &nr.len)))
             return st;

@@ -20,9 +20,11 @@ from one thread at a time; prepare/post/check/release and notify may run concurr
 import array
 import collections
 import ctypes
+import fcntl
 import itertools
 import operator
 import os
+import stat
 import time
 import weakref
 
@@ -348,6 +350,7 @@ class Agent:
         self.name = name
         self._children = weakref.WeakSet()
         self._notif = None
+        self._notif_error = None  # get_notif's error behind notifications already returned
         opts = (mc_kv_option_t * max(len(options), 1))()
         keep = []
         for i, (k, v) in enumerate(options.items()):
@@ -444,8 +447,8 @@ class Agent:
         Descriptors name offsets in the file: region.desc(k, n) is n bytes at offset + k, and
         (offset + k, n, view) those bytes through load_local(region) or a peer's view."""
         fd = file if isinstance(file, int) else file.fileno()
-        if not length:  # (a block device's size is where its end is, not st_size)
-            length = max(os.lseek(fd, 0, os.SEEK_END) - offset, 0)  # 0 left: the plugin says why
+        if not length:  # 0 left: the plugin says why
+            length = max(_file_size(fd) - offset, 0)
         return Region(self, offset, length, FILE, fd)
 
     def load_remote(self, agent_name, conn_info):
@@ -522,17 +525,39 @@ class Agent:
                    self.plugin._gen_notif(self._live(), agent_name.encode(), data, len(data)))
 
     def get_notifs(self):
-        """Every notification received so far: a list of (sender agent, message bytes)."""
+        """Every notification received so far: a list of (sender agent, message bytes). One the
+        plugin refused (a spoofed sender, one too large) raises KVError, after those before it
+        were returned: the call that meets it returns them, and the next one raises."""
         if self._notif is None:
             self._notif = mc_kv_notif_t()
+        if self._notif_error is not None:
+            err, self._notif_error = self._notif_error, None
+            raise err
         n, out = self._notif, []
         while True:
             rc = self.plugin._get_notif(self._live(), ctypes.byref(n))
             if rc == 0:
                 return out
             if rc != 1:
+                if out:  # (popped already: they would be lost with the exception)
+                    self._notif_error = KVError(rc, self.last_error(), "get_notif")
+                    return out
                 self._call("get_notif", rc)
             out.append((n.agent.decode(errors="replace"), ctypes.string_at(n.msg, n.len)))
+
+
+def _file_size(fd):
+    """The size of an open file or block device (whose st_size is 0), without moving the
+    descriptor's offset: the host's own reads go on where they were."""
+    st = os.fstat(fd)
+    if not stat.S_ISBLK(st.st_mode):
+        return st.st_size
+    size = array.array("Q", [0])
+    fcntl.ioctl(fd, _BLKGETSIZE64, size)
+    return size[0]
+
+
+_BLKGETSIZE64 = 0x80081272  # _IOR(0x12, 114, size_t)
 
 
 def _desc_array(descs):

@@ -265,6 +265,29 @@ class TwoAgentTest(Fixture):
         b.notify("A", b"back")
         self.assertEqual(wait_notifs(a, 1), [("B", b"back")])
 
+    def test_notif_refused_keeps_the_rest(self):
+        """A notification the plugin refuses (another instance that says it is B) raises, but
+        never takes with it the ones popped before it in the same call."""
+        a, b = self.pair(4096)
+        impostor = self.agent("B")
+        impostor.load_remote("A", a.conn_info())
+        b.notify("A", b"one")
+        b.notify("A", b"two")
+        time.sleep(0.3)  # (so that the refused one comes between, as a rule)
+        impostor.notify("A", b"spoof")
+        time.sleep(0.3)
+        b.notify("A", b"three")
+        got, refused, deadline = [], [], time.monotonic() + 10
+        while (len(got) < 3 or not refused) and time.monotonic() < deadline:
+            try:
+                got += a.get_notifs()
+            except kv.KVError as e:
+                refused.append(e.status)
+            time.sleep(0.001)
+        self.assertEqual(got, [("B", b"one"), ("B", b"two"), ("B", b"three")])
+        self.assertEqual(refused, [kv.ERR_MISMATCH])
+        self.assertEqual(a.get_notifs(), [])
+
     def test_notify_unknown_agent(self):
         a = self.agent("A")
         with self.assertRaises(kv.KVError) as cm:
@@ -363,9 +386,12 @@ class TwoAgentTest(Fixture):
         with tempfile.TemporaryFile() as f:
             f.write(data)
             f.flush()
+            f.seek(100)
             with a.register_file(f, offset=4096) as fr, a.register(buf) as r, \
                     a.load_local(fr) as view:
                 self.assertEqual((fr.addr, fr.len), (4096, 63 * 4096))
+                self.assertEqual(f.tell(), 100)  # the host's reads go on where they were
+                self.assertEqual(os.lseek(f.fileno(), 0, os.SEEK_CUR), 100)
                 ids = scatter(63, 15)
                 with a.prepare(kv.READ, [r.desc(i * 4096, 4096) for i in range(63)],
                                [(4096 + d * 4096, 4096, view) for d in ids], "A") as x:

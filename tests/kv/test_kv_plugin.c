@@ -75,18 +75,27 @@ static int64_t check(const uint8_t *p, uint64_t len, uint64_t seed, uint64_t off
     return -1;
 }
 
-static mc_kv_backend_t *agent_create(const char *name, const char *protocol)
+/* An instance on loopback; extra: NULL, or further options up to a {NULL} one (at most 4). */
+static mc_kv_backend_t *agent_create_with(const char *name, const char *protocol,
+                                          const mc_kv_option_t *extra)
 {
-    mc_kv_option_t opts[] = {{"LISTEN", "127.0.0.1:0", NULL},
-                             {"PROTOCOL", protocol ? protocol : "auto", NULL},
-                             {"LOG_LEVEL", "error", NULL}};
+    mc_kv_option_t opts[7] = {{"LISTEN", "127.0.0.1:0", NULL},
+                              {"PROTOCOL", protocol ? protocol : "auto", NULL},
+                              {"LOG_LEVEL", "error", NULL}};
     mc_kv_init_t init = {.size = sizeof(init), .agent = name, .options = opts, .n_options = 3};
     mc_kv_backend_t *b = NULL;
-    mc_kv_status_t st = P->create(&init, &b);
+    mc_kv_status_t st;
 
-    if (st)
+    for (; extra && extra->key && init.n_options < 7; extra++)
+        opts[init.n_options++] = *extra;
+    if ((st = P->create(&init, &b)))
         fail_msg("create %s: %s: %s", name, mc_kv_status_name(st), P->last_error(NULL));
     return b;
+}
+
+static mc_kv_backend_t *agent_create(const char *name, const char *protocol)
+{
+    return agent_create_with(name, protocol, NULL);
 }
 
 #define OK(b, call)                                                                                \
@@ -581,6 +590,12 @@ static void test_bad_conn_info(void **state)
     memcpy(bad, info, len); /* B's own, its name "B" made "\0": empty after all */
     bad[6] = 0;
     EXPECT(p.a, MC_KV_ERR_INVALID_PARAM, "no NUL", P->load_remote_conn_info(p.a, "", bad, len));
+    memcpy(bad, info, len); /* B's address bytes garbled, for an agent that knows no B yet */
+    memset(bad + 8, 0xee, bad[7]);
+    mc_kv_backend_t *c = agent_create("C", NULL);
+    EXPECT(c, MC_KV_ERR_INVALID_PARAM, "not an engine address",
+           P->load_remote_conn_info(c, "B", bad, len));
+    P->destroy(c);
     memcpy(bad, info, len); /* an agent of version 2: its notifications carry no marker */
     bad[4] = 2;
     EXPECT(p.a, MC_KV_ERR_MISMATCH, "of version 2", P->load_remote_conn_info(p.a, "B2", bad, len));
@@ -1687,6 +1702,97 @@ static void test_peer_death(void **state)
     peer_read_teardown(&pr);
 }
 
+/* Two registrations that start at one address: a region's public data carries the key of that
+ * registration, not of the other (the one the engine picks by address alone), so the region
+ * stays reachable when the other goes. Over rdma (ctest test_kv_plugin_rdma) the other's key
+ * is another memory region: a WRITE with it after its deregistration failed. */
+static void test_public_key_of_region(void **state)
+{
+    const char *protocol = getenv("KV_TEST_PROTOCOL");
+    mc_kv_backend_t *a = agent_create("A", protocol), *b = agent_create("B", protocol);
+    uint8_t *ma = aligned_alloc(4096, SZ), *mb = aligned_alloc(4096, SZ);
+    mc_kv_md_t *mda = reg(a, ma, SZ), *whole, *head, *rb;
+    mc_kv_desc_t l = {(uintptr_t)ma, 4096, 0, mda}, r = {(uintptr_t)mb, 4096, 0, NULL};
+    mc_kv_xfer_t *x;
+
+    (void)state;
+    fill(ma, SZ, 5, 0);
+    memset(mb, 0, SZ);
+    whole = reg(b, mb, SZ);
+    head = reg(b, mb, 64 << 10); /* newer, the same start */
+    introduce(a, b, "B");
+    rb = load_region(a, "B", b, whole);
+    OK(a, P->connect(a, "B"));
+    OK(b, P->deregister_mem(b, head));
+    r.md = rb;
+    OK(a, P->prep_xfer(a, MC_KV_WRITE, &l, &r, 1, "B", &x));
+    OK(a, run(a, x, NULL));
+    assert_int_equal(check(mb, 4096, 5, 0), -1);
+    OK(a, P->release_xfer(a, x));
+    OK(a, P->unload_md(a, rb));
+    OK(a, P->disconnect(a, "B"));
+    OK(a, P->deregister_mem(a, mda));
+    OK(b, P->deregister_mem(b, whole));
+    P->destroy(a);
+    P->destroy(b);
+    free(ma);
+    free(mb);
+}
+
+/* The plugin's table has no progress call: without the engine's thread, connect waits by
+ * running passes itself, and with PROGRESS_IMPLICIT=0 as well check_xfer and get_notif are the
+ * host's progress (a transfer stayed in progress for good, a connect timed out). */
+static void test_host_progress(void **state)
+{
+    static const mc_kv_option_t no_thread[] = {{"PROGRESS_THREAD", "0", NULL}, {NULL, NULL, NULL}},
+                                by_host[] = {{"PROGRESS_THREAD", "false", NULL},
+                                             {"PROGRESS_IMPLICIT", "off", NULL},
+                                             {NULL, NULL, NULL}};
+    mc_kv_notif_t *n = malloc(sizeof(*n));
+
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        mc_kv_backend_t *a = agent_create_with("A", "tcp", mode ? by_host : no_thread),
+                        *b = agent_create("B", "tcp");
+        uint8_t *ma = aligned_alloc(4096, SZ), *mb = aligned_alloc(4096, SZ);
+        mc_kv_md_t *mda = reg(a, ma, SZ), *mdb = reg(b, mb, SZ), *rb;
+        mc_kv_desc_t l = {(uintptr_t)ma, SZ, 0, mda}, r = {(uintptr_t)mb, SZ, 0, NULL};
+        mc_kv_status_t st;
+        mc_kv_xfer_t *x;
+
+        fill(ma, SZ, 6 + mode, 0);
+        memset(mb, 0, SZ);
+        introduce(a, b, "B");
+        introduce(b, a, "A");
+        OK(a, P->connect(a, "B"));
+        r.md = rb = load_region(a, "B", b, mdb);
+        OK(a, P->prep_xfer(a, MC_KV_WRITE, &l, &r, 1, "B", &x));
+        st = P->post_xfer(a, x, "landed", 6);
+        for (int64_t end = now_ms() + 30000; st == MC_KV_IN_PROG && now_ms() < end;) {
+            sleep_ms(1); /* a host that checks now and then, not a spinning one */
+            st = P->check_xfer(a, x);
+        }
+        assert_int_equal(st, MC_KV_SUCCESS);
+        assert_int_equal(check(mb, SZ, 6 + mode, 0), -1);
+        assert_int_equal(wait_notif(b, n, 10000), 1);
+        assert_true(n->len == 6 && !memcmp(n->msg, "landed", 6));
+        OK(b, P->gen_notif(b, "A", "seen", 4));
+        assert_int_equal(wait_notif(a, n, 10000), 1);
+        assert_true(n->len == 4 && !memcmp(n->msg, "seen", 4) && !strcmp(n->agent, "B"));
+        OK(a, P->release_xfer(a, x));
+        OK(a, P->unload_md(a, rb));
+        OK(a, P->disconnect(a, "B"));
+        OK(b, P->disconnect(b, "A"));
+        OK(a, P->deregister_mem(a, mda));
+        OK(b, P->deregister_mem(b, mdb));
+        P->destroy(a);
+        P->destroy(b);
+        free(ma);
+        free(mb);
+    }
+    free(n);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = getenv("MC_BUILD_DIR");
@@ -1729,7 +1835,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_timeout_not_disconnect),
         cmocka_unit_test(test_release_notif),
         cmocka_unit_test(test_peer_death),
+        cmocka_unit_test(test_public_key_of_region),
+        cmocka_unit_test(test_host_progress),
     };
+    if (getenv("KV_TEST_FILTER")) /* (a glob: one case, as the rdma run does) */
+        cmocka_set_test_filter(getenv("KV_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
 
     mc_kv_unload(loaded);

@@ -15,6 +15,12 @@ if(TARGET mooncake_kv)
   add_test(NAME test_kv_plugin COMMAND test_kv_plugin)
   set_tests_properties(test_kv_plugin PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "kv"
     ENVIRONMENT "MC_BUILD_DIR=${CMAKE_BINARY_DIR};MC_KV_FIXTURES=${CMAKE_BINARY_DIR}/lib/kv-fixtures")
+  # A region's public data over rdma (software device): the key of that very registration.
+  if(TARGET softverbs)
+    add_test(NAME test_kv_plugin_rdma COMMAND test_kv_plugin)
+    set_tests_properties(test_kv_plugin_rdma PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+      LABELS "kv;softverbs" ENVIRONMENT "MC_BUILD_DIR=${CMAKE_BINARY_DIR};KV_TEST_FILTER=test_public_key_of_region;KV_TEST_PROTOCOL=rdma;LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/lib/softverbs;SOFTVERBS_DEVICES=1;SOFTVERBS_FABRIC=test_kv_plugin;SOFTVERBS_CTL_DIR=${CMAKE_BINARY_DIR}/softverbs-ctl-test_kv_plugin")
+  endif()
   # The plugin exports exactly one symbol.
   add_test(NAME test_kv_exports COMMAND sh -c
     "out=$(nm -D --defined-only \"$0\" | awk '{print $3}'); echo \"$out\"; test \"$out\" = mc_kv_plugin_init"
