@@ -372,9 +372,47 @@ static void test_local_truncated(void **state)
     print_message("  %s\n", st.reason);
     assert_true(th_contains(st.reason, "truncated"));
     assert_true(th_now_ms() - t0 < 5000);
-    /* elsewhere: pieces of the failed task may still land in its memory (as after a cancel) */
+    /* what is still there reads fine (elsewhere in the memory: test_local_failed_read_settled) */
     xfer_ok(fx->e, MC_READ, ptr(fx->mem) + 6 * MIB, fx->self, fa + MIB, MIB);
     assert_int_equal(th_check_at(fx->mem + 6 * MIB, MIB, SEED_FILE, MIB), -1);
+}
+
+/* READs of the whole of file fa (FILE_SIZE registered, the file shorter now) into mem, five
+ * times: each fails, and nothing lands in mem once it did (the host reuses it at once); how
+ * many rounds saw bytes land. */
+static int settled_after_failure(mc_engine_t *e, mc_segment_id_t seg, uint64_t fa, uint8_t *mem)
+{
+    int late = 0;
+
+    for (int round = 0; round < 5; round++) {
+        memset(mem, 0xa5, FILE_SIZE);
+        mc_task_status_t st = xfer(e, MC_READ, ptr(mem), seg, fa, FILE_SIZE);
+        assert_int_equal(st.state, MC_TASK_FAILED);
+        memset(mem, 0, FILE_SIZE);
+        th_sleep_ms(50);
+        for (uint64_t i = 0; i < FILE_SIZE; i++)
+            if (mem[i]) {
+                late++;
+                print_message("  round %d: bytes landed at %llu after FAILED\n", round,
+                              (unsigned long long)i);
+                break;
+            }
+    }
+    return late;
+}
+
+/* A READ that fails while its other slices are still reading into its memory is told FAILED
+ * only once they ended: the host may reuse the memory as soon as it sees the state (before, the
+ * reads went on landing in it). The file shrank to 1 MiB: the slices past it fail at once, the
+ * first ones read through O_DIRECT meanwhile. */
+static void test_local_failed_read_settled(void **state)
+{
+    lfx_t *fx = *state;
+
+    write_at(fx->path, 0, FILE_SIZE, SEED_FILE);
+    uint64_t fa = file_reg(fx->e, fx->path, 0, 0, 0);
+    assert_int_equal(truncate(fx->path, MIB + 100), 0);
+    assert_int_equal(settled_after_failure(fx->e, fx->self, fa, fx->mem), 0);
 }
 
 /* io_uring-less: MC_FILE_IO=thread, everything above still holds (aligned and not). */
@@ -509,6 +547,21 @@ static void test_register_leaks(void **state)
     assert_true(th_contains(mc_last_error(), "beyond its end"));
     o.offset = 0;
     assert_int_equal(mc_file_register(fx->e, fx->dir, &o, &fa), -EISDIR);
+    /* a FIFO is refused, not waited on for a writer (read-only: O_RDONLY blocked) */
+    char other[600];
+    snprintf(other, sizeof(other), "%s/fifo", fx->dir);
+    assert_int_equal(mkfifo(other, 0600), 0);
+    o.flags = MC_FILE_READONLY;
+    assert_int_equal(mc_file_register(fx->e, other, &o, &fa), -EINVAL);
+    assert_true(th_contains(mc_last_error(), "neither a regular file"));
+    assert_int_equal(unlink(other), 0);
+    /* a file CREATE made for a registration refused leaves nothing behind */
+    snprintf(other, sizeof(other), "%s/new.bin", fx->dir);
+    o = (mc_file_opts_t){.size = sizeof(o), .flags = MC_FILE_CREATE};
+    assert_int_equal(mc_file_register(fx->e, other, &o, &fa), -EINVAL);
+    assert_true(th_contains(mc_last_error(), "nothing to register"));
+    assert_int_equal(access(other, F_OK), -1);
+    o = (mc_file_opts_t){.size = sizeof(o), .length = MIB};
     assert_int_equal(mc_file_unregister(fx->e, 0x4000000000000123ull), -ENOENT);
     assert_int_equal(mc_file_unregister(fx->e, ptr(fx->mem)), -ENOENT);
     /* The I/O backend and bounce chunks come with the first registration, and a connection to
@@ -964,6 +1017,7 @@ static void test_remote_truncated(void **state)
     print_message("  %s\n", st.reason);
     assert_true(th_contains(st.reason, "truncated"));
     assert_true(th_now_ms() - t0 < 5000);
+    assert_int_equal(settled_after_failure(fx->e, fx->seg, fx->ow.file, fx->mem), 0);
 }
 
 /* The owner dies with reads of its file in flight: every task ends, failed, soon. */
@@ -1036,6 +1090,8 @@ int main(int argc, char **argv)
             LOCAL(test_local_readonly),
             LOCAL(test_local_durable),
             LOCAL(test_local_truncated),
+            LOCAL(test_local_failed_read_settled),
+            LOCAL_S(test_local_failed_read_settled, lfx_setup_thread),
             LOCAL_S(test_thread_fallback, lfx_setup_thread),
             LOCAL(test_uring_forced),
             LOCAL(test_destroy_in_flight),

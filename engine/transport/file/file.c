@@ -67,6 +67,8 @@ static int file_init(mc_engine_t *e)
     mc_list_init(&fe->free_lend);
     mc_list_init(&fe->quarantine);
     mc_list_init(&fe->ops_free);
+    mc_list_init(&fe->live);
+    mc_list_init(&fe->held);
     mc_list_init(&fe->chunk_wait);
     mc_list_init(&fe->ctrl_wait);
     mc_list_init(&fe->answered);

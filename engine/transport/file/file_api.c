@@ -94,21 +94,40 @@ static int range_check(int fd, const char *path, const mc_file_opts_t *o, uint64
     return 0;
 }
 
-static int file_open(const char *path, const mc_file_opts_t *o, file_buf_t **f_p, uint64_t *len_p)
+/* Open path as o says. Non-blocking until its type is checked: a FIFO opened for reading would
+ * wait for a writer. created: the file did not exist (CREATE made it). */
+static int open_path(const char *path, const mc_file_opts_t *o, int flags, bool *created)
 {
-    int flags = ((o->flags & MC_FILE_READONLY) ? O_RDONLY : O_RDWR) | O_CLOEXEC |
-                ((o->flags & MC_FILE_CREATE) ? O_CREAT : 0);
-    int fd = open(path, flags, 0644), rc;
-    size_t plen = strlen(path);
-    file_buf_t *f;
-    bool blk = false;
+    int fd = open(path, flags | O_NONBLOCK);
 
+    *created = false;
+    if (fd < 0 && errno == ENOENT && (o->flags & MC_FILE_CREATE)) {
+        fd = open(path, flags | O_NONBLOCK | O_CREAT | O_EXCL, 0644);
+        *created = fd >= 0;
+    }
     if (fd < 0)
         return mc__set_error(-errno, "file %s: %s", path, strerror(errno));
+    return fd;
+}
+
+static int file_open(const char *path, const mc_file_opts_t *o, file_buf_t **f_p, uint64_t *len_p)
+{
+    int flags = ((o->flags & MC_FILE_READONLY) ? O_RDONLY : O_RDWR) | O_CLOEXEC, rc;
+    size_t plen = strlen(path);
+    file_buf_t *f;
+    bool blk = false, created;
+    int fd = open_path(path, o, flags, &created);
+
+    if (fd < 0)
+        return fd;
     rc = range_check(fd, path, o, len_p, &blk);
+    if (!rc && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
+        rc = mc__set_error(-errno, "file %s: %s", path, strerror(errno));
     f = rc ? NULL : calloc(1, sizeof(*f) + plen + 1);
     if (!f) {
         close(fd);
+        if (created) /* a refused registration leaves nothing behind */
+            unlink(path);
         return rc ? rc : mc__set_error(-ENOMEM, "out of memory");
     }
     f->fd = fd;

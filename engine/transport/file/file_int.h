@@ -226,7 +226,8 @@ enum { FREQ_STAGE = 1, FREQ_COMMIT, FREQ_RELEASE };
 
 /* One slice in the hands of the initiator (file_op.c). */
 typedef struct file_op {
-    mc_list_t link;        /* fe->ops_free, or a waiting list */
+    mc_list_t link;        /* fe->ops_free, a waiting list, or fe->held */
+    mc_list_t live;        /* in fe->live from its start to its end */
     mc_link_bound_t bound; /* kind FB_OP: to the link of its unanswered request */
     mc_engine_t *e;
     mc_slice_t *s;
@@ -247,6 +248,8 @@ typedef struct file_op {
     mc_batch_t *child;
     file_ipc_map_t *ipc; /* the peer's VRAM, opened here: one copy, no staging */
     file_io_t io;
+    int held_err;      /* held in fe->held: its slice's failure, told once its task's ops ended */
+    char *held_reason; /* (allocated; NULL: out of memory, told without a reason of its own) */
 } file_op_t;
 
 /* p->tp[mc__file_slot] */
@@ -294,6 +297,8 @@ typedef struct file_engine {
     bool kicked;    /* a chunk came free, an op ended: mc__file_work has something to do */
     unsigned n_ops; /* ops started (MC_FILE_QUEUE_DEPTH at most) */
     mc_list_t ops_free;
+    mc_list_t live;       /* ops started and not ended (file_op_t.live) */
+    mc_list_t held;       /* ended ops whose failure waits for the other ops of its task to end */
     mc_list_t chunk_wait; /* ops waiting for a chunk of ours */
     mc_list_t ctrl_wait;  /* ops waiting for a ready control link */
     mc_list_t answered;   /* ops whose answer came, or whose link went (inside tcp) */

@@ -285,6 +285,55 @@ void mc__file_ipc_fini(mc_engine_t *e)
         ipc_close(e, mc_container_of(fe->ipc_maps.next, file_ipc_map_t, link));
 }
 
+/* ---- a failure held back ----
+ * A slice that fails its task while other slices of the task are under way here does not fail
+ * the task yet: their I/O, copies and child transfers may still write into the task's memory
+ * (a READ's), which the host may reuse once it sees FAILED (transport.h, abandon). The failure
+ * waits in fe->held, the task's other ops stop at their next step, and once the last of them
+ * ended the failures are told, the first one's first. (A timeout is told at once: a TIMEOUT's
+ * late bytes are allowed until the engine lets go of the task.) */
+
+/* Whether an op of t other than op is under way. */
+static bool task_live(const file_engine_t *fe, const mc_task_t *t, const file_op_t *op)
+{
+    for (const mc_list_t *n = fe->live.next; n != &fe->live; n = n->next) {
+        const file_op_t *o = mc_container_of(n, file_op_t, live);
+        if (o != op && o->s->task == t)
+            return true;
+    }
+    return false;
+}
+
+/* Whether a failure of t is held back: its ops stop. */
+static bool task_failing(const file_engine_t *fe, const mc_task_t *t)
+{
+    for (const mc_list_t *n = fe->held.next; n != &fe->held; n = n->next)
+        if (mc_container_of(n, file_op_t, link)->s->task == t)
+            return true;
+    return false;
+}
+
+/* None of t's ops is under way any more: tell the failures held back. */
+static void held_tell(mc_engine_t *e, mc_task_t *t)
+{
+    file_engine_t *fe = file_of(e);
+    mc_list_t *pos, *tmp;
+
+    mc_list_for_each_safe(pos, tmp, &fe->held)
+    {
+        file_op_t *op = mc_container_of(pos, file_op_t, link);
+        if (op->s->task != t)
+            continue;
+        mc_list_del(&op->link);
+        mc__slice_failed(e, op->s, op->held_err, false,
+                         op->held_reason ? op->held_reason : "failed");
+        free(op->held_reason);
+        op->held_reason = NULL;
+        op->s = NULL;
+        mc_list_push_back(&fe->ops_free, &op->link);
+    }
+}
+
 /* The op is over: its slice done (err 0) or failed, what it holds given back. */
 static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -292,6 +341,8 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
 static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const char *fmt, ...)
 {
     file_engine_t *fe = file_of(e);
+    mc_task_t *t = op->s->task;
+    bool held = false;
     char reason[700];
     va_list ap;
 
@@ -299,11 +350,20 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
         release_queue(e, op);
     if (op->waiting)
         mc_list_del(&op->link);
+    mc_list_del(&op->live);
     if (err) {
         va_start(ap, fmt);
         vsnprintf(reason, sizeof(reason), fmt, ap);
         va_end(ap);
-        mc__slice_failed(e, op->s, err, retry, reason);
+        /* (a slice that is tried again ends nothing) */
+        held = (!retry || op->s->attempts >= e->cfg.retry_cnt) &&
+               (task_live(fe, t, NULL) || task_failing(fe, t));
+        if (held) {
+            op->held_err = err;
+            op->held_reason = strdup(reason);
+        } else {
+            mc__slice_failed(e, op->s, err, retry, reason);
+        }
     } else {
         mc__slice_done(e, op->s);
     }
@@ -317,8 +377,14 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
     fe->n_ops--;
     fe->kicked = true;
     mc__reap_mark(e, mc__file_slot);
-    op->s = NULL;
-    mc_list_push_back(&fe->ops_free, &op->link);
+    if (held) {
+        mc_list_push_back(&fe->held, &op->link);
+    } else {
+        op->s = NULL;
+        mc_list_push_back(&fe->ops_free, &op->link);
+    }
+    if (!mc_list_empty(&fe->held) && !task_live(fe, t, NULL))
+        held_tell(e, t);
 }
 
 /* ---- steps ---- */
@@ -446,6 +512,10 @@ static void op_run(mc_engine_t *e, file_op_t *op)
         }
         if (atomic_load(&op->s->task->state) >= MC_TASK_COMPLETED) { /* canceled, timed out */
             op_end(e, op, -MC_ECANCELED, false, "task ended");
+            return;
+        }
+        if (!mc_list_empty(&fe->held) && task_failing(fe, op->s->task)) {
+            op_end(e, op, -MC_ECANCELED, false, "another piece of its task failed");
             return;
         }
         if (op->step == op->n_steps) {
@@ -685,6 +755,7 @@ static void op_start(mc_engine_t *e, mc_peer_t *p, mc_slice_t *s)
     }
     op->s = s;
     op->p = p;
+    mc_list_push_back(&file_of(e)->live, &op->live);
     if (!op_far_buffer(e, op, &far))
         return;
     m = ipc_for(e, p, s->task, &far, is_self(e, p));

@@ -122,13 +122,13 @@ static void lend_read_done(mc_engine_t *e, file_io_t *io, int err)
     char reason[512];
     uint8_t ans[12];
 
+    if (k && err) /* (before the put: it may let an unregister free the file it names) */
+        mc__file_io_reason(io, err, reason, sizeof(reason));
     mc__mem_put(e, l->fb); /* its bytes are in the chunk now */
     l->fb = NULL;
     if (!k || err) {
-        if (k) {
-            mc__file_io_reason(io, err, reason, sizeof(reason));
+        if (k)
             answer_error(e, l, err == -ENODATA ? -EIO : err, reason);
-        }
         lend_free(e, l);
         return;
     }
