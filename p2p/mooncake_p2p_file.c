@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@ int tool_map_in(const char *path, tool_map_t *m)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
 
     memset(m, 0, sizeof(*m));
+    m->part_fd = -1;
     if (fd < 0 || fstat(fd, &st)) {
         int rc = fail("cannot open", path);
         if (fd >= 0)
@@ -49,33 +51,52 @@ int tool_map_in(const char *path, tool_map_t *m)
 }
 
 /* Shared, so that what the engine writes lands in the file; the space is reserved first, so
- * that a full disk is an error here and not a SIGBUS in the middle of a transfer. */
+ * that a full disk is an error here and not a SIGBUS in the middle of a transfer. The part
+ * file is locked while this process writes it: a second fetch into the same file emptied the
+ * first one's, whose verified shards then went out as zeros (the lock of one that died goes
+ * with it, so its part file is taken over). */
 int tool_map_out(const char *path, size_t len, tool_map_t *m)
 {
     int fd, err;
 
     memset(m, 0, sizeof(*m));
+    m->part_fd = -1;
     if ((size_t)snprintf(m->part, sizeof(m->part), "%s.p2p-part", path) >= sizeof(m->part)) {
         fprintf(stderr, "mooncake-p2p: %s: path too long\n", path);
+        m->part[0] = '\0';
         return EXIT_USAGE;
     }
-    fd = open(m->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return fail("cannot create", m->part);
-    if ((err = posix_fallocate(fd, 0, (off_t)len)) != 0) {
-        errno = err;
+    fd = open(m->part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        err = fail("cannot create", m->part);
+        m->part[0] = '\0';
+        return err;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno == EWOULDBLOCK)
+            fprintf(stderr, "mooncake-p2p: %s: another fetch writes into it (%s is locked)\n", path,
+                    m->part);
+        else
+            fail("cannot lock", m->part);
         close(fd);
-        unlink(m->part);
-        return fail("cannot reserve space for", m->part);
+        m->part[0] = '\0'; /* (not ours to remove) */
+        return EXIT_LOCAL;
+    }
+    m->part_fd = fd;
+    if (ftruncate(fd, 0))
+        err = fail("cannot empty", m->part);
+    else if ((errno = posix_fallocate(fd, 0, (off_t)len)) != 0)
+        err = fail("cannot reserve space for", m->part);
+    else if ((m->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        err = fail("cannot map", m->part);
+    else
+        err = 0;
+    if (err) {
+        m->addr = NULL;
+        tool_map_close(m); /* the part file goes */
+        return err;
     }
     m->len = len;
-    m->addr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m->addr == MAP_FAILED) {
-        m->addr = NULL;
-        unlink(m->part);
-        return fail("cannot map", m->part);
-    }
     return 0;
 }
 
@@ -86,6 +107,8 @@ int tool_map_commit(const char *path, tool_map_t *m)
     if (rename(m->part, path))
         return fail("cannot rename to", path);
     m->part[0] = '\0';
+    close(m->part_fd); /* (its lock) */
+    m->part_fd = -1;
     return 0;
 }
 
@@ -94,8 +117,11 @@ void tool_map_close(tool_map_t *m)
     if (m->addr)
         munmap(m->addr, m->len);
     if (m->part[0])
-        unlink(m->part);
+        unlink(m->part); /* (before its lock goes: no other fetch took it meanwhile) */
+    if (m->part_fd >= 0)
+        close(m->part_fd);
     memset(m, 0, sizeof(*m));
+    m->part_fd = -1;
 }
 
 void tool_map_done(tool_map_t *m, int rc)

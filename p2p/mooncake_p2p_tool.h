@@ -27,6 +27,7 @@ typedef struct tool_map {
     void *addr;
     size_t len;
     char part[4096]; /* fetch: the file written until verified, renamed to its name then */
+    int part_fd;     /* fetch: the part file, locked (flock) until renamed or removed; else -1 */
 } tool_map_t;
 
 /* Map FILE for serving: private and writable (see the comment there). EXIT_* or 0, with the

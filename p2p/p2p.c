@@ -262,13 +262,43 @@ void mc__p2p_forget(mc_p2p_t *p2p, p2p_held_t *h)
     free(h);
 }
 
+/* Whether a byte is in both sets of buffers. */
+static bool bufs_meet(const mc_p2p_buf_t *x, size_t nx, const mc_p2p_buf_t *y, size_t ny)
+{
+    for (size_t i = 0; i < nx; i++)
+        for (size_t j = 0; j < ny; j++) {
+            uintptr_t a = (uintptr_t)x[i].addr, b = (uintptr_t)y[j].addr;
+            if (a < b + y[j].len && b < a + x[i].len)
+                return true;
+        }
+    return false;
+}
+
 int mc__p2p_hold_bufs(mc_p2p_t *p2p, p2p_held_t *h, const mc_p2p_buf_t *bufs, size_t n)
 {
-    h->bufs = malloc(n * sizeof(*bufs));
-    if (!h->bufs)
+    mc_p2p_buf_t *copy = malloc(n * sizeof(*bufs));
+    int rc = 0;
+
+    if (!copy)
         return mc__p2p_error(-ENOMEM, "out of memory");
-    memcpy(h->bufs, bufs, n * sizeof(*bufs));
-    h->n = n;
+    memcpy(copy, bufs, n * sizeof(*bufs));
+    /* A fetch writes its buffers: none of them may hold another object of this node (what a
+     * shard overwrote would be served as that object's, verified), nor may another object's be
+     * published from a fetch's. Objects published from the same bytes are fine. */
+    pthread_mutex_lock(&p2p->lock);
+    for (const p2p_held_t *o = p2p->held; o && !rc; o = o->next)
+        if (o != h && (!o->origin || !h->origin) && o->bufs && bufs_meet(copy, n, o->bufs, o->n))
+            rc = mc__p2p_error(-EINVAL, "%s: its buffers overlap those of %s, %s here", h->name,
+                               o->name, o->origin ? "published" : "fetched or served");
+    if (!rc) {
+        h->bufs = copy;
+        h->n = n;
+    }
+    pthread_mutex_unlock(&p2p->lock);
+    if (rc) {
+        free(copy);
+        return rc;
+    }
     /* A registration of our own on each, even of memory the host registered already: the
      * engine counts them, and unregister drops exactly ours. */
     for (; h->n_reg < n; h->n_reg++) {

@@ -153,7 +153,12 @@ static bool start_shards(p2p_fetch_t *f, unsigned *wait_p)
         while (s->busy)
             s++;
         int rc = mc__p2p_slot_start(f, s, shard, holder);
-        if (rc) { /* not the shard's fault: the holder's segment, or our resources */
+        if (rc == -EINVAL || rc == -ENOMEM) { /* our buffers (read-only memory), or our memory:
+                                               * no holder does better */
+            f->local_error = rc;
+            break;
+        }
+        if (rc) { /* not the shard's fault: the holder's segment */
             mc__p2p_warn(f->p2p, "%s: %s", f->h->name, mc_p2p_last_error());
             mc__p2p_holder_lost(f, &f->holders[holder], rc);
             continue;
@@ -306,8 +311,8 @@ static int fetch_loop(p2p_fetch_t *f)
             break;
         expire_slots(f, now);
         bool held_back = start_shards(f, &wait);
-        if ((rc = check_stall(f, now, held_back)) != 0 || (rc = report(f, now)) != 0 ||
-            (rc = published(f)) != 0)
+        if ((rc = f->local_error) != 0 || (rc = check_stall(f, now, held_back)) != 0 ||
+            (rc = report(f, now)) != 0 || (rc = published(f)) != 0)
             break;
         fetch_wait(f, wait, &seen);
     }
@@ -399,8 +404,11 @@ int mc_p2p_get_replica(mc_p2p_t *p2p, const char *name, const mc_p2p_buf_t *bufs
     p2p_held_t *h;
     uint64_t total;
     bool leak = false;
-    int rc = get_args(p2p, name, bufs, n, opts, &o, &total);
+    int rc;
 
+    if (progress_p) /* (the final figures, also of a call that fails before it starts) */
+        memset(progress_p, 0, sizeof(*progress_p));
+    rc = get_args(p2p, name, bufs, n, opts, &o, &total);
     if (rc || (rc = mc__p2p_claim(p2p, name, false, &h)) != 0)
         return rc;
     if (!(f = fetch_new(p2p, h, &o))) {

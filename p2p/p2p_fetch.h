@@ -37,6 +37,9 @@ enum { SHARD_MISSING = 0, SHARD_INFLIGHT, SHARD_DONE };
 typedef struct p2p_holder {
     char segment[MC_NAME_MAX];
     bool present;           /* its entry is in the store (as last seen) */
+    bool withdrawn;         /* its entry went from the store (rm, its unregister): still tried,
+                             * last of all, until a read says it no longer serves (a gone holder
+                             * fails them: -MC_EACCESS or unreachable) */
     bool origin;            /* the object's origin */
     bool dead;              /* its process is gone or it refused our reads: skipped from now on */
     bool bad;               /* it sent a corrupt shard: skipped from now on */
@@ -72,7 +75,8 @@ struct p2p_fetch {
     mc_p2p_progress_t prog;
     uint64_t rng;
     uint64_t started_ms, stalled_ms, reported_ms, bytes_started;
-    int last_error; /* of the latest failed attempt, for the final verdict */
+    int last_error;  /* of the latest failed attempt, for the final verdict */
+    int local_error; /* a shard refused at submit for our own range: the fetch ends with it */
 
     /* Shards, the caller's thread only. */
     uint8_t *state;
@@ -128,6 +132,8 @@ bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now);
 bool mc__p2p_choose_holder(p2p_fetch_t *f, uint32_t shard, size_t *holder_p);
 
 /* p2p_slot.c */
+/* Start shard from holder in slot s: -EINVAL or -ENOMEM for our own range or memory (the
+ * fetch ends), else an error of the holder's. */
 int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t holder);
 /* A slot whose tasks all ended: verify, count; -errno when the fetch must give up. */
 int mc__p2p_slot_finish(p2p_fetch_t *f, p2p_slot_t *s);

@@ -9,7 +9,7 @@
 
 bool mc__p2p_holder_usable(const p2p_fetch_t *f, const p2p_holder_t *h)
 {
-    return h->present && !h->dead && !h->bad && !h->rest_until_ms &&
+    return (h->present || h->withdrawn) && !h->dead && !h->bad && !h->rest_until_ms &&
            (!f->o.origin_only || h->origin);
 }
 
@@ -54,7 +54,7 @@ bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now)
             f->holders_gen++;
             holder_seg_close(f, h); /* (shards were in flight to it when it failed) */
         }
-        resting |= h->rest_until_ms && h->present && !h->dead && !h->bad;
+        resting |= h->rest_until_ms && (h->present || h->withdrawn) && !h->dead && !h->bad;
     }
     return resting;
 }
@@ -84,10 +84,10 @@ static void count_avail(p2p_fetch_t *f, bool force)
 }
 
 /* Lower is better: other replicas first, the origin after them (it is everyone's last
- * resort), and holders that keep failing last of all. */
+ * resort), then holders that keep failing, and those whose entry went last of all. */
 static unsigned holder_class(const p2p_holder_t *h)
 {
-    return h->fails >= P2P_HOLDER_FAILS ? 2 : h->origin ? 1 : 0;
+    return h->withdrawn ? 3 : h->fails >= P2P_HOLDER_FAILS ? 2 : h->origin ? 1 : 0;
 }
 
 static bool holder_better(const p2p_holder_t *a, const p2p_holder_t *b)
@@ -210,7 +210,8 @@ int mc__p2p_stall_reason(p2p_fetch_t *f, uint32_t *shard_p)
             continue;
         for (size_t k = 0; k < f->n_holders; k++) {
             const p2p_holder_t *h = &f->holders[k];
-            if (h->present && p2p_bit(h->e.have, i) && (!f->o.origin_only || h->origin)) {
+            if ((h->present || h->withdrawn) && p2p_bit(h->e.have, i) &&
+                (!f->o.origin_only || h->origin)) {
                 held = true;
                 good |= !h->bad;
             }
@@ -269,13 +270,22 @@ static void holder_put(p2p_fetch_t *f, const char *segment, const char *json, si
     if (!ours || !h) { /* (!h: out of memory for a new holder) */
         if (decoded)
             mc__p2p_entry_free(&e);
-        if (h)
-            h->present = false;
+        if (h) /* it serves another object now */
+            h->present = h->withdrawn = false;
         return;
     }
     mc__p2p_entry_free(&h->e);
     h->e = e;
     h->present = true;
+    h->withdrawn = false;
+}
+
+/* Its entry went: a fetch under way goes on reading from it, last of all (p2p.h: an object
+ * removed without its replicas is finished from the holders a fetch knows). */
+static void holder_withdrawn(p2p_holder_t *h)
+{
+    h->withdrawn |= h->present;
+    h->present = false;
 }
 
 static const char *key_segment(const p2p_fetch_t *f, const char *key)
@@ -288,7 +298,7 @@ static const char *key_segment(const p2p_fetch_t *f, const char *key)
 void mc__p2p_holders_listed(p2p_fetch_t *f, const mc_meta_kv_t *kvs, size_t n)
 {
     for (size_t k = 0; k < f->n_holders; k++)
-        f->holders[k].present = false;
+        holder_withdrawn(&f->holders[k]);
     for (size_t i = 0; i < n; i++) {
         const char *segment = key_segment(f, kvs[i].key);
         if (segment)
@@ -307,7 +317,7 @@ void mc__p2p_holders_event(p2p_fetch_t *f, const mc_meta_event_t *ev)
     if (ev->type == MC_META_PUT)
         holder_put(f, segment, ev->kv.value, ev->kv.value_len);
     else if ((h = holder_find(f, segment)) != NULL)
-        h->present = false;
+        holder_withdrawn(h);
     f->holders_gen++;
 }
 

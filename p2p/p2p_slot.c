@@ -91,7 +91,9 @@ int mc__p2p_slot_start(p2p_fetch_t *f, p2p_slot_t *s, uint32_t shard, size_t hol
     if (h->seg == MC_SEGMENT_INVALID &&
         (rc = mc_segment_open_nb(f->p2p->engine, h->segment, &h->seg)) != 0) {
         h->seg = MC_SEGMENT_INVALID;
-        return mc__p2p_error(rc, "opening %s: %s", h->segment, mc_last_error());
+        /* the holder's (its name): not one the caller's fetch ends with (-EINVAL, -ENOMEM) */
+        return mc__p2p_error(-MC_ENOSEGMENT, "opening %s: %s (%s)", h->segment, mc_last_error(),
+                             mc_err_name(rc));
     }
     n = mc__p2p_pieces(f->h->bufs, f->h->n, h->e.bufs, h->e.n_bufs, h->seg, off, len, NULL, 0);
     reqs = malloc(n * sizeof(*reqs));

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <cmocka.h>
 
 #include <mooncake/engine.h>
@@ -717,6 +718,57 @@ static void test_force_race(void **state)
         mc_p2p_destroy(r[i].node);
 }
 
+/* A fetch into memory a READ cannot land in (mapped read-only) fails at once with the reason,
+ * blaming no holder (before: the healthy origin was dropped as unreachable three times, and the
+ * fetch failed -MC_EPEERDEAD after the shard timeout); the progress of a call that fails before
+ * it starts is all zero. */
+static void test_local_refusal(void **state)
+{
+    enum { LEN = 1 << 20 };
+    mc_p2p_get_opts_t go = {.size = sizeof(go), .shard_timeout_ms = 20000};
+    mc_p2p_register_opts_t ro = {.size = sizeof(ro), .shard_size = 65536};
+    mc_p2p_progress_t pr;
+    mc_p2p_t *a, *b;
+    uint8_t *src = malloc(LEN), *dst;
+
+    (void)state;
+    pattern_fill(src, LEN, 31, 0);
+    assert_int_equal(mc_p2p_create(NULL, &a), 0);
+    assert_int_equal(mc_p2p_create(NULL, &b), 0);
+    mc_p2p_buf_t sb = {src, LEN};
+    assert_int_equal(mc_p2p_register(a, "local-refusal", &sb, 1, &ro), 0);
+    dst = mmap(NULL, LEN, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(dst != MAP_FAILED);
+    mc_p2p_buf_t db = {dst, LEN};
+    uint64_t t0 = p2p_now_ms();
+    assert_int_equal(mc_p2p_get_replica(b, "local-refusal", &db, 1, &go, &pr), -EINVAL);
+    print_message("  %s (%llu ms)\n", mc_p2p_last_error(), (unsigned long long)(p2p_now_ms() - t0));
+    assert_true(strstr(mc_p2p_last_error(), "write permission") != NULL);
+    assert_true(p2p_now_ms() - t0 < 10000);
+    memset(&pr, 0xab, sizeof(pr));
+    assert_int_equal(mc_p2p_get_replica(b, "no//such", &db, 1, &go, &pr), -EINVAL);
+    assert_int_equal(pr.bytes_total, 0);
+    assert_int_equal(pr.shards_done, 0);
+    /* b publishes other bytes; a fetch into memory that overlaps them is refused (its shards
+     * would be served as that object's), another publish of them is not */
+    uint8_t *own = malloc(2 * LEN);
+    mc_p2p_buf_t ob = {own, 2 * LEN}, into = {own + LEN / 2, LEN};
+    pattern_fill(own, 2 * LEN, 32, 0);
+    assert_int_equal(mc_p2p_register(b, "local-own", &ob, 1, &ro), 0);
+    assert_int_equal(mc_p2p_register(b, "local-own-too", &ob, 1, &ro), 0);
+    assert_int_equal(mc_p2p_get_replica(b, "local-refusal", &into, 1, &go, NULL), -EINVAL);
+    assert_true(strstr(mc_p2p_last_error(), "overlap those of local-own") != NULL);
+    assert_int_equal(pattern_check(own, 2 * LEN, 32, 0), -1);
+    assert_int_equal(mc_p2p_unregister(b, "local-own-too", 0), 0);
+    assert_int_equal(mc_p2p_unregister(b, "local-own", 0), 0);
+    free(own);
+    assert_int_equal(munmap(dst, LEN), 0);
+    assert_int_equal(mc_p2p_unregister(a, "local-refusal", 0), 0);
+    mc_p2p_destroy(b);
+    mc_p2p_destroy(a);
+    free(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -737,6 +789,7 @@ int main(void)
         cmocka_unit_test_teardown(test_unregister_after_remove, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_abandoned, p2p_node_cleanup),
         cmocka_unit_test_teardown(test_force_race, p2p_node_cleanup),
+        cmocka_unit_test_teardown(test_local_refusal, p2p_node_cleanup),
     };
 
     setenv("MC_METADATA_TTL", "3", 0);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mooncake-p2p as a script sees it: exit codes (usage 1, not found 2, verification 3, metadata
-# unreachable 4, collision 6, interrupted 130), publish -> fetch -> identical file, a
+# unreachable 4, collision 6, local 7, interrupted 130), publish -> fetch -> identical file, a
 # --serve-after holder feeding the next fetch, list, serve, rm, and publishers that exit 0 on
 # SIGINT/SIGTERM. Every process it starts is killed at exit; every wait is bounded.
 set -uo pipefail
@@ -144,6 +144,29 @@ sleep 1
 kill -INT "$slow"
 finish "$slow" 130
 [[ ! -e $tmp/out5 && ! -e $tmp/out5.p2p-part ]] || fail "an interrupted fetch left a file"
+
+step "a second fetch into the same file is refused (exit 7); the first one's file is whole"
+background slow2 "$tool" fetch ckpt/a "$tmp/out7" --limit-rate 2M --no-p2p
+slow2=$bg
+for ((i = 0; i < 100; i++)); do [[ -e $tmp/out7.p2p-part ]] && break; sleep 0.1; done
+expect 7 "$tool" fetch ckpt/a "$tmp/out7"
+grep -q 'another fetch writes into it' "$tmp/err" || fail "refusal: $(cat "$tmp/err")"
+finish "$slow2" 0
+cmp -s "$tmp/src" "$tmp/out7" || fail "the first fetch's file differs from the object"
+
+step "rm without --keep-replicas: a fetch under way finishes from the holders it knows"
+background pub3 "$tool" publish "$tmp/src" ckpt/c --shard-size 64K
+pub3=$bg
+wait_for "$tmp/pub3.log" '^published ckpt/c'
+background slow3 "$tool" fetch ckpt/c "$tmp/out8" --limit-rate 1M --timeout-ms 2000
+slow3=$bg
+for ((i = 0; i < 100; i++)); do [[ -e $tmp/out8.p2p-part ]] && break; sleep 0.1; done
+sleep 0.5
+expect 0 "$tool" rm ckpt/c
+finish "$slow3" 0
+cmp -s "$tmp/src" "$tmp/out8" || fail "the fetch under the rm differs from the object"
+kill -TERM "$pub3"
+finish "$pub3" 0
 
 step "holders and publisher exit 0 on SIGINT/SIGTERM; the description goes with the origin"
 kill -INT "$r1"
