@@ -415,6 +415,44 @@ static void test_local_failed_read_settled(void **state)
     assert_int_equal(settled_after_failure(fx->e, fx->self, fa, fx->mem), 0);
 }
 
+/* A peer's file known by its buffer key alone, the peer opened before it had any file (its
+ * descriptor then has no file part): the READ is cut to the owner's chunk size, which the key
+ * carries (before, it was cut to ours, 1 MiB, and the owner refused the stage requests). */
+static void test_key_only_file(void **state)
+{
+    uint8_t key[MC_BUFFER_KEY_SIZE], addr[64];
+    size_t addr_len = sizeof(addr);
+    char dir[256], path[300];
+    mc_segment_id_t seg;
+    th_cfg_t ca, cb;
+
+    (void)state;
+    th_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/k.bin", dir);
+    th_config(&ca);
+    th_set(&ca, "FILE_SLICE_SIZE", "65536");
+    th_config(&cb);
+    mc_engine_t *a = th_engine(&ca), *b = th_engine(&cb);
+    uint8_t *mem = th_buf(b, 2 * MIB);
+    assert_int_equal(mc_engine_address(a, addr, &addr_len), 0);
+    assert_int_equal(mc_segment_open_address(b, addr, addr_len, &seg), 0);
+    for (int64_t end = th_now_ms() + 10000;
+         mc_segment_state(b, seg) != MC_SEGMENT_READY && th_now_ms() < end;)
+        th_sleep_ms(1);
+    assert_int_equal(mc_segment_state(b, seg), MC_SEGMENT_READY);
+    write_at(path, 0, 2 * MIB, SEED_FILE);
+    uint64_t fa = file_reg(a, path, 0, 2 * MIB, 0);
+    assert_int_equal(mc_buffer_key_pack(a, (void *)(uintptr_t)fa, key), 0);
+    assert_int_equal(mc_segment_add_buffer(b, seg, key, sizeof(key)), 0);
+    xfer_ok(b, MC_READ, ptr(mem), seg, fa + 4096, 2 * MIB - 4096);
+    assert_int_equal(th_check_at(mem, 2 * MIB - 4096, SEED_FILE, 4096), -1);
+    th_close(b, seg);
+    th_buf_free(b, mem, 2 * MIB);
+    mc_engine_destroy(b);
+    mc_engine_destroy(a);
+    th_rmdir(dir);
+}
+
 /* io_uring-less: MC_FILE_IO=thread, everything above still holds (aligned and not). */
 static int lfx_setup_thread(void **state)
 {
@@ -1097,6 +1135,7 @@ int main(int argc, char **argv)
             LOCAL(test_destroy_in_flight),
             LOCAL_S(test_caller_progress, lfx_setup_caller),
             LOCAL(test_register_leaks),
+            cmocka_unit_test(test_key_only_file),
         };
         rc |= cmocka_run_group_tests_name("file, local", local, NULL, NULL);
         const struct CMUnitTest tcp[] = {

@@ -277,19 +277,21 @@ static int file_encode_buffer(mc_engine_t *e, const mc_buffer_t *b, json_t *jb)
                : 0;
 }
 
+/* Its bytes, and our chunk size: how much we stage at a time, which a peer that knows the file
+ * by its key alone (our descriptor of before the file, without a file part) must not pass. */
 static int file_key_pack(mc_engine_t *e, const mc_buffer_t *b, uint8_t *out, size_t cap)
 {
     const file_buf_t *f = file_buf(b);
 
-    (void)e;
     if (!file_owned(b))
         return 0;
-    if (cap < 16)
+    if (cap < 20)
         return mc__set_error(-E2BIG, "no room for the file part of a key");
     mc__put64(out, f->offset);
     mc__put32(out + 8, f->flags);
     mc__put32(out + 12, direct_align(f));
-    return 16;
+    mc__put32(out + 16, file_of(e)->chunk);
+    return 20;
 }
 
 /* ---- memory ---- */

@@ -3,6 +3,7 @@
  * file ("file": {"path", "offset", "flags", "align"}), which also marks the buffer as ours to
  * move (an opaque buffer: mc_desc_buffer_t.owner). Pure: fuzzed with the descriptor decoder. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,13 +127,25 @@ static int file_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsign
                     (uint32_t)json_integer_value(flags), (uint32_t)json_integer_value(align), path);
 }
 
-/* In a buffer key: u64 offset, u32 flags, u32 align (the path does not fit). */
+/* In a buffer key: u64 offset, u32 flags, u32 align (the path does not fit), u32 the owner's
+ * chunk size: a descriptor of the owner from before its first file has no file part, and
+ * without the chunk a peer sliced by its own (larger) one, which the owner refused. */
 static int file_decode_key(const uint8_t *in, size_t len, const void *part, mc_desc_t *d,
                            unsigned slot, mc_desc_buffer_t *b)
 {
-    (void)part;
-    if (len != 16 || !align_ok(mc__get32(in + 12)) || strcmp(b->location, "file"))
+    uint32_t chunk = len == 20 ? mc__get32(in + 16) : 0;
+    file_desc_t *fd;
+
+    if (len != 20 || !align_ok(mc__get32(in + 12)) || chunk < 4096 || chunk > MC_SLICE_MAX ||
+        strcmp(b->location, "file"))
         return mc__set_error(-MC_EPROTO, "buffer key: bad file part");
+    if (!part) { /* (the owner's part, as its descriptor will say: replaced with it) */
+        if (!(fd = calloc(1, sizeof(*fd))))
+            return mc__set_error(-ENOMEM, "out of memory decoding a buffer key");
+        snprintf(fd->io, sizeof(fd->io), "?");
+        fd->chunk = chunk;
+        d->tp[slot] = fd;
+    }
     return part_add(d, slot, b, mc__get64(in), mc__get32(in + 8), mc__get32(in + 12), "");
 }
 
