@@ -312,9 +312,11 @@ mc_kv_status_t kv__load_remote_conn_info(mc_kv_backend_t *b, const char *agent, 
     mc_kv_status_t st;
     kv_agent_t *a;
 
-    if (!agent || len > MC_KV_CONN_MAX)
+    if (!agent || strlen(agent) >= MC_KV_AGENT_MAX || len > MC_KV_CONN_MAX)
         return kv__fail(b, MC_KV_ERR_INVALID_PARAM, "load_remote_conn_info: %s",
-                        agent ? "info longer than MC_KV_CONN_MAX" : "NULL agent");
+                        !agent                 ? "NULL agent"
+                        : len > MC_KV_CONN_MAX ? "info longer than MC_KV_CONN_MAX"
+                                               : "an agent name has at most 127 characters");
     if ((st = conn_info_parse(b, info, len, name, &addr, &addr_len, segment)))
         return st;
     if (strcmp(name, agent))

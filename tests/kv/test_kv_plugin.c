@@ -595,6 +595,11 @@ static void test_bad_conn_info(void **state)
     mc_kv_backend_t *c = agent_create("C", NULL);
     EXPECT(c, MC_KV_ERR_INVALID_PARAM, "not an engine address",
            P->load_remote_conn_info(c, "B", bad, len));
+    char long_name[200];
+    memset(long_name, 'x', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = 0;
+    EXPECT(c, MC_KV_ERR_INVALID_PARAM, "at most 127 characters",
+           P->load_remote_conn_info(c, long_name, info, len));
     P->destroy(c);
     memcpy(bad, info, len); /* an agent of version 2: its notifications carry no marker */
     bad[4] = 2;
