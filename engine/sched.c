@@ -305,6 +305,11 @@ static void paths_tried(const mc_peer_t *p, unsigned tp, uint32_t mask, char *bu
         snprintf(buf, size, "no path");
 }
 
+void mc__sched_stop_carving(mc_engine_t *e, mc_task_t *t)
+{
+    task_dequeue(e, t);
+}
+
 /* t is about to fail or time out: the transports make sure that nothing more of its slices still
  * in flight lands in its local memory (transport.h, abandon). */
 void mc__sched_abandon(mc_engine_t *e, mc_task_t *t)

@@ -46,6 +46,9 @@ void mc__sched_timers(mc_engine_t *e, uint64_t now);
 /* t is about to end FAILED or TIMEOUT: nothing more of its slices in flight may land in its
  * local memory after this returns (the transports' abandon). */
 void mc__sched_abandon(mc_engine_t *e, mc_task_t *t);
+/* A transport holds back a failure of t until its slices in flight ended: no more of t is cut
+ * into slices (the rest fails with it). */
+void mc__sched_stop_carving(mc_engine_t *e, mc_task_t *t);
 /* Apply a batch cancel: drop its queued tasks. */
 void mc__sched_cancel(mc_engine_t *e, mc_batch_t *b);
 void mc__sched_fini(mc_engine_t *e);

@@ -106,7 +106,6 @@ mc_kv_status_t kv__status_of(int rc)
         return MC_KV_ERR_NOT_ALLOWED;
     case -EINVAL:
     case -E2BIG:
-    case -MC_EPROTO: /* (connection info or public data that is not what a peer made) */
         return MC_KV_ERR_INVALID_PARAM;
     case -ENOENT:
         return MC_KV_ERR_NOT_FOUND;
@@ -118,6 +117,14 @@ mc_kv_status_t kv__status_of(int rc)
     default:
         return MC_KV_ERR_BACKEND;
     }
+}
+
+mc_kv_status_t kv__fail_input(mc_kv_backend_t *b, int rc, const char *what)
+{
+    /* bytes the host passed in (its side channel's) that no peer made: its call's fault, not
+     * the backend's (a task failing -MC_EPROTO in flight is the backend's) */
+    return rc == -MC_EPROTO ? kv__fail(b, MC_KV_ERR_INVALID_PARAM, "%s: %s", what, mc_last_error())
+                            : kv__fail_engine(b, rc, what);
 }
 
 mc_kv_status_t kv__fail_engine(mc_kv_backend_t *b, int rc, const char *what)

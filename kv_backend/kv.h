@@ -92,6 +92,8 @@ mc_kv_status_t kv__fail(mc_kv_backend_t *b, mc_kv_status_t status, const char *f
     __attribute__((format(printf, 3, 4)));
 /* The status for an engine error code, with the engine's reason appended to what. */
 mc_kv_status_t kv__fail_engine(mc_kv_backend_t *b, int rc, const char *what);
+/* The same for an engine call on bytes the host passed in: -MC_EPROTO is INVALID_PARAM. */
+mc_kv_status_t kv__fail_input(mc_kv_backend_t *b, int rc, const char *what);
 mc_kv_status_t kv__status_of(int rc);
 
 /* Agents (md.c). Callers of kv__agent_find hold agents_lock. */

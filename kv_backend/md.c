@@ -296,7 +296,7 @@ static mc_kv_status_t agent_add(mc_kv_backend_t *b, const char *name, const void
     a->info_len = len;
     if ((rc = mc_segment_open_address(b->engine, addr, addr_len, &a->seg)) < 0) {
         free(a);
-        return kv__fail_engine(b, rc, "load_remote_conn_info: the agent's address");
+        return kv__fail_input(b, rc, "load_remote_conn_info: the agent's address");
     }
     a->next = b->agents;
     b->agents = a;
@@ -513,7 +513,7 @@ static mc_kv_status_t remote_md_add(mc_kv_backend_t *b, kv_agent_t *a, const uns
                         "load_remote_md: the public data is of another instance than agent '%s'",
                         a->name);
     if (rc < 0)
-        return kv__fail_engine(b, rc, "load_remote_md");
+        return kv__fail_input(b, rc, "load_remote_md");
     if (!(md = malloc(sizeof(*md))))
         return kv__fail(b, MC_KV_ERR_BACKEND, "load_remote_md: out of memory");
     *md = *tmpl;

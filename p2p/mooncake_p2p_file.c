@@ -50,6 +50,35 @@ int tool_map_in(const char *path, tool_map_t *m)
     return 0;
 }
 
+/* The part file, open and locked: a descriptor, or -EXIT_*. A fetch that held the lock may have
+ * renamed (committed) or removed the file the descriptor names between the open and the lock:
+ * then the name is opened again. */
+static int part_lock(const char *path, const char *part)
+{
+    struct stat by_fd, by_name;
+
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return -fail("cannot create", part);
+        if (flock(fd, LOCK_EX | LOCK_NB)) {
+            if (errno == EWOULDBLOCK)
+                fprintf(stderr, "mooncake-p2p: %s: another fetch writes into it (%s is locked)\n",
+                        path, part);
+            else
+                fail("cannot lock", part);
+            close(fd);
+            return -EXIT_LOCAL;
+        }
+        if (!fstat(fd, &by_fd) && !stat(part, &by_name) && by_fd.st_dev == by_name.st_dev &&
+            by_fd.st_ino == by_name.st_ino)
+            return fd;
+        close(fd); /* renamed or removed meanwhile */
+    }
+    fprintf(stderr, "mooncake-p2p: %s keeps changing under this fetch\n", part);
+    return -EXIT_LOCAL;
+}
+
 /* Shared, so that what the engine writes lands in the file; the space is reserved first, so
  * that a full disk is an error here and not a SIGBUS in the middle of a transfer. The part
  * file is locked while this process writes it: a second fetch into the same file emptied the
@@ -66,21 +95,9 @@ int tool_map_out(const char *path, size_t len, tool_map_t *m)
         m->part[0] = '\0';
         return EXIT_USAGE;
     }
-    fd = open(m->part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        err = fail("cannot create", m->part);
-        m->part[0] = '\0';
-        return err;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB)) {
-        if (errno == EWOULDBLOCK)
-            fprintf(stderr, "mooncake-p2p: %s: another fetch writes into it (%s is locked)\n", path,
-                    m->part);
-        else
-            fail("cannot lock", m->part);
-        close(fd);
+    if ((fd = part_lock(path, m->part)) < 0) {
         m->part[0] = '\0'; /* (not ours to remove) */
-        return EXIT_LOCAL;
+        return -fd;
     }
     m->part_fd = fd;
     if (ftruncate(fd, 0))

@@ -110,7 +110,8 @@ static int open_path(const char *path, const mc_file_opts_t *o, int flags, bool 
     return fd;
 }
 
-static int file_open(const char *path, const mc_file_opts_t *o, file_buf_t **f_p, uint64_t *len_p)
+static int file_open(const char *path, const mc_file_opts_t *o, file_buf_t **f_p, uint64_t *len_p,
+                     bool *created_p)
 {
     int flags = ((o->flags & MC_FILE_READONLY) ? O_RDONLY : O_RDWR) | O_CLOEXEC, rc;
     size_t plen = strlen(path);
@@ -130,6 +131,7 @@ static int file_open(const char *path, const mc_file_opts_t *o, file_buf_t **f_p
             unlink(path);
         return rc ? rc : mc__set_error(-ENOMEM, "out of memory");
     }
+    *created_p = created;
     f->fd = fd;
     f->fd_direct = (o->flags & MC_FILE_BUFFERED) ? -1 : open_direct(fd, flags, path);
     f->fixed = f->fixed_direct = -1;
@@ -146,6 +148,7 @@ int mc_file_register(mc_engine_t *e, const char *path, const mc_file_opts_t *opt
     mc_file_opts_t o = {0};
     file_buf_t *f = NULL;
     uint64_t len = 0;
+    bool created = false;
     int rc;
 
     if (!e || !path || !*path || !addr_p)
@@ -162,12 +165,14 @@ int mc_file_register(mc_engine_t *e, const char *path, const mc_file_opts_t *opt
         return mc__set_error(-MC_ENODEV, "the file transport does not run in this engine");
     rc = mc__file_setup(e, true);
     if (!rc)
-        rc = file_open(path, &o, &f, &len);
+        rc = file_open(path, &o, &f, &len, &created);
     if (rc)
         return rc;
     bool direct = f->fd_direct >= 0;
     /* f is the buffer's from here on, freed by its deregistration (or this failing) */
     rc = mc__mem_register_opaque(e, mc__file_slot, len, "file", f, addr_p);
+    if (rc && created) /* (as file_open does for its own refusals) */
+        unlink(path);
     if (!rc)
         mc_info("file %s: %llu bytes from offset %llu registered at 0x%llx (%s)", path,
                 (unsigned long long)len, (unsigned long long)o.offset, (unsigned long long)*addr_p,

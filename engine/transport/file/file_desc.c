@@ -133,20 +133,22 @@ static int file_decode_buffer(json_t *jb, const void *part, mc_desc_t *d, unsign
 static int file_decode_key(const uint8_t *in, size_t len, const void *part, mc_desc_t *d,
                            unsigned slot, mc_desc_buffer_t *b)
 {
-    uint32_t chunk = len == 20 ? mc__get32(in + 16) : 0;
+    uint32_t chunk = len == 20 ? mc__get32(in + 16) : 0; /* (16: a key of before, none) */
     file_desc_t *fd;
+    int rc;
 
-    if (len != 20 || !align_ok(mc__get32(in + 12)) || chunk < 4096 || chunk > MC_SLICE_MAX ||
-        strcmp(b->location, "file"))
+    if ((len != 16 && len != 20) || !align_ok(mc__get32(in + 12)) ||
+        (len == 20 && (chunk < 4096 || chunk > MC_SLICE_MAX)) || strcmp(b->location, "file"))
         return mc__set_error(-MC_EPROTO, "buffer key: bad file part");
-    if (!part) { /* (the owner's part, as its descriptor will say: replaced with it) */
+    rc = part_add(d, slot, b, mc__get64(in), mc__get32(in + 8), mc__get32(in + 12), "");
+    if (!rc && !part && chunk && !d->tp[slot]) { /* the owner's part, until its descriptor */
         if (!(fd = calloc(1, sizeof(*fd))))
-            return mc__set_error(-ENOMEM, "out of memory decoding a buffer key");
+            return 0; /* (our own chunk size then, as before) */
         snprintf(fd->io, sizeof(fd->io), "?");
         fd->chunk = chunk;
         d->tp[slot] = fd;
     }
-    return part_add(d, slot, b, mc__get64(in), mc__get32(in + 8), mc__get32(in + 12), "");
+    return rc;
 }
 
 const mc_desc_codec_t mc__file_codec = {

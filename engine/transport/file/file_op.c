@@ -359,6 +359,8 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
         held = (!retry || op->s->attempts >= e->cfg.retry_cnt) &&
                (task_live(fe, t, NULL) || task_failing(fe, t));
         if (held) {
+            if (!task_failing(fe, t)) /* the first: what is not cut yet waits for nothing */
+                mc__sched_stop_carving(e, t);
             op->held_err = err;
             op->held_reason = strdup(reason);
         } else {
