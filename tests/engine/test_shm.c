@@ -817,6 +817,47 @@ static void test_free_waits_for_revoke(void **state)
     mc_engine_destroy(owner);
 }
 
+/* The same, but the owner's progress stays stuck in that send past MC_IO_TIMEOUT_MS + 1 s (a
+ * callback that blocks, say): mc_mem_free gives up, and keeps the buffer mapped, so that its
+ * address is not handed out again while the peer may still map it (before, it unmapped it, and
+ * the next allocation there took the peer's WRITEs through its old mapping). */
+static void test_free_revoke_stuck(void **state)
+{
+    const size_t len = 3u << 20;
+    mc_segment_id_t seg;
+    th_cfg_t cfg;
+    pthread_t tid;
+
+    (void)state;
+    th_config(&cfg);
+    th_set(&cfg, "FORCE_TCP", "0");
+    th_set(&cfg, "IO_TIMEOUT_MS", "200");
+    mc_engine_t *owner = th_engine(&cfg), *peer = th_engine(&cfg);
+    freer_t f = {.e = owner, .len = len};
+    assert_int_equal(mc_mem_alloc(owner, len, "cpu:0", &f.p), 0);
+    uint8_t *src = th_buf(peer, len);
+    assert_int_equal(mc_segment_open(peer, mc_engine_segment_name(owner), &seg), 0);
+    th_fill(src, len, 79);
+    assert_int_equal(th_xfer(peer, MC_WRITE, src, seg, (uint64_t)(uintptr_t)f.p, len, NULL, 0),
+                     MC_TASK_COMPLETED);
+    assert_int_equal(owner_maps(len), 2);
+
+    gate_arm(&revoke_gate, 0);
+    assert_int_equal(pthread_create(&tid, NULL, free_main, &f), 0);
+    gate_wait_held(&revoke_gate);
+    for (int64_t dl = th_now_ms() + 10000; !atomic_load(&f.done) && th_now_ms() < dl;)
+        th_sleep_ms(5);
+    assert_true(atomic_load(&f.done)); /* it gave up (after 1.2 s), the send still held */
+    assert_int_equal(f.maps, 2);       /* the owner's mapping kept, the peer's not revoked */
+    atomic_store(&revoke_gate.state, GATE_OPEN);
+    pthread_join(tid, NULL);
+
+    th_close(peer, seg);
+    th_buf_free(peer, src, len);
+    mc_engine_destroy(peer);
+    mc_engine_destroy(owner);
+}
+
 typedef struct cover {
     mc_regtab_t *t;
     atomic_int got; /* -1 until covers returned */
@@ -875,6 +916,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_over_one_call),
         cmocka_unit_test_setup_teardown(test_map_racing_unregister, setup, teardown),
         cmocka_unit_test(test_free_waits_for_revoke),
+        cmocka_unit_test(test_free_revoke_stuck),
         cmocka_unit_test(test_regtab_left_mid_rewrite),
         cmocka_unit_test_setup_teardown(test_event_socket_cut, setup_caller, teardown),
     };

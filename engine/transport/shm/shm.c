@@ -1130,17 +1130,36 @@ static int shm_mem_release(mc_engine_t *e, mc_buffer_t *b)
                              (unsigned long long)b->addr);
     if (b->memfd < 0 && !b->vram) /* VRAM: peers may have opened it (GRANT) */
         return 0;
+    uint64_t end = mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS;
     pthread_mutex_lock(&se->revoke_mutex);
+    /* One an unregister gave up on goes first: its buffer stayed mapped, and the address it
+     * names must not be overwritten before progress sent it. */
+    if (!revoked(e, NULL) && !mc__mem_wait(e, revoked, NULL, end)) {
+        pthread_mutex_unlock(&se->revoke_mutex);
+        return mc__set_error(-MC_ETIMEOUT,
+                             "unregister 0x%llx: the revocation of an earlier unregister is still "
+                             "under way (the progress context did not run it)",
+                             (unsigned long long)b->addr);
+    }
     se->revoke_addr = b->addr;
     se->revoke_serial = b->serial;
     atomic_store(&se->revoke_req, true);
     mc__doorbell(e);
-    if (!mc__mem_wait(e, revoked, NULL, mc__now_ns() + (uint64_t)e->cfg.io_timeout_ms * MC_MS)) {
+    if (!mc__mem_wait(e, revoked, NULL, end)) {
         mc_warn("unregister 0x%llx: %u same-host peers did not acknowledge; disconnecting them",
                 (unsigned long long)b->addr, atomic_load(&se->revoke_left));
         atomic_store(&se->revoke_abort, true);
         mc__doorbell(e);
-        mc__mem_wait(e, revoked, NULL, mc__now_ns() + 1000 * MC_MS);
+        if (!mc__mem_wait(e, revoked, NULL, mc__now_ns() + 1000 * MC_MS)) {
+            /* Progress did not even send it (stuck in a callback, say): peers may still map b.
+             * It stays registered and mapped, so that its address is not handed out again. */
+            pthread_mutex_unlock(&se->revoke_mutex);
+            return mc__set_error(-MC_ETIMEOUT,
+                                 "unregister 0x%llx: same-host peers may still map it (the "
+                                 "progress context did not revoke it within MC_IO_TIMEOUT_MS "
+                                 "+ 1 s)",
+                                 (unsigned long long)b->addr);
+        }
     }
     pthread_mutex_unlock(&se->revoke_mutex);
     return 0;
