@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -858,6 +859,94 @@ static void test_free_revoke_stuck(void **state)
     mc_engine_destroy(owner);
 }
 
+typedef struct submitter {
+    mc_batch_t *b;
+    mc_request_t r;
+    int rc;
+    atomic_bool done;
+} submitter_t;
+
+static void *submit_main(void *arg)
+{
+    submitter_t *s = arg;
+
+    s->rc = mc_batch_submit(s->b, &s->r, 1, NULL);
+    atomic_store(&s->done, true);
+    return NULL;
+}
+
+/* The owner accepts nothing (a caller-progress host away) and its accept queue is full: a
+ * host thread's first submit to it, which connects to it, gives up on shm after
+ * MC_IO_TIMEOUT_MS instead of waiting in connect(2) for ever; the task goes over tcp once the
+ * owner progresses again. */
+static void test_connect_queue_full(void **state)
+{
+    th_cfg_t oc, pc;
+    mc_segment_id_t seg;
+    pthread_t tid;
+    int fds[1024], n = 0;
+    submitter_t s = {.r = {.opcode = MC_WRITE, .length = 4096}};
+
+    (void)state;
+    th_config(&oc);
+    th_set(&oc, "PROGRESS_THREAD", "0");
+    th_config(&pc);
+    th_set(&pc, "IO_TIMEOUT_MS", "300");
+    mc_engine_t *owner = th_engine(&oc), *peer = th_engine(&pc);
+    uint8_t *dst = th_buf(owner, 4096), *src = th_buf(peer, 4096);
+    uint8_t addr[64];
+    size_t alen = sizeof(addr);
+    assert_int_equal(mc_engine_address(owner, addr, &alen), 0);
+    assert_int_equal(mc_segment_open_address(peer, addr, alen, &seg), 0);
+    for (int64_t dl = th_now_ms() + 10000;
+         mc_segment_state(peer, seg) != MC_SEGMENT_READY && th_now_ms() < dl;)
+        mc_engine_progress(owner);
+    assert_int_equal(mc_segment_state(peer, seg), MC_SEGMENT_READY);
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    size_t nl = strlen(shm_of(owner)->name);
+    memcpy(sun.sun_path + 1, shm_of(owner)->name, nl);
+    for (; n < 1024; n++) { /* until the owner's queue is full */
+        fds[n] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (connect(fds[n], (struct sockaddr *)&sun,
+                    (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) < 0) {
+            close(fds[n]);
+            break;
+        }
+    }
+    assert_true(n > 0 && n < 1024);
+    th_fill(src, 4096, 81);
+    assert_int_equal(mc_batch_create(peer, 1, &s.b), 0);
+    s.r.local = src;
+    s.r.target = seg;
+    s.r.target_offset = (uint64_t)(uintptr_t)dst;
+    assert_int_equal(pthread_create(&tid, NULL, submit_main, &s), 0);
+    for (int64_t dl = th_now_ms() + 10000; !atomic_load(&s.done) && th_now_ms() < dl;)
+        th_sleep_ms(5);
+    bool returned = atomic_load(&s.done);
+    for (int i = 0; i < n; i++) /* (so that a submit still blocked gets in, and the test ends) */
+        close(fds[i]);
+    for (int64_t dl = th_now_ms() + 2000; !atomic_load(&s.done) && th_now_ms() < dl;)
+        mc_engine_progress(owner);
+    pthread_join(tid, NULL);
+    assert_true(returned);
+    assert_int_equal(s.rc, 0);
+    mc_batch_status_t st = {0};
+    for (int64_t dl = th_now_ms() + 20000; th_now_ms() < dl;) {
+        mc_engine_progress(owner);
+        assert_int_equal(mc_batch_status(s.b, &st), 0);
+        if (st.state != MC_TASK_PENDING)
+            break;
+    }
+    assert_int_equal(st.state, MC_TASK_COMPLETED);
+    assert_int_equal(th_check(dst, 4096, 81), -1);
+    th_batch_destroy(peer, s.b);
+    th_close(peer, seg);
+    th_buf_free(peer, src, 4096);
+    th_buf_free(owner, dst, 4096);
+    mc_engine_destroy(peer);
+    mc_engine_destroy(owner);
+}
+
 typedef struct cover {
     mc_regtab_t *t;
     atomic_int got; /* -1 until covers returned */
@@ -917,6 +1006,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_map_racing_unregister, setup, teardown),
         cmocka_unit_test(test_free_waits_for_revoke),
         cmocka_unit_test(test_free_revoke_stuck),
+        cmocka_unit_test(test_connect_queue_full),
         cmocka_unit_test(test_regtab_left_mid_rewrite),
         cmocka_unit_test_setup_teardown(test_event_socket_cut, setup_caller, teardown),
     };

@@ -518,7 +518,7 @@ static void peer_redial(mc_engine_t *e, shm_peer_t *s, uint64_t now)
         return;
     }
     s->redial_ns = now + ms * MC_MS; /* the next try, unless the owner answers first */
-    int fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, true);
+    int fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, 0);
     bool in = fd >= 0 && fcntl(fd, F_SETFL, 0) == 0 && dup3(fd, s->ev.fd, O_CLOEXEC) >= 0;
     int err = fd < 0 ? -fd : errno;
     if (fd >= 0)
@@ -561,15 +561,19 @@ static void peer_on_exit(mc_engine_t *e, mc_pollable_t *p, uint32_t events)
     mc__peer_dead(e, s->peer, "its process %d exited", s->pid);
 }
 
-int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, bool nonblock)
+int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, unsigned wait_ms)
 {
+    struct timeval tv = {.tv_sec = wait_ms / 1000, .tv_usec = (wait_ms % 1000) * 1000};
     struct sockaddr_un sun;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (wait_ms ? 0 : SOCK_NONBLOCK), 0);
     shm_msg_t m = {.type = SHM_HELLO, .arg = role, .instance = instance};
 
     if (fd < 0)
         return -errno;
-    if (connect(fd, (struct sockaddr *)&sun, sun_of(name, &sun)) < 0 ||
+    /* A full accept queue (an owner that does not accept) is waited for that long, not for
+     * ever: then -EAGAIN, as without waiting. */
+    if ((wait_ms && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) ||
+        connect(fd, (struct sockaddr *)&sun, sun_of(name, &sun)) < 0 ||
         send(fd, &m, sizeof(m), MSG_NOSIGNAL) != sizeof(m)) {
         int err = errno;
         close(fd);
@@ -660,8 +664,9 @@ static int peer_connect(mc_engine_t *e, shm_peer_t *s, bool wait)
     struct ucred cred = {0};
     socklen_t cl = sizeof(cred);
 
-    s->req_fd = mc__shm_connect(s->addr, ROLE_REQUEST, e->instance, !wait);
-    s->ev.fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, !wait);
+    s->req_fd =
+        mc__shm_connect(s->addr, ROLE_REQUEST, e->instance, wait ? e->cfg.io_timeout_ms : 0);
+    s->ev.fd = mc__shm_connect(s->addr, ROLE_EVENT, e->instance, wait ? e->cfg.io_timeout_ms : 0);
     if (s->req_fd == -EAGAIN || s->ev.fd == -EAGAIN) { /* its accept queue is full: later */
         if (s->req_fd >= 0)
             close(s->req_fd);

@@ -64,8 +64,10 @@ typedef struct shm_msg {
 
 /* One message on fd (without blocking), with a descriptor attached if pass_fd >= 0. */
 int mc__shm_send(int fd, const shm_msg_t *m, int pass_fd);
-/* Connect to the owner socket called name as role (HELLO sent); the fd or a negative errno. */
-int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, bool nonblock);
+/* Connect to the owner socket called name as role (HELLO sent); the fd or a negative errno.
+ * wait_ms: how long a full accept queue is waited for (-EAGAIN then); 0: not at all, and the
+ * socket is non-blocking. */
+int mc__shm_connect(const char *name, uint32_t role, uint64_t instance, unsigned wait_ms);
 
 /* Messages to one peer through a ring in shared memory (shm_msg.c). */
 typedef struct shm_ring shm_ring_t;

@@ -217,7 +217,7 @@ bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p)
     tx->ring->stream = p->msg_stream;
     tx->ring->tx_wake = shm_of(e)->mb ? WAKE_MB : 0;
     snprintf(tx->ring->sender, sizeof(tx->ring->sender), "%s", e->name);
-    fd = mc__shm_connect(addr, ROLE_MSG, e->instance, true);
+    fd = mc__shm_connect(addr, ROLE_MSG, e->instance, 0);
     if (fd < 0) {
         rc = fd;
         goto fail;
