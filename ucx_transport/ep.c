@@ -443,12 +443,30 @@ static ucs_status_t am_send(uct_mc_ep_t *ep, uint8_t id, size_t len)
     return UCS_OK;
 }
 
+/* A put UCT was told complete (the engine let go of its source: over tcp its bytes are in the
+ * kernel) that its target has not taken yet. */
+static bool puts_landing(const uct_mc_ep_t *ep)
+{
+    for (const uct_mc_op_t *op = ep->ops; op; op = op->ep_next)
+        if (op->write && op->sent)
+            return true;
+    return false;
+}
+
 static ucs_status_t am_check(uct_mc_ep_t *ep, uint8_t id, size_t len)
 {
     ucs_status_t st = ep_ready(ep);
 
     if (st != UCS_OK)
         return st;
+    /* A message travels apart from the data (the engine's message path): one sent now could
+     * reach the peer before such a put's bytes, and UCP's rendezvous by put sends "the data is
+     * there" as soon as its put completed (UCX's tcp gets away with it: one socket). It waits
+     * until they landed, in the pending queue. */
+    if (puts_landing(ep)) {
+        ep_block(ep);
+        return UCS_ERR_NO_RESOURCE;
+    }
     if (id >= UCT_AM_ID_MAX || len > ep->iface->am_max) {
         ucs_error("mooncake: active message %u of %zu bytes (at most %zu)", id, len,
                   ep->iface->am_max);
