@@ -625,6 +625,13 @@ static UCS_CLASS_INIT_FUNC(uct_mc_iface_t, uct_md_h tl_md, uct_worker_h worker,
     size_t len = MC_ADDRESS_MAX;
     int rc, id;
 
+    /* Nothing of an interface is locked against its own threads (its buffer for a message,
+     * its pending queue, its endpoints), as UCX's tcp, ib and shared memory transports: a
+     * worker several threads use at once is refused (UCP serializes its own). */
+    if (ucs_derived_of(worker, uct_priv_worker_t)->thread_mode == UCS_THREAD_MODE_MULTI) {
+        ucs_error("mooncake: a worker in UCS_THREAD_MODE_MULTI is not supported");
+        return UCS_ERR_INVALID_PARAM;
+    }
     UCS_CLASS_CALL_SUPER_INIT(uct_base_iface_t, &iface_ops, &uct_mc_iface_internal_ops, tl_md,
                               worker, params,
                               tl_config UCS_STATS_ARG(NULL) UCS_STATS_ARG(UCT_MC_NAME));

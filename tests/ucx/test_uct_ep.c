@@ -27,6 +27,7 @@
  *   key of part of it was used and its registration dropped: the put lands.
  * - an active message after a put that completed over tcp (its bytes in the kernel only): it
  *   waits, in the pending queue, until the put landed; B's handler finds the bytes in place.
+ * - an interface of a worker in UCS_THREAD_MODE_MULTI: refused.
  * UCT_EP_CASE=<name> runs one case (its function's name without test_).
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
@@ -584,6 +585,31 @@ static void test_fence_pending(void)
     side_close(&a);
     side_close(&b);
     ok("fence behind puts in the pending queue: the flag is issued once they are all in");
+}
+
+/* ---- a worker several threads use at once: refused ---- */
+
+static void test_multi_thread_refused(void)
+{
+    uct_iface_params_t p = {.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE,
+                            .open_mode = UCT_IFACE_OPEN_MODE_DEVICE};
+    uct_iface_config_t *cfg;
+    uct_worker_h multi;
+    uct_iface_h iface;
+    side_t a;
+
+    side_open(&a, "A", NULL, NULL);
+    check_st(uct_worker_create(a.async, UCS_THREAD_MODE_MULTI, &multi), "worker (multi)");
+    p.mode.device.tl_name = "mooncake";
+    p.mode.device.dev_name = "engine";
+    check_st(uct_md_iface_config_read(a.md, "mooncake", NULL, NULL, &cfg), "iface config");
+    ucs_status_t st = uct_iface_open(a.md, multi, &p, cfg, &iface);
+    uct_config_release(cfg);
+    if (st != UCS_ERR_INVALID_PARAM)
+        fail("an interface of a UCS_THREAD_MODE_MULTI worker: %s", ucs_status_string(st));
+    uct_worker_destroy(multi);
+    side_close(&a);
+    ok("a worker in UCS_THREAD_MODE_MULTI is refused (nothing of an interface is locked)");
 }
 
 /* ---- an active message after a put that completed: not before the put's bytes ---- */
@@ -1634,5 +1660,6 @@ int main(void)
     RUN(own_queue_order);
     RUN(rkey_reuse);
     RUN(am_after_put);
+    RUN(multi_thread_refused);
     return 0;
 }
