@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "sys/memfd.h"
 #include "sys/cudart.h"
 #include "sys/maps.h"
 #include "transport/transport.h"
@@ -717,13 +718,9 @@ int mc_mem_alloc(mc_engine_t *e, size_t len, const char *location, void **addr_p
             return mc__set_error(-EINVAL, "mc_mem_alloc: %s: only cpu:N or * is supported",
                                  location);
     }
-    fd = memfd_create("mooncake", MFD_CLOEXEC);
+    fd = mc__memfd_fixed("mooncake", len); /* (same-host peers map it) */
     if (fd < 0)
-        return mc__set_error(-errno, "memfd_create: %s", strerror(errno));
-    if (ftruncate(fd, (off_t)len) < 0) {
-        rc = mc__set_error(-errno, "ftruncate memfd to %zu: %s", len, strerror(errno));
-        goto err_close;
-    }
+        return mc__set_error(fd, "a memfd of %zu bytes: %s", len, strerror(-fd));
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         rc = mc__set_error(-errno, "mmap %zu bytes: %s", len, strerror(errno));

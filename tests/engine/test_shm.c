@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "sys/memfd.h"
 #include "transport/shm/shm_int.h"
 
 #define BUF (4u << 20)
@@ -947,6 +948,25 @@ static void test_connect_queue_full(void **state)
     mc_engine_destroy(owner);
 }
 
+/* What same-host peers are handed is a memfd sealed against changes of size, and a memfd
+ * received is mapped only if it is so and as long as asked: a sender that shrank its ring
+ * under the receiver's mapping made the receiver's next look a SIGBUS. */
+static void test_memfd_seals(void **state)
+{
+    int fd = mc__memfd_fixed("test", 8192), plain = memfd_create("test", MFD_CLOEXEC);
+
+    (void)state;
+    assert_true(fd >= 0 && plain >= 0);
+    assert_true(mc__memfd_holds(fd, 8192));
+    assert_false(mc__memfd_holds(fd, 8193));
+    assert_int_equal(ftruncate(fd, 0), -1); /* sealed */
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(ftruncate(plain, 8192), 0);
+    assert_false(mc__memfd_holds(plain, 8192)); /* it could shrink */
+    close(fd);
+    close(plain);
+}
+
 typedef struct cover {
     mc_regtab_t *t;
     atomic_int got; /* -1 until covers returned */
@@ -1007,6 +1027,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_free_waits_for_revoke),
         cmocka_unit_test(test_free_revoke_stuck),
         cmocka_unit_test(test_connect_queue_full),
+        cmocka_unit_test(test_memfd_seals),
         cmocka_unit_test(test_regtab_left_mid_rewrite),
         cmocka_unit_test_setup_teardown(test_event_socket_cut, setup_caller, teardown),
     };

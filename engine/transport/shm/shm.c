@@ -48,6 +48,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "../../sys/memfd.h"
 #include "shm_int.h"
 #include "shm_wake.h"
 
@@ -609,7 +610,8 @@ static int req_answer(shm_peer_t *s, shm_msg_t *m, int *fd_p, int flags)
 static void regtab_take(shm_peer_t *s, const shm_msg_t *m, int fd)
 {
     if (m->type != SHM_REGTAB_OK || fd < 0 || m->arg >= MC_REGTAB_SLOTS ||
-        (m->len && m->len != MC_REGTAB_LANES)) { /* another size */
+        (m->len && m->len != MC_REGTAB_LANES) || /* another size */
+        !mc__memfd_holds(fd, sizeof(mc_regtab_t))) {
         if (fd >= 0)
             close(fd);
         return;
@@ -790,7 +792,7 @@ static int map_buffer(shm_peer_t *s, uint64_t addr, uint64_t len)
     if (!rc)
         rc = req_answer(s, &m, &fd, 0);
     pthread_mutex_unlock(&s->req_lock);
-    if (!rc && (m.type != SHM_MAP_OK || fd < 0))
+    if (!rc && (m.type != SHM_MAP_OK || fd < 0 || !mc__memfd_holds(fd, m.len)))
         rc = -MC_EACCESS;
     if (rc) {
         if (fd >= 0)

@@ -54,6 +54,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../sys/memfd.h"
 #include "shm_int.h"
 #include "shm_wake.h"
 
@@ -200,10 +201,13 @@ bool mc__shm_msg_open(mc_engine_t *e, mc_peer_t *p)
 
     if (!tx || tx->state != TX_NONE)
         return tx && tx->state == TX_UP;
-    int mfd = memfd_create("mooncake-msg-ring", MFD_CLOEXEC);
-    if (mc__ring_fifo_init(&tx->fifo, FIFO_CAP) || mfd < 0 ||
-        ftruncate(mfd, (off_t)ring_size()) < 0) {
+    int mfd = -1;
+    if (mc__ring_fifo_init(&tx->fifo, FIFO_CAP)) {
         rc = -errno;
+        goto fail;
+    }
+    if ((mfd = mc__memfd_fixed("mooncake-msg-ring", ring_size())) < 0) {
+        rc = mfd;
         goto fail;
     }
     tx->ring = mmap(NULL, ring_size(), PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
@@ -337,11 +341,10 @@ void mc__shm_tx_close(mc_engine_t *e, shm_tx_t *tx)
 
 shm_rx_t *mc__shm_rx_attach(mc_engine_t *e, int fd, int ring_fd)
 {
-    struct stat st;
     shm_rx_t *rx;
     shm_ring_t *r;
 
-    if (fstat(ring_fd, &st) < 0 || (size_t)st.st_size < ring_size())
+    if (!mc__memfd_holds(ring_fd, ring_size())) /* (a sender could shrink it under us) */
         return NULL;
     r = mmap(NULL, ring_size(), PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0);
     if (r == MAP_FAILED)

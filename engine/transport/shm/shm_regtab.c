@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../../sys/memfd.h"
 #include "shm_int.h"
 
 /* Lane i of the table's lanes counted across slots. */
@@ -13,14 +14,11 @@
 
 int mc__shm_regtab_create(mc_engine_t *e)
 {
-    int fd = memfd_create("mooncake-regtab", MFD_CLOEXEC);
+    int fd = mc__memfd_fixed("mooncake-regtab", sizeof(mc_regtab_t));
     void *p;
 
-    if (fd < 0 || ftruncate(fd, sizeof(mc_regtab_t)) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return -errno;
-    }
+    if (fd < 0)
+        return fd;
     p = mmap(NULL, sizeof(mc_regtab_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
