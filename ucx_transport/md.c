@@ -510,7 +510,9 @@ ucs_status_t uct_mc_mem_dereg(uct_md_h tl_md, const uct_md_mem_dereg_params_t *p
     free(memh);
     if (invalidate)
         uct_invoke_completion(comp, uct_mc_status(rc));
-    return UCS_OK;
+    /* -MC_ETIMEOUT: a same-host peer's copy may still touch the memory, which stays registered
+     * in the engine (engine.h): the caller is told rather than led to free it at once */
+    return !invalidate && rc == -MC_ETIMEOUT ? uct_mc_status(rc) : UCS_OK;
 }
 
 ucs_status_t uct_mc_mkey_pack(uct_md_h tl_md, uct_mem_h tl_memh,
