@@ -779,44 +779,68 @@ static void *free_main(void *arg)
     return NULL;
 }
 
-/* Owner and peer are engines of this process; the peer has the owner's buffer mapped. While
- * the owner's progress sends its REVOKE (the gate holds the send), mc_mem_free does not return:
- * when it does, no mapping of the buffer is left, neither the owner's nor the peer's. */
-static void test_free_waits_for_revoke(void **state)
-{
-    const size_t len = 3u << 20; /* no other mapping of engine memory here has that size */
-    mc_segment_id_t seg;
-    th_cfg_t cfg;
-    pthread_t tid;
+/* Owner and peer engines of this process; the peer has written into the owner's allocation of
+ * REVOKE_LEN bytes, which it maps; the owner frees it from a thread (free_main) while the gate
+ * holds the owner's REVOKE. */
+#define REVOKE_LEN (3u << 20) /* no other mapping of engine memory here has that size */
 
-    (void)state;
+typedef struct revoke_fx {
+    mc_engine_t *owner, *peer;
+    mc_segment_id_t seg;
+    uint8_t *src;
+    freer_t f;
+    pthread_t tid;
+} revoke_fx_t;
+
+static void revoke_start(revoke_fx_t *x, const char *io_timeout_ms)
+{
+    th_cfg_t cfg;
+
     th_config(&cfg);
     th_set(&cfg, "FORCE_TCP", "0");
-    mc_engine_t *owner = th_engine(&cfg), *peer = th_engine(&cfg);
-    freer_t f = {.e = owner, .len = len};
-    assert_int_equal(mc_mem_alloc(owner, len, "cpu:0", &f.p), 0);
-    uint8_t *src = th_buf(peer, len);
-    assert_int_equal(mc_segment_open(peer, mc_engine_segment_name(owner), &seg), 0);
-    th_fill(src, len, 78);
-    assert_int_equal(th_xfer(peer, MC_WRITE, src, seg, (uint64_t)(uintptr_t)f.p, len, NULL, 0),
+    if (io_timeout_ms)
+        th_set(&cfg, "IO_TIMEOUT_MS", "%s", io_timeout_ms);
+    x->owner = th_engine(&cfg);
+    x->peer = th_engine(&cfg);
+    x->f = (freer_t){.e = x->owner, .len = REVOKE_LEN};
+    assert_int_equal(mc_mem_alloc(x->owner, REVOKE_LEN, "cpu:0", &x->f.p), 0);
+    x->src = th_buf(x->peer, REVOKE_LEN);
+    assert_int_equal(mc_segment_open(x->peer, mc_engine_segment_name(x->owner), &x->seg), 0);
+    th_fill(x->src, REVOKE_LEN, 78);
+    assert_int_equal(th_xfer(x->peer, MC_WRITE, x->src, x->seg, (uint64_t)(uintptr_t)x->f.p,
+                             REVOKE_LEN, NULL, 0),
                      MC_TASK_COMPLETED);
-    assert_int_equal(th_check(f.p, len, 78), -1);
-    assert_int_equal(owner_maps(len), 2); /* the owner's, and the peer's */
-
+    assert_int_equal(th_check(x->f.p, REVOKE_LEN, 78), -1);
+    assert_int_equal(owner_maps(REVOKE_LEN), 2); /* the owner's, and the peer's */
     gate_arm(&revoke_gate, 0);
-    assert_int_equal(pthread_create(&tid, NULL, free_main, &f), 0);
+    assert_int_equal(pthread_create(&x->tid, NULL, free_main, &x->f), 0);
     gate_wait_held(&revoke_gate);
-    /* It would return within its next look (10 ms); give it plenty. */
-    for (int64_t dl = th_now_ms() + 500; !atomic_load(&f.done) && th_now_ms() < dl;)
-        th_sleep_ms(1);
-    atomic_store(&revoke_gate.state, GATE_OPEN);
-    pthread_join(tid, NULL);
-    assert_int_equal(f.maps, 0);
+}
 
-    th_close(peer, seg);
-    th_buf_free(peer, src, len);
-    mc_engine_destroy(peer);
-    mc_engine_destroy(owner);
+/* The gate opens, the freeing thread ends, the engines go. */
+static void revoke_end(revoke_fx_t *x)
+{
+    atomic_store(&revoke_gate.state, GATE_OPEN);
+    pthread_join(x->tid, NULL);
+    th_close(x->peer, x->seg);
+    th_buf_free(x->peer, x->src, REVOKE_LEN);
+    mc_engine_destroy(x->peer);
+    mc_engine_destroy(x->owner);
+}
+
+/* While the owner's progress sends its REVOKE (the gate holds the send), mc_mem_free does not
+ * return: when it does, no mapping of the buffer is left, neither the owner's nor the peer's. */
+static void test_free_waits_for_revoke(void **state)
+{
+    revoke_fx_t x;
+
+    (void)state;
+    revoke_start(&x, NULL);
+    /* It would return within its next look (10 ms); give it plenty. */
+    for (int64_t dl = th_now_ms() + 500; !atomic_load(&x.f.done) && th_now_ms() < dl;)
+        th_sleep_ms(1);
+    revoke_end(&x);
+    assert_int_equal(x.f.maps, 0);
 }
 
 /* The same, but the owner's progress stays stuck in that send past MC_IO_TIMEOUT_MS + 1 s (a
@@ -825,39 +849,15 @@ static void test_free_waits_for_revoke(void **state)
  * the next allocation there took the peer's WRITEs through its old mapping). */
 static void test_free_revoke_stuck(void **state)
 {
-    const size_t len = 3u << 20;
-    mc_segment_id_t seg;
-    th_cfg_t cfg;
-    pthread_t tid;
+    revoke_fx_t x;
 
     (void)state;
-    th_config(&cfg);
-    th_set(&cfg, "FORCE_TCP", "0");
-    th_set(&cfg, "IO_TIMEOUT_MS", "200");
-    mc_engine_t *owner = th_engine(&cfg), *peer = th_engine(&cfg);
-    freer_t f = {.e = owner, .len = len};
-    assert_int_equal(mc_mem_alloc(owner, len, "cpu:0", &f.p), 0);
-    uint8_t *src = th_buf(peer, len);
-    assert_int_equal(mc_segment_open(peer, mc_engine_segment_name(owner), &seg), 0);
-    th_fill(src, len, 79);
-    assert_int_equal(th_xfer(peer, MC_WRITE, src, seg, (uint64_t)(uintptr_t)f.p, len, NULL, 0),
-                     MC_TASK_COMPLETED);
-    assert_int_equal(owner_maps(len), 2);
-
-    gate_arm(&revoke_gate, 0);
-    assert_int_equal(pthread_create(&tid, NULL, free_main, &f), 0);
-    gate_wait_held(&revoke_gate);
-    for (int64_t dl = th_now_ms() + 10000; !atomic_load(&f.done) && th_now_ms() < dl;)
+    revoke_start(&x, "200");
+    for (int64_t dl = th_now_ms() + 10000; !atomic_load(&x.f.done) && th_now_ms() < dl;)
         th_sleep_ms(5);
-    assert_true(atomic_load(&f.done)); /* it gave up (after 1.2 s), the send still held */
-    assert_int_equal(f.maps, 2);       /* the owner's mapping kept, the peer's not revoked */
-    atomic_store(&revoke_gate.state, GATE_OPEN);
-    pthread_join(tid, NULL);
-
-    th_close(peer, seg);
-    th_buf_free(peer, src, len);
-    mc_engine_destroy(peer);
-    mc_engine_destroy(owner);
+    assert_true(atomic_load(&x.f.done)); /* it gave up (after 1.2 s), the send still held */
+    assert_int_equal(x.f.maps, 2);       /* the owner's mapping kept, the peer's not revoked */
+    revoke_end(&x);
 }
 
 typedef struct submitter {
