@@ -341,6 +341,19 @@ void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_statu
     }
 }
 
+void uct_mc_ep_iface_gone(uct_mc_iface_t *iface, mc_segment_id_t seg, const uint8_t *hdr)
+{
+    for (bool again = true; again;) { /* (as above) */
+        again = false;
+        for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
+            if (ep->seg == seg && !ep->failed && !memcmp(ep->peer_hdr, hdr, 6)) {
+                ep_fail(ep, UCS_ERR_CONNECTION_RESET);
+                again = true;
+                break;
+            }
+    }
+}
+
 static void sent_one(uct_mc_ep_t *ep)
 {
     ep->dirty = true;

@@ -158,6 +158,43 @@ static bool on_own_msg(uct_mc_iface_t *iface, uint8_t am_id, const uint8_t *data
  * senders at once (iface_progress). */
 #define RELEASED_PASS 4096
 
+/* A message of sender's for an interface of ours that is closed: its endpoints to it are told
+ * (UCT_MC_AM_GONE), so that they fail, as over UCX's tcp, rather than flush and check as if it
+ * were there. (The segment opened to tell it stays open: closing it would cancel the notice.) */
+static void gone_tell(uct_mc_md_t *md, const char *sender, const uint8_t *hdr)
+{
+    uint8_t m[UCT_MC_AM_HDR];
+    mc_segment_id_t seg;
+
+    memcpy(m, hdr, 6);
+    m[6] = UCT_MC_AM_GONE;
+    if (mc_segment_open_nb(md->engine, sender, &seg) ||
+        mc_msg_send(md->engine, seg, MC_UCT_MSG_ID, m, sizeof(m)))
+        ucs_debug("mooncake: cannot tell %s its interface here is closed: %s", sender,
+                  mc_last_error());
+}
+
+/* The notice: every interface of ours fails its endpoints to that one of sender's. */
+static void gone_heard(uct_mc_md_t *md, const char *sender, const uint8_t *hdr)
+{
+    mc_segment_id_t seg;
+
+    if (mc_segment_open_nb(md->engine, sender, &seg)) /* (the open one: a reference more) */
+        return;
+    pthread_mutex_lock(&md->lock);
+    for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
+        uct_mc_iface_t *iface = md->ifaces[i];
+        uct_mc_peer_ev_t *ev;
+        if (!iface || !(ev = malloc(sizeof(*ev))))
+            continue;
+        *ev = (uct_mc_peer_ev_t){.ev.kind = EV_GONE, .seg = seg};
+        memcpy(ev->hdr, hdr, 6);
+        uct_mc_iface_queue(iface, &ev->ev);
+    }
+    pthread_mutex_unlock(&md->lock);
+    uct_mc_md_defer_close(md, seg);
+}
+
 /* An active message: [u16 interface id][u32 its nonce][u8 AM id][AM data]. */
 void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *data, size_t len)
 {
@@ -169,6 +206,10 @@ void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *dat
     uint8_t am_id; /* read once: a same-host message is read where the sender wrote it */
 
     (void)id;
+    if (len == UCT_MC_AM_HDR && p[6] == UCT_MC_AM_GONE) {
+        gone_heard(md, sender, p);
+        return;
+    }
     if (len < UCT_MC_AM_HDR || len - UCT_MC_AM_HDR > AM_LARGE || (am_id = p[6]) >= UCT_AM_ID_MAX) {
         ucs_error("mooncake: a malformed active message (%zu bytes) from %s", len, sender);
         return;
@@ -191,10 +232,11 @@ void uct_mc_md_on_msg(void *arg, const char *sender, uint8_t id, const void *dat
         uct_mc_iface_queue(iface, &am->ev);
     }
     pthread_mutex_unlock(&md->lock);
-    if (!iface)
+    if (!iface) {
         ucs_debug("mooncake: active message %u from %s for interface %u, which is closed", am_id,
                   sender, iid);
-    else if (!am)
+        gone_tell(md, sender, p);
+    } else if (!am)
         ucs_error("mooncake: no memory for an active message of %zu bytes from %s", len, sender);
 }
 
@@ -409,6 +451,12 @@ static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
         uct_mc_ep_peer_failed(iface, p->seg,
                               p->event == MC_PEER_DEAD ? UCS_ERR_CONNECTION_RESET
                                                        : UCS_ERR_ENDPOINT_TIMEOUT);
+        free(p);
+        break;
+    }
+    case EV_GONE: {
+        uct_mc_peer_ev_t *p = (uct_mc_peer_ev_t *)ev;
+        uct_mc_ep_iface_gone(iface, p->seg, p->hdr);
         free(p);
         break;
     }

@@ -27,9 +27,10 @@
 
 #define UCT_MC_NAME       "mooncake"
 #define UCT_MC_DEV_NAME   "engine"
-#define MC_UCT_MSG_ID     250 /* the engine message id UCT active messages travel as */
-#define UCT_MC_AM_HDR     7   /* destination interface: u16 id, u32 nonce; u8 AM id */
-#define UCT_MC_ADDR_HDR   7   /* interface address: u16 id, u32 nonce, u8 length, engine address */
+#define MC_UCT_MSG_ID     250  /* the engine message id UCT active messages travel as */
+#define UCT_MC_AM_HDR     7    /* destination interface: u16 id, u32 nonce; u8 AM id */
+#define UCT_MC_AM_GONE    0xff /* that AM id: "your message's interface is closed here" */
+#define UCT_MC_ADDR_HDR   7    /* interface address: u16 id, u32 nonce, u8 length, engine address */
 #define UCT_MC_MAX_IFACES 1024
 #define UCT_MC_MAX_IOV    16
 
@@ -105,7 +106,7 @@ typedef struct uct_mc_iface_lock {
 } uct_mc_iface_lock_t;
 
 /* What an interface's progress delivers. */
-typedef enum { EV_AM, EV_OP, EV_SENT, EV_FLUSH, EV_PEER } uct_mc_ev_kind_t;
+typedef enum { EV_AM, EV_OP, EV_SENT, EV_FLUSH, EV_PEER, EV_GONE } uct_mc_ev_kind_t;
 
 typedef struct uct_mc_ev {
     struct uct_mc_ev *next;
@@ -171,6 +172,7 @@ typedef struct uct_mc_peer_ev {
     uct_mc_ev_t ev;
     mc_segment_id_t seg;
     mc_peer_event_t event;
+    uint8_t hdr[6]; /* EV_GONE: the closed interface's id and nonce */
 } uct_mc_peer_ev_t;
 
 struct uct_mc_iface {
@@ -325,6 +327,8 @@ void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op);
 void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op);
 void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f);
 void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_status_t status);
+/* The endpoints to interface hdr (its id and nonce) of peer seg fail: it is closed. */
+void uct_mc_ep_iface_gone(uct_mc_iface_t *iface, mc_segment_id_t seg, const uint8_t *hdr);
 void uct_mc_iface_detach_flushes(uct_mc_iface_t *iface);
 
 #endif

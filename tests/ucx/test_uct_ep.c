@@ -28,6 +28,8 @@
  * - an active message after a put that completed over tcp (its bytes in the kernel only): it
  *   waits, in the pending queue, until the put landed; B's handler finds the bytes in place.
  * - an interface of a worker in UCS_THREAD_MODE_MULTI: refused.
+ * - a peer interface that closed while its domain lives on (another interface drives it): the
+ *   next message to it fails the endpoint.
  * UCT_EP_CASE=<name> runs one case (its function's name without test_).
  *
  * Exit: 0 passed, 1 failed, 77 skipped (no mooncake component: the module is not preloaded). */
@@ -1359,6 +1361,51 @@ static void wait_readable(int fd, side_t *a, side_t *other, const char *what)
     }
 }
 
+/* ---- a peer interface that closed while its domain lives on ---- */
+
+/* B's domain has two interfaces (workers); A's endpoint to the first one, which closes. A's next
+ * active message to it reaches B's engine, whose other interface drives it: B tells A, and A's
+ * endpoint fails (its error handler), as over UCX's tcp. Before, B dropped the message and
+ * answered it, and A's flush completed UCS_OK with the message lost. */
+static void test_peer_iface_closed(void)
+{
+    side_t a, b, b2;
+
+    ep_err_handler = record_ep_failure;
+    side_open(&a, "A", NULL, NULL);
+    ep_err_handler = NULL;
+    side_open(&b, "B", NULL, NULL);
+    b2 = b;
+    b2.name = "B2";
+    check_st(uct_worker_create(b.async, UCS_THREAD_MODE_SINGLE, &b2.worker), "worker");
+    iface_open(&b2, NULL, &b2.iface);
+    uct_ep_h ep = ep_connect(&a, &b);
+    ep_failed = UCS_OK;
+    check_st(uct_ep_am_short(ep, AM_ID, 1, NULL, 0), "the first message"); /* connects */
+    flush_ep(ep, &a, &b, "closed peer interface: the first flush");
+    uct_iface_close(b.iface);
+    b.iface = NULL;
+    ucs_status_t st;
+    for (double dl = now() + WAIT_S; (st = uct_ep_am_short(ep, AM_ID, 2, NULL, 0)) != UCS_OK;) {
+        if (now() > dl || st != UCS_ERR_NO_RESOURCE)
+            fail("closed peer interface: the message: %s", ucs_status_string(st));
+        progress(&a);
+        progress(&b2);
+    }
+    for (double dl = now() + WAIT_S; ep_failed == UCS_OK;) {
+        if (now() > dl)
+            fail("closed peer interface: A's endpoint did not fail in %.0f s", WAIT_S);
+        progress(&b2);
+        progress(&a);
+    }
+    uct_ep_destroy(ep);
+    uct_iface_close(b2.iface);
+    uct_worker_destroy(b2.worker);
+    side_close(&a);
+    side_close(&b);
+    ok("a message for a peer interface that closed (its domain alive): the endpoint fails");
+}
+
 /* Progress a (if not NULL) and s until *got reaches want. */
 static void wait_got(const unsigned *got, unsigned want, side_t *a, side_t *s)
 {
@@ -1661,5 +1708,6 @@ int main(void)
     RUN(rkey_reuse);
     RUN(am_after_put);
     RUN(multi_thread_refused);
+    RUN(peer_iface_closed);
     return 0;
 }
