@@ -137,7 +137,9 @@ MC_API int mc_mem_register(mc_engine_t *engine, void *addr, size_t len, const ch
  * unread) is dropped. After it returns 0 neither this engine nor any peer reads or writes the
  * buffer again. Returns -ENOENT if addr starts no buffer, -EDEADLK from a callback,
  * -MC_ETIMEOUT if references did not drain, or a same-host peer's copy on it (CMA) still ran
- * after MC_IO_TIMEOUT_MS (the buffer stays unusable for new requests, and
+ * after MC_IO_TIMEOUT_MS, or (memory from mc_mem_alloc) the progress context did not revoke
+ * same-host peers' mappings of it within MC_IO_TIMEOUT_MS + 1 s (the buffer stays unusable for
+ * new requests, and
  * must not be freed yet: calling this again waits for them again, and returns 0 once they have
  * drained, and with them those of any earlier registration of the same range that timed out),
  * -EBUSY while another call waits for such a registration. */
