@@ -70,8 +70,8 @@ typedef struct mc_desc_codec {
                          mc_desc_buffer_t *b);
     /* The same from its bytes in a buffer key (its key_pack op wrote them). part may be NULL
      * (the peer's descriptor is not known yet, or has no part of it): then it may store the
-     * part the key carries in d->tp[slot] (the file transport's chunk size), which the
-     * descriptor replaces when it arrives. */
+     * part the key carries in d->tp[slot] (settings of the owner's that its requests must
+     * respect), which the descriptor replaces when it arrives. */
     int (*decode_key)(const uint8_t *in, size_t len, const void *part, mc_desc_t *d, unsigned slot,
                       mc_desc_buffer_t *b);
     void (*free_part)(void *part);

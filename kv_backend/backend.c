@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
+#include "config.h"
 #include "kv.h"
 #include "sys/cudart.h"
 #include "util/thread_buf.h"
@@ -197,13 +197,13 @@ static mc_kv_status_t config_build(const mc_kv_init_t *init, mc_config_t **cfg_p
     return MC_KV_SUCCESS;
 }
 
-/* A boolean setting that says no (the engine checked its spelling: 0, false, no or off). */
+/* A boolean setting that says no (the engine checked it when it was set). */
 static bool setting_off(const mc_config_t *cfg, const char *name)
 {
     const char *v = mc_config_get(cfg, name);
+    uint64_t on = 1;
 
-    return v && (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
-                 !strcasecmp(v, "off"));
+    return v && !mc__parse_bool(v, &on) && !on;
 }
 
 static mc_kv_status_t init_check(const mc_kv_init_t *init, mc_kv_backend_t **backend_p)

@@ -7,9 +7,15 @@
 
 #include "p2p_fetch.h"
 
+/* A source of this fetch, as far as the store told: listed, or listed until lately. */
+static bool holder_known(const p2p_holder_t *h)
+{
+    return h->present || h->withdrawn;
+}
+
 bool mc__p2p_holder_usable(const p2p_fetch_t *f, const p2p_holder_t *h)
 {
-    return (h->present || h->withdrawn) && !h->dead && !h->bad && !h->rest_until_ms &&
+    return holder_known(h) && !h->dead && !h->bad && !h->rest_until_ms &&
            (!f->o.origin_only || h->origin);
 }
 
@@ -54,7 +60,7 @@ bool mc__p2p_holders_rest(p2p_fetch_t *f, uint64_t now)
             f->holders_gen++;
             holder_seg_close(f, h); /* (shards were in flight to it when it failed) */
         }
-        resting |= h->rest_until_ms && (h->present || h->withdrawn) && !h->dead && !h->bad;
+        resting |= h->rest_until_ms && holder_known(h) && !h->dead && !h->bad;
     }
     return resting;
 }
@@ -210,8 +216,7 @@ int mc__p2p_stall_reason(p2p_fetch_t *f, uint32_t *shard_p)
             continue;
         for (size_t k = 0; k < f->n_holders; k++) {
             const p2p_holder_t *h = &f->holders[k];
-            if ((h->present || h->withdrawn) && p2p_bit(h->e.have, i) &&
-                (!f->o.origin_only || h->origin)) {
+            if (holder_known(h) && p2p_bit(h->e.have, i) && (!f->o.origin_only || h->origin)) {
                 held = true;
                 good |= !h->bad;
             }

@@ -327,27 +327,15 @@ static void ep_fail(uct_mc_ep_t *ep, ucs_status_t status)
     uct_iface_handle_ep_err(&ep->iface->super.super, &ep->super.super, status);
 }
 
-void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_status_t status)
+void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, const uint8_t *hdr,
+                           ucs_status_t status)
 {
     /* the handler may destroy endpoints: one at a time, from the start of the list again */
     for (bool again = true; again;) {
         again = false;
         for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
-            if (ep->seg == seg && !ep->failed) {
+            if (ep->seg == seg && !ep->failed && (!hdr || !memcmp(ep->peer_hdr, hdr, 6))) {
                 ep_fail(ep, status);
-                again = true;
-                break;
-            }
-    }
-}
-
-void uct_mc_ep_iface_gone(uct_mc_iface_t *iface, mc_segment_id_t seg, const uint8_t *hdr)
-{
-    for (bool again = true; again;) { /* (as above) */
-        again = false;
-        for (uct_mc_ep_t *ep = iface->eps; ep; ep = ep->next)
-            if (ep->seg == seg && !ep->failed && !memcmp(ep->peer_hdr, hdr, 6)) {
-                ep_fail(ep, UCS_ERR_CONNECTION_RESET);
                 again = true;
                 break;
             }

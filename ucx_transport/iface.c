@@ -174,25 +174,35 @@ static void gone_tell(uct_mc_md_t *md, const char *sender, const uint8_t *hdr)
                   mc_last_error());
 }
 
-/* The notice: every interface of ours fails its endpoints to that one of sender's. */
-static void gone_heard(uct_mc_md_t *md, const char *sender, const uint8_t *hdr)
+/* A copy of like, an event about a peer, for every interface of md (their progress acts on it). */
+static void peer_ev_all(uct_mc_md_t *md, const uct_mc_peer_ev_t *like)
 {
-    mc_segment_id_t seg;
-
-    if (mc_segment_open_nb(md->engine, sender, &seg)) /* (the open one: a reference more) */
-        return;
     pthread_mutex_lock(&md->lock);
     for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
         uct_mc_iface_t *iface = md->ifaces[i];
         uct_mc_peer_ev_t *ev;
-        if (!iface || !(ev = malloc(sizeof(*ev))))
+        if (!iface)
             continue;
-        *ev = (uct_mc_peer_ev_t){.ev.kind = EV_GONE, .seg = seg};
-        memcpy(ev->hdr, hdr, 6);
+        if (!(ev = malloc(sizeof(*ev)))) {
+            ucs_error("mooncake: no memory to report peer segment %u's failure", like->seg);
+            continue;
+        }
+        *ev = *like;
         uct_mc_iface_queue(iface, &ev->ev);
     }
     pthread_mutex_unlock(&md->lock);
-    uct_mc_md_defer_close(md, seg);
+}
+
+/* The notice: every interface of ours fails its endpoints to that one of sender's. */
+static void gone_heard(uct_mc_md_t *md, const char *sender, const uint8_t *hdr)
+{
+    uct_mc_peer_ev_t like = {.ev.kind = EV_GONE};
+
+    if (mc_segment_open_nb(md->engine, sender, &like.seg)) /* (the open one: a reference more) */
+        return;
+    memcpy(like.hdr, hdr, 6);
+    peer_ev_all(md, &like);
+    uct_mc_md_defer_close(md, like.seg);
 }
 
 /* An active message: [u16 interface id][u32 its nonce][u8 AM id][AM data]. */
@@ -250,22 +260,7 @@ void uct_mc_md_on_peer(void *arg, mc_segment_id_t id, mc_peer_event_t event, int
         return;
     ucs_debug("mooncake: peer segment %u %s: %s", id,
               event == MC_PEER_DEAD ? "is dead" : "is unreachable", reason);
-    pthread_mutex_lock(&md->lock);
-    for (unsigned i = 0; i < UCT_MC_MAX_IFACES; i++) {
-        uct_mc_iface_t *iface = md->ifaces[i];
-        uct_mc_peer_ev_t *ev;
-        if (!iface)
-            continue;
-        if (!(ev = malloc(sizeof(*ev)))) {
-            ucs_error("mooncake: no memory to report peer segment %u's failure", id);
-            continue;
-        }
-        ev->ev.kind = EV_PEER;
-        ev->seg = id;
-        ev->event = event;
-        uct_mc_iface_queue(iface, &ev->ev);
-    }
-    pthread_mutex_unlock(&md->lock);
+    peer_ev_all(md, &(uct_mc_peer_ev_t){.ev.kind = EV_PEER, .seg = id, .event = event});
 }
 
 /* ---- RMA tasks: batches from a pool, bounce slots ---- */
@@ -446,17 +441,13 @@ static void deliver(uct_mc_iface_t *iface, uct_mc_ev_t *ev)
     case EV_FLUSH:
         uct_mc_ep_flush_done(iface, (uct_mc_flush_t *)ev);
         break;
-    case EV_PEER: {
+    case EV_PEER:
+    case EV_GONE: { /* the peer, or one interface of its (closed) */
         uct_mc_peer_ev_t *p = (uct_mc_peer_ev_t *)ev;
-        uct_mc_ep_peer_failed(iface, p->seg,
-                              p->event == MC_PEER_DEAD ? UCS_ERR_CONNECTION_RESET
-                                                       : UCS_ERR_ENDPOINT_TIMEOUT);
-        free(p);
-        break;
-    }
-    case EV_GONE: {
-        uct_mc_peer_ev_t *p = (uct_mc_peer_ev_t *)ev;
-        uct_mc_ep_iface_gone(iface, p->seg, p->hdr);
+        bool gone = ev->kind == EV_GONE;
+        uct_mc_ep_peer_failed(iface, p->seg, gone ? p->hdr : NULL,
+                              gone || p->event == MC_PEER_DEAD ? UCS_ERR_CONNECTION_RESET
+                                                               : UCS_ERR_ENDPOINT_TIMEOUT);
         free(p);
         break;
     }

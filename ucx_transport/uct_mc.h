@@ -326,9 +326,9 @@ ucs_status_t uct_mc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *c
 void uct_mc_ep_op_done(uct_mc_iface_t *iface, uct_mc_op_t *op);
 void uct_mc_ep_op_sent(uct_mc_iface_t *iface, uct_mc_op_t *op);
 void uct_mc_ep_flush_done(uct_mc_iface_t *iface, uct_mc_flush_t *f);
-void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, ucs_status_t status);
-/* The endpoints to interface hdr (its id and nonce) of peer seg fail: it is closed. */
-void uct_mc_ep_iface_gone(uct_mc_iface_t *iface, mc_segment_id_t seg, const uint8_t *hdr);
+/* The endpoints to peer seg fail, or only those to its interface hdr (its id and nonce) */
+void uct_mc_ep_peer_failed(uct_mc_iface_t *iface, mc_segment_id_t seg, const uint8_t *hdr,
+                           ucs_status_t status);
 void uct_mc_iface_detach_flushes(uct_mc_iface_t *iface);
 
 #endif

@@ -121,17 +121,15 @@ static int file_open(const char *path, const mc_file_opts_t *o, file_buf_t **f_p
 
     if (fd < 0)
         return fd;
+    *created_p = created;
     rc = range_check(fd, path, o, len_p, &blk);
     if (!rc && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
         rc = mc__set_error(-errno, "file %s: %s", path, strerror(errno));
     f = rc ? NULL : calloc(1, sizeof(*f) + plen + 1);
     if (!f) {
         close(fd);
-        if (created) /* a refused registration leaves nothing behind */
-            unlink(path);
         return rc ? rc : mc__set_error(-ENOMEM, "out of memory");
     }
-    *created_p = created;
     f->fd = fd;
     f->fd_direct = (o->flags & MC_FILE_BUFFERED) ? -1 : open_direct(fd, flags, path);
     f->fixed = f->fixed_direct = -1;
@@ -148,7 +146,7 @@ int mc_file_register(mc_engine_t *e, const char *path, const mc_file_opts_t *opt
     mc_file_opts_t o = {0};
     file_buf_t *f = NULL;
     uint64_t len = 0;
-    bool created = false;
+    bool created = false, direct = false;
     int rc;
 
     if (!e || !path || !*path || !addr_p)
@@ -166,12 +164,12 @@ int mc_file_register(mc_engine_t *e, const char *path, const mc_file_opts_t *opt
     rc = mc__file_setup(e, true);
     if (!rc)
         rc = file_open(path, &o, &f, &len, &created);
-    if (rc)
-        return rc;
-    bool direct = f->fd_direct >= 0;
-    /* f is the buffer's from here on, freed by its deregistration (or this failing) */
-    rc = mc__mem_register_opaque(e, mc__file_slot, len, "file", f, addr_p);
-    if (rc && created) /* (as file_open does for its own refusals) */
+    if (!rc) {
+        direct = f->fd_direct >= 0;
+        /* f is the buffer's from here on, freed by its deregistration (or this failing) */
+        rc = mc__mem_register_opaque(e, mc__file_slot, len, "file", f, addr_p);
+    }
+    if (rc && created) /* a refused registration leaves no file behind */
         unlink(path);
     if (!rc)
         mc_info("file %s: %llu bytes from offset %llu registered at 0x%llx (%s)", path,

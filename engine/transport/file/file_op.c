@@ -355,11 +355,12 @@ static void op_end(mc_engine_t *e, file_op_t *op, int err, bool retry, const cha
         va_start(ap, fmt);
         vsnprintf(reason, sizeof(reason), fmt, ap);
         va_end(ap);
+        bool failing = task_failing(fe, t);
         /* (a slice that is tried again ends nothing) */
-        held = (!retry || op->s->attempts >= e->cfg.retry_cnt) &&
-               (task_live(fe, t, NULL) || task_failing(fe, t));
+        held =
+            (!retry || op->s->attempts >= e->cfg.retry_cnt) && (failing || task_live(fe, t, NULL));
         if (held) {
-            if (!task_failing(fe, t)) /* the first: what is not cut yet waits for nothing */
+            if (!failing) /* the first: what is not cut yet waits for nothing */
                 mc__sched_stop_carving(e, t);
             op->held_err = err;
             op->held_reason = strdup(reason);
